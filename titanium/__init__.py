@@ -1,0 +1,1 @@
+"""titanium: a PyTorch-native library for training large language models."""

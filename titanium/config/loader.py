@@ -1,0 +1,133 @@
+"""Build a JobConfig from dataclass defaults < TOML file < CLI flags.
+
+TOML values are checked against the dataclass field types here (tyro checks the CLI), so a typo in a
+config file fails with the file, section and key named, before any process group exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import sys
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import tyro
+
+from titanium.config.sections import JobConfig
+from titanium.config.validate import validate
+from titanium.errors import UserError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+class ConfigError(UserError, ValueError):
+    """A user mistake in the job config; reported as one line, exit code 2, no traceback."""
+
+
+def load_config(argv: list[str]) -> JobConfig:
+    """Parse `argv` (without the program name) into a validated JobConfig."""
+    base = JobConfig()
+    config_file = _find_config_file(argv)
+    if config_file is not None:
+        _apply_toml(base, _read_toml(config_file))
+        base.job.config_file = config_file
+    cfg = tyro.cli(JobConfig, args=argv, default=base, use_underscores=True)
+    for problem in validate(cfg):
+        raise ConfigError(problem)
+    return cfg
+
+
+def _find_config_file(argv: list[str]) -> str | None:
+    names = ("--job.config_file", "--job.config-file")
+    for i, arg in enumerate(argv):
+        if arg in names:
+            if i + 1 >= len(argv):
+                raise ConfigError("--job.config_file needs a path to a TOML file")
+            return argv[i + 1]
+        for name in names:
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def _read_toml(path: str) -> dict[str, Any]:
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file not found: {path} (check --job.config_file; configs live in train_configs/)")
+    try:
+        return tomllib.loads(file.read_text())
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+
+
+def _apply_toml(cfg: JobConfig, data: dict[str, Any]) -> None:
+    """Copy TOML sections onto the default config, checking names and types."""
+    where = cfg.job.config_file or "config"
+    sections = {f.name: f for f in dataclasses.fields(cfg)}
+    for section_name, values in data.items():
+        if section_name not in sections:
+            raise ConfigError(f"{where}: unknown section [{section_name}]{_did_you_mean(section_name, sections)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"{where}: '{section_name}' must be a [section] table, got {values!r}")
+        section = getattr(cfg, section_name)
+        hints = typing.get_type_hints(type(section))
+        fields = {f.name for f in dataclasses.fields(section)}
+        for key, value in values.items():
+            if key not in fields:
+                raise ConfigError(f"{where}: unknown key '{key}' in [{section_name}]{_did_you_mean(key, fields)}")
+            problem = _type_problem(value, hints[key])
+            if problem:
+                raise ConfigError(f"{where}: [{section_name}] {key} = {value!r}: {problem}")
+            setattr(section, key, float(value) if _wants_float(hints[key]) and isinstance(value, int) else value)
+
+
+def _did_you_mean(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else f"; valid: {', '.join(sorted(choices))}"
+
+
+def _wants_float(hint: Any) -> bool:
+    return hint is float or float in get_args(hint)
+
+
+def _type_problem(value: Any, hint: Any) -> str | None:
+    """Why `value` does not fit the annotation `hint`, or None when it does."""
+    origin = get_origin(hint)
+    if origin is Literal:
+        choices = get_args(hint)
+        return None if value in choices else f"expected one of {', '.join(map(repr, choices))}"
+    if origin in (typing.Union, types.UnionType):
+        options = [a for a in get_args(hint) if a is not type(None)]
+        problems = [_type_problem(value, a) for a in options]
+        return None if any(p is None for p in problems) else problems[0]
+    if origin is list:
+        if not isinstance(value, list):
+            return "expected a list"
+        (item,) = get_args(hint)
+        for v in value:
+            if (p := _type_problem(v, item)) is not None:
+                return f"list item {v!r}: {p}"
+        return None
+    if hint is bool:
+        return None if isinstance(value, bool) else "expected true or false"
+    if hint is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "expected an integer"
+    if hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else "expected a number"
+    if hint is str:
+        return None if isinstance(value, str) else "expected a string"
+    raise AssertionError(f"config field type {hint!r} has no TOML check; add it to _type_problem")
+
+
+def to_toml_dict(cfg: JobConfig) -> dict[str, Any]:
+    """The resolved config as TOML-ready nested dicts (None values dropped: TOML has no null)."""
+    return {
+        name: {k: v for k, v in section.items() if v is not None} for name, section in dataclasses.asdict(cfg).items()
+    }

@@ -1,0 +1,83 @@
+"""Range and consistency checks on a parsed JobConfig.
+
+Each problem is one sentence naming the flag to change and what would be valid. Checks that need the
+world size or the model (e.g. degrees multiply to the world size) happen where those are known.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+from titanium.config.sections import JobConfig
+
+_LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
+
+
+def looks_local(path: str) -> bool:
+    """A data path that names a local file, folder or glob rather than a hub dataset id."""
+    return (
+        path.startswith(("/", "./", "../", "~"))
+        or path.endswith(_LOCAL_SUFFIXES)
+        or any(c in path for c in "*?[")
+        or Path(path).exists()
+    )
+
+
+def validate(cfg: JobConfig) -> Iterator[str]:
+    t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
+    for name, value in [
+        ("training.steps", t.steps),
+        ("training.local_batch_size", t.local_batch_size),
+        ("training.seq_len", t.seq_len),
+        ("training.gc_freq", t.gc_freq),
+        ("metrics.log_freq", cfg.metrics.log_freq),
+        ("checkpoint.interval", cfg.checkpoint.interval),
+        ("comm.init_timeout_seconds", cfg.comm.init_timeout_seconds),
+        ("comm.train_timeout_seconds", cfg.comm.train_timeout_seconds),
+        ("parallelism.data_parallel_replicate_degree", cfg.parallelism.data_parallel_replicate_degree),
+    ]:
+        if value < 1:
+            yield f"--{name} must be >= 1, got {value}"
+    if t.global_batch_size != -1 and t.global_batch_size < 1:
+        yield f"--training.global_batch_size must be -1 (derived) or >= 1, got {t.global_batch_size}"
+    if t.max_norm < 0:
+        yield f"--training.max_norm must be >= 0 (0 disables clipping), got {t.max_norm}"
+    if o.lr < 0:
+        yield f"--optimizer.lr must be >= 0, got {o.lr}"
+    for name, value in [("optimizer.beta1", o.beta1), ("optimizer.beta2", o.beta2)]:
+        if not 0 <= value < 1:
+            yield f"--{name} must be in [0, 1), got {value}"
+    if o.eps <= 0:
+        yield f"--optimizer.eps must be > 0, got {o.eps}"
+    if o.weight_decay < 0:
+        yield f"--optimizer.weight_decay must be >= 0, got {o.weight_decay}"
+    if s.warmup_steps < 0:
+        yield f"--lr_scheduler.warmup_steps must be >= 0, got {s.warmup_steps}"
+    if s.decay_ratio is not None and not 0 < s.decay_ratio <= 1:
+        yield f"--lr_scheduler.decay_ratio must be in (0, 1] (or unset), got {s.decay_ratio}"
+    if not 0 <= s.min_lr_factor <= 1:
+        yield f"--lr_scheduler.min_lr_factor must be in [0, 1], got {s.min_lr_factor}"
+    if cfg.checkpoint.keep_latest_k < 0:
+        yield f"--checkpoint.keep_latest_k must be >= 0 (0 keeps all), got {cfg.checkpoint.keep_latest_k}"
+    shard = cfg.parallelism.data_parallel_shard_degree
+    if shard != -1 and shard < 1:
+        yield f"--parallelism.data_parallel_shard_degree must be -1 (the rest) or >= 1, got {shard}"
+    if cfg.tokenizer.kind == "tiktoken" and not Path(cfg.tokenizer.path).is_file():
+        yield (
+            f"--tokenizer.path: file not found: {cfg.tokenizer.path} "
+            "(run from the repository root, or point it at a Llama 3 tokenizer.model / .tiktoken file)"
+        )
+    if cfg.data.kind == "text" and looks_local(cfg.data.path):
+        if not any(True for _ in _glob(cfg.data.path)):
+            yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
+
+
+def _glob(path: str) -> Iterator[Path]:
+    p = Path(path).expanduser()
+    if p.exists():
+        yield p
+        return
+    anchor = Path(p.anchor) if p.is_absolute() else Path(".")
+    pattern = str(p.relative_to(p.anchor)) if p.is_absolute() else str(p)
+    yield from anchor.glob(pattern)
