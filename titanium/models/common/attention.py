@@ -1,0 +1,80 @@
+"""Causal grouped-query attention (GQA) with RoPE."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from titanium.models.common.rope import apply_rope
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """Repeat each KV head ``n_rep`` times along dim 2 of ``[B, S, H_kv, D]``.
+
+    Query head ``h`` then meets KV head ``h // n_rep``, the grouping of the reference Llama
+    code. An explicit expand is used instead of SDPA's ``enable_gqa`` because it works
+    with every SDPA backend, DTensor and ``torch.compile`` on all supported torch versions.
+    """
+    if n_rep == 1:
+        return x
+    bsz, seq_len, n_kv_heads, head_dim = x.shape
+    return (
+        x.unsqueeze(3)
+        .expand(bsz, seq_len, n_kv_heads, n_rep, head_dim)
+        .reshape(bsz, seq_len, n_kv_heads * n_rep, head_dim)
+    )
+
+
+class Attention(nn.Module):
+    """Multi-head causal self-attention where ``n_kv_heads`` may divide ``n_heads``.
+
+    Head counts are never baked into reshapes (``view(B, S, -1, head_dim)``), so tensor
+    parallelism can shard ``wq``/``wk``/``wv`` by output rows and ``wo`` by input columns
+    and this module runs unchanged on the local heads.
+    """
+
+    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        if n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
+        self.n_rep = n_heads // n_kv_heads
+        self.head_dim = head_dim
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        rope_cos: torch.Tensor,
+        rope_sin: torch.Tensor,
+        positions: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``x`` ``[B, S, dim]`` -> ``[B, S, dim]``; the RoPE tables are owned by the caller.
+
+        Masking is plain causal over the whole sequence, also when ``positions`` restart for
+        packed documents (no cross-document masking).
+        """
+        bsz, seq_len, _ = x.shape
+        q = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
+        k = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
+        v = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
+        q, k = apply_rope(q, k, rope_cos, rope_sin, positions)
+        k = repeat_kv(k, self.n_rep)
+        v = repeat_kv(v, self.n_rep)
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
+
+    def init_weights(self, out_init_std: float, in_init_std: float = 0.02) -> None:
+        """``wq``/``wk``/``wv`` get ``in_init_std``; ``wo``, which writes into the residual
+        stream, gets the depth-scaled ``out_init_std``. Truncation is at 3 standard deviations.
+        """
+        for linear, std in (
+            (self.wq, in_init_std),
+            (self.wk, in_init_std),
+            (self.wv, in_init_std),
+            (self.wo, out_init_std),
+        ):
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)

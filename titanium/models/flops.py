@@ -1,0 +1,55 @@
+"""Parameter and FLOP counting for decoder language models (feeds MFU reporting)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def count_params(model: nn.Module, exclude_embedding: bool = False) -> int:
+    """Number of distinct parameters; works on meta-device models (reads shapes only).
+
+    With ``exclude_embedding``, input embedding tables (``nn.Embedding`` weights) are left
+    out, because a lookup costs no FLOPs. A table tied to an output projection is still
+    counted once, since as the projection it does a full matmul per token.
+    """
+    params = {id(p): p for p in model.parameters()}
+    if exclude_embedding:
+        used_elsewhere = {
+            id(p)
+            for module in model.modules()
+            if not isinstance(module, nn.Embedding)
+            for p in module.parameters(recurse=False)
+        }
+        for module in model.modules():
+            if isinstance(module, nn.Embedding):
+                for p in module.parameters(recurse=False):
+                    if id(p) not in used_elsewhere:
+                        params.pop(id(p), None)
+    return sum(p.numel() for p in params.values())
+
+
+def decoder_flops_per_token(
+    num_nonembedding_params: int, n_layers: int, n_heads: int, head_dim: int, seq_len: int
+) -> float:
+    """Training FLOPs per token: ``6 * N + 12 * n_layers * n_heads * head_dim * seq_len``.
+
+    ``6 N`` is forward (2) plus backward (4) for every weight matmul; the second term is the
+    attention score and value matmuls, counted without the causal discount (the PaLM
+    appendix B convention, also torchtitan's), so MFU numbers are comparable to theirs.
+    """
+    return 6.0 * num_nonembedding_params + 12.0 * n_layers * n_heads * head_dim * seq_len
+
+
+def count_params_on_meta(model_cls: Callable[[Any], nn.Module], args: Any, exclude_embedding: bool = False) -> int:
+    """Build ``model_cls(args)`` on the meta device and count its parameters.
+
+    Counting a real module (rather than a hand-written formula) keeps the count in sync with
+    the architecture, and the meta device makes it free even for a 405B model.
+    """
+    with torch.device("meta"):
+        model = model_cls(args)
+    return count_params(model, exclude_embedding=exclude_embedding)
