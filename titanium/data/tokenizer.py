@@ -1,0 +1,271 @@
+"""Tokenizers: the Llama 3 tiktoken format, and a byte tokenizer for tests.
+
+Why two: real runs use a BPE ranks file in the Llama 3 format (Meta's
+``tokenizer.model`` or our small ``assets/tokenizer/titanium_debug.tiktoken``), while
+tests want something with no file at all. Both expose the same special tokens in the
+same order, so chat templates and padding code work with either.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from titanium.errors import UserError
+
+if TYPE_CHECKING:
+    from titanium.config.sections import TokenizerSection
+
+# Llama 3's pre-tokenizer: contractions, letter runs (with one leading non-letter),
+# 1-3 digit groups, punctuation runs, newlines and other whitespace.
+LLAMA3_PAT_STR = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+class TokenizerError(UserError, ValueError):
+    """A tokenizer file that is missing or malformed; the message names the file and line."""
+
+
+NUM_SPECIAL_TOKENS = 256
+_NAMED_SPECIAL_TOKENS = (
+    "<|begin_of_text|>",
+    "<|end_of_text|>",
+    "<|reserved_special_token_0|>",
+    "<|reserved_special_token_1|>",
+    "<|finetune_right_pad_id|>",
+    "<|step_id|>",
+    "<|start_header_id|>",
+    "<|end_header_id|>",
+    "<|eom_id|>",
+    "<|eot_id|>",
+    "<|python_tag|>",
+)
+# Llama 3.1 order: the named tokens, then reserved ones numbered on from 2, 256 in all.
+LLAMA3_SPECIAL_TOKENS: tuple[str, ...] = _NAMED_SPECIAL_TOKENS + tuple(
+    f"<|reserved_special_token_{2 + i}|>" for i in range(NUM_SPECIAL_TOKENS - len(_NAMED_SPECIAL_TOKENS))
+)
+BOS_TOKEN = "<|begin_of_text|>"
+EOS_TOKEN = "<|end_of_text|>"
+PAD_TOKEN = "<|finetune_right_pad_id|>"
+
+DEFAULT_TOKENIZER_PATH = "assets/tokenizer/titanium_debug.tiktoken"
+
+# tiktoken's regex engine can be slow or overflow on huge inputs or on very long runs of
+# whitespace / non-whitespace, so long texts are encoded in pieces (see _pieces).
+_MAX_ENCODE_CHARS = 400_000
+_MAX_RUN_CHARS = 25_000
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """What the rest of titanium relies on: ids, specials and text <-> ids."""
+
+    vocab_size: int
+    """Total number of ids, special tokens included (the model's embedding rows)."""
+    bos_id: int
+    eos_id: int
+    pad_id: int
+    """A special id that never occurs in encoded text; padding (loss masks it elsewhere)."""
+    special_tokens: dict[str, int]
+    """Special token string -> id, e.g. for chat templates (``<|start_header_id|>``...)."""
+
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+
+def _tokenizer_hint(path: str) -> str:
+    """Tell the user how to get a usable file, which depends on which file it was."""
+    if Path(path).name == Path(DEFAULT_TOKENIZER_PATH).name:
+        return (
+            "regenerate the bundled debug tokenizer with `python scripts/train_tokenizer.py` "
+            "(run from the repository root)"
+        )
+    return (
+        "point [tokenizer] path at a BPE ranks file in the Llama 3 format "
+        "(e.g. Meta's original/tokenizer.model), or use "
+        f"{DEFAULT_TOKENIZER_PATH} (made by scripts/train_tokenizer.py)"
+    )
+
+
+def load_bpe_ranks(path: str) -> dict[bytes, int]:
+    """Read a Llama 3 / tiktoken BPE file: one ``base64(token) rank`` per line.
+
+    Why not ``tiktoken.load.load_tiktoken_bpe``: it caches files by *path* in a temp
+    folder, so a regenerated file at the same path would be silently ignored, and its
+    errors carry no line number. The format is the same.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise TokenizerError(f"tokenizer file not found: {path!r}; {_tokenizer_hint(path)}")
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise TokenizerError(f"cannot read tokenizer file {path!r} ({e}); {_tokenizer_hint(path)}") from e
+
+    ranks: dict[bytes, int] = {}
+    seen_ranks: set[int] = set()
+    for lineno, line in enumerate(raw.splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split()
+        try:
+            if len(parts) != 2:
+                raise TokenizerError("expected 2 fields")
+            token = base64.b64decode(parts[0], validate=True)
+            rank = int(parts[1])
+            if rank < 0:
+                raise TokenizerError("negative rank")
+        except (ValueError, binascii.Error) as e:
+            shown = line[:80].decode("utf-8", errors="replace")
+            raise TokenizerError(
+                f"{path}:{lineno}: not a 'base64_token rank' line: {shown!r} ({e}); "
+                f"the file is not in the Llama 3 tiktoken format or is corrupt; {_tokenizer_hint(path)}"
+            ) from None
+        if token in ranks or rank in seen_ranks:
+            raise TokenizerError(f"{path}:{lineno}: duplicate token or rank {rank}; the file is corrupt")
+        ranks[token] = rank
+        seen_ranks.add(rank)
+
+    if not ranks:
+        raise TokenizerError(f"tokenizer file {path!r} is empty; {_tokenizer_hint(path)}")
+    if seen_ranks != set(range(len(ranks))):
+        raise TokenizerError(f"{path}: ranks are not 0..{len(ranks) - 1} without gaps; the file is corrupt")
+    missing = [b for b in range(256) if bytes([b]) not in ranks]
+    if missing:
+        raise TokenizerError(
+            f"{path}: {len(missing)} single-byte tokens missing (e.g. byte {missing[0]}); "
+            "byte-level BPE needs all 256 to encode arbitrary text"
+        )
+    return ranks
+
+
+_LONG_RUN = re.compile(rf"\s{{{_MAX_RUN_CHARS + 1},}}|\S{{{_MAX_RUN_CHARS + 1},}}")
+
+
+def _pieces(text: str) -> Iterator[str]:
+    """Split text so no piece exceeds tiktoken's comfortable limits.
+
+    Splitting only happens for inputs > 400k chars or runs > 25k chars of only
+    whitespace / only non-whitespace, where token boundaries barely matter.
+    """
+    for start in range(0, len(text), _MAX_ENCODE_CHARS):
+        chunk = text[start : start + _MAX_ENCODE_CHARS]
+        pos = 0
+        for m in _LONG_RUN.finditer(chunk):
+            if m.start() > pos:
+                yield chunk[pos : m.start()]
+            for i in range(m.start(), m.end(), _MAX_RUN_CHARS):
+                yield chunk[i : min(i + _MAX_RUN_CHARS, m.end())]
+            pos = m.end()
+        if pos < len(chunk):
+            yield chunk[pos:]
+
+
+class TiktokenTokenizer:
+    """Byte-level BPE from a Llama 3-format ranks file, run by tiktoken (fast, Rust).
+
+    Special tokens get the ids right after the BPE ranks, in Llama 3 order, so
+    Meta's own file gives Meta's ids (bos 128000) and ours gives bos 2000.
+    """
+
+    def __init__(self, path: str) -> None:
+        import tiktoken  # imported here so `byte` runs and config tooling need no tiktoken
+
+        self.path = str(path)
+        ranks = load_bpe_ranks(self.path)
+        n_ranks = len(ranks)
+        self.special_tokens: dict[str, int] = {tok: n_ranks + i for i, tok in enumerate(LLAMA3_SPECIAL_TOKENS)}
+        self._encoding = tiktoken.Encoding(
+            name=Path(self.path).name,
+            pat_str=LLAMA3_PAT_STR,
+            mergeable_ranks=ranks,
+            special_tokens=self.special_tokens,
+        )
+        self.n_words = self.vocab_size = n_ranks + NUM_SPECIAL_TOKENS
+        self.bos_id = self.special_tokens[BOS_TOKEN]
+        self.eos_id = self.special_tokens[EOS_TOKEN]
+        self.pad_id = self.special_tokens[PAD_TOKEN]
+
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
+        """Text -> ids. Special-token strings in ``text`` are encoded as ordinary text,
+        so user data can never inject control tokens; add them by id instead."""
+        ids: list[int] = [self.bos_id] if bos else []
+        if len(text) <= _MAX_RUN_CHARS:
+            ids.extend(self._encoding.encode_ordinary(text))
+        else:
+            for piece in _pieces(text):
+                ids.extend(self._encoding.encode_ordinary(piece))
+        if eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text; special ids become their strings, invalid UTF-8 becomes U+FFFD."""
+        try:
+            # tolist() turns tensors/arrays into the plain ints tiktoken needs.
+            return self._encoding.decode(ids.tolist() if hasattr(ids, "tolist") else list(ids))
+        except KeyError as e:
+            raise ValueError(f"token id {e.args[0]} is out of range [0, {self.vocab_size})") from None
+
+    def __repr__(self) -> str:
+        return f"TiktokenTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+
+
+class ByteTokenizer:
+    """256 byte ids followed by the Llama 3 special tokens: no file, exact round trip.
+
+    Why: unit tests and smoke runs should not depend on an asset or on tiktoken.
+    """
+
+    def __init__(self) -> None:
+        self.special_tokens: dict[str, int] = {tok: 256 + i for i, tok in enumerate(LLAMA3_SPECIAL_TOKENS)}
+        self._special_by_id = {i: tok for tok, i in self.special_tokens.items()}
+        self.n_words = self.vocab_size = 256 + NUM_SPECIAL_TOKENS
+        self.bos_id = self.special_tokens[BOS_TOKEN]
+        self.eos_id = self.special_tokens[EOS_TOKEN]
+        self.pad_id = self.special_tokens[PAD_TOKEN]
+
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
+        """UTF-8 bytes of ``text``, optionally wrapped in BOS/EOS."""
+        ids = list(text.encode("utf-8"))
+        if bos:
+            ids.insert(0, self.bos_id)
+        if eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Bytes -> text (invalid UTF-8 becomes U+FFFD); special ids become their strings."""
+        out: list[str] = []
+        buf = bytearray()
+        for i in ids.tolist() if hasattr(ids, "tolist") else ids:
+            i = int(i)
+            if 0 <= i < 256:
+                buf.append(i)
+            elif i in self._special_by_id:
+                out.append(buf.decode("utf-8", errors="replace"))
+                buf.clear()
+                out.append(self._special_by_id[i])
+            else:
+                raise ValueError(f"token id {i} is out of range [0, {self.vocab_size})")
+        out.append(buf.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def __repr__(self) -> str:
+        return f"ByteTokenizer(vocab_size={self.vocab_size})"
+
+
+def build_tokenizer(cfg: TokenizerSection) -> Tokenizer:
+    """Make the tokenizer the [tokenizer] config section asks for."""
+    if cfg.kind == "tiktoken":
+        return TiktokenTokenizer(cfg.path)
+    if cfg.kind == "byte":
+        return ByteTokenizer()
+    raise ValueError(f"unknown tokenizer kind {cfg.kind!r}; expected 'tiktoken' or 'byte'")
