@@ -1,0 +1,166 @@
+"""Pretraining text: documents -> tokens (BOS ... EOS) -> one stream -> fixed `seq_len` windows.
+
+Rows are read with the `datasets` library in streaming mode, one source per local file (so a bad
+row is reported by file and row number) or one source for a hub dataset. Row i of a source belongs
+to data-parallel rank i % dp_world. The position (source, row, epoch) and the tokens left over from
+the last document are the dataset's state, so a resumed run sees exactly the next windows.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titanium.config.sections import DataSection
+from titanium.config.validate import looks_local
+from titanium.data.tokenizer import Tokenizer
+from titanium.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".txt": "text"}
+
+
+class DataError(UserError, ValueError):
+    """A dataset row or file that cannot be used; the message names the file and row."""
+
+
+@dataclass(frozen=True)
+class Source:
+    label: str  # file path or hub name, for messages
+    builder: str  # datasets builder ("json", "parquet", "text") or hub dataset id
+    data_files: str | None
+    hub_config: str | None = None
+    split: str = "train"
+
+
+def resolve_sources(cfg: DataSection) -> list[Source]:
+    """Local files (sorted, one source each) or a single hub dataset."""
+    if not looks_local(cfg.path):
+        return [Source(label=cfg.path, builder=cfg.path, data_files=None, hub_config=cfg.hub_config, split=cfg.split)]
+    path = Path(cfg.path).expanduser()
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in _BUILDERS)
+    elif path.exists():
+        files = [path]
+    else:
+        files = sorted(Path(".").glob(cfg.path)) if not path.is_absolute() else sorted(Path("/").glob(str(path)[1:]))
+    if not files:
+        raise DataError(f"--data.path {cfg.path}: no .json/.jsonl/.parquet/.txt files found")
+    unknown = [f for f in files if f.suffix not in _BUILDERS]
+    if unknown:
+        raise DataError(f"--data.path: unsupported file type {unknown[0]} (use .json, .jsonl, .parquet or .txt)")
+    return [Source(label=str(f), builder=_BUILDERS[f.suffix], data_files=str(f)) for f in files]
+
+
+def _stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
+    """(row index, row) pairs of one source from `start_row` on, read lazily."""
+    import datasets  # heavy import, only when text data is used
+
+    try:
+        if source.data_files is None:
+            ds = datasets.load_dataset(source.builder, name=source.hub_config, split=source.split, streaming=True)
+        else:
+            ds = datasets.load_dataset(source.builder, data_files=source.data_files, split="train", streaming=True)
+    except Exception as e:  # the datasets library raises many types; all mean "cannot open"
+        raise DataError(f"{source.label}: cannot open dataset: {e}") from e
+    if start_row:
+        ds = ds.skip(start_row)
+    row = start_row
+    iterator = iter(ds)
+    while True:
+        try:
+            item = next(iterator)
+        except StopIteration:
+            return
+        except Exception as e:
+            raise DataError(f"{source.label}: cannot read row {row}: {e}") from e
+        yield row, item
+        row += 1
+
+
+class TextDataset:
+    """Infinite, resumable stream of {"input", "label"} windows of `seq_len` tokens for one DP rank."""
+
+    def __init__(
+        self, cfg: DataSection, tokenizer: Tokenizer, seq_len: int, dp_rank: int = 0, dp_world: int = 1
+    ) -> None:
+        self.cfg, self.tokenizer, self.seq_len = cfg, tokenizer, seq_len
+        self.dp_rank, self.dp_world = dp_rank, dp_world
+        self.sources = resolve_sources(cfg)
+        self.epoch = 0
+        self.source_idx = 0
+        self.next_row = 0  # next row of sources[source_idx] to read
+        self.buffer: list[int] = []
+        self.bad_rows = 0
+
+    def _documents(self) -> Iterator[str]:
+        """This rank's document texts from the saved position on, looping over epochs."""
+        while True:
+            while self.source_idx < len(self.sources):
+                source = self.sources[self.source_idx]
+                for row, item in _stream_rows(source, self.next_row):
+                    self.next_row = row + 1
+                    if row % self.dp_world != self.dp_rank:
+                        continue
+                    text = self._text_of(item, source, row)
+                    if text is not None:
+                        yield text
+                self.source_idx += 1
+                self.next_row = 0
+            self.epoch += 1
+            self.source_idx = 0
+            logger.info("data: finished pass over %s; starting epoch %d", self.cfg.path, self.epoch)
+
+    def _text_of(self, item: Any, source: Source, row: int) -> str | None:
+        column = self.cfg.text_column
+        if not isinstance(item, dict) or column not in item:
+            problem = f"no '{column}' column (columns: {sorted(item) if isinstance(item, dict) else type(item)})"
+        elif item[column] is None:
+            problem = f"'{column}' is missing or null"
+        elif not isinstance(item[column], str):
+            problem = f"'{column}' is {type(item[column]).__name__}, not a string"
+        else:
+            return item[column]
+        message = f"{source.label} row {row}: {problem}"
+        if self.cfg.on_bad_row == "fail":
+            raise DataError(message + " (set --data.on_bad_row skip to skip such rows, or --data.text_column)")
+        self.bad_rows += 1
+        if self.bad_rows <= 5:
+            logger.warning("skipping bad row: %s", message)
+        return None
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        documents = self._documents()
+        while True:
+            while len(self.buffer) <= self.seq_len:
+                self.buffer.extend(self.tokenizer.encode(next(documents), bos=True, eos=True))
+            window = torch.tensor(self.buffer[: self.seq_len + 1], dtype=torch.long)
+            # The window's last token is the next window's first input: no token pair is lost.
+            self.buffer = self.buffer[self.seq_len :]
+            yield {"input": window[:-1], "label": window[1:]}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "source_idx": self.source_idx,
+            "next_row": self.next_row,
+            "buffer": list(self.buffer),
+            "bad_rows": self.bad_rows,
+            "sources": [s.label for s in self.sources],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["sources"] != [s.label for s in self.sources]:
+            raise DataError(
+                "the checkpoint's data position is for other files "
+                f"({state['sources'][:3]}...) than --data.path {self.cfg.path}; "
+                "resume with the same data, or start without the dataloader state"
+            )
+        self.epoch, self.source_idx, self.next_row = state["epoch"], state["source_idx"], state["next_row"]
+        self.buffer, self.bad_rows = list(state["buffer"]), state["bad_rows"]

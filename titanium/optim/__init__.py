@@ -1,0 +1,6 @@
+"""Optimizers and learning-rate schedules."""
+
+from titanium.optim.lr_schedule import build_lr_scheduler, lr_factor
+from titanium.optim.optimizer import build_optimizer, param_groups
+
+__all__ = ["build_lr_scheduler", "build_optimizer", "lr_factor", "param_groups"]

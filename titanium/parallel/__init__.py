@@ -1,0 +1,1 @@
+"""Process groups, the device mesh and the parallelization plan applied to a model."""

@@ -1,0 +1,288 @@
+"""THE training loop. Setup follows DESIGN.md section 2, one short named step each; objectives plug in.
+
+Loss rule: each microbatch contributes sum(per-token loss) / (valid tokens of the whole step, over all
+data-parallel ranks). The count is all-reduced once per step before the forward, so gradient
+accumulation and any DP degree give exactly the full-batch mean gradient (FSDP sums, never averages).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import tomli_w
+import torch
+import torch.distributed as dist
+import torch.distributed._functional_collectives as funcol
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch.distributed.tensor import DTensor
+
+from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
+from titanium.config import JobConfig, to_toml_dict
+from titanium.data.tokenizer import build_tokenizer
+from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
+from titanium.models import build_model_args, get_model_spec
+from titanium.optim import build_lr_scheduler, build_optimizer
+from titanium.parallel.dims import ParallelDims
+from titanium.parallel.distributed import init_distributed, set_train_timeout
+from titanium.parallel.fsdp import apply_fsdp
+from titanium.trainers import ObjectiveContext, build_objective
+
+logger = logging.getLogger("titanium")
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+class Trainer:
+    def __init__(self, cfg: JobConfig, dims: ParallelDims) -> None:
+        self.cfg, self.dims = cfg, dims
+        self.env = init_distributed(cfg.comm)
+        self.device = self.env.device
+        self.meshes = dims.build_meshes(self.device.type)
+        self.dp_group = self.meshes.dp.get_group()
+        self.dp_rank = self.meshes.dp.get_local_rank()
+        self._set_determinism()
+        self._save_config()
+        self.tokenizer = build_tokenizer(cfg.tokenizer)
+        self._build_model()
+        self._parallelize()
+        self._materialize()
+        self.optimizer = build_optimizer(self.model, cfg.optimizer)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
+        self._build_objective()
+        self._build_checkpointer()
+        self._build_metrics()
+
+    # ----- setup steps -----
+
+    def _set_determinism(self) -> None:
+        seed, deterministic = self.cfg.debug.seed, self.cfg.debug.deterministic
+        torch.manual_seed(seed)
+        if deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+
+    def _save_config(self) -> None:
+        """Print (rank 0) and save the resolved config next to the outputs, so a run can be repeated."""
+        if self.env.rank != 0:
+            return
+        text = tomli_w.dumps(to_toml_dict(self.cfg))
+        folder = Path(self.cfg.job.dump_folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "config.toml").write_text(text)
+        if self.cfg.job.print_config:
+            logger.info("resolved config (saved to %s):\n%s", folder / "config.toml", text)
+
+    def _build_model(self) -> None:
+        """Build on the meta device: nothing is allocated until the plan is applied."""
+        cfg = self.cfg
+        self.model_spec = get_model_spec(cfg.model.name)
+        self.model_args = build_model_args(
+            self.model_spec,
+            cfg.model.flavor,
+            vocab_size=self.tokenizer.vocab_size,
+            max_seq_len=cfg.training.seq_len,
+        )
+        with torch.device("meta"):
+            self.model = self.model_spec.model_cls(self.model_args)
+        n_params = sum(p.numel() for p in self.model.parameters())
+        logger.info("model %s %s: %.2fM parameters", cfg.model.name, cfg.model.flavor, n_params / 1e6)
+
+    def _parallelize(self) -> None:
+        if not self.dims.fsdp_enabled:
+            return
+        t = self.cfg.training
+        reshard = self.cfg.parallelism.fsdp_reshard_after_forward != "never"
+        apply_fsdp(
+            self.model,
+            self.meshes.fsdp,
+            param_dtype=_DTYPES[t.mixed_precision_param],
+            reduce_dtype=_DTYPES[t.mixed_precision_reduce],
+            reshard_after_forward=reshard,
+        )
+
+    def _materialize(self) -> None:
+        """Allocate and initialize the weights, deterministically from debug.seed.
+
+        On CPU, DTensor random init gives every shard the same values, so a sharded model is
+        initialized in full on rank 0 and broadcast into the shards. Either way every layout starts
+        from exactly the weights a single process would have.
+        """
+        self.model.to_empty(device=self.device)
+        torch.manual_seed(self.cfg.debug.seed)
+        with torch.no_grad():
+            self.model.init_weights(buffer_device=self.device)
+        if self.dims.fsdp_enabled and self.device.type == "cpu":
+            full_state = {}
+            if self.env.rank == 0:
+                reference = self.model_spec.model_cls(self.model_args)
+                torch.manual_seed(self.cfg.debug.seed)
+                with torch.no_grad():
+                    reference.init_weights()
+                full_state = reference.state_dict()
+            set_model_state_dict(
+                self.model,
+                full_state,
+                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+            )
+        self.model.train()
+
+    def _build_objective(self) -> None:
+        t = self.cfg.training
+        per_step = t.local_batch_size * self.dims.dp_degree
+        global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
+        if global_batch % per_step:
+            raise ValueError(
+                f"--training.global_batch_size {global_batch} must be a multiple of local_batch_size x "
+                f"data-parallel degree = {t.local_batch_size} x {self.dims.dp_degree} = {per_step}"
+            )
+        self.grad_accum_steps = global_batch // per_step
+        ctx = ObjectiveContext(
+            tokenizer=self.tokenizer,
+            vocab_size=self.model_args.vocab_size,
+            seq_len=t.seq_len,
+            local_batch_size=t.local_batch_size,
+            dp_rank=self.dp_rank,
+            dp_world=self.dims.dp_degree,
+            seed=self.cfg.debug.seed,
+        )
+        self.objective = build_objective(t.objective, ctx, self.cfg.data)
+
+    def _build_checkpointer(self) -> None:
+        self.train_state = TrainState()
+        states = {
+            "model": ModelState(self.model),
+            "optimizer": OptimizerState(self.model, self.optimizer),
+            "lr_scheduler": self.lr_scheduler,
+            "train_state": self.train_state,
+            # Per-rank state needs per-rank keys: DCP keeps one copy of identically named values.
+            f"data_dp{self.dp_rank}": self.objective,
+            f"rng_rank{self.env.rank}": RNGState(),
+        }
+        self.checkpointer = CheckpointManager(self.cfg.checkpoint, self.cfg.job.dump_folder, states, self.env.rank)
+        resumed = self.checkpointer.load()
+        if resumed:
+            logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
+
+    def _build_metrics(self) -> None:
+        self.metrics = MetricsLogger(
+            self.cfg.metrics, self.cfg.job.dump_folder, self.env.rank, run_config=asdict(self.cfg)
+        )
+        self.memory = MemoryMonitor(self.device)
+        self.throughput = ThroughputTracker(
+            flops_per_token=self.model_spec.flops_per_token(self.model_args, self.cfg.training.seq_len),
+            peak_flops=get_peak_flops(self.device),
+        )
+
+    # ----- the loop -----
+
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """One optimizer step. Returns (loss sum, global count, grad norm) as device tensors, and tokens."""
+        data_start = time.perf_counter()
+        microbatches = [self.objective.next_microbatch() for _ in range(self.grad_accum_steps)]
+        self.throughput.add_data_time(time.perf_counter() - data_start)
+        loss_total, global_count, tokens = self.forward_backward(microbatches)
+        grad_norm = self._clip_grad_norm()
+        self.lr_used = self.optimizer.param_groups[0]["lr"]
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.lr_scheduler.step()
+        return loss_total, global_count, grad_norm, tokens
+
+    def forward_backward(self, microbatches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync)."""
+        local_count = torch.stack([self.objective.count(mb) for mb in microbatches]).sum().to(self.device)
+        global_count = funcol.all_reduce(local_count, "sum", self.dp_group)
+        divisor = global_count.clamp(min=1).float()
+        loss_total = torch.zeros((), device=self.device)
+        tokens = 0
+        for mb in microbatches:
+            mb = {k: v.to(self.device, non_blocking=True) for k, v in mb.items()}
+            logits = self.model(**self.objective.model_inputs(mb))
+            loss_sum = self.objective.loss_sum(logits, mb)
+            (loss_sum / divisor).backward()
+            loss_total += loss_sum.detach()
+            tokens += self.objective.tokens(mb)
+            del logits, loss_sum
+        return loss_total, global_count, tokens
+
+    def _clip_grad_norm(self) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg.training.max_norm
+        if max_norm > 0:
+            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def train(self) -> None:
+        t = self.cfg.training
+        step = self.train_state.step
+        if step >= t.steps:
+            logger.info("checkpoint is at step %d >= training.steps %d; nothing to do", step, t.steps)
+            return
+        logger.info(
+            "training %d steps from step %d: %d x %d tokens per microbatch, %d microbatch(es) per step, "
+            "data-parallel degree %d, device %s",
+            t.steps,
+            step,
+            t.local_batch_size,
+            t.seq_len,
+            self.grad_accum_steps,
+            self.dims.dp_degree,
+            self.device,
+        )
+        gc.disable()
+        gc.collect()
+        self.memory.reset_peak()
+        while step < t.steps:
+            step += 1
+            self.throughput.start_step()
+            loss_total, global_count, grad_norm, tokens = self.train_step()
+            self.throughput.end_step(tokens)
+            self.train_state.step = step
+            self.train_state.tokens_seen += tokens * self.dims.dp_degree
+            if step == 1:
+                set_train_timeout(self.cfg.comm)
+            if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
+                self._log(step, loss_total, global_count, grad_norm)
+            if self.checkpointer.should_save(step, t.steps):
+                self.checkpointer.save(step)
+            if step % t.gc_freq == 0:
+                gc.collect(1)
+        gc.enable()
+        logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
+
+    def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
+        """The one place the loop syncs with the device: turn this step's tensors into numbers."""
+        dist.all_reduce(loss_total, group=self.dp_group)
+        loss = (loss_total / global_count.clamp(min=1)).item()
+        if not math.isfinite(loss):
+            raise FloatingPointError(
+                f"loss is {loss} at step {step}; lower --optimizer.lr, raise --lr_scheduler.warmup_steps, "
+                "or check the data"
+            )
+        scalars = {
+            "loss": loss,
+            "grad_norm": grad_norm.item(),
+            "lr": self.lr_used,
+            "tokens_seen": float(self.train_state.tokens_seen),
+            **self.memory.stats(),
+            **self.throughput.summary(step, self.cfg.training.steps),
+            **self.objective.log_metrics(),
+        }
+        self.memory.reset_peak()
+        self.metrics.log(step, scalars)
+        if self.env.rank == 0:
+            color = not self.cfg.metrics.disable_color_printing and sys.stderr.isatty()
+            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color))
+
+    def close(self) -> None:
+        self.metrics.close()

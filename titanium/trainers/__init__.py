@@ -1,0 +1,16 @@
+"""Training objectives. Each is one file plus its config section; `build_objective` picks one."""
+
+from __future__ import annotations
+
+from titanium.config.sections import DataSection
+from titanium.trainers.base import Objective, ObjectiveContext
+from titanium.trainers.pretrain import PretrainObjective
+
+
+def build_objective(name: str, ctx: ObjectiveContext, data: DataSection) -> Objective:
+    if name == "pretrain":
+        return PretrainObjective(ctx, data)
+    raise ValueError(f"unknown --training.objective {name!r}; available: pretrain")
+
+
+__all__ = ["Objective", "ObjectiveContext", "build_objective"]
