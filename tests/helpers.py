@@ -1,0 +1,54 @@
+"""Shared test utilities: build a Trainer in-process, run the CLI, read logged scalars back."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+REPO = Path(__file__).resolve().parents[1]
+LOSS_TAG = "loss_metrics/global_avg_loss"
+
+
+def tiny_args(dump_folder: Path, *extra: str) -> list[str]:
+    """CLI args for a fast run of the debug model (fp32, log every step, no config print)."""
+    return [
+        "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
+        "--job.dump_folder", str(dump_folder),
+        "--job.no_print_config",
+        "--training.seq_len", "64",
+        "--training.local_batch_size", "4",
+        "--training.mixed_precision_param", "float32",
+        "--metrics.log_freq", "1",
+        "--checkpoint.no_enable",
+        *extra,
+    ]  # fmt: skip
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+
+
+def run_train(args: list[str], nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run titanium.train as a user would: plain python for 1 process, torchrun for more."""
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "titanium.train", *args]
+    else:
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+            "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "-m", "titanium.train", *args,
+        ]  # fmt: skip
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def scalars(tb_dir: Path, tag: str = LOSS_TAG) -> dict[int, float]:
+    """step -> value of one scalar tag from the TensorBoard events a run wrote."""
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return {e.step: e.value for e in acc.Scalars(tag)}

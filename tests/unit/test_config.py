@@ -1,0 +1,120 @@
+"""Config: defaults < TOML < CLI, and every kind of bad input fails with exit code 2 and one message."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from titanium.config import ConfigError, JobConfig, load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "job.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def test_defaults_then_toml_then_cli(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    path = write(tmp_path, "[training]\nsteps = 7\nseq_len = 64\n[optimizer]\nlr = 1\n")
+    cfg = load_config(["--job.config_file", path, "--training.steps", "9"])
+    assert cfg.training.steps == 9  # CLI beats TOML
+    assert cfg.training.seq_len == 64  # TOML beats default
+    assert cfg.training.local_batch_size == JobConfig().training.local_batch_size  # default kept
+    assert cfg.optimizer.lr == 1.0 and isinstance(cfg.optimizer.lr, float)  # TOML int widened to float
+    assert cfg.job.config_file == path
+
+
+def test_cli_accepts_equals_and_hyphens(monkeypatch):
+    monkeypatch.chdir(REPO)
+    cfg = load_config(["--training.seq-len=32", "--checkpoint.enable", "--lr_scheduler.decay_ratio", "0.5"])
+    assert cfg.training.seq_len == 32 and cfg.checkpoint.enable and cfg.lr_scheduler.decay_ratio == 0.5
+
+
+@pytest.mark.parametrize(
+    "toml, message",
+    [
+        ("[trainig]\nsteps = 1\n", "unknown section [trainig]; did you mean 'training'?"),
+        ("[training]\nstep = 1\n", "unknown key 'step' in [training]; did you mean 'steps'?"),
+        ('[training]\nsteps = "ten"\n', "[training] steps = 'ten': expected an integer"),
+        ("[training]\nsteps = 1.5\n", "expected an integer"),
+        ("[checkpoint]\nenable = 1\n", "expected true or false"),
+        ('[lr_scheduler]\ndecay_type = "cosin"\n', "expected one of 'linear', 'cosine', 'sqrt'"),
+        ("[training]\nsteps = 0\n", "--training.steps must be >= 1, got 0"),
+        ("[lr_scheduler]\ndecay_ratio = 1.5\n", "decay_ratio must be in (0, 1]"),
+        ('[tokenizer]\npath = "nope.tiktoken"\n', "--tokenizer.path: file not found: nope.tiktoken"),
+        ('[data]\npath = "missing/*.jsonl"\n', "--data.path: no file matches missing/*.jsonl"),
+        ("[training\nsteps = 1\n", "not valid TOML"),
+        ("training = 3\n", "must be a [section] table"),
+    ],
+)
+def test_bad_toml_is_reported(tmp_path, monkeypatch, toml, message):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError) as err:
+        load_config(["--job.config_file", write(tmp_path, toml)])
+    assert message in str(err.value)
+
+
+def test_missing_config_file(monkeypatch):
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError, match="config file not found: nope.toml"):
+        load_config(["--job.config_file", "nope.toml"])
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "titanium.train", *args], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--job.config_file", "nope.toml"], "config file not found"),
+        (["--training.steps", "-3"], "--training.steps must be >= 1"),
+        (["--training.stepz", "3"], "--training.steps"),  # tyro's did-you-mean
+        (["--training.steps", "x"], "--training.steps"),
+        (["--parallelism.data_parallel_shard_degree", "3"], "world size is 1"),
+    ],
+)
+def test_cli_errors_exit_2_without_traceback(args, message):
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_help_lists_every_option_with_default():
+    result = run_cli("--help")
+    assert result.returncode == 0
+    text = " ".join(result.stdout.split()).replace("│ ", "").replace(" │", "")
+    for section in dataclasses.fields(JobConfig):
+        for f in dataclasses.fields(getattr(JobConfig(), section.name)):
+            assert f"--{section.name}.{f.name}" in text, f"--{section.name}.{f.name} missing from --help"
+    assert "(default: 1000)" in text
+
+
+def test_every_field_has_a_docstring_and_the_reference_is_current():
+    from titanium.config.reference import field_docs, render_reference
+
+    for section in dataclasses.fields(JobConfig):
+        obj = getattr(JobConfig(), section.name)
+        documented = field_docs(type(obj))
+        for f in dataclasses.fields(obj):
+            assert documented.get(f.name), f"[{section.name}] {f.name} has no docstring"
+    on_disk = (REPO / "docs/configuration.md").read_text()
+    assert on_disk == render_reference(), "docs/configuration.md is stale: run python scripts/gen_config_docs.py"
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "train_configs").glob("*.toml")), ids=lambda p: p.name)
+def test_shipped_configs_parse(path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    # The big configs name the Llama 3 tokenizer, which users download; everything else must parse.
+    cfg = load_config(["--job.config_file", str(path), "--tokenizer.path", "assets/tokenizer/titanium_debug.tiktoken"])
+    assert cfg.training.steps >= 1
