@@ -1,13 +1,27 @@
-"""ParallelDims: the parallel degrees, checked against the world size, and the DeviceMesh they make."""
+"""ParallelDims: the parallel degrees, checked against the world size and the model, and the DeviceMesh.
+
+One mesh with named dims ``(pp, dp_replicate, dp_shard, cp, tp)``, outermost first: tensor parallelism
+talks the most, so its ranks are adjacent (same node); pipeline parallelism talks the least. Size-1
+dims are kept so every view exists in every layout.
+"""
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
-
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from typing import TYPE_CHECKING, Any
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ParallelismSection
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+MESH_DIMS = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
 
 
 @dataclass(frozen=True)
@@ -15,42 +29,136 @@ class ParallelDims:
     dp_replicate: int
     dp_shard: int
     world_size: int
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    loss_parallel: bool = True
+    """Wanted by the config; in effect only with tp > 1 (see loss_parallel_enabled)."""
 
     @classmethod
     def from_config(cls, cfg: ParallelismSection, world_size: int) -> ParallelDims:
-        """Resolve -1 degrees and check that the degrees multiply to the world size."""
+        """Resolve data_parallel_shard_degree = -1 and check that the degrees multiply to the world size.
+
+        Runs before any process group exists, so a wrong layout costs nothing.
+        """
         replicate, shard = cfg.data_parallel_replicate_degree, cfg.data_parallel_shard_degree
+        tp, pp, cp = cfg.tensor_parallel_degree, cfg.pipeline_parallel_degree, cfg.context_parallel_degree
+        others = replicate * tp * pp * cp
+        named = (
+            f"data_parallel_replicate_degree ({replicate}) x tensor_parallel_degree ({tp}) x "
+            f"pipeline_parallel_degree ({pp}) x context_parallel_degree ({cp})"
+        )
         if shard == -1:
-            if world_size % replicate:
+            if world_size % others:
                 raise ConfigError(
-                    f"--parallelism.data_parallel_replicate_degree={replicate} must divide the world size {world_size}"
+                    f"{named} = {others} must divide the world size {world_size}; "
+                    f"products that divide it: {_divisors(world_size)}"
                 )
-            shard = world_size // replicate
-        if replicate * shard != world_size:
+            shard = world_size // others
+        if others * shard != world_size:
             raise ConfigError(
-                f"data_parallel_replicate_degree ({replicate}) x data_parallel_shard_degree ({shard}) = "
-                f"{replicate * shard}, but the world size is {world_size}; set "
-                "--parallelism.data_parallel_shard_degree -1 to use the rest of the world"
+                f"{named} x data_parallel_shard_degree ({shard}) = {others * shard}, but the world size is "
+                f"{world_size}; set --parallelism.data_parallel_shard_degree -1 to use the rest of the world"
             )
-        return cls(dp_replicate=replicate, dp_shard=shard, world_size=world_size)
+        return cls(
+            dp_replicate=replicate,
+            dp_shard=shard,
+            world_size=world_size,
+            tp=tp,
+            pp=pp,
+            cp=cp,
+            loss_parallel=cfg.enable_loss_parallel,
+        )
+
+    def check_model(self, args: Any, *, model: str, seq_len: int) -> None:
+        """Model-aware checks, once the model's args are known (before anything is allocated).
+
+        ``args`` is a model-args dataclass with ``n_heads``, ``n_layers``, ``vocab_size`` and
+        optionally ``n_kv_heads`` (None: as many as ``n_heads``).
+        """
+        n_heads, n_layers, vocab_size = args.n_heads, args.n_layers, args.vocab_size
+        n_kv_heads = getattr(args, "n_kv_heads", None) or n_heads
+        tp_flag = f"--parallelism.tensor_parallel_degree {self.tp}"
+        if self.tp > 1:
+            for what, n in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("vocab_size", vocab_size)):
+                if n % self.tp:
+                    raise ConfigError(f"{tp_flag} must divide {what}={n} of {model}; valid degrees: {_divisors(n)}")
+            if seq_len % self.tp:
+                raise ConfigError(
+                    f"{tp_flag} must divide --training.seq_len {seq_len} (sequence parallelism splits the "
+                    f"sequence between the norms); valid degrees: {_divisors(seq_len)}"
+                )
+        if self.cp > 1:
+            cp_flag = f"--parallelism.context_parallel_degree {self.cp}"
+            if seq_len % (2 * self.cp):
+                raise ConfigError(
+                    f"--training.seq_len {seq_len} must be divisible by 2 x {cp_flag} (each rank keeps one chunk "
+                    f"from the head and one from the tail of every sequence); valid degrees: "
+                    + ", ".join(str(c) for c in range(1, seq_len // 2 + 1) if seq_len % (2 * c) == 0)
+                )
+            if (seq_len // self.cp) % self.tp:
+                raise ConfigError(
+                    f"--parallelism.tensor_parallel_degree {self.tp} must divide the per-rank sequence "
+                    f"seq_len / context_parallel_degree = {seq_len // self.cp}"
+                )
+        if self.pp > n_layers:
+            raise ConfigError(
+                f"--parallelism.pipeline_parallel_degree {self.pp} is more than the {n_layers} layers of {model}"
+            )
 
     @property
     def dp_degree(self) -> int:
+        """Data-parallel ranks: each reads different data."""
         return self.dp_replicate * self.dp_shard
 
     @property
     def fsdp_enabled(self) -> bool:
-        return self.dp_degree > 1
+        return self.dp_degree * self.cp > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        return self.tp > 1
+
+    @property
+    def loss_parallel_enabled(self) -> bool:
+        return self.tp > 1 and self.loss_parallel
+
+    @property
+    def params_sharded(self) -> bool:
+        """Whether parameters become DTensors (sharded or replicated over some mesh)."""
+        return self.fsdp_enabled or self.tp_enabled
+
+    @property
+    def devices_sharing_batch(self) -> int:
+        """Ranks that work on the same tokens (for tokens/s per device)."""
+        return self.tp * self.cp * self.pp
 
     def build_meshes(self, device_type: str) -> Meshes:
-        """One mesh with named dims ("dp_replicate", "dp_shard"), and views of it for each use."""
+        """One mesh with all five named dims, and the views the plan uses."""
+        from torch.distributed.device_mesh import init_device_mesh
+
         world = init_device_mesh(
-            device_type, (self.dp_replicate, self.dp_shard), mesh_dim_names=("dp_replicate", "dp_shard")
+            device_type, (self.pp, self.dp_replicate, self.dp_shard, self.cp, self.tp), mesh_dim_names=MESH_DIMS
         )
+        dp = world["dp_replicate", "dp_shard"]._flatten("dp")
+        if self.cp == 1:
+            shard_cp = world["dp_shard"]
+            loss = dp
+            hsdp = world["dp_replicate", "dp_shard"]
+        else:
+            shard_cp = world["dp_shard", "cp"]._flatten("dp_shard_cp")
+            loss = world["dp_replicate", "dp_shard", "cp"]._flatten("loss")
+            with warnings.catch_warnings():  # slicing a flattened dim: deprecated, no replacement yet
+                warnings.simplefilter("ignore")
+                hsdp = world["dp_replicate", "dp_shard_cp"]
         return Meshes(
             world=world,
-            dp=world["dp_replicate", "dp_shard"]._flatten("dp"),
-            fsdp=world["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else world["dp_shard"],
+            dp=dp,
+            fsdp=hsdp if self.dp_replicate > 1 else shard_cp,
+            loss=loss,
+            tp=world["tp"],
+            cp=world["cp"],
+            pp=world["pp"],
         )
 
 
@@ -60,6 +168,11 @@ class Meshes:
 
     world: DeviceMesh
     dp: DeviceMesh
-    """All data-parallel ranks, flattened: data sharding and the global loss-unit count use it."""
+    """All data-parallel ranks, flattened (dp_replicate x dp_shard): data sharding uses it."""
     fsdp: DeviceMesh
-    """What FSDP shards over: 1-D dp_shard, or 2-D (dp_replicate, dp_shard) for HSDP."""
+    """What FSDP shards over: 1-D dp_shard_cp, or 2-D (dp_replicate, dp_shard_cp) for HSDP."""
+    loss: DeviceMesh
+    """Ranks whose loss units add up to the step's global count: dp x cp."""
+    tp: DeviceMesh
+    cp: DeviceMesh
+    pp: DeviceMesh

@@ -50,6 +50,13 @@ def set_train_timeout(comm: CommSection) -> None:
     _set_pg_timeout(timedelta(seconds=comm.train_timeout_seconds))
 
 
+def wait_for_all_ranks() -> None:
+    """Barrier at the end of a successful run: no rank tears its process groups down while another
+    still has collectives in flight (on gloo that can abort a process at exit)."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()
+
+
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -15,15 +15,27 @@ def apply_fsdp(
     reduce_dtype: torch.dtype,
     reshard_after_forward: bool,
 ) -> None:
-    """Shard each transformer block and the root over `mesh` (1-D: FSDP, 2-D: HSDP).
+    """Shard over `mesh` (1-D: FSDP, 2-D: HSDP) in units: the embedding, each transformer block, the
+    final norm with the output projection, and the root (whatever is left). Each unit's weights are
+    gathered only while it runs, so the large embedding and output matrices are never all resident.
+    The output unit is not resharded after forward: its backward comes right after. Tied embeddings
+    (one parameter in two modules) stay with the root.
 
     Gradients are *summed* across ranks: the loss is already divided by the global valid-token
     count, so FSDP's default averaging would divide a second time. Forcing plain SUM collectives
     (instead of a pre-multiplied sum by 1.0) also keeps gloo, which has no PREMUL_SUM, working.
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    embedding = getattr(model, "tok_embeddings", None)
+    tail = [m for m in (getattr(model, "norm", None), getattr(model, "output", None)) if m is not None]
+    output = getattr(model, "output", None)
+    tied = embedding is not None and output is not None and output.weight is embedding.weight
+    if embedding is not None and not tied:
+        fully_shard(embedding, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for block in model.layers.values():
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    if tail and not tied:
+        fully_shard(tail, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for module in model.modules():
         if isinstance(module, FSDPModule):

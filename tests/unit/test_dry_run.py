@@ -1,0 +1,57 @@
+"""The dry run builds a large layout's plan on a fake process group and reports its shards."""
+
+from __future__ import annotations
+
+import pytest
+import torch.distributed as dist
+
+from tests.helpers import REPO
+from titanium.tools.dry_run import dry_run, main
+
+
+@pytest.fixture
+def in_repo(monkeypatch):
+    monkeypatch.chdir(REPO)
+    yield
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def test_405b_on_512_ranks_fsdp64_tp8(in_repo):
+    run = dry_run(["--job.config_file", "train_configs/llama3_405b.toml"], world_size=512)
+    d = run.dims
+    assert (d.pp, d.dp_replicate, d.dp_shard, d.cp, d.tp) == (1, 1, 64, 1, 8)
+    params = {p.name: p for p in run.params}
+    wq, wo = params["layers.0.attention.wq.weight"], params["layers.125.attention.wo.weight"]
+    assert wq.global_shape == (16384, 16384) and wq.local_shape == (32, 16384)  # rows / 8 (tp) / 64 (fsdp)
+    assert wo.local_shape == (256, 2048)  # columns / 8 (tp), rows / 64 (fsdp)
+    assert wq.mesh_dims == ("dp_shard", "tp") and wq.placements.endswith("Shard(dim=0))")
+    assert wo.placements == "(Shard(dim=0), Shard(dim=1))"
+    assert params["norm.weight"].placements == "(Shard(dim=0), Replicate())"
+    assert params["output.weight"].local_shape == (251, 16384)  # 128256 / 8 / 64 = 250.5: uneven, rank 0 has 251
+    total = sum(p.numel() for p in run.model.parameters())
+    assert run.local_numel == pytest.approx(total / 512, rel=0.01)
+
+
+def test_cli_prints_the_plan_and_rejects_bad_layouts(in_repo, capsys):
+    args = ["--job.config_file", "train_configs/llama3_8b.toml", "--parallelism.tensor_parallel_degree", "2"]
+    assert main([*args, "--world_size", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "world 16 = pp 1 x dp_replicate 1 x dp_shard 8 x cp 1 x tp 2" in out
+    assert "layers.0.attention.wk.weight" in out and "layers.1." not in out
+    assert main([*args[:2], "--parallelism.tensor_parallel_degree", "16", "--world_size", "16"]) == 2
+    assert "must divide n_kv_heads=8" in capsys.readouterr().err
+
+
+def test_405b_on_512_ranks_pp16_fsdp4_tp8(in_repo):
+    """The layout of the issue: pp 16 x dp 4 x tp 8; the last rank holds the last stage."""
+    args = ["--job.config_file", "train_configs/llama3_405b.toml", "--parallelism.pipeline_parallel_degree", "16"]
+    run = dry_run(args, world_size=512, rank=511)
+    d = run.dims
+    assert (d.pp, d.dp_shard, d.tp) == (16, 4, 8)
+    assert run.stages == ([15], 16)
+    params = {p.name: p for p in run.params}
+    blocks = sorted({int(n.split(".")[1]) for n in params if n.startswith("layers.")})
+    assert blocks == list(range(119, 126))  # 126 blocks: 14 stages of 8, then 2 of 7
+    assert "tok_embeddings.weight" not in params and params["output.weight"].local_shape == (4008, 16384)
+    assert params["layers.125.attention.wq.weight"].local_shape == (512, 16384)  # 16384 / 8 / 4

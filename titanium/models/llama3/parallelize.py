@@ -1,0 +1,84 @@
+"""Llama 3's tensor-parallel plan (Megatron-style TP with sequence parallelism) and its parallelize_fn.
+
+Inside a block, wq/wk/wv and w1/w3 are split by output rows (each rank holds whole heads / a slice
+of the hidden width) and wo/w2 by input columns, so each half-block needs one all-gather in and one
+reduce-scatter out. Between blocks the activations stay split along the sequence (Shard(1)), and so
+do the norms that run on them (SequenceParallel). The output projection is split by vocabulary:
+with loss parallel the logits stay vocabulary-sharded into the cross-entropy.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Shard a Llama 3 ``Transformer`` (or a pipeline stage of one) over ``tp_mesh`` in place."""
+    root_plan = {}
+    if model.tok_embeddings is not None:
+        root_plan["tok_embeddings"] = RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False
+        )
+    if model.norm is not None:
+        root_plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        root_plan["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if root_plan:
+        parallelize_module(model, tp_mesh, root_plan)
+    # Pipeline stages exchange plain tensors: the local sequence shards of the hidden states.
+    if model.tok_embeddings is None:
+        parallelize_module(
+            model,
+            tp_mesh,
+            PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=False),
+        )
+    if model.output is None:
+        parallelize_module(
+            model,
+            tp_mesh,
+            PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Shard(1), use_local_output=True),
+        )
+    # The attention also takes the RoPE tables and positions: plain tensors, left alone (None).
+    block_plan = {
+        "attention_norm": SequenceParallel(),
+        "attention": PrepareModuleInput(
+            input_layouts=(Shard(1), None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None),
+        ),
+        "attention.wq": ColwiseParallel(),
+        "attention.wk": ColwiseParallel(),
+        "attention.wv": ColwiseParallel(),
+        "attention.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": ColwiseParallel(),
+        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
+        "feed_forward.w3": ColwiseParallel(),
+    }
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, block_plan)
+    # Tied embeddings: both sides are sharded by vocabulary rows (Shard(0)), so one DTensor serves both.
+    if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight
+
+
+def parallelize_llama3(model: nn.Module, dims: ParallelDims, meshes: Meshes, cfg: PlanConfig) -> None:
+    """The ModelSpec.parallelize_fn of Llama 3: TP (this plan) -> AC -> compile -> FSDP."""
+    parallelize_decoder(model, dims, meshes, cfg, tp_plan=apply_tensor_parallel)

@@ -1,0 +1,39 @@
+"""Regional compilation: one torch.compile per transformer block, and the AsyncTP switch."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from titanium.config.loader import ConfigError
+
+
+def apply_compile(model: nn.Module) -> None:
+    """Compile each block of ``model.layers`` with fullgraph=True, in place.
+
+    Identical blocks share one compiled graph, so compile time does not grow with depth, and
+    FSDP's hooks stay outside the graphs (its communication is not traced). Apply after
+    activation checkpointing (the wrapper is compiled with the block) and before FSDP.
+    """
+    for name, block in list(model.layers.items()):
+        model.layers[name] = torch.compile(block, fullgraph=True)
+
+
+def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:
+    """Let inductor split TP all-gathers / reduce-scatters into chunks that overlap the matmuls.
+
+    Needs CUDA (symmetric memory) and compiled blocks; on other devices this is a config error.
+    """
+    if tp_mesh.device_type != "cuda":
+        raise ConfigError(
+            f"--compile.enable_async_tensor_parallel needs CUDA GPUs (symmetric memory); this run is on "
+            f"{tp_mesh.device_type}: drop the flag"
+        )
+    import torch._inductor.config as inductor_config
+    import torch.distributed._symmetric_memory as symm_mem
+
+    inductor_config._micro_pipeline_tp = True
+    enable = getattr(symm_mem, "enable_symm_mem_for_group", None)
+    if enable is not None:  # newer torch enables symmetric memory on demand
+        enable(tp_mesh.get_group().group_name)

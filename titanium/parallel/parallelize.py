@@ -1,0 +1,85 @@
+"""Apply a parallel plan to a decoder built on the meta device: TP -> CP -> AC -> compile -> FSDP.
+
+The model family supplies only its tensor-parallel plan (``models/<family>/parallelize.py``); the
+order of the steps and everything that is not model-specific lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from titanium.config.loader import ConfigError
+from titanium.config.sections import ActivationCheckpointSection, CompileSection, ParallelismSection
+from titanium.parallel.activation_checkpoint import apply_activation_checkpointing
+from titanium.parallel.compile import apply_compile, enable_async_tensor_parallel
+from titanium.parallel.context import apply_context_parallel
+from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.fsdp import apply_fsdp
+
+logger = logging.getLogger("titanium")
+
+TensorParallelPlan = Callable[[nn.Module, DeviceMesh, bool], None]
+"""``(model, tp_mesh, loss_parallel)``: shard the model's modules over ``tp_mesh`` in place."""
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """The config sections the plan reads (never the whole job config)."""
+
+    parallelism: ParallelismSection
+    activation_checkpoint: ActivationCheckpointSection
+    compile: CompileSection
+    param_dtype: torch.dtype = torch.bfloat16
+    reduce_dtype: torch.dtype = torch.float32
+    pipeline: bool = False
+    """The model is one pipeline stage (changes the FSDP reshard default)."""
+
+
+def parallelize_decoder(
+    model: nn.Module,
+    dims: ParallelDims,
+    meshes: Meshes,
+    cfg: PlanConfig,
+    tp_plan: TensorParallelPlan | None = None,
+) -> None:
+    """Parallelize a decoder with a ``layers`` ModuleDict of blocks, in place."""
+    if dims.tp_enabled:
+        if tp_plan is None:
+            raise ConfigError(
+                f"--parallelism.tensor_parallel_degree {dims.tp}: this model family has no tensor-parallel plan; use 1"
+            )
+        tp_plan(model, meshes.tp, dims.loss_parallel_enabled)
+        if cfg.compile.enable_async_tensor_parallel:
+            enable_async_tensor_parallel(meshes.tp)
+    if dims.cp > 1:
+        apply_context_parallel(model, meshes.cp)
+    ac = cfg.activation_checkpoint
+    if cfg.compile.enable and dims.tp_enabled and meshes.tp.device_type == "cpu" and ac.mode != "none":
+        if ac.mode == "full" or ac.selective_ac_option != "op":
+            # torch 2.13 on CPU: AOT autograd fails to save a DTensor block input for recomputation
+            # ("expected all tensors_saved_with_vc_check to be Tensors ... DeviceMesh").
+            raise ConfigError(
+                "--compile.enable with tensor parallelism and whole-block activation checkpointing fails on CPU; "
+                "use --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op, "
+                "or turn one of them off"
+            )
+    apply_activation_checkpointing(model, ac)
+    if cfg.compile.enable:
+        apply_compile(model)
+    if not dims.fsdp_enabled and cfg.param_dtype != torch.float32 and dims.world_size > 1:
+        logger.warning("training.mixed_precision_param applies through FSDP; without it the model trains in float32")
+    if dims.fsdp_enabled:
+        mode = cfg.parallelism.fsdp_reshard_after_forward
+        apply_fsdp(
+            model,
+            meshes.fsdp,
+            param_dtype=cfg.param_dtype,
+            reduce_dtype=cfg.reduce_dtype,
+            reshard_after_forward=mode == "always" or (mode == "default" and not cfg.pipeline),
+        )

@@ -1,0 +1,209 @@
+"""Pipeline parallelism: cut the meta model into stages, place them on the pp ranks, run a schedule.
+
+The model is cut by deep-copying it on the meta device and deleting, in each copy, the blocks of other
+stages (and the embedding / final norm / output where they do not belong); the Llama Transformer runs
+with any of those missing. Each stage is then parallelized like a whole model (TP -> AC -> compile ->
+FSDP). The stages this rank holds are also gathered into one container with the original parameter
+names, which the optimizer, the checkpoints and gradient clipping see as "the model".
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
+from torch.distributed.tensor import DTensor
+
+from titanium.config.loader import ConfigError
+from titanium.config.sections import ParallelismSection
+
+V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
+"""Two stages per rank placed as a V: rank r holds stages r and 2*pp-1-r."""
+
+
+def is_multi_stage(schedule: str) -> bool:
+    return not issubclass(get_schedule_class(schedule), PipelineScheduleSingle)
+
+
+def stage_ids_of_rank(schedule: str, pp_rank: int, pp_size: int, n_stages: int) -> list[int]:
+    """Stages held by ``pp_rank``: one for single-stage schedules, looped (r, r+pp, ...) or V-shaped."""
+    if schedule in V_SCHEDULES:
+        return [pp_rank, n_stages - 1 - pp_rank]
+    return list(range(pp_rank, n_stages, pp_size))
+
+
+def split_layers(layer_names: list[str], pp_size: int, cfg: ParallelismSection) -> list[list[str]]:
+    """Group the blocks (in order) into stages, and check the count fits the schedule."""
+    schedule, flag = cfg.pipeline_parallel_schedule, "--parallelism.pipeline_parallel"
+    n_layers = len(layer_names)
+    if cfg.pipeline_parallel_split_points:
+        names = [f"layers.{n}" for n in layer_names]
+        starts = []
+        for point in cfg.pipeline_parallel_split_points:
+            if point not in names:
+                valid = f"layers.1 .. layers.{n_layers - 1}"
+                raise ConfigError(f"{flag}_split_points: {point!r} is not a block; valid: {valid}")
+            starts.append(names.index(point))
+        if starts != sorted(set(starts)) or starts[0] == 0:
+            raise ConfigError(f"{flag}_split_points must be increasing blocks after layers.0, got {starts}")
+        bounds = [0, *starts, n_layers]
+    else:
+        per_stage = cfg.pipeline_parallel_layers_per_stage
+        if per_stage == -1:
+            n_stages = pp_size * (2 if is_multi_stage(schedule) else 1)
+        else:
+            n_stages = math.ceil(n_layers / per_stage)
+        if n_stages > n_layers:
+            raise ConfigError(
+                f"{n_stages} pipeline stages for {n_layers} blocks: lower {flag}_degree "
+                f"or raise {flag}_layers_per_stage"
+            )
+        # Even spread; the first stages take one extra block where it does not divide.
+        sizes = [n_layers // n_stages + (1 if i < n_layers % n_stages else 0) for i in range(n_stages)]
+        bounds = [sum(sizes[:i]) for i in range(n_stages + 1)]
+    n_stages = len(bounds) - 1
+    if not is_multi_stage(schedule) and n_stages != pp_size:
+        raise ConfigError(
+            f"{flag}_schedule {schedule} runs one stage per rank, but the split gives {n_stages} stages for "
+            f"{pp_size} ranks; use a multi-stage schedule (e.g. Interleaved1F1B) or change the split"
+        )
+    if schedule in V_SCHEDULES and n_stages != 2 * pp_size:
+        raise ConfigError(f"{flag}_schedule {schedule} needs exactly 2 stages per rank; the split gives {n_stages}")
+    if n_stages % pp_size:
+        raise ConfigError(f"the split gives {n_stages} stages, which is not a multiple of {flag}_degree {pp_size}")
+    return [layer_names[bounds[i] : bounds[i + 1]] for i in range(n_stages)]
+
+
+def _stage_module(model: nn.Module, layers: list[str], first: bool, last: bool) -> nn.Module:
+    part = copy.deepcopy(model)  # on meta: no memory
+    for name in list(part.layers):
+        if name not in layers:
+            del part.layers[name]
+    if not first:
+        part.tok_embeddings = None
+    if not last:
+        part.norm = None
+        part.output = None
+    return part
+
+
+@dataclass
+class Pipeline:
+    """This rank's stages, their schedule, and the container of its parameters (``model``)."""
+
+    model: nn.Module
+    parts: list[nn.Module]
+    stage_ids: list[int]
+    n_stages: int
+    pp_group: dist.ProcessGroup
+    schedule: object = None
+    divisor: torch.Tensor | None = field(default=None, repr=False)
+
+    @property
+    def has_first_stage(self) -> bool:
+        return 0 in self.stage_ids
+
+    @property
+    def has_last_stage(self) -> bool:
+        return self.n_stages - 1 in self.stage_ids
+
+    def build_schedule(
+        self,
+        cfg: ParallelismSection,
+        local_batch_size: int,
+        device: torch.device,
+        loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    ) -> None:
+        """Wrap the materialized stages; the loss is ``loss_sum(logits, labels) / divisor`` (set per step)."""
+        mbs = cfg.pipeline_parallel_microbatch_size
+        if local_batch_size % mbs:
+            raise ConfigError(
+                f"--training.local_batch_size {local_batch_size} must be a multiple of "
+                f"--parallelism.pipeline_parallel_microbatch_size {mbs}"
+            )
+        stages = [
+            PipelineStage(part, sid, self.n_stages, device, group=self.pp_group)
+            for part, sid in zip(self.parts, self.stage_ids)
+        ]
+        cls = get_schedule_class(cfg.pipeline_parallel_schedule)
+        n_microbatches = local_batch_size // mbs
+        try:
+            # scale_grads=False: the loss is already divided by the step's global token count.
+            self.schedule = cls(
+                stages[0] if issubclass(cls, PipelineScheduleSingle) else stages,
+                n_microbatches=n_microbatches,
+                loss_fn=lambda logits, labels: loss_sum(logits, labels) / self.divisor,
+                scale_grads=False,
+            )
+        except ValueError as e:  # e.g. too few microbatches for the schedule
+            raise ConfigError(
+                f"--parallelism.pipeline_parallel_schedule {cfg.pipeline_parallel_schedule} with {n_microbatches} "
+                f"microbatches (training.local_batch_size / pipeline_parallel_microbatch_size) and "
+                f"{self.n_stages} stages: {e}"
+            ) from None
+
+    def step(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
+        """Forward and backward of one batch through all stages; the loss sum (last stage, else 0)."""
+        self.divisor = divisor
+        losses: list[torch.Tensor] = []
+        # The schedule feeds positional args to the first stage only, and kwargs to every stage:
+        # the model's inputs go to the first stage, the positions (context parallelism) to all.
+        inputs = dict(inputs)
+        kwargs = {"positions": inputs.pop("positions")} if "positions" in inputs else {}
+        args = tuple(inputs.values()) if self.has_first_stage else ()
+        if self.has_last_stage:
+            kwargs.update(target=labels, losses=losses)
+        self.schedule.step(*args, **kwargs)
+        if not losses:
+            return torch.zeros((), device=divisor.device)
+        total = torch.stack([loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]).sum()
+        return total.detach() * divisor
+
+
+def build_pipeline(
+    model: nn.Module,
+    pp_mesh: DeviceMesh,
+    cfg: ParallelismSection,
+    parallelize: Callable[[nn.Module], None],
+) -> Pipeline:
+    """Cut ``model`` (meta) into stages, keep this rank's, and parallelize each with ``parallelize``."""
+    pp_rank, pp_size = pp_mesh.get_local_rank(), pp_mesh.size()
+    if getattr(model.args, "tie_word_embeddings", False):
+        raise ConfigError(
+            "--parallelism.pipeline_parallel_degree > 1 with tied embeddings (input embedding = output "
+            "projection on different stages) is not supported; use 1"
+        )
+    stages = split_layers(list(model.layers), pp_size, cfg)
+    ids = stage_ids_of_rank(cfg.pipeline_parallel_schedule, pp_rank, pp_size, len(stages))
+    parts = [_stage_module(model, stages[i], i == 0, i == len(stages) - 1) for i in ids]
+    for part in parts:
+        parallelize(part)
+    # The container: the original module, holding exactly this rank's (parallelized) submodules.
+    model.layers = nn.ModuleDict(
+        sorted(((k, v) for part in parts for k, v in part.layers.items()), key=lambda kv: int(kv[0]))
+    )
+    model.tok_embeddings = next((p.tok_embeddings for p in parts if p.tok_embeddings is not None), None)
+    model.norm = next((p.norm for p in parts if p.norm is not None), None)
+    model.output = next((p.output for p in parts if p.output is not None), None)
+    return Pipeline(model=model, parts=parts, stage_ids=ids, n_stages=len(stages), pp_group=pp_mesh.get_group())
+
+
+def clip_grad_norm_pipelined(params: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup) -> torch.Tensor:
+    """Global gradient norm over all stages (norm² summed over the pp group), then clip with it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
+    norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+    norm_sq = norm**2
+    dist.all_reduce(norm_sq, group=pp_group)
+    norm = norm_sq.sqrt()
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
+    return norm

@@ -1,0 +1,1 @@
+"""Command-line tools that are not the training loop: dry run, (later) conversion and generation."""

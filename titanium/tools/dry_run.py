@@ -1,0 +1,174 @@
+"""Dry run: build a job's parallel plan for any world size on one CPU, without the hardware.
+
+    python -m titanium.tools.dry_run --job.config_file train_configs/llama3_405b.toml --world_size 512
+
+A fake process group stands in for the cluster, so the mesh, the TP plan and FSDP sharding are
+built exactly as rank ``--rank`` would build them, on the meta device (nothing is allocated). The
+report lists each parameter's placements and local shard shape and the per-rank weight and
+optimizer-state bytes. The tokenizer is not read: the vocabulary is the flavor's.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titanium.config import ConfigError, JobConfig, load_config
+from titanium.models import build_model_args, get_model_spec
+from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
+from titanium.parallel.pipeline import build_pipeline
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class ParamPlan:
+    name: str
+    global_shape: tuple[int, ...]
+    local_shape: tuple[int, ...]
+    placements: str
+    mesh_dims: tuple[str, ...]
+
+
+@dataclass
+class DryRun:
+    cfg: JobConfig
+    dims: ParallelDims
+    meshes: Meshes
+    model: nn.Module
+    params: list[ParamPlan]
+    stages: tuple[list[int], int] | None = None
+    """(this rank's pipeline stages, number of stages), or None without pipeline parallelism."""
+
+    @property
+    def local_numel(self) -> int:
+        return sum(_numel(p.local_shape) for p in self.params)
+
+    def report(self, every_block: bool = False) -> Iterator[str]:
+        d = self.dims
+        yield (
+            f"world {d.world_size} = pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x "
+            f"cp {d.cp} x tp {d.tp}; model {self.cfg.model.name} {self.cfg.model.flavor}"
+        )
+        if self.stages is not None:
+            ids, n = self.stages
+            yield f"pipeline: stages {ids} of {n} on pp rank {self.meshes.pp.get_local_rank()}"
+        yield f"{'parameter':<44} {'global shape':<18} {'mesh':<22} {'placements':<44} local shape"
+        first_block = None
+        for p in self.params:
+            block = re.match(r"layers\.(\d+)\.", p.name)
+            if block and not every_block:
+                first_block = first_block or block.group(1)
+                if block.group(1) != first_block:
+                    continue
+            mesh = ",".join(p.mesh_dims)
+            yield (f"{p.name:<44} {str(list(p.global_shape)):<18} {mesh:<22} {p.placements:<44} {list(p.local_shape)}")
+        if not every_block and first_block is not None:
+            yield f"(blocks other than layers.{first_block} have the same plan; --every_block lists them all)"
+        n = self.local_numel
+        yield (
+            f"per rank: {n / 1e9:.3f}B parameters = {n * 4 / 2**30:.2f} GiB fp32 weights, "
+            f"{n * 4 / 2**30:.2f} GiB grads, {n * 8 / 2**30:.2f} GiB AdamW states (activations not included)"
+        )
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def _param_plan(name: str, param: torch.Tensor) -> ParamPlan:
+    if isinstance(param, DTensor):
+        return ParamPlan(
+            name=name,
+            global_shape=tuple(param.shape),
+            local_shape=tuple(param.to_local().shape),
+            placements=str(tuple(param.placements)),
+            mesh_dims=tuple(param.device_mesh.mesh_dim_names or ()),
+        )
+    return ParamPlan(name, tuple(param.shape), tuple(param.shape), "(not distributed)", ())
+
+
+def _clean(name: str) -> str:
+    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
+
+
+def dry_run(argv: list[str], world_size: int, rank: int = 0) -> DryRun:
+    """Build the plan of rank ``rank`` of ``world_size`` on a fake process group (created and left
+    initialized; call ``torch.distributed.destroy_process_group()`` when done)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    # The dry run never reads the tokenizer (the flavor gives the vocabulary), so it may be absent.
+    cfg = load_config([*argv, "--tokenizer.kind", "byte"])
+    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    spec = get_model_spec(cfg.model.name)
+    args = build_model_args(spec, cfg.model.flavor, max_seq_len=cfg.training.seq_len)
+    dims.check_model(args, model=f"{cfg.model.name} {cfg.model.flavor}", seq_len=cfg.training.seq_len)
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    meshes = dims.build_meshes("cpu")
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    plan = PlanConfig(
+        parallelism=cfg.parallelism,
+        activation_checkpoint=cfg.activation_checkpoint,
+        compile=cfg.compile.__class__(),  # compiling is irrelevant to placements
+        param_dtype=_DTYPES[cfg.training.mixed_precision_param],
+        reduce_dtype=_DTYPES[cfg.training.mixed_precision_reduce],
+        pipeline=dims.pp > 1,
+    )
+    parallelize = spec.parallelize_fn or parallelize_decoder
+    stage_ids = None
+    if dims.pp > 1:
+        pipeline = build_pipeline(model, meshes.pp, cfg.parallelism, lambda part: parallelize(part, dims, meshes, plan))
+        model, stage_ids = pipeline.model, (pipeline.stage_ids, pipeline.n_stages)
+    else:
+        parallelize(model, dims, meshes, plan)
+    params = [_param_plan(_clean(n), p) for n, p in model.named_parameters()]
+    return DryRun(cfg=cfg, dims=dims, meshes=meshes, model=model, params=params, stages=stage_ids)
+
+
+def _pop_flag(argv: list[str], name: str, default: str | None = None) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+            del argv[i : i + 2]
+            return value
+        if arg.startswith(name + "="):
+            del argv[i]
+            return arg.split("=", 1)[1]
+    return default
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    every_block = "--every_block" in argv
+    argv = [a for a in argv if a != "--every_block"]
+    try:
+        world_size = int(_pop_flag(argv, "--world_size", "8"))
+        rank = int(_pop_flag(argv, "--rank", "0"))
+        if not 0 <= rank < world_size:
+            raise ConfigError(f"--rank must be in [0, {world_size}), got {rank}")
+        result = dry_run(argv, world_size, rank)
+    except (ConfigError, ValueError) as e:
+        print(f"titanium: config error: {e}", file=sys.stderr)
+        return 2
+    try:
+        for line in result.report(every_block):
+            print(line)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
