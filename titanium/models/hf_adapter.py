@@ -1,0 +1,250 @@
+"""Hugging Face state-dict adapters: names, RoPE layout and ``config.json`` of a model family.
+
+An adapter is pure tensor and dict code (no files, no ``torch.distributed``): the checkpoint layer
+(``titanium.checkpoint.hf``) reads and writes the safetensors and uses an adapter to translate.
+Each family describes itself with a few tables (``layer_keys``, ``top_keys``, ``rope_keys``) and its
+``config.json`` mapping; the renaming, the RoPE permutation and the tied-embedding rules live here once.
+
+RoPE layout: titanium rotates interleaved pairs ``(x[2i], x[2i+1])`` (Meta's convention), Hugging
+Face rotates halves ``(x[i], x[i + D/2])``. Both compute the same attention if the output rows of
+``wq``/``wk`` (and of any per-head weight applied before RoPE, such as Qwen3's ``q_norm``/``k_norm``)
+are permuted within each head: our row ``2i + j`` is HF row ``j * D/2 + i``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from titanium.errors import UserError
+from titanium.models.common.rope import RopeScaling
+
+
+class HFConfigError(UserError, ValueError):
+    """A ``config.json`` that does not describe the configured model; the message lists the fields."""
+
+
+def rope_rows_to_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Permute the rows of a per-head weight (``[n_heads * head_dim, ...]``) from interleaved to halves."""
+    rest = weight.shape[1:]
+    return weight.reshape(-1, head_dim // 2, 2, *rest).transpose(1, 2).reshape(weight.shape)
+
+
+def rope_rows_from_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Inverse of ``rope_rows_to_hf``: HF rotate-half rows back to interleaved pairs."""
+    rest = weight.shape[1:]
+    return weight.reshape(-1, 2, head_dim // 2, *rest).transpose(1, 2).reshape(weight.shape)
+
+
+_OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def scaling_to_hf(scaling: RopeScaling | None) -> dict[str, Any] | None:
+    if scaling is None:
+        return None
+    return {
+        "rope_type": "llama3",
+        "factor": scaling.factor,
+        "low_freq_factor": scaling.low_freq_factor,
+        "high_freq_factor": scaling.high_freq_factor,
+        "original_max_position_embeddings": scaling.original_max_position_embeddings,
+    }
+
+
+@dataclass(frozen=True)
+class HFAdapter:
+    """Translate one model family between titanium and Hugging Face ``transformers``.
+
+    Subclasses fill the tables and implement the ``config.json`` mapping:
+
+    - ``layer_keys``: per-block names, ours -> HF, relative to ``layers.N.`` / ``model.layers.N.``.
+    - ``top_keys``: the remaining names, ours -> HF (embeddings, final norm, output projection).
+    - ``rope_keys``: per-block names (ours) whose rows are in RoPE layout and get permuted.
+    - ``output_key``: our output projection, absent from HF checkpoints when embeddings are tied.
+    """
+
+    model_type: str
+    """``model_type`` in ``config.json`` (``llama``, ``qwen3``)."""
+    layer_keys: Mapping[str, str]
+    top_keys: Mapping[str, str]
+    rope_keys: frozenset[str] = frozenset()
+    embedding_key: str = "tok_embeddings.weight"
+    output_key: str = "output.weight"
+    _from_hf: dict[str, str] = field(init=False, repr=False, compare=False)
+    _hf_layer: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_from_hf", {hf: ours for ours, hf in self.layer_keys.items()})
+        object.__setattr__(self, "_hf_layer", re.compile(r"^model\.layers\.(\d+)\.(.+)$"))
+
+    # ----- names -----
+
+    def hf_key(self, key: str) -> str:
+        """Our parameter name -> the Hugging Face name; ``KeyError`` for a name the family lacks."""
+        match = _OURS_LAYER.match(key)
+        if match and match.group(2) in self.layer_keys:
+            return f"model.layers.{match.group(1)}.{self.layer_keys[match.group(2)]}"
+        if key in self.top_keys:
+            return self.top_keys[key]
+        raise KeyError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
+
+    def our_key(self, hf_key: str) -> str | None:
+        """Hugging Face name -> ours; None for a name this family does not know."""
+        match = self._hf_layer.match(hf_key)
+        if match:
+            rest = self._from_hf.get(match.group(2))
+            return None if rest is None else f"layers.{match.group(1)}.{rest}"
+        for ours, hf in self.top_keys.items():
+            if hf == hf_key:
+                return ours
+        return None
+
+    def _is_rope(self, key: str) -> bool:
+        match = _OURS_LAYER.match(key)
+        return bool(match) and match.group(2) in self.rope_keys
+
+    def expected_hf_keys(self, our_keys: list[str], args: Any) -> list[str]:
+        """The keys an HF checkpoint of a model with ``our_keys`` holds (no ``lm_head`` when tied)."""
+        return [self.hf_key(k) for k in our_keys if not (self.tied(args) and k == self.output_key)]
+
+    # ----- tensors -----
+
+    def tied(self, args: Any) -> bool:
+        return bool(getattr(args, "tie_word_embeddings", False))
+
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        """Our full state dict -> Hugging Face names and layout. Tied models drop the output matrix."""
+        out: dict[str, torch.Tensor] = {}
+        for key, value in state_dict.items():
+            if self.tied(args) and key == self.output_key:
+                continue
+            if self._is_rope(key):
+                value = rope_rows_to_hf(value, args.head_dim)
+            out[self.hf_key(key)] = value
+        return out
+
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        """Hugging Face state dict -> ours. Unknown names raise ``KeyError`` (callers validate first).
+
+        Tied models: the output matrix is the embedding table (an ``lm_head.weight`` stored anyway
+        by some exporters is ignored).
+        """
+        out: dict[str, torch.Tensor] = {}
+        for hf_key, value in hf_state_dict.items():
+            key = self.our_key(hf_key)
+            if key is None:
+                raise KeyError(f"{hf_key!r} is not a {self.model_type} weight")
+            if self.tied(args) and key == self.output_key:
+                continue
+            if self._is_rope(key):
+                value = rope_rows_from_hf(value, args.head_dim)
+            out[key] = value
+        if self.tied(args) and self.embedding_key in out:
+            out[self.output_key] = out[self.embedding_key]
+        return out
+
+    # ----- config.json -----
+
+    def config_fields(self, args: Any) -> dict[str, tuple[str, Any]]:
+        """The architecture as ``config.json`` states it: HF field -> (our field name, value).
+
+        Used to check a checkpoint against a flavor; ``vocab_size`` and the maximum length are
+        left out on purpose (the vocabulary comes from the checkpoint, the length from training).
+        Every decoder family here exposes these args (``kv_heads``, ``head_dim``, ``ffn_dim``).
+        """
+        return {
+            "hidden_size": ("dim", args.dim),
+            "num_hidden_layers": ("n_layers", args.n_layers),
+            "num_attention_heads": ("n_heads", args.n_heads),
+            "num_key_value_heads": ("n_kv_heads", args.kv_heads),
+            "head_dim": ("head_dim", args.head_dim),
+            "intermediate_size": ("ffn_dim", args.ffn_dim),
+            "rms_norm_eps": ("norm_eps", args.norm_eps),
+            "rope_theta": ("rope_theta", args.rope_theta),
+            "rope_scaling": ("rope_scaling", scaling_to_hf(args.rope_scaling)),
+            "tie_word_embeddings": ("tie_word_embeddings", args.tie_word_embeddings),
+        }
+
+    def from_hf_config(self, config: Mapping[str, Any], **overrides: Any) -> Any:
+        """Model args for a Hugging Face ``config.json`` (a dict); ``overrides`` replace fields."""
+        raise NotImplementedError
+
+    def to_hf_config(self, args: Any) -> dict[str, Any]:
+        """A ``config.json`` dict that ``transformers`` loads as this architecture."""
+        raise NotImplementedError
+
+    def check_hf_config(self, config: Mapping[str, Any], args: Any, *, source: str, flavor: str) -> None:
+        """Raise ``HFConfigError`` listing every field of ``config`` that disagrees with ``args``."""
+        problems = []
+        model_type = config.get("model_type")
+        if model_type != self.model_type:
+            problems.append(f"model_type {model_type!r} != {self.model_type!r}")
+        for hf_name, (our_name, expected) in self.config_fields(args).items():
+            actual = hf_config_value(config, hf_name)
+            if not _same(actual, expected):
+                problems.append(f"{hf_name} {actual!r} != flavor {flavor} {our_name} {expected!r}")
+        problems.extend(self.unsupported(config))
+        if problems:
+            raise HFConfigError(
+                f"{source} does not match --model.flavor {flavor} ({self.model_type}): " + "; ".join(problems)
+            )
+
+    def unsupported(self, config: Mapping[str, Any]) -> list[str]:
+        """Features in ``config`` that this implementation does not have (each one a message)."""
+        problems = []
+        for name in ("attention_bias", "mlp_bias"):
+            if config.get(name):
+                problems.append(f"{name} = true is not supported")
+        act = config.get("hidden_act", "silu")
+        if act != "silu":
+            problems.append(f"hidden_act {act!r} is not supported (SwiGLU needs 'silu')")
+        return problems
+
+
+def rope_config(config: Mapping[str, Any]) -> tuple[float | None, dict[str, Any] | None]:
+    """``(rope_theta, scaling)`` from a ``config.json`` of either transformers 4 or 5.
+
+    transformers 4 writes ``rope_theta`` and ``rope_scaling``; 5 writes one ``rope_parameters`` dict
+    that also holds the theta. ``scaling`` is None for plain RoPE (``rope_type`` "default").
+    """
+    params = config.get("rope_parameters")
+    if isinstance(params, Mapping):
+        theta = params.get("rope_theta", config.get("rope_theta"))
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+    else:
+        theta = config.get("rope_theta")
+        scaling = dict(config["rope_scaling"]) if config.get("rope_scaling") else None
+    if scaling is not None:
+        kind = scaling.get("rope_type", scaling.get("type", "default"))
+        if kind == "default":
+            scaling = None
+        else:
+            scaling = {**{k: v for k, v in scaling.items() if k != "type"}, "rope_type": kind}
+    return (None if theta is None else float(theta)), scaling
+
+
+def hf_config_value(config: Mapping[str, Any], name: str) -> Any:
+    """``config[name]`` with the transformers 4/5 differences smoothed over (RoPE keys, head_dim)."""
+    if name == "rope_theta":
+        return rope_config(config)[0]
+    if name == "rope_scaling":
+        return rope_config(config)[1]
+    if name == "head_dim" and config.get("head_dim") is None and "hidden_size" in config:
+        return config["hidden_size"] // config["num_attention_heads"]
+    if name == "num_key_value_heads" and config.get(name) is None:
+        return config.get("num_attention_heads")
+    if name == "tie_word_embeddings":
+        return bool(config.get(name, False))
+    return config.get(name)
+
+
+def _same(actual: Any, expected: Any) -> bool:
+    if isinstance(expected, float) and isinstance(actual, (int, float)) and not isinstance(actual, bool):
+        return abs(actual - expected) <= 1e-9 * max(1.0, abs(expected))
+    if isinstance(expected, dict) and isinstance(actual, Mapping):
+        return set(expected) == set(actual) and all(_same(actual[k], v) for k, v in expected.items())
+    return actual == expected
