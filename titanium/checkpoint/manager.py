@@ -3,6 +3,10 @@
 A save goes to `.step-N.partial/` and is renamed to `step-N/` by rank 0 only after every rank has
 finished writing, so a folder named `step-N` is always complete: a run killed mid-save resumes from
 the previous one. Older checkpoints are removed only after a newer one is complete.
+
+Async saves run on their own gloo process group (training collectives on the default group would
+collide with the background writer's) and at most one is in flight: the next save, and the end of
+training, wait for the previous one.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import logging
 import re
 import shutil
 import time
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
@@ -26,6 +32,7 @@ from titanium.errors import UserError
 logger = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+MODEL_KEY = "model"
 
 
 class CheckpointError(UserError, RuntimeError):
@@ -43,30 +50,47 @@ class SafeLoadPlanner(DefaultLoadPlanner):
             self.state_dict[read_item.dest_index.fqn] = obj
 
 
+def complete_steps(folder: Path) -> list[int]:
+    """Steps with a complete checkpoint under `folder`, oldest first."""
+    if not folder.is_dir():
+        return []
+    steps = []
+    for path in folder.iterdir():
+        match = _STEP_DIR.match(path.name)
+        if match and (path / ".metadata").is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
 class CheckpointManager:
     def __init__(self, cfg: CheckpointSection, dump_folder: str, states: dict[str, Any], rank: int) -> None:
-        """`states` maps top-level keys to Stateful objects; per-rank ones need per-rank keys."""
+        """`states` maps top-level keys to Stateful objects; per-rank ones need per-rank keys
+        ("data_dp3", "rng_rank5": DCP keeps a single copy of identically named values)."""
         self.cfg, self.states, self.rank = cfg, states, rank
         self.folder = Path(dump_folder) / cfg.folder
+        self._pending: tuple[int, Future] | None = None
+        self._staging: Future | None = None
+        self._pg = None
+        self._stager = None
+        self.last_blocking_s = 0.0
+        if cfg.enable and cfg.async_mode != "disabled":
+            self._pg = dist.new_group(backend="gloo")
+        if cfg.enable and cfg.async_mode == "async_with_pinned_mem":
+            from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-    def complete_steps(self) -> list[int]:
-        if not self.folder.is_dir():
-            return []
-        steps = []
-        for path in self.folder.iterdir():
-            match = _STEP_DIR.match(path.name)
-            if match and (path / ".metadata").is_file():
-                steps.append(int(match.group(1)))
-        return sorted(steps)
+            cuda = torch.cuda.is_available()
+            self._stager = DefaultStager(StagingOptions(cuda, True, cuda, cuda))
 
-    def should_save(self, step: int, last_step: int) -> bool:
-        return self.cfg.enable and (step % self.cfg.interval == 0 or step == last_step)
+    # ----- resume -----
 
     def load(self) -> int:
-        """Restore the newest (or `load_step`) checkpoint; returns its step, 0 when starting fresh."""
+        """Restore the newest (or `load_step`) checkpoint; returns its step, 0 when starting fresh.
+
+        step-0 is a seed checkpoint: it holds only the model, and only the model is restored.
+        """
         if not self.cfg.enable:
             return 0
-        steps = self.complete_steps()
+        steps = complete_steps(self.folder)
         if self.cfg.load_step != -1:
             if self.cfg.load_step not in steps:
                 raise CheckpointError(
@@ -76,38 +100,154 @@ class CheckpointManager:
             step = self.cfg.load_step
         elif steps:
             step = steps[-1]
+        elif self.cfg.initial_load_path and not self.cfg.initial_load_in_hf:
+            return self._load_initial(Path(self.cfg.initial_load_path))
         else:
             return 0
-        path = self.folder / f"step-{step}"
-        start = time.perf_counter()
-        try:
-            dcp.load(self.states, checkpoint_id=str(path), planner=SafeLoadPlanner())
-        except Exception as e:  # DCP wraps per-rank failures in CheckpointException
-            raise CheckpointError(f"cannot load checkpoint {path}: {e}") from e
-        logger.info("resumed from %s in %.2fs", path, time.perf_counter() - start)
+        keys = [MODEL_KEY] if step == 0 else [k for k in self.states if _kind(k) not in self.cfg.exclude_from_loading]
+        self._load(self.folder / f"step-{step}", keys)
         return step
 
-    def save(self, step: int) -> None:
-        final = self.folder / f"step-{step}"
-        partial = self.folder / f".step-{step}.partial"
+    def _load_initial(self, path: Path) -> int:
+        """Start from another run's checkpoint; only its weights unless initial_load_model_only is off."""
+        if not (path / ".metadata").is_file():
+            raise CheckpointError(
+                f"--checkpoint.initial_load_path {path} is not a complete titanium checkpoint (a step-N folder "
+                "with .metadata); for a Hugging Face folder add --checkpoint.initial_load_in_hf"
+            )
+        if self.cfg.initial_load_model_only:
+            self._load(path, [MODEL_KEY])
+            return 0
+        keys = [k for k in self.states if _kind(k) not in self.cfg.exclude_from_loading]
+        self._load(path, keys)
+        return int(self.states["train_state"].step) if "train_state" in keys else 0
+
+    def _load(self, path: Path, keys: list[str]) -> None:
         start = time.perf_counter()
+        keys = self._keys_in_checkpoint(path, keys)
+        try:
+            dcp.load({k: self.states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
+        except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+            raise CheckpointError(
+                f"cannot load checkpoint {path} ({', '.join(keys)}): {e}. If the world size or data changed, "
+                "try --checkpoint.exclude_from_loading data rng"
+            ) from e
+        logger.info("loaded %s from %s in %.2fs", ", ".join(keys), path, time.perf_counter() - start)
+
+    def _keys_in_checkpoint(self, path: Path, keys: list[str]) -> list[str]:
+        """Drop per-rank state the checkpoint lacks because it was saved at another layout.
+
+        A rank with no saved RNG keeps its fresh one (there is no right mapping between layouts); a
+        missing data position is an error, since carrying on would silently repeat or skip data.
+        """
+        try:
+            saved = {
+                fqn.split(".", 1)[0] for fqn in dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+            }
+        except Exception as e:
+            raise CheckpointError(f"cannot read checkpoint {path}/.metadata: {e}") from e
+        kept = []
+        for key in keys:
+            if key in saved:
+                kept.append(key)
+            elif _kind(key) == "rng":
+                logger.warning("%s has no %s (saved at another layout); this rank keeps a fresh RNG", path, key)
+            elif _kind(key) == "data":
+                raise CheckpointError(
+                    f"{path} has no data position {key}: it was saved with another data-parallel degree; "
+                    "keep the degree, or restart the data with --checkpoint.exclude_from_loading data rng"
+                )
+            else:
+                raise CheckpointError(f"{path} has no '{key}' state; exclude it with --checkpoint.exclude_from_loading")
+        return kept
+
+    # ----- save -----
+
+    def should_save(self, step: int, last_step: int) -> bool:
+        return self.cfg.enable and (step % self.cfg.interval == 0 or step == last_step)
+
+    def save(self, step: int, *, final: bool = False, model_only: bool = False) -> None:
+        """Save `step`; async modes return once the state is captured. `final` waits for the write."""
+        self.wait()
+        partial = self.folder / f".step-{step}.partial"
         if self.rank == 0:
             shutil.rmtree(partial, ignore_errors=True)
             partial.mkdir(parents=True)
         dist.barrier()
-        dcp.save(self.states, checkpoint_id=str(partial))
-        dist.barrier()
+        only_model = model_only or (final and self.cfg.last_save_model_only)
+        state = {MODEL_KEY: self.states[MODEL_KEY]} if only_model else self.states
+        start = time.perf_counter()
+        mode = self.cfg.async_mode
+        if mode == "disabled":
+            dcp.save(state, checkpoint_id=str(partial))
+            dist.barrier()
+            future: Future = Future()
+            future.set_result(None)
+        elif mode == "async":
+            future = dcp.async_save(
+                state, checkpoint_id=str(partial), process_group=self._pg,
+                async_checkpointer_type=AsyncCheckpointerType.THREAD,
+            )  # fmt: skip
+        else:
+            response = dcp.async_save(
+                state, checkpoint_id=str(partial), process_group=self._pg,
+                async_checkpointer_type=AsyncCheckpointerType.PROCESS, async_stager=self._stager,
+            )  # fmt: skip
+            if isinstance(response, Future):
+                future = response
+            else:
+                self._staging, future = response.staging_completion, response.upload_completion
+        self._pending = (step, future)
+        self.last_blocking_s = time.perf_counter() - start
+        logger.info("checkpoint step-%d: loop blocked %.2fs (%s)", step, self.last_blocking_s, mode)
+        if final or mode == "disabled":
+            self.wait()
+
+    def maybe_wait_for_staging(self) -> None:
+        """Before the optimizer changes the weights, the staged copy must be complete."""
+        if self._staging is not None:
+            self._staging.result()
+            self._staging = None
+
+    def poll(self) -> None:
+        """Publish a finished async save without waiting (cheap; call once per step)."""
+        if self._pending is not None and self._pending[1].done():
+            self.wait()
+
+    def wait(self) -> None:
+        """Wait for the save in flight, then publish it (rank 0 renames .partial -> step-N)."""
+        if self._pending is None:
+            return
+        step, future = self._pending
+        self._pending = None
+        self.maybe_wait_for_staging()
+        future.result()
+        # DCP's finish step gathers every rank's write results before the coordinator (rank 0)
+        # writes .metadata, so rank 0's future completing means all ranks' data is on disk.
         if self.rank == 0:
+            final = self.folder / f"step-{step}"
             shutil.rmtree(final, ignore_errors=True)
-            partial.rename(final)
+            (self.folder / f".step-{step}.partial").rename(final)
             self._purge_old(keep=step)
-        dist.barrier()
-        logger.info("saved checkpoint %s in %.2fs", final, time.perf_counter() - start)
+            logger.info("checkpoint saved: %s", final)
 
     def _purge_old(self, keep: int) -> None:
         if self.cfg.keep_latest_k <= 0:
             return
-        steps = self.complete_steps()
-        for old in steps[: -self.cfg.keep_latest_k]:
+        for old in complete_steps(self.folder)[: -self.cfg.keep_latest_k]:
             if old != keep:
                 shutil.rmtree(self.folder / f"step-{old}", ignore_errors=True)
+
+    def close(self) -> None:
+        self.wait()
+        if self._stager is not None:
+            self._stager.close()
+            self._stager = None
+
+
+def _kind(key: str) -> str:
+    """ "data_dp3" -> "data", "rng_rank0" -> "rng", "lr_scheduler" -> "lr_scheduler"."""
+    for kind in ("data", "rng"):
+        if key.startswith(kind + "_"):
+            return kind
+    return key

@@ -7,6 +7,7 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
     set_model_state_dict,
@@ -33,11 +34,15 @@ class OptimizerState:
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         self.model, self.optimizer = model, optimizer
 
+    # Flattened ("state.<fqn>.exp_avg", "param_groups.<fqn>.lr"): ranks holding different parameters
+    # (pipeline stages) then write disjoint keys instead of conflicting param_groups lists.
+    _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
     def state_dict(self) -> dict[str, Any]:
-        return get_optimizer_state_dict(self.model, self.optimizer)
+        return get_optimizer_state_dict(self.model, self.optimizer, options=self._OPTIONS)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_optimizer_state_dict(self.model, self.optimizer, state)
+        set_optimizer_state_dict(self.model, self.optimizer, state, options=self._OPTIONS)
 
 
 class TrainState:
