@@ -1,6 +1,32 @@
-"""Test-wide settings: never reach for the hub (tests use files they make or the repo ships)."""
+"""Test-wide settings and fixtures. Tests never reach for the hub: they use files they make or the repo ships."""
 
 import os
 
+import pytest
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture
+def make_trainer(monkeypatch):
+    """Build Trainers in this process (a one-process gloo group each); closed and torn down after the test."""
+    from tests.helpers import REPO
+    from titanium.config import load_config
+    from titanium.parallel.dims import ParallelDims
+    from titanium.parallel.distributed import shutdown_distributed
+    from titanium.trainer import Trainer
+
+    monkeypatch.chdir(REPO)
+    made = []
+
+    def make(*args: str) -> Trainer:
+        cfg = load_config(list(args))
+        trainer = Trainer(cfg, ParallelDims.from_config(cfg.parallelism, 1))
+        made.append(trainer)
+        return trainer
+
+    yield make
+    for trainer in made:
+        trainer.close()
+    shutdown_distributed()

@@ -9,7 +9,7 @@ import sys
 from titanium.config import ConfigError, load_config
 from titanium.errors import UserError
 from titanium.parallel.dims import ParallelDims
-from titanium.parallel.distributed import shutdown_distributed
+from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
 
 
 def _setup_logging() -> None:
@@ -26,7 +26,12 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         cfg = load_config(argv)
-        dims = ParallelDims.from_config(cfg.parallelism, int(os.environ.get("WORLD_SIZE", 1)))
+        world_size = int(os.environ.get("WORLD_SIZE", 1))
+        if cfg.checkpoint.create_seed_checkpoint and world_size != 1:
+            raise ConfigError(
+                f"--checkpoint.create_seed_checkpoint runs in one process (NGPU=1); it was started with {world_size}"
+            )
+        dims = ParallelDims.from_config(cfg.parallelism, world_size)
     except ConfigError as e:
         print(f"titanium: config error: {e}", file=sys.stderr)
         return 2
@@ -37,6 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(cfg, dims)
         trainer.train()
+        wait_for_all_ranks()
+    except ConfigError as e:  # checks that need the model or the process group (e.g. TP vs. heads)
+        print(f"titanium: config error: {e}", file=sys.stderr)
+        return 2
     except UserError as e:
         print(f"titanium: error: {e}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ accumulation and any DP degree give exactly the full-batch mean gradient (FSDP s
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import math
@@ -22,16 +23,21 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 
 from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
+from titanium.checkpoint.hf import export_final_hf, hf_model_args, load_hf_weights
+from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
 from titanium.data.tokenizer import build_tokenizer
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.models import build_model_args, get_model_spec
 from titanium.optim import build_lr_scheduler, build_optimizer
+from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_train_timeout
-from titanium.parallel.fsdp import apply_fsdp
+from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
+from titanium.parallel.pipeline import Pipeline, build_pipeline, clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
 
 logger = logging.getLogger("titanium")
@@ -47,6 +53,7 @@ class Trainer:
         self.meshes = dims.build_meshes(self.device.type)
         self.dp_group = self.meshes.dp.get_group()
         self.dp_rank = self.meshes.dp.get_local_rank()
+        self.loss_group = self.meshes.loss.get_group()  # dp x cp: the ranks whose loss units add up
         self._set_determinism()
         self._save_config()
         self.tokenizer = build_tokenizer(cfg.tokenizer)
@@ -90,23 +97,46 @@ class Trainer:
             vocab_size=self.tokenizer.vocab_size,
             max_seq_len=cfg.training.seq_len,
         )
+        self.model_args = hf_model_args(
+            self.model_spec,
+            self.model_args,
+            cfg.checkpoint,
+            flavor=cfg.model.flavor,
+            tokenizer_vocab=self.tokenizer.vocab_size,
+        )
+        model_name = f"{cfg.model.name} {cfg.model.flavor}"
+        self.dims.check_model(self.model_args, model=model_name, seq_len=cfg.training.seq_len)
         with torch.device("meta"):
             self.model = self.model_spec.model_cls(self.model_args)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model %s %s: %.2fM parameters", cfg.model.name, cfg.model.flavor, n_params / 1e6)
 
     def _parallelize(self) -> None:
-        if not self.dims.fsdp_enabled:
-            return
+        """Apply the model family's plan (PP split, then per stage TP -> CP -> AC -> compile -> FSDP);
+        families without a parallelize_fn get the generic plan, which has everything but TP."""
         t = self.cfg.training
-        reshard = self.cfg.parallelism.fsdp_reshard_after_forward != "never"
-        apply_fsdp(
-            self.model,
-            self.meshes.fsdp,
+        plan = PlanConfig(
+            parallelism=self.cfg.parallelism,
+            activation_checkpoint=self.cfg.activation_checkpoint,
+            compile=self.cfg.compile,
             param_dtype=_DTYPES[t.mixed_precision_param],
             reduce_dtype=_DTYPES[t.mixed_precision_reduce],
-            reshard_after_forward=reshard,
+            pipeline=self.dims.pp > 1,
         )
+        parallelize = self.model_spec.parallelize_fn or parallelize_decoder
+        self.pipeline: Pipeline | None = None
+        self.model_parts = [self.model]
+        if self.dims.pp > 1:
+            # Stages are parallelized one by one; self.model becomes the container of this rank's stages.
+            self.pipeline = build_pipeline(
+                self.model,
+                self.meshes.pp,
+                self.cfg.parallelism,
+                lambda part: parallelize(part, self.dims, self.meshes, plan),
+            )
+            self.model_parts = self.pipeline.parts
+        else:
+            parallelize(self.model, self.dims, self.meshes, plan)
 
     def _materialize(self) -> None:
         """Allocate and initialize the weights, deterministically from debug.seed.
@@ -115,11 +145,14 @@ class Trainer:
         initialized in full on rank 0 and broadcast into the shards. Either way every layout starts
         from exactly the weights a single process would have.
         """
-        self.model.to_empty(device=self.device)
         torch.manual_seed(self.cfg.debug.seed)
-        with torch.no_grad():
-            self.model.init_weights(buffer_device=self.device)
-        if self.dims.fsdp_enabled and self.device.type == "cpu":
+        for part in self.model_parts:  # (pipeline stages: each parameter is in exactly one part)
+            part.to_empty(device=self.device)
+            with torch.no_grad():
+                part.init_weights(buffer_device=self.device)
+        if self.dims.pp > 1 and self.device.type == "cpu":
+            self._load_reference_weights_into_stages()
+        elif self.dims.params_sharded and self.device.type == "cpu":
             full_state = {}
             if self.env.rank == 0:
                 reference = self.model_spec.model_cls(self.model_args)
@@ -132,7 +165,28 @@ class Trainer:
                 full_state,
                 options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
             )
+        if self.cfg.checkpoint.initial_load_in_hf:
+            self._load_hf_weights()
         self.model.train()
+
+    def _load_hf_weights(self) -> None:
+        """Start from a Hugging Face checkpoint, unless this run resumes its own (loaded later, it wins)."""
+        ck = self.cfg.checkpoint
+        if ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder):
+            logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
+            return
+        load_hf_weights(self.model, ck.initial_load_path, self.model_spec.hf_adapter, self.model_args)
+
+    def _load_reference_weights_into_stages(self) -> None:
+        """Pipeline ranks hold different parameters, so no rank can broadcast the full model to the others:
+        each builds the single-process weights (CPU only, i.e. small models) and keeps its stages' part."""
+        reference = self.model_spec.model_cls(self.model_args)
+        torch.manual_seed(self.cfg.debug.seed)
+        with torch.no_grad():
+            reference.init_weights()
+        wanted = self.model.state_dict().keys()
+        full_state = {k: v for k, v in reference.state_dict().items() if k in wanted}
+        set_model_state_dict(self.model, full_state, options=StateDictOptions(full_state_dict=True))
 
     def _build_objective(self) -> None:
         t = self.cfg.training
@@ -154,6 +208,13 @@ class Trainer:
             seed=self.cfg.debug.seed,
         )
         self.objective = build_objective(t.objective, ctx, self.cfg.data)
+        if self.pipeline is not None:
+            self.pipeline.build_schedule(
+                self.cfg.parallelism,
+                t.local_batch_size,
+                self.device,
+                loss_sum=lambda logits, labels: self.objective.loss_sum(logits, {"label": labels}),
+            )
 
     def _build_checkpointer(self) -> None:
         self.train_state = TrainState()
@@ -167,6 +228,8 @@ class Trainer:
             f"rng_rank{self.env.rank}": RNGState(),
         }
         self.checkpointer = CheckpointManager(self.cfg.checkpoint, self.cfg.job.dump_folder, states, self.env.rank)
+        if self.cfg.checkpoint.create_seed_checkpoint:
+            return  # a seed checkpoint is made from fresh weights, never from a resumed run
         resumed = self.checkpointer.load()
         if resumed:
             logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
@@ -179,6 +242,7 @@ class Trainer:
         self.throughput = ThroughputTracker(
             flops_per_token=self.model_spec.flops_per_token(self.model_args, self.cfg.training.seq_len),
             peak_flops=get_peak_flops(self.device),
+            devices_sharing_batch=self.dims.devices_sharing_batch,
         )
 
     # ----- the loop -----
@@ -191,6 +255,7 @@ class Trainer:
         loss_total, global_count, tokens = self.forward_backward(microbatches)
         grad_norm = self._clip_grad_norm()
         self.lr_used = self.optimizer.param_groups[0]["lr"]
+        self.checkpointer.maybe_wait_for_staging()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
@@ -198,24 +263,40 @@ class Trainer:
 
     def forward_backward(self, microbatches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync)."""
+        tokens = sum(self.objective.tokens(mb) for mb in microbatches)  # whole sequences, before any CP split
+        if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
+            microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
         local_count = torch.stack([self.objective.count(mb) for mb in microbatches]).sum().to(self.device)
-        global_count = funcol.all_reduce(local_count, "sum", self.dp_group)
+        global_count = funcol.all_reduce(local_count, "sum", self.loss_group)
         divisor = global_count.clamp(min=1).float()
         loss_total = torch.zeros((), device=self.device)
-        tokens = 0
+        # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
+        # (forward and backward) work on the shards.
+        sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
         for mb in microbatches:
             mb = {k: v.to(self.device, non_blocking=True) for k, v in mb.items()}
-            logits = self.model(**self.objective.model_inputs(mb))
-            loss_sum = self.objective.loss_sum(logits, mb)
-            (loss_sum / divisor).backward()
+            inputs = self.objective.model_inputs(mb)
+            if "positions" in mb:
+                inputs["positions"] = mb["positions"]
+            if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
+                with sharded_loss():
+                    loss_total += self.pipeline.step(inputs, mb["label"], divisor)
+                continue
+            with sharded_loss():
+                logits = self.model(**inputs)
+                loss_sum = self.objective.loss_sum(logits, mb)
+                if isinstance(loss_sum, DTensor):
+                    loss_sum = loss_sum.full_tensor()
+                (loss_sum / divisor).backward()
             loss_total += loss_sum.detach()
-            tokens += self.objective.tokens(mb)
             del logits, loss_sum
         return loss_total, global_count, tokens
 
     def _clip_grad_norm(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.cfg.training.max_norm
+        if self.pipeline is not None:
+            return clip_grad_norm_pipelined(params, max_norm, self.pipeline.pp_group)
         if max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         else:
@@ -225,6 +306,10 @@ class Trainer:
     def train(self) -> None:
         t = self.cfg.training
         step = self.train_state.step
+        if self.cfg.checkpoint.create_seed_checkpoint:
+            self.checkpointer.save(0, final=True, model_only=True)
+            logger.info("seed checkpoint written; train from it with the same --job.dump_folder at any layout")
+            return
         if step >= t.steps:
             logger.info("checkpoint is at step %d >= training.steps %d; nothing to do", step, t.steps)
             return
@@ -254,15 +339,27 @@ class Trainer:
             if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
                 self._log(step, loss_total, global_count, grad_norm)
             if self.checkpointer.should_save(step, t.steps):
-                self.checkpointer.save(step)
+                self.checkpointer.save(step, final=step == t.steps)
+            self.checkpointer.poll()
             if step % t.gc_freq == 0:
                 gc.collect(1)
         gc.enable()
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
+        if self.cfg.checkpoint.last_save_in_hf:
+            export_final_hf(
+                self.model,
+                self.model_spec,
+                self.model_args,
+                self.cfg.checkpoint,
+                dump_folder=self.cfg.job.dump_folder,
+                flavor=self.cfg.model.flavor,
+            )
 
     def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""
-        dist.all_reduce(loss_total, group=self.dp_group)
+        dist.all_reduce(loss_total, group=self.loss_group)
+        if self.pipeline is not None:  # only the last stage has the loss
+            dist.all_reduce(loss_total, group=self.pipeline.pp_group)
         loss = (loss_total / global_count.clamp(min=1)).item()
         if not math.isfinite(loss):
             raise FloatingPointError(
@@ -285,4 +382,5 @@ class Trainer:
             logger.info(format_log_line(step, self.cfg.training.steps, scalars, color))
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.metrics.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import re
+import sys
 import time
 
 import pytest
@@ -310,9 +311,9 @@ def test_everything_disabled(tmp_path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.skipif(_HAS_WANDB, reason="wandb is installed")
 @pytest.mark.parametrize("rank", [0, 1])
-def test_wandb_missing_gives_clear_error(tmp_path, rank: int) -> None:
+def test_wandb_missing_gives_clear_error(tmp_path, rank: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "wandb", None)  # behaves as not installed
     cfg = MetricsSection(enable_tensorboard=False, enable_wandb=True)
     with pytest.raises(WandbNotInstalledError, match=re.escape("pip install 'titanium[wandb]'")):
         MetricsLogger(cfg, str(tmp_path), rank=rank)

@@ -5,28 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import REPO, scalars, tiny_args
-from titanium.config import load_config
-from titanium.parallel.dims import ParallelDims
+from tests.helpers import scalars, tiny_args
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainer import Trainer
-
-
-@pytest.fixture
-def make_trainer(monkeypatch):
-    monkeypatch.chdir(REPO)
-    made = []
-
-    def make(*args: str) -> Trainer:
-        cfg = load_config(list(args))
-        trainer = Trainer(cfg, ParallelDims.from_config(cfg.parallelism, 1))
-        made.append(trainer)
-        return trainer
-
-    yield make
-    for trainer in made:
-        trainer.close()
-    shutdown_distributed()
 
 
 def grads_after_one_step(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -77,8 +58,8 @@ def test_resume_continues_bitwise(make_trainer, tmp_path):
     interrupted = make_trainer(*tiny_args(tmp_path / "resumed", *common))
     save = interrupted.checkpointer.save
 
-    def save_then_die(step: int) -> None:
-        save(step)
+    def save_then_die(step: int, **kwargs) -> None:
+        save(step, **kwargs)
         raise KeyboardInterrupt  # the job dies right after its step-3 checkpoint
 
     interrupted.checkpointer.save = save_then_die

@@ -32,10 +32,11 @@ class ModelSection:
 
 @dataclass
 class TokenizerSection:
-    kind: Literal["tiktoken", "byte"] = "tiktoken"
-    """tiktoken: a BPE ranks file in the Llama 3 format. byte: 256 byte tokens plus specials (tests)."""
+    kind: Literal["tiktoken", "byte", "hf"] = "tiktoken"
+    """tiktoken: a BPE ranks file in the Llama 3 format. hf: a Hugging Face tokenizer.json (e.g. Qwen's);
+    BOS/EOS/PAD come from the tokenizer_config.json beside it. byte: 256 byte tokens plus specials (tests)."""
     path: str = "assets/tokenizer/titanium_debug.tiktoken"
-    """Tokenizer file (for kind=tiktoken). Relative paths are resolved from the working directory."""
+    """Tokenizer file (for kind=tiktoken or hf). Relative paths are resolved from the working directory."""
 
 
 @dataclass
@@ -121,6 +122,51 @@ class ParallelismSection:
     fsdp_reshard_after_forward: Literal["default", "always", "never"] = "default"
     """Free gathered parameters after forward (saves memory, costs an all-gather in backward).
     default = always, except under pipeline parallelism."""
+    tensor_parallel_degree: int = 1
+    """Tensor (and sequence) parallel degree: each block's matrices are split over this many ranks,
+    which exchange activations twice per block. Keep it within one node (fast links); it must divide
+    the model's attention heads, KV heads and vocabulary, and training.seq_len."""
+    enable_loss_parallel: bool = True
+    """With tensor parallelism, compute the cross-entropy on vocabulary-sharded logits instead of
+    gathering the full [batch, seq, vocab] logits on every rank."""
+    pipeline_parallel_degree: int = 1
+    """Pipeline parallel degree: the layers are cut into stages held by this many ranks, which pass
+    activations point to point. The least communication of all degrees; costs pipeline bubbles."""
+    pipeline_parallel_schedule: str = "1F1B"
+    """Pipeline schedule, by torch's name: GPipe, 1F1B (one stage per rank); Interleaved1F1B,
+    LoopedBFS, InterleavedZeroBubble (several stages per rank, looped placement); ZBVZeroBubble,
+    DualPipeV (two stages per rank, V-shaped placement)."""
+    pipeline_parallel_microbatch_size: int = 1
+    """Sequences per pipeline microbatch; training.local_batch_size must be a multiple of it."""
+    pipeline_parallel_layers_per_stage: int = -1
+    """Transformer blocks per stage. -1: one stage per rank for single-stage schedules, two per rank
+    for multi-stage ones, layers spread evenly."""
+    pipeline_parallel_split_points: list[str] = field(default_factory=list)
+    """Explicit cuts: the first block of every stage but the first, e.g. ["layers.4", "layers.8"].
+    Overrides pipeline_parallel_layers_per_stage."""
+    context_parallel_degree: int = 1
+    """Context parallel degree: each sequence is split over this many ranks (head-tail load balanced);
+    attention all-gathers keys and values. For long sequences; training.seq_len must divide by 2 x this."""
+
+
+@dataclass
+class ActivationCheckpointSection:
+    mode: Literal["none", "full", "selective"] = "none"
+    """Recompute activations in the backward instead of keeping them: none; full (each block keeps
+    only its input); selective (see selective_ac_option)."""
+    selective_ac_option: str = "op"
+    """For mode=selective: "op" keeps the outputs of matmuls, attention and TP reduce-scatters and
+    recomputes the cheap ops in between; an integer N ("2") fully checkpoints every N-th block."""
+
+
+@dataclass
+class CompileSection:
+    enable: bool = False
+    """torch.compile each transformer block (fullgraph), after activation checkpointing and before FSDP.
+    All blocks share one graph, so compile time does not grow with depth."""
+    enable_async_tensor_parallel: bool = False
+    """Overlap tensor-parallel communication with the matmuls (inductor micro-pipelining over symmetric
+    memory). Needs compile.enable, tensor_parallel_degree > 1 and CUDA."""
 
 
 @dataclass
@@ -135,6 +181,36 @@ class CheckpointSection:
     """Keep only the newest K complete checkpoints; 0 keeps all."""
     load_step: int = -1
     """Resume from this step's checkpoint; -1 resumes from the newest complete one, if any."""
+    async_mode: Literal["disabled", "async", "async_with_pinned_mem"] = "disabled"
+    """disabled: the loop waits for each save. async: copy the state to CPU memory, write in a
+    background thread. async_with_pinned_mem: stage into pinned shared memory (in the background
+    on GPU) and write from a separate process; the next optimizer step waits only for staging."""
+    create_seed_checkpoint: bool = False
+    """Initialize the model in one process, save it as step-0 (model only) and exit. Any parallel
+    layout that resumes from it starts from exactly these weights."""
+    last_save_model_only: bool = False
+    """The final save holds only the model weights (smaller; enough for evaluation or export)."""
+    exclude_from_loading: list[str] = field(default_factory=list)
+    """Parts of a checkpoint not to restore on resume, e.g. ["optimizer", "lr_scheduler", "data"]
+    (valid: model, optimizer, lr_scheduler, train_state, data, rng)."""
+    initial_load_path: str | None = None
+    """Weights to start from when this run has no checkpoint of its own yet (resuming one always
+    wins). With initial_load_in_hf: a Hugging Face folder (config.json + *.safetensors)."""
+    initial_load_model_only: bool = True
+    """With initial_load_path (a titanium step-N folder): load only the model weights, not the
+    optimizer, schedule and data position (fine-tuning from a pretrained run)."""
+    initial_load_in_hf: bool = False
+    """initial_load_path is a Hugging Face checkpoint folder. Its config.json must match [model]
+    flavor (the error lists each mismatching field); the model takes the checkpoint's vocabulary
+    size (the tokenizer may have fewer ids, never more). Only safetensors are read."""
+    last_save_in_hf: bool = False
+    """At the end of training, also write the model as a Hugging Face checkpoint to hf_folder. A run
+    that started from a Hugging Face folder is written with its keys, files, index and config.json,
+    and its tokenizer and generation_config.json are copied (any HF tool can load the result)."""
+    hf_folder: str = "hf"
+    """Where last_save_in_hf writes, relative to job.dump_folder."""
+    export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Dtype of the weights in the Hugging Face export (last_save_in_hf)."""
 
 
 @dataclass
@@ -184,6 +260,8 @@ class JobConfig:
     lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
     parallelism: ParallelismSection = field(default_factory=ParallelismSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    activation_checkpoint: ActivationCheckpointSection = field(default_factory=ActivationCheckpointSection)
+    compile: CompileSection = field(default_factory=CompileSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     comm: CommSection = field(default_factory=CommSection)
     debug: DebugSection = field(default_factory=DebugSection)

@@ -11,6 +11,17 @@ from pathlib import Path
 
 from titanium.config.sections import JobConfig
 
+PIPELINE_SCHEDULES = (
+    "GPipe",
+    "1F1B",
+    "Interleaved1F1B",
+    "LoopedBFS",
+    "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
+)
+"""torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
+
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
 
 
@@ -36,6 +47,9 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         ("comm.init_timeout_seconds", cfg.comm.init_timeout_seconds),
         ("comm.train_timeout_seconds", cfg.comm.train_timeout_seconds),
         ("parallelism.data_parallel_replicate_degree", cfg.parallelism.data_parallel_replicate_degree),
+        ("parallelism.tensor_parallel_degree", cfg.parallelism.tensor_parallel_degree),
+        ("parallelism.pipeline_parallel_degree", cfg.parallelism.pipeline_parallel_degree),
+        ("parallelism.context_parallel_degree", cfg.parallelism.context_parallel_degree),
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
@@ -60,14 +74,63 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         yield f"--lr_scheduler.min_lr_factor must be in [0, 1], got {s.min_lr_factor}"
     if cfg.checkpoint.keep_latest_k < 0:
         yield f"--checkpoint.keep_latest_k must be >= 0 (0 keeps all), got {cfg.checkpoint.keep_latest_k}"
+    if cfg.checkpoint.create_seed_checkpoint and not cfg.checkpoint.enable:
+        yield "--checkpoint.create_seed_checkpoint needs --checkpoint.enable"
+    ck = cfg.checkpoint
+    if ck.initial_load_in_hf and not ck.initial_load_path:
+        yield "--checkpoint.initial_load_in_hf needs --checkpoint.initial_load_path (a Hugging Face folder)"
+    if ck.initial_load_path and not Path(ck.initial_load_path).exists():
+        yield f"--checkpoint.initial_load_path: not found: {ck.initial_load_path}"
+    elif ck.initial_load_in_hf and ck.initial_load_path and not (Path(ck.initial_load_path) / "config.json").is_file():
+        yield (
+            f"--checkpoint.initial_load_path: {ck.initial_load_path} has no config.json; with "
+            "--checkpoint.initial_load_in_hf it must be a Hugging Face checkpoint folder"
+        )
+    kinds = {"model", "optimizer", "lr_scheduler", "train_state", "data", "rng"}
+    for kind in cfg.checkpoint.exclude_from_loading:
+        if kind not in kinds:
+            yield f"--checkpoint.exclude_from_loading: unknown part {kind!r}; valid: {', '.join(sorted(kinds))}"
     shard = cfg.parallelism.data_parallel_shard_degree
     if shard != -1 and shard < 1:
         yield f"--parallelism.data_parallel_shard_degree must be -1 (the rest) or >= 1, got {shard}"
+    par = cfg.parallelism
+    if par.pipeline_parallel_schedule not in PIPELINE_SCHEDULES:
+        yield (
+            f"--parallelism.pipeline_parallel_schedule {par.pipeline_parallel_schedule!r} is not a schedule; "
+            f"valid: {', '.join(PIPELINE_SCHEDULES)}"
+        )
+    split_backward = ("InterleavedZeroBubble", "ZBVZeroBubble", "DualPipeV")
+    if (
+        par.pipeline_parallel_degree > 1
+        and par.tensor_parallel_degree > 1
+        and par.pipeline_parallel_schedule in split_backward
+    ):
+        yield (
+            f"--parallelism.pipeline_parallel_schedule {par.pipeline_parallel_schedule} (split input/weight backward) "
+            "does not work with --parallelism.tensor_parallel_degree > 1 (torch fails to detach the DTensor "
+            "gradients); use GPipe, 1F1B, Interleaved1F1B or LoopedBFS"
+        )
+    if (mbs := par.pipeline_parallel_microbatch_size) < 1:
+        yield f"--parallelism.pipeline_parallel_microbatch_size must be >= 1, got {mbs}"
+    if par.pipeline_parallel_layers_per_stage != -1 and par.pipeline_parallel_layers_per_stage < 1:
+        yield (
+            "--parallelism.pipeline_parallel_layers_per_stage must be -1 (derived) or >= 1, got "
+            f"{par.pipeline_parallel_layers_per_stage}"
+        )
+    sac = cfg.activation_checkpoint.selective_ac_option
+    if sac != "op" and not (sac.isdigit() and int(sac) >= 1):
+        yield f"--activation_checkpoint.selective_ac_option must be 'op' or a positive integer N, got {sac!r}"
+    if cfg.compile.enable_async_tensor_parallel and not cfg.compile.enable:
+        yield "--compile.enable_async_tensor_parallel needs --compile.enable (the overlap is done by inductor)"
+    if cfg.compile.enable_async_tensor_parallel and cfg.parallelism.tensor_parallel_degree < 2:
+        yield "--compile.enable_async_tensor_parallel needs --parallelism.tensor_parallel_degree >= 2"
     if cfg.tokenizer.kind == "tiktoken" and not Path(cfg.tokenizer.path).is_file():
         yield (
             f"--tokenizer.path: file not found: {cfg.tokenizer.path} "
             "(run from the repository root, or point it at a Llama 3 tokenizer.model / .tiktoken file)"
         )
+    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
+        yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
     if cfg.data.kind == "text" and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"

@@ -7,6 +7,8 @@ from typing import Any
 
 import torch
 
+from titanium.data.text import check_same_dp_world
+
 
 class SyntheticDataset:
     """Rank r's k-th window is global window k * dp_world + r, a pure function of (seed, index).
@@ -29,7 +31,8 @@ class SyntheticDataset:
             yield {"input": window[:-1], "label": window[1:]}
 
     def state_dict(self) -> dict[str, Any]:
-        return {"index": self.index}
+        return {"index": self.index, "dp_world": self.dp_world}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_same_dp_world(state, self.dp_world)
         self.index = state["index"]

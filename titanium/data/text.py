@@ -84,6 +84,16 @@ def _stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
         row += 1
 
 
+def check_same_dp_world(state: dict[str, Any], dp_world: int) -> None:
+    """A data position is per data-parallel rank: it cannot be carried to another DP degree."""
+    if state["dp_world"] != dp_world:
+        raise DataError(
+            f"the saved data position is for {state['dp_world']} data-parallel ranks, this run has {dp_world}; "
+            "keep the data-parallel degree, or restart the data with "
+            "--checkpoint.exclude_from_loading data rng"
+        )
+
+
 class TextDataset:
     """Infinite, resumable stream of {"input", "label"} windows of `seq_len` tokens for one DP rank."""
 
@@ -153,9 +163,11 @@ class TextDataset:
             "buffer": list(self.buffer),
             "bad_rows": self.bad_rows,
             "sources": [s.label for s in self.sources],
+            "dp_world": self.dp_world,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        check_same_dp_world(state, self.dp_world)
         if state["sources"] != [s.label for s in self.sources]:
             raise DataError(
                 "the checkpoint's data position is for other files "

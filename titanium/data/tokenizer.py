@@ -1,15 +1,17 @@
-"""Tokenizers: the Llama 3 tiktoken format, and a byte tokenizer for tests.
+"""Tokenizers: the Llama 3 tiktoken format, Hugging Face tokenizer.json, and a byte tokenizer for tests.
 
-Why two: real runs use a BPE ranks file in the Llama 3 format (Meta's
+Why three: real runs use a BPE ranks file in the Llama 3 format (Meta's
 ``tokenizer.model`` or our small ``assets/tokenizer/titanium_debug.tiktoken``), while
 tests want something with no file at all. Both expose the same special tokens in the
-same order, so chat templates and padding code work with either.
+same order, so chat templates and padding code work with either. Models published on
+the Hugging Face hub (Qwen) ship a ``tokenizer.json`` with their own specials instead.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import json
 import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -68,7 +70,8 @@ class Tokenizer(Protocol):
 
     vocab_size: int
     """Total number of ids, special tokens included (the model's embedding rows)."""
-    bos_id: int
+    bos_id: int | None
+    """None for models trained without a BOS token (Qwen); ``encode(bos=True)`` then adds nothing."""
     eos_id: int
     pad_id: int
     """A special id that never occurs in encoded text; padding (loss masks it elsewhere)."""
@@ -262,10 +265,104 @@ class ByteTokenizer:
         return f"ByteTokenizer(vocab_size={self.vocab_size})"
 
 
+_BOS_NAMES = ("<|begin_of_text|>", "<s>", "<bos>", "<|startoftext|>")
+_EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
+
+
+class HFTokenizer:
+    """A Hugging Face ``tokenizer.json`` (byte-level BPE as Qwen and Llama 3 ship it), run by ``tokenizers``.
+
+    BOS, EOS and PAD are read from the ``tokenizer_config.json`` beside the file (``bos_token``,
+    ``eos_token``, ``pad_token``) and otherwise recognised by their usual names; PAD falls back to
+    EOS. ``bos_id`` is None when the model has no BOS (Qwen's config says ``"bos_token": null``), and
+    ``encode(bos=True)`` then adds nothing: documents are only separated by EOS. The file's
+    post-processor (which may add BOS itself) is not used, so BOS/EOS appear exactly when asked for;
+    and as with the tiktoken loader, special-token strings inside text are encoded as plain text.
+    ``special_tokens`` lists every added token (``<|im_start|>``, ``<think>``...).
+    """
+
+    def __init__(self, path: str) -> None:
+        from tokenizers import Tokenizer as _Tokenizer  # imported here: only hf runs need it
+
+        self.path = str(path)
+        if not Path(self.path).is_file():
+            raise TokenizerError(f"tokenizer file not found: {self.path!r} (a Hugging Face tokenizer.json)")
+        try:
+            self._tok = _Tokenizer.from_file(self.path)
+        except Exception as e:  # the Rust side raises a plain Exception for malformed files
+            raise TokenizerError(f"{self.path}: not a Hugging Face tokenizer.json ({e})") from None
+        self._tok.encode_special_tokens = True
+        added = self._tok.get_added_tokens_decoder()
+        self.special_tokens: dict[str, int] = {tok.content: i for i, tok in sorted(added.items())}
+        self.n_words = self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
+        config = self._read_config()
+        self.bos_id = self._special_id(config, "bos_token", _BOS_NAMES, required=False)
+        eos_id = self._special_id(config, "eos_token", _EOS_NAMES, required=True)
+        assert eos_id is not None
+        self.eos_id = eos_id
+        pad_id = self._special_id(config, "pad_token", (), required=False)
+        self.pad_id = self.eos_id if pad_id is None else pad_id
+
+    def _read_config(self) -> dict | None:
+        path = Path(self.path).with_name("tokenizer_config.json")
+        if not path.is_file():
+            return None
+        try:
+            config = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise TokenizerError(f"{path}: cannot read ({e})") from None
+        return config if isinstance(config, dict) else None
+
+    def _special_id(self, config: dict | None, field: str, names: Sequence[str], *, required: bool) -> int | None:
+        if config is not None and field in config:
+            value = config[field]
+            content = value.get("content") if isinstance(value, dict) else value
+            if content is None:
+                if required:
+                    raise TokenizerError(f"{self.path}: tokenizer_config.json sets no {field}, which is required")
+                return None
+            token_id = self._tok.token_to_id(content)
+            if token_id is None:
+                raise TokenizerError(f"{self.path}: {field} {content!r} of tokenizer_config.json is not in the vocab")
+            return token_id
+        for name in names:
+            token_id = self._tok.token_to_id(name)
+            if token_id is not None:
+                return token_id
+        if required:
+            raise TokenizerError(
+                f"{self.path}: cannot tell the {field} (none of {', '.join(names)}); put a tokenizer_config.json "
+                f'with "{field}" next to it'
+            )
+        return None
+
+    def encode(self, text: str, *, bos: bool, eos: bool) -> list[int]:
+        """Text -> ids; BOS (if the model has one) and EOS only when asked for."""
+        ids = self._tok.encode(text, add_special_tokens=False).ids
+        if bos and self.bos_id is not None:
+            ids.insert(0, self.bos_id)
+        if eos:
+            ids.append(self.eos_id)
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Ids -> text, special tokens included as their strings."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+    def __repr__(self) -> str:
+        return f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+
+
 def build_tokenizer(cfg: TokenizerSection) -> Tokenizer:
     """Make the tokenizer the [tokenizer] config section asks for."""
     if cfg.kind == "tiktoken":
         return TiktokenTokenizer(cfg.path)
+    if cfg.kind == "hf":
+        return HFTokenizer(cfg.path)
     if cfg.kind == "byte":
         return ByteTokenizer()
-    raise ValueError(f"unknown tokenizer kind {cfg.kind!r}; expected 'tiktoken' or 'byte'")
+    raise ValueError(f"unknown tokenizer kind {cfg.kind!r}; expected 'tiktoken', 'hf' or 'byte'")

@@ -26,6 +26,7 @@ _COLORS = {
     "data_pct": "\033[37m",
     "eta_s": "\033[37m",
     "warn": "\033[31m",  # red
+    "data/skipped_rows": "\033[31m",
 }
 
 _NA = "n/a"
@@ -86,6 +87,7 @@ def format_log_line(
         ("tps", "tok/s", ",.0f"),
         ("tflops", "tflops", ".1f"),
         ("mfu_pct", "mfu", lambda v: f"{v:.1f}%"),
+        ("data/skipped_rows", "skipped_rows", ",.0f"),
     )
     for key, label, spec in simple:
         if key in scalars:

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import apply_rope
 
 
@@ -32,9 +33,16 @@ class Attention(nn.Module):
     Head counts are never baked into reshapes (``view(B, S, -1, head_dim)``), so tensor
     parallelism can shard ``wq``/``wk``/``wv`` by output rows and ``wo`` by input columns
     and this module runs unchanged on the local heads.
+
+    ``head_dim`` is independent of ``dim // n_heads`` (Qwen3 uses 128 at every size). With
+    ``qk_norm_eps`` set, each query and key head is RMS-normalised (one learned scale of
+    ``head_dim`` shared by all heads) before RoPE, as in Qwen3; the norms are per head, so
+    they work unchanged on the local heads of a tensor-parallel shard.
     """
 
-    def __init__(self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int) -> None:
+    def __init__(
+        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm_eps: float | None = None
+    ) -> None:
         super().__init__()
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
@@ -44,6 +52,8 @@ class Attention(nn.Module):
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
         self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
+        self.q_norm = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
+        self.k_norm = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
 
     def forward(
         self,
@@ -61,11 +71,22 @@ class Attention(nn.Module):
         q = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
         k = self.wk(x).view(bsz, seq_len, -1, self.head_dim)
         v = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, k, rope_cos, rope_sin, positions)
+        out = self.attend(q, k, v, positions)
+        return self.wo(out.reshape(bsz, seq_len, -1))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+        """Causal attention of ``[B, S, H, D]`` queries to keys/values ``[B, S, H_kv, D]``; ``[B, S, H, D]``.
+
+        A seam for parallel plans: context parallelism replaces it (on the instance's class) to
+        attend to the keys and values of the whole sequence, gathered from the other ranks.
+        """
         k = repeat_kv(k, self.n_rep)
         v = repeat_kv(v, self.n_rep)
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return self.wo(out.transpose(1, 2).reshape(bsz, seq_len, -1))
+        return out.transpose(1, 2)
 
     def init_weights(self, out_init_std: float, in_init_std: float = 0.02) -> None:
         """``wq``/``wk``/``wv`` get ``in_init_std``; ``wo``, which writes into the residual
@@ -78,3 +99,6 @@ class Attention(nn.Module):
             (self.wo, out_init_std),
         ):
             nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+        for norm in (self.q_norm, self.k_norm):
+            if norm is not None:
+                norm.reset_parameters()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titanium.models.common.feed_forward import llama_ffn_hidden_dim
 from titanium.models.common.rope import RopeScaling
 
 
@@ -25,6 +26,9 @@ class Llama3Args:
     multiple_of: int = 256
     """The SwiGLU hidden width is rounded up to a multiple of this."""
     ffn_dim_multiplier: float | None = None
+    ffn_hidden_dim: int | None = None
+    """Explicit SwiGLU hidden width (Hugging Face ``intermediate_size``); None derives it from
+    ``dim``, ``multiple_of`` and ``ffn_dim_multiplier`` as Meta's code does."""
     norm_eps: float = 1e-5
     rope_theta: float = 500000.0
     rope_scaling: RopeScaling | None = None
@@ -41,6 +45,8 @@ class Llama3Args:
             raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
         if self.n_heads % self.kv_heads != 0:
             raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.kv_heads})")
+        if self.ffn_hidden_dim is not None and self.ffn_hidden_dim <= 0:
+            raise ValueError(f"ffn_hidden_dim must be positive, got {self.ffn_hidden_dim}")
         for name in ("n_layers", "vocab_size", "multiple_of", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
@@ -48,6 +54,18 @@ class Llama3Args:
     @property
     def head_dim(self) -> int:
         return self.dim // self.n_heads
+
+    @property
+    def qk_norm_eps(self) -> float | None:
+        """Llama has no per-head q/k RMSNorm (Qwen3 does)."""
+        return None
+
+    @property
+    def ffn_dim(self) -> int:
+        """Hidden width of the SwiGLU blocks."""
+        if self.ffn_hidden_dim is not None:
+            return self.ffn_hidden_dim
+        return llama_ffn_hidden_dim(self.dim, self.multiple_of, self.ffn_dim_multiplier)
 
     @property
     def kv_heads(self) -> int:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from titanium.models.common.attention import Attention
-from titanium.models.common.feed_forward import FeedForward, llama_ffn_hidden_dim
+from titanium.models.common.feed_forward import FeedForward
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import precompute_rope_tables
 from titanium.models.llama3.args import Llama3Args
@@ -28,10 +28,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.attention = Attention(args.dim, args.n_heads, args.kv_heads, args.head_dim)
+        self.attention = Attention(args.dim, args.n_heads, args.kv_heads, args.head_dim, qk_norm_eps=args.qk_norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        hidden_dim = llama_ffn_hidden_dim(args.dim, args.multiple_of, args.ffn_dim_multiplier)
-        self.feed_forward = FeedForward(args.dim, hidden_dim)
+        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
         # Depth-scaled init for the matrices writing into the residual stream.
         self.out_init_std = 0.02 / math.sqrt(2 * (layer_id + 1))
 
@@ -61,7 +60,7 @@ class Transformer(nn.Module):
     states ``[B, S, dim]``; without ``output`` the result is hidden states.
     """
 
-    def __init__(self, args: Llama3Args) -> None:
+    def __init__(self, args: Any) -> None:
         super().__init__()
         self.args = args
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(args.vocab_size, args.dim)
