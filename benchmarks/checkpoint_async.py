@@ -81,7 +81,8 @@ def main() -> None:
     lines = [
         f"# Checkpoint blocking time per save ({device_name()}, torch {torch.__version__})",
         "",
-        f"Command: `python benchmarks/checkpoint_async.py --saves {opts.saves}" + (f" --out {opts.out}`" if opts.out else "`"),
+        f"Command: `python benchmarks/checkpoint_async.py --saves {opts.saves}"
+        + (f" --out {opts.out}`" if opts.out else "`"),
         f"Model: Llama 3, dim 768, 12 layers, vocab 32k: {n_params / 1e6:.0f}M parameters + AdamW state "
         f"({n_params * 12 / 1e9:.1f} GB saved in float32). {opts.saves} saves per mode, one training step between.",
         "",
