@@ -153,13 +153,7 @@ class Trainer:
         if self.dims.pp > 1 and self.device.type == "cpu":
             self._load_reference_weights_into_stages()
         elif self.dims.params_sharded and self.device.type == "cpu":
-            full_state = {}
-            if self.env.rank == 0:
-                reference = self.model_spec.model_cls(self.model_args)
-                torch.manual_seed(self.cfg.debug.seed)
-                with torch.no_grad():
-                    reference.init_weights()
-                full_state = reference.state_dict()
+            full_state = self._reference_state_dict() if self.env.rank == 0 else {}
             set_model_state_dict(
                 self.model,
                 full_state,
@@ -180,13 +174,17 @@ class Trainer:
     def _load_reference_weights_into_stages(self) -> None:
         """Pipeline ranks hold different parameters, so no rank can broadcast the full model to the others:
         each builds the single-process weights (CPU only, i.e. small models) and keeps its stages' part."""
+        wanted = self.model.state_dict().keys()
+        full_state = {k: v for k, v in self._reference_state_dict().items() if k in wanted}
+        set_model_state_dict(self.model, full_state, options=StateDictOptions(full_state_dict=True))
+
+    def _reference_state_dict(self) -> dict[str, torch.Tensor]:
+        """The weights one process would initialize from debug.seed (a full, unsharded CPU model)."""
         reference = self.model_spec.model_cls(self.model_args)
         torch.manual_seed(self.cfg.debug.seed)
         with torch.no_grad():
             reference.init_weights()
-        wanted = self.model.state_dict().keys()
-        full_state = {k: v for k, v in reference.state_dict().items() if k in wanted}
-        set_model_state_dict(self.model, full_state, options=StateDictOptions(full_state_dict=True))
+        return reference.state_dict()
 
     def _build_objective(self) -> None:
         t = self.cfg.training
