@@ -196,6 +196,8 @@ class HFAdapter:
     def unsupported(self, config: Mapping[str, Any]) -> list[str]:
         """Features in ``config`` that this implementation does not have (each one a message)."""
         problems = []
+        if config.get("model_type") != self.model_type:
+            problems.append(f"model_type {config.get('model_type')!r} != {self.model_type!r}")
         for name in ("attention_bias", "mlp_bias"):
             if config.get(name):
                 problems.append(f"{name} = true is not supported")

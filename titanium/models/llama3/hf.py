@@ -46,8 +46,6 @@ def scaling_from_hf(scaling: Mapping[str, Any] | None, source: str = "config.jso
 class Llama3HFAdapter(HFAdapter):
     def from_hf_config(self, config: Mapping[str, Any], **overrides: Any) -> Llama3Args:
         problems = self.unsupported(config)
-        if config.get("model_type") != self.model_type:
-            problems.append(f"model_type {config.get('model_type')!r} != {self.model_type!r}")
         head_dim = hf_config_value(config, "head_dim")
         if head_dim != config["hidden_size"] // config["num_attention_heads"]:
             problems.append(f"head_dim {head_dim} != hidden_size / num_attention_heads (Llama 3 ties them)")

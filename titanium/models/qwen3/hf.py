@@ -31,8 +31,6 @@ class Qwen3HFAdapter(HFAdapter):
 
     def from_hf_config(self, config: Mapping[str, Any], **overrides: Any) -> Qwen3Args:
         problems = self.unsupported(config)
-        if config.get("model_type") != self.model_type:
-            problems.append(f"model_type {config.get('model_type')!r} != {self.model_type!r}")
         theta, scaling = rope_config(config)
         if scaling is not None:
             problems.append(f"RoPE scaling {scaling} is not supported")
