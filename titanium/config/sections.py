@@ -41,8 +41,11 @@ class TokenizerSection:
 
 @dataclass
 class DataSection:
-    kind: Literal["text", "synthetic"] = "text"
-    """text: documents read through the `datasets` library. synthetic: random tokens, no I/O (benchmarks)."""
+    kind: Literal["text", "synthetic", "chat", "instruct"] = "text"
+    """text: documents read through the `datasets` library (pretraining windows; under the sft objective,
+    one sample per document: text completion). synthetic: random tokens, no I/O (benchmarks).
+    chat: conversations (a list of role/content messages per row). instruct: instruction/input/output
+    rows. chat and instruct need training.objective = "sft"."""
     path: str = "assets/corpus/train.jsonl"
     """A local file, glob or folder (.json, .jsonl, .parquet, .txt), or a hub dataset name (needs network)."""
     hub_config: str | None = None
@@ -52,14 +55,28 @@ class DataSection:
     text_column: str = "text"
     """Column holding the document text."""
     on_bad_row: Literal["skip", "fail"] = "skip"
-    """What to do with a row whose text column is missing or not a string: skip it (counted in the
-    log) or stop with an error naming the file and row."""
+    """What to do with a malformed row (missing column, wrong type, unknown role, empty content): skip
+    it (counted in the log) or stop with an error naming the file and row."""
+    messages_column: str = "messages"
+    """kind=chat: column with the list of messages (e.g. "messages", or "conversations" for ShareGPT data)."""
+    role_key: str = "role"
+    """kind=chat: key of a message's role ("from" in ShareGPT data). Roles: system, user, assistant
+    (ShareGPT's human and gpt are accepted too)."""
+    content_key: str = "content"
+    """kind=chat: key of a message's text ("value" in ShareGPT data)."""
+    instruction_column: str = "instruction"
+    """kind=instruct: column with the instruction (the user's request)."""
+    input_column: str = "input"
+    """kind=instruct: optional column with extra input, appended to the instruction when not empty."""
+    output_column: str = "output"
+    """kind=instruct: column with the response the model learns to give."""
 
 
 @dataclass
 class TrainingSection:
-    objective: Literal["pretrain"] = "pretrain"
-    """Training objective (see titanium/trainers/)."""
+    objective: Literal["pretrain", "sft"] = "pretrain"
+    """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows)
+    or sft (supervised fine-tuning on chat/instruct/text samples; see [sft])."""
     steps: int = 1000
     """Number of optimizer steps to train for."""
     local_batch_size: int = 8
@@ -248,6 +265,63 @@ class DebugSection:
 
 
 @dataclass
+class SFTSection:
+    chat_template: Literal["auto", "llama3", "chatml", "tokenizer"] = "auto"
+    """How messages become tokens. llama3: <|start_header_id|>role<|end_header_id|>... <|eot_id|>.
+    chatml: <|im_start|>role ... <|im_end|> (Qwen). tokenizer: the HF tokenizer's own Jinja
+    chat_template. auto: the tokenizer's template if it has one, else the model family's format."""
+    train_on_input: bool = False
+    """Also put loss on system/user (prompt) tokens. Off by default: only assistant tokens are learned."""
+    system_prompt: str | None = None
+    """Replace (or add) the system message of every sample with this text."""
+    on_long_sample: Literal["truncate", "drop"] = "truncate"
+    """A sample longer than training.seq_len is cut to fit (truncate) or left out (drop); either is
+    counted in the log."""
+    packing: bool = True
+    """Pack several samples into each training.seq_len row, with attention masked so that no token
+    sees another sample and positions restarting per sample. Off: one sample per row, padded."""
+    pack_buffer: int = 64
+    """Samples held while packing (best fit in a bounded buffer; data is streamed, never loaded whole)."""
+
+
+@dataclass
+class LoRASection:
+    rank: int = 0
+    """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and
+    only the low-rank adapters train."""
+    alpha: float = 16.0
+    """LoRA scaling numerator: the adapter's update is (alpha / rank) * B @ A."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input."""
+    target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
+    """Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP), output;
+    "attention" and "mlp" stand for their groups."""
+    quantize_base: Literal["none", "nf4"] = "none"
+    """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
+    save_adapter: bool = True
+    """At the end of training, write the adapter in PEFT layout (adapter_config.json,
+    adapter_model.safetensors with Hugging Face key names) to job.dump_folder/adapter_folder."""
+    adapter_folder: str = "adapter"
+    """Where save_adapter writes, relative to job.dump_folder."""
+
+
+@dataclass
+class EvalSection:
+    interval: int = 0
+    """Every N steps (and after the last), measure exact-match accuracy of greedy answers on a held-out
+    set; 0 turns evaluation off."""
+    path: str = "assets/tasks/arithmetic/test.jsonl"
+    """Held-out chat data (same columns as [data] kind=chat); each row's last message is the assistant
+    answer to match, everything before it is the prompt."""
+    max_samples: int = 128
+    """Evaluate on the first N rows (over all data-parallel ranks)."""
+    max_new_tokens: int = 16
+    """Tokens generated per answer (greedy); generation stops early at the end-of-turn token."""
+    batch_size: int = 32
+    """Prompts generated together on each data-parallel rank."""
+
+
+@dataclass
 class JobConfig:
     """The whole job. Built from dataclass defaults < TOML file < CLI flags."""
 
@@ -265,3 +339,6 @@ class JobConfig:
     metrics: MetricsSection = field(default_factory=MetricsSection)
     comm: CommSection = field(default_factory=CommSection)
     debug: DebugSection = field(default_factory=DebugSection)
+    sft: SFTSection = field(default_factory=SFTSection)
+    lora: LoRASection = field(default_factory=LoRASection)
+    eval: EvalSection = field(default_factory=EvalSection)

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import torch
 import torch.distributed._functional_collectives as funcol
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from titanium.models.common.attention import Attention, repeat_kv
+from titanium.models.common.attention import Attention, document_causal_mask, masked_attention, repeat_kv
 
 
 def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -35,7 +34,8 @@ def shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict[str
     seq_len = batch["input"].shape[1]
     index = headtail_indices(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), batch["input"].device)
     out = {k: v[:, index] if v.dim() >= 2 and v.shape[1] == seq_len else v for k, v in batch.items()}
-    out["positions"] = index.expand(batch["input"].shape[0], -1)
+    if "positions" not in batch:  # packed samples bring their own (restarting) positions
+        out["positions"] = index.expand(batch["input"].shape[0], -1)
     return out
 
 
@@ -44,20 +44,27 @@ class _ContextParallelAttend:
 
     cp_group: object
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if positions is None:
             raise ValueError("context parallel attention needs the tokens' global positions")
         group = self.cp_group
         k = funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=group)
         v = funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=group)
-        key_positions = funcol.all_gather_tensor(positions.contiguous(), gather_dim=positions.dim() - 1, group=group)
-        k, v = repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep)
         if positions.dim() == 1:
-            mask = key_positions[None, :] <= positions[:, None]  # [S_q, S_k]
-        else:
-            mask = (key_positions[:, None, :] <= positions[:, :, None]).unsqueeze(1)  # [B, 1, S_q, S_k]
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask)
-        return out.transpose(1, 2)
+            positions = positions.expand(q.shape[0], -1)
+        key_positions = funcol.all_gather_tensor(positions.contiguous(), gather_dim=1, group=group)
+        if document_ids is None:  # one document per row
+            document_ids = torch.zeros_like(positions)
+        key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=group)
+        mask = document_causal_mask(positions, key_positions, document_ids, key_documents)
+        return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
 
 
 _CLASSES: dict[type, type] = {}

@@ -6,8 +6,33 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from titanium.models.common.kv_cache import LayerKVCache
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import apply_rope
+
+
+def document_causal_mask(
+    q_positions: torch.Tensor, k_positions: torch.Tensor, q_documents: torch.Tensor, k_documents: torch.Tensor
+) -> torch.Tensor:
+    """Boolean SDPA mask ``[B, 1, S_q, S_k]``: a query sees a key of its own document at an earlier or
+    equal position.
+
+    Positions restart at 0 in every packed document, so within a document they order the tokens as
+    their indices do; comparing positions (not indices) keeps the rule right when the queries are a
+    context-parallel shard or a decoding step and the keys are the whole sequence or a KV cache.
+    """
+    same_document = k_documents[:, None, :] == q_documents[:, :, None]
+    return (same_document & (k_positions[:, None, :] <= q_positions[:, :, None])).unsqueeze(1)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """SDPA over ``[B, S, H, D]`` tensors (keys/values already repeated to H heads); causal without a mask."""
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if mask is None:
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    else:
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return out.transpose(1, 2)
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -61,11 +86,14 @@ class Attention(nn.Module):
         rope_cos: torch.Tensor,
         rope_sin: torch.Tensor,
         positions: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        kv_cache: LayerKVCache | None = None,
     ) -> torch.Tensor:
         """``x`` ``[B, S, dim]`` -> ``[B, S, dim]``; the RoPE tables are owned by the caller.
 
-        Masking is plain causal over the whole sequence, also when ``positions`` restart for
-        packed documents (no cross-document masking).
+        Without ``document_ids`` masking is plain causal over the row. With them (``[B, S]``, packed
+        samples; ``positions`` then restart per document) a token attends only within its document.
+        With ``kv_cache`` (decoding) the new keys are appended and the queries attend to the cache.
         """
         bsz, seq_len, _ = x.shape
         q = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
@@ -74,19 +102,36 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, k, rope_cos, rope_sin, positions)
-        out = self.attend(q, k, v, positions)
+        if kv_cache is not None:
+            if positions is None or document_ids is None:
+                raise ValueError("decoding with a KV cache needs positions and document_ids")
+            k, v, k_positions, k_documents = kv_cache.update(k, v, positions, document_ids)
+            mask = document_causal_mask(positions, k_positions, document_ids, k_documents)
+            out = masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
+        else:
+            out = self.attend(q, k, v, positions, document_ids)
         return self.wo(out.reshape(bsz, seq_len, -1))
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor | None) -> torch.Tensor:
-        """Causal attention of ``[B, S, H, D]`` queries to keys/values ``[B, S, H_kv, D]``; ``[B, S, H, D]``.
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        positions: torch.Tensor | None,
+        document_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Attention of ``[B, S, H, D]`` queries to keys/values ``[B, S, H_kv, D]``; ``[B, S, H, D]``.
 
         A seam for parallel plans: context parallelism replaces it (on the instance's class) to
         attend to the keys and values of the whole sequence, gathered from the other ranks.
         """
-        k = repeat_kv(k, self.n_rep)
-        v = repeat_kv(v, self.n_rep)
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True)
-        return out.transpose(1, 2)
+        mask = None
+        if document_ids is not None:
+            if positions is None:
+                raise ValueError("document_ids need positions (restarting at 0 in every document)")
+            positions = positions.expand_as(document_ids)
+            mask = document_causal_mask(positions, positions, document_ids, document_ids)
+        return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
 
     def init_weights(self, out_init_std: float, in_init_std: float = 0.02) -> None:
         """``wq``/``wk``/``wv`` get ``in_init_std``; ``wo``, which writes into the residual

@@ -16,6 +16,7 @@ from torch import nn
 
 from titanium.models.common.attention import Attention
 from titanium.models.common.feed_forward import FeedForward
+from titanium.models.common.kv_cache import KVCache, LayerKVCache
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import precompute_rope_tables
 from titanium.models.llama3.args import Llama3Args
@@ -40,8 +41,10 @@ class TransformerBlock(nn.Module):
         rope_cos: torch.Tensor,
         rope_sin: torch.Tensor,
         positions: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        kv_cache: LayerKVCache | None = None,
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), rope_cos, rope_sin, positions)
+        h = x + self.attention(self.attention_norm(x), rope_cos, rope_sin, positions, document_ids, kv_cache)
         return h + self.feed_forward(self.ffn_norm(h))
 
     def init_weights(self) -> None:
@@ -106,11 +109,22 @@ class Transformer(nn.Module):
             device=device,
         )
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """``positions`` (``[S]`` or ``[B, S]``) overrides the default ``0..S-1`` for RoPE."""
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
+        kv_cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``positions`` (``[S]`` or ``[B, S]``) overrides the default ``0..S-1`` for RoPE.
+
+        ``document_ids`` ``[B, S]`` mark packed samples: attention stays within a sample (``positions``
+        must then restart at 0 per sample). ``kv_cache`` appends this call's keys/values (decoding).
+        """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
-        for layer in self.layers.values():
-            h = layer(h, self.rope_cos, self.rope_sin, positions)
+        for key, layer in self.layers.items():
+            layer_cache = kv_cache.layers[key] if kv_cache is not None else None
+            h = layer(h, self.rope_cos, self.rope_sin, positions, document_ids, layer_cache)
         if self.norm is not None:
             h = self.norm(h)
         if self.output is None:
