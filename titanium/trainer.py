@@ -198,6 +198,7 @@ class Trainer:
         self.grad_accum_steps = global_batch // per_step
         ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
+            model_name=self.cfg.model.name,
             vocab_size=self.model_args.vocab_size,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
@@ -205,7 +206,7 @@ class Trainer:
             dp_world=self.dims.dp_degree,
             seed=self.cfg.debug.seed,
         )
-        self.objective = build_objective(t.objective, ctx, self.cfg.data)
+        self.objective = build_objective(t.objective, ctx, self.cfg.data, self.cfg.sft)
         if self.pipeline is not None:
             self.pipeline.build_schedule(
                 self.cfg.parallelism,

@@ -80,7 +80,10 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     if ck.initial_load_in_hf and not ck.initial_load_path:
         yield "--checkpoint.initial_load_in_hf needs --checkpoint.initial_load_path (a Hugging Face folder)"
     if ck.initial_load_path and not Path(ck.initial_load_path).exists():
-        yield f"--checkpoint.initial_load_path: not found: {ck.initial_load_path}"
+        yield (
+            f"--checkpoint.initial_load_path: not found: {ck.initial_load_path} (fix the path, or first run the "
+            "job that writes it; e.g. train_configs/debug_sft.toml starts from ./run_train.sh's last checkpoint)"
+        )
     elif ck.initial_load_in_hf and ck.initial_load_path and not (Path(ck.initial_load_path) / "config.json").is_file():
         yield (
             f"--checkpoint.initial_load_path: {ck.initial_load_path} has no config.json; with "
@@ -131,9 +134,51 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         )
     if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
         yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind == "text" and looks_local(cfg.data.path):
+    if cfg.data.kind in ("text", "chat", "instruct") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
+    yield from _validate_post_training(cfg)
+
+
+def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
+    """SFT data, LoRA and evaluation: the combinations that cannot work, named before anything starts."""
+    objective, kind, par = cfg.training.objective, cfg.data.kind, cfg.parallelism
+    if kind in ("chat", "instruct") and objective != "sft":
+        yield f"--data.kind {kind} needs --training.objective sft (pretraining reads text windows)"
+    if objective == "sft" and kind == "synthetic":
+        yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
+    if cfg.sft.pack_buffer < 1:
+        yield f"--sft.pack_buffer must be >= 1, got {cfg.sft.pack_buffer}"
+    lora = cfg.lora
+    if lora.rank < 0:
+        yield f"--lora.rank must be >= 0 (0 turns LoRA off), got {lora.rank}"
+    if not 0 <= lora.dropout < 1:
+        yield f"--lora.dropout must be in [0, 1), got {lora.dropout}"
+    if lora.rank == 0 and lora.quantize_base != "none":
+        yield "--lora.quantize_base nf4 (QLoRA) needs LoRA: set --lora.rank (e.g. 8)"
+    if lora.rank > 0 and par.tensor_parallel_degree > 1:
+        yield (
+            "--lora.rank > 0 does not compose with --parallelism.tensor_parallel_degree > 1 yet; "
+            "LoRA trains few parameters, so use data parallelism (FSDP) instead"
+        )
+    ev = cfg.eval
+    if ev.interval < 0:
+        yield f"--eval.interval must be >= 0 (0 turns evaluation off), got {ev.interval}"
+    for name, value in [
+        ("eval.max_samples", ev.max_samples),
+        ("eval.max_new_tokens", ev.max_new_tokens),
+        ("eval.batch_size", ev.batch_size),
+    ]:
+        if value < 1:
+            yield f"--{name} must be >= 1, got {value}"
+    if ev.interval > 0:
+        if max(par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree) > 1:
+            yield (
+                "--eval.interval > 0 (generation) runs under data parallelism only; set it to 0 with tensor, "
+                "pipeline or context parallelism"
+            )
+        if looks_local(ev.path) and not any(True for _ in _glob(ev.path)):
+            yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
 
 
 def _glob(path: str) -> Iterator[Path]:

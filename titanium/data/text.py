@@ -94,38 +94,54 @@ def check_same_dp_world(state: dict[str, Any], dp_world: int) -> None:
         )
 
 
-class TextDataset:
-    """Infinite, resumable stream of {"input", "label"} windows of `seq_len` tokens for one DP rank."""
+class RowReader:
+    """This rank's rows of every source, from a saved position on, looping over epochs.
 
-    def __init__(
-        self, cfg: DataSection, tokenizer: Tokenizer, seq_len: int, dp_rank: int = 0, dp_world: int = 1
-    ) -> None:
-        self.cfg, self.tokenizer, self.seq_len = cfg, tokenizer, seq_len
-        self.dp_rank, self.dp_world = dp_rank, dp_world
+    The base of the text and SFT datasets: it owns the position (epoch, source, row), the
+    data-parallel split and the bad-row policy, so both resume and report problems the same way.
+    """
+
+    def __init__(self, cfg: DataSection, dp_rank: int = 0, dp_world: int = 1) -> None:
+        self.cfg, self.dp_rank, self.dp_world = cfg, dp_rank, dp_world
         self.sources = resolve_sources(cfg)
         self.epoch = 0
         self.source_idx = 0
         self.next_row = 0  # next row of sources[source_idx] to read
-        self.buffer: list[int] = []
         self.bad_rows = 0
+        self._pass_used = False  # did the current pass give the consumer anything?
 
-    def _documents(self) -> Iterator[str]:
-        """This rank's document texts from the saved position on, looping over epochs."""
+    def _rows(self) -> Iterator[tuple[Source, int, Any]]:
+        """(source, row index, row) for this rank; a subclass marks `_pass_used` when a row gave it something."""
+        full_pass = self.source_idx == 0 and self.next_row == 0
+        self._pass_used = False
         while True:
             while self.source_idx < len(self.sources):
                 source = self.sources[self.source_idx]
                 for row, item in _stream_rows(source, self.next_row):
                     self.next_row = row + 1
-                    if row % self.dp_world != self.dp_rank:
-                        continue
-                    text = self._text_of(item, source, row)
-                    if text is not None:
-                        yield text
+                    if row % self.dp_world == self.dp_rank:
+                        yield source, row, item
                 self.source_idx += 1
                 self.next_row = 0
+            if full_pass and not self._pass_used:  # looping on would never yield anything
+                raise DataError(
+                    f"--data.path {self.cfg.path}: a whole pass gave data-parallel rank {self.dp_rank} of "
+                    f"{self.dp_world} nothing to train on ({self.bad_rows} bad rows skipped); check the file's "
+                    "columns (--data.kind and the column options) or use more rows than data-parallel ranks"
+                )
+            full_pass, self._pass_used = True, False
             self.epoch += 1
             self.source_idx = 0
             logger.info("data: finished pass over %s; starting epoch %d", self.cfg.path, self.epoch)
+
+    def _bad_row(self, source: Source, row: int, problem: str, fix: str) -> None:
+        """Skip (counted, the first few logged) or stop, per --data.on_bad_row."""
+        message = f"{source.label} row {row}: {problem}"
+        if self.cfg.on_bad_row == "fail":
+            raise DataError(f"{message} ({fix}, or set --data.on_bad_row skip to skip such rows)")
+        self.bad_rows += 1
+        if self.bad_rows <= 5:
+            logger.warning("skipping bad row: %s", message)
 
     def _text_of(self, item: Any, source: Source, row: int) -> str | None:
         column = self.cfg.text_column
@@ -137,13 +153,48 @@ class TextDataset:
             problem = f"'{column}' is {type(item[column]).__name__}, not a string"
         else:
             return item[column]
-        message = f"{source.label} row {row}: {problem}"
-        if self.cfg.on_bad_row == "fail":
-            raise DataError(message + " (set --data.on_bad_row skip to skip such rows, or --data.text_column)")
-        self.bad_rows += 1
-        if self.bad_rows <= 5:
-            logger.warning("skipping bad row: %s", message)
+        self._bad_row(source, row, problem, "fix the row or set --data.text_column")
         return None
+
+    def _position(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "source_idx": self.source_idx,
+            "next_row": self.next_row,
+            "bad_rows": self.bad_rows,
+            "sources": [s.label for s in self.sources],
+            "dp_world": self.dp_world,
+        }
+
+    def _load_position(self, state: dict[str, Any]) -> None:
+        check_same_dp_world(state, self.dp_world)
+        if state["sources"] != [s.label for s in self.sources]:
+            raise DataError(
+                "the checkpoint's data position is for other files "
+                f"({state['sources'][:3]}...) than --data.path {self.cfg.path}; "
+                "resume with the same data, or start without the dataloader state"
+            )
+        self.epoch, self.source_idx, self.next_row = state["epoch"], state["source_idx"], state["next_row"]
+        self.bad_rows = state["bad_rows"]
+
+
+class TextDataset(RowReader):
+    """Infinite, resumable stream of {"input", "label"} windows of `seq_len` tokens for one DP rank."""
+
+    def __init__(
+        self, cfg: DataSection, tokenizer: Tokenizer, seq_len: int, dp_rank: int = 0, dp_world: int = 1
+    ) -> None:
+        super().__init__(cfg, dp_rank, dp_world)
+        self.tokenizer, self.seq_len = tokenizer, seq_len
+        self.buffer: list[int] = []
+
+    def _documents(self) -> Iterator[str]:
+        """This rank's document texts from the saved position on, looping over epochs."""
+        for source, row, item in self._rows():
+            text = self._text_of(item, source, row)
+            if text is not None:
+                self._pass_used = True
+                yield text
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         documents = self._documents()
@@ -156,23 +207,8 @@ class TextDataset:
             yield {"input": window[:-1], "label": window[1:]}
 
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "source_idx": self.source_idx,
-            "next_row": self.next_row,
-            "buffer": list(self.buffer),
-            "bad_rows": self.bad_rows,
-            "sources": [s.label for s in self.sources],
-            "dp_world": self.dp_world,
-        }
+        return {**self._position(), "buffer": list(self.buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        check_same_dp_world(state, self.dp_world)
-        if state["sources"] != [s.label for s in self.sources]:
-            raise DataError(
-                "the checkpoint's data position is for other files "
-                f"({state['sources'][:3]}...) than --data.path {self.cfg.path}; "
-                "resume with the same data, or start without the dataloader state"
-            )
-        self.epoch, self.source_idx, self.next_row = state["epoch"], state["source_idx"], state["next_row"]
-        self.buffer, self.bad_rows = list(state["buffer"]), state["bad_rows"]
+        self._load_position(state)
+        self.buffer = list(state["buffer"])

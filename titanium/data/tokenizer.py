@@ -178,6 +178,8 @@ class TiktokenTokenizer:
     Meta's own file gives Meta's ids (bos 128000) and ours gives bos 2000.
     """
 
+    chat_template: str | None = None  # no Jinja template: chat formats are chosen by name (titanium.data.chat)
+
     def __init__(self, path: str) -> None:
         import tiktoken  # imported here so `byte` runs and config tooling need no tiktoken
 
@@ -226,6 +228,8 @@ class ByteTokenizer:
 
     Why: unit tests and smoke runs should not depend on an asset or on tiktoken.
     """
+
+    chat_template: str | None = None
 
     def __init__(self) -> None:
         self.special_tokens: dict[str, int] = {tok: 256 + i for i, tok in enumerate(LLAMA3_SPECIAL_TOKENS)}
@@ -302,6 +306,7 @@ class HFTokenizer:
         self.eos_id = eos_id
         pad_id = self._special_id(config, "pad_token", (), required=False)
         self.pad_id = self.eos_id if pad_id is None else pad_id
+        self.chat_template = self._read_chat_template(config)
 
     def _read_config(self) -> dict | None:
         path = Path(self.path).with_name("tokenizer_config.json")
@@ -312,6 +317,18 @@ class HFTokenizer:
         except (OSError, ValueError) as e:
             raise TokenizerError(f"{path}: cannot read ({e})") from None
         return config if isinstance(config, dict) else None
+
+    def _read_chat_template(self, config: dict | None) -> str | None:
+        """The model's Jinja chat template: tokenizer_config.json's ``chat_template`` (a string, or a list of
+        named templates of which "default" is used) or, as newer exports write it, chat_template.jinja."""
+        value = config.get("chat_template") if config is not None else None
+        if isinstance(value, list):
+            named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
+            value = named.get("default")
+        if isinstance(value, str):
+            return value
+        path = Path(self.path).with_name("chat_template.jinja")
+        return path.read_text() if path.is_file() else None
 
     def _special_id(self, config: dict | None, field: str, names: Sequence[str], *, required: bool) -> int | None:
         if config is not None and field in config:

@@ -16,9 +16,9 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ActivationCheckpointSection, CompileSection, ParallelismSection
+from titanium.parallel import context  # the module, not a name: it imports titanium.models, which imports us
 from titanium.parallel.activation_checkpoint import apply_activation_checkpointing
 from titanium.parallel.compile import apply_compile, enable_async_tensor_parallel
-from titanium.parallel.context import apply_context_parallel
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.fsdp import apply_fsdp
 
@@ -58,7 +58,7 @@ def parallelize_decoder(
         if cfg.compile.enable_async_tensor_parallel:
             enable_async_tensor_parallel(meshes.tp)
     if dims.cp > 1:
-        apply_context_parallel(model, meshes.cp)
+        context.apply_context_parallel(model, meshes.cp)
     ac = cfg.activation_checkpoint
     if cfg.compile.enable and dims.tp_enabled and meshes.tp.device_type == "cpu" and ac.mode != "none":
         if ac.mode == "full" or ac.selective_ac_option != "op":

@@ -155,10 +155,10 @@ class Pipeline:
         self.divisor = divisor
         losses: list[torch.Tensor] = []
         # The schedule feeds positional args to the first stage only, and kwargs to every stage:
-        # the model's inputs go to the first stage, the positions (context parallelism) to all.
-        inputs = dict(inputs)
-        kwargs = {"positions": inputs.pop("positions")} if "positions" in inputs else {}
-        args = tuple(inputs.values()) if self.has_first_stage else ()
+        # the tokens go to the first stage; positions and document ids (which every stage's attention
+        # needs: context parallelism, packed samples) go to all.
+        kwargs = {k: v for k, v in inputs.items() if k != "tokens"}
+        args = (inputs["tokens"],) if self.has_first_stage else ()
         if self.has_last_stage:
             kwargs.update(target=labels, losses=losses)
         self.schedule.step(*args, **kwargs)

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from titanium.config.sections import DataSection
+from titanium.config.sections import DataSection, SFTSection
 from titanium.trainers.base import Objective, ObjectiveContext
 from titanium.trainers.pretrain import PretrainObjective
 
 
-def build_objective(name: str, ctx: ObjectiveContext, data: DataSection) -> Objective:
+def build_objective(name: str, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> Objective:
     if name == "pretrain":
         return PretrainObjective(ctx, data)
-    raise ValueError(f"unknown --training.objective {name!r}; available: pretrain")
+    if name == "sft":
+        from titanium.trainers.sft import SFTObjective
+
+        return SFTObjective(ctx, data, sft)
+    raise ValueError(f"unknown --training.objective {name!r}; available: pretrain, sft")
 
 
 __all__ = ["Objective", "ObjectiveContext", "build_objective"]

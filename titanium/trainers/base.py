@@ -28,6 +28,8 @@ class ObjectiveContext:
     """What the loop hands an objective at construction: no config beyond the sections it needs."""
 
     tokenizer: Tokenizer
+    model_name: str
+    """Model family (registry key), e.g. for choosing its chat format."""
     vocab_size: int
     seq_len: int
     local_batch_size: int

@@ -1,0 +1,62 @@
+"""The SFT objective end to end in one process: packing leaves each sample's loss and gradient unchanged."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from tests.helpers import REPO
+from titanium.config.sections import DataSection, SFTSection
+from titanium.data.chat import build_chat_template
+from titanium.data.loader import collate
+from titanium.data.packing import PackedDataset, PaddedDataset
+from titanium.data.sft import SFTDataset
+from titanium.data.tokenizer import TiktokenTokenizer
+from titanium.models import build_model_args, get_model_spec
+from titanium.trainers.pretrain import cross_entropy_sum
+
+TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
+QUESTIONS = [("What is 2 + 3?", "5"), ("Reverse: cat", "tac"), ("Say hello twice.", "hello hello")] * 4
+
+
+def _samples(tmp_path: Path, seq_len: int) -> list[dict]:
+    path = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in QUESTIONS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    template = build_chat_template("llama3", TOKENIZER, "llama3")
+    dataset = SFTDataset(DataSection(kind="chat", path=str(path)), SFTSection(), TOKENIZER, template, seq_len)
+    it = iter(dataset)
+    return [next(it) for _ in QUESTIONS]
+
+
+def _loss_and_grads(model: torch.nn.Module, rows: list[dict]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Token-mean loss over all rows (sum / trainable count, the loop's rule) and its gradients."""
+    model.zero_grad()
+    batch = collate(rows)
+    logits = model(batch["input"], positions=batch["positions"], document_ids=batch["document_ids"])
+    count = (batch["label"] != -100).sum()
+    loss = cross_entropy_sum(logits, batch["label"]) / count
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path: Path) -> None:
+    """Same 12 samples, packed into few rows vs one padded row each: loss and gradients agree (fp32, 1e-5)."""
+    seq_len = 96
+    samples = _samples(tmp_path, seq_len)
+    padded = list(PaddedDataset(iter(samples), seq_len, TOKENIZER.pad_id))[: len(samples)]
+    packed = list(PackedDataset(iter(samples), seq_len, TOKENIZER.pad_id, buffer_size=8))  # a finite stream
+    assert len(packed) < len(padded)  # packing really shared rows
+    assert sum(int((r["label"] != -100).sum()) for r in packed) == sum(int((r["label"] != -100).sum()) for r in padded)
+
+    spec = get_model_spec("llama3")
+    torch.manual_seed(0)
+    model = spec.model_cls(build_model_args(spec, "debugmodel", vocab_size=TOKENIZER.vocab_size, max_seq_len=seq_len))
+    model.init_weights()
+    packed_loss, packed_grads = _loss_and_grads(model, packed)
+    padded_loss, padded_grads = _loss_and_grads(model, padded)
+    torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=0)
+    for name, grad in packed_grads.items():
+        torch.testing.assert_close(grad, padded_grads[name], rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,337 @@
+"""Conversations: rows -> messages, and messages -> tokens with a per-token "learn this" mask.
+
+Every template builds a conversation from segments (ids plus a kind: BOS, prompt or assistant output),
+so training masks and generation prompts come from the same code and always agree: the tokens of
+``prompt(messages[:-1])`` are exactly the start of ``tokenize(messages)``. Templates that are written
+here (Llama 3, ChatML) add special tokens by id and encode content as plain text, so a special-token
+string inside user data stays text. The Jinja path renders the tokenizer's own template and maps each
+piece of text back to the message that added it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from titanium.config.sections import DataSection
+from titanium.data.text import DataError
+from titanium.data.tokenizer import Tokenizer
+
+ROLES = ("system", "user", "assistant")
+_ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system, user or assistant
+    content: str
+
+
+class RowError(ValueError):
+    """A row that is not a usable conversation; the dataset skips it or turns it into a DataError."""
+
+
+class ChatTemplateError(DataError):
+    """A chat template that cannot work with this tokenizer, or a Jinja template we cannot use."""
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def _text_field(value: Any, what: str) -> str:
+    if value is None:
+        raise RowError(f"{what} is missing or null")
+    if not isinstance(value, str):
+        raise RowError(f"{what} is {type(value).__name__}, not a string")
+    if not value.strip():
+        raise RowError(f"{what} is empty")
+    return value
+
+
+def _column(row: Any, column: str) -> Any:
+    if not isinstance(row, dict):
+        raise RowError(f"the row is {type(row).__name__}, not an object with columns")
+    if row.get(column) is None:  # the datasets library fills a column absent from some rows with None
+        raise RowError(f"no '{column}' column (columns: {sorted(row)})")
+    return row[column]
+
+
+def check_conversation(messages: list[Message]) -> list[Message]:
+    """A conversation we can learn from: a system message only first, and ending with the assistant.
+
+    A trailing user turn has no answer to learn, and a system message in the middle is ambiguous in
+    every template, so both are treated as malformed rather than guessed at.
+    """
+    if not messages:
+        raise RowError("no messages")
+    if any(m.role == "system" for m in messages[1:]):
+        raise RowError("a system message is only allowed as the first message")
+    if messages[-1].role != "assistant":
+        raise RowError(f"the conversation ends with a {messages[-1].role} message, not an assistant answer")
+    return messages
+
+
+def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
+    """A row holding a list of {role, content} messages (OpenAI style, or ShareGPT's from/value)."""
+    raw = _column(row, cfg.messages_column)
+    if not isinstance(raw, list):
+        raise RowError(f"'{cfg.messages_column}' is {type(raw).__name__}, not a list of messages")
+    messages = []
+    for i, item in enumerate(raw):
+        if not isinstance(item, dict):
+            raise RowError(f"message {i} is {type(item).__name__}, not an object")
+        role = item.get(cfg.role_key)
+        if role is None:
+            raise RowError(f"message {i} has no '{cfg.role_key}' (keys: {sorted(item)})")
+        if not isinstance(role, str) or role not in _ROLE_ALIASES:
+            raise RowError(f"message {i} has unknown role {role!r} (expected one of {', '.join(_ROLE_ALIASES)})")
+        content = _text_field(item.get(cfg.content_key), f"message {i} '{cfg.content_key}'")
+        messages.append(Message(_ROLE_ALIASES[role], content))
+    return check_conversation(messages)
+
+
+def parse_instruct_row(row: Any, cfg: DataSection) -> list[Message]:
+    """instruction (+ optional input, after a blank line) as the user turn, output as the answer."""
+    instruction = _text_field(_column(row, cfg.instruction_column), f"'{cfg.instruction_column}'")
+    extra = row.get(cfg.input_column)
+    if extra is not None and not isinstance(extra, str):
+        raise RowError(f"'{cfg.input_column}' is {type(extra).__name__}, not a string")
+    output = _text_field(row.get(cfg.output_column), f"'{cfg.output_column}'")
+    user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
+    return [Message("user", user), Message("assistant", output)]
+
+
+def with_system_prompt(messages: list[Message], system_prompt: str | None) -> list[Message]:
+    """Replace the conversation's system message with `system_prompt`, or add it in front."""
+    if system_prompt is None:
+        return messages
+    rest = messages[1:] if messages and messages[0].role == "system" else messages
+    return [Message("system", system_prompt), *rest]
+
+
+# ------------------------------------------------------------------------------------------ templates
+
+SegmentKind = Literal["bos", "prompt", "output"]
+Segment = tuple[list[int], SegmentKind]
+
+
+class ChatTemplate(ABC):
+    """Messages -> tokens. Output (assistant content and its end of turn) is always trainable, BOS never,
+    everything else (system and user turns, headers) only with train_on_input."""
+
+    stop_ids: set[int]
+    """Ids that end an assistant turn (generation stops at any of them)."""
+
+    @abstractmethod
+    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+        """The conversation as segments; with `generation`, followed by the header opening the assistant's turn."""
+
+    def tokenize(self, messages: Sequence[Message], train_on_input: bool) -> tuple[list[int], list[bool]]:
+        tokens: list[int] = []
+        trainable: list[bool] = []
+        for ids, kind in self._segments(messages, generation=False):
+            tokens.extend(ids)
+            trainable.extend([kind == "output" or (kind == "prompt" and train_on_input)] * len(ids))
+        return tokens, trainable
+
+    def prompt(self, messages: Sequence[Message]) -> list[int]:
+        """The conversation so far plus the assistant header: what a model continues when it answers."""
+        return [i for ids, _ in self._segments(messages, generation=True) for i in ids]
+
+
+def _require_specials(tokenizer: Tokenizer, names: Sequence[str], template: str) -> dict[str, int]:
+    missing = [n for n in names if n not in tokenizer.special_tokens]
+    if missing:
+        raise ChatTemplateError(
+            f"--sft.chat_template {template} needs the special tokens {', '.join(names)}, and the tokenizer "
+            f"({tokenizer!r}) lacks {', '.join(missing)}; choose the template that matches the tokenizer "
+            "(llama3 for Llama 3 / titanium tokenizers, chatml for Qwen) or 'tokenizer' for its own template"
+        )
+    return {n: tokenizer.special_tokens[n] for n in names}
+
+
+class _TurnTemplate(ChatTemplate):
+    """A format written here: an optional preamble, then a header and a body per message, by id."""
+
+    tokenizer: Tokenizer
+    preamble: list[int]  # e.g. BOS
+
+    @abstractmethod
+    def _header(self, role: str) -> list[int]: ...
+
+    @abstractmethod
+    def _body(self, content: str) -> list[int]:
+        """The content and the end of the turn."""
+
+    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+        segments: list[Segment] = [(self.preamble, "bos")] if self.preamble else []
+        for m in messages:
+            body = self._body(m.content)
+            segments += [(self._header(m.role), "prompt"), (body, "output" if m.role == "assistant" else "prompt")]
+        if generation:
+            segments.append((self._header("assistant"), "prompt"))
+        return segments
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, bos=False, eos=False)
+
+
+class Llama3Template(_TurnTemplate):
+    """<|begin_of_text|> then <|start_header_id|>role<|end_header_id|>\\n\\ncontent<|eot_id|> per message.
+
+    Content is stripped, as Meta's reference chat format and its Hugging Face template do.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        names = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+        self.tokenizer = tokenizer
+        bos, self.start, self.end, self.eot = _require_specials(tokenizer, names, "llama3").values()
+        self.preamble = [bos]
+        self.stop_ids = {self.eot, tokenizer.eos_id}
+
+    def _header(self, role: str) -> list[int]:
+        return [self.start, *self._encode(role), self.end, *self._encode("\n\n")]
+
+    def _body(self, content: str) -> list[int]:
+        return [*self._encode(content.strip()), self.eot]
+
+
+class ChatMLTemplate(_TurnTemplate):
+    """<|im_start|>role\\ncontent<|im_end|>\\n per message (Qwen); no BOS. The newline after <|im_end|>
+    belongs to the turn, so it is learned with the answer."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.start, self.end = _require_specials(tokenizer, ("<|im_start|>", "<|im_end|>"), "chatml").values()
+        self.preamble = []
+        self.stop_ids = {self.end, tokenizer.eos_id}
+
+    def _header(self, role: str) -> list[int]:
+        return [self.start, *self._encode(f"{role}\n")]
+
+    def _body(self, content: str) -> list[int]:
+        return [*self._encode(content), self.end, *self._encode("\n")]
+
+
+class JinjaTemplate(ChatTemplate):
+    """A Hugging Face tokenizer's own Jinja ``chat_template``, rendered in a sandbox.
+
+    Masks come from rendering growing prefixes: the text that ``messages[:i+1]`` adds to ``messages[:i]``
+    belongs to message i, and for an assistant message the part up to where the generation prompt of
+    ``messages[:i]`` ends is its (untrained) header. Each piece is tokenized on its own, so the answer
+    starts on a token boundary exactly as it does when the model generates after ``prompt()``. Templates
+    whose earlier text changes as the conversation grows (e.g. ones that drop past reasoning) break this
+    and are refused with an error; choose llama3 or chatml for them.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, source: str) -> None:
+        from jinja2 import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message: str) -> None:
+            raise TemplateError(message)
+
+        # The settings Hugging Face renders chat templates with, so whitespace comes out the same.
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+        )
+        env.globals["raise_exception"] = raise_exception
+        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
+        try:
+            self._template = env.from_string(source)
+        except TemplateError as e:
+            raise ChatTemplateError(f"the tokenizer's chat_template is not valid Jinja: {e}") from None
+        self.tokenizer = tokenizer
+        id_to_name = {i: n for n, i in tokenizer.special_tokens.items()}
+        bos, eos = id_to_name.get(tokenizer.bos_id, ""), id_to_name.get(tokenizer.eos_id, "")
+        self._names = {"bos_token": bos, "eos_token": eos}
+        # Control tokens: specials that encode() keeps as text, so rendered text must be split on them by hand.
+        self._control = {
+            n: i for n, i in tokenizer.special_tokens.items() if tokenizer.encode(n, bos=False, eos=False) != [i]
+        }
+        pattern = "|".join(re.escape(n) for n in sorted(self._control, key=len, reverse=True))
+        self._split = re.compile(f"({pattern})") if pattern else None
+        probe = [Message("user", "x"), Message("assistant", "y")]
+        answer = self._segments(probe, generation=False)[-1][0]
+        self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
+
+    def _render(self, messages: Sequence[Message], generation: bool) -> str:
+        from jinja2 import TemplateError
+
+        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        try:
+            return self._template.render(messages=dicts, add_generation_prompt=generation, **self._names)
+        except TemplateError as e:
+            raise ChatTemplateError(f"the tokenizer's chat_template failed to render: {e}") from None
+
+    def _encode(self, text: str) -> list[int]:
+        """Rendered text -> ids, with the template's control-token strings turned into their ids."""
+        parts = self._split.split(text) if self._split else [text]
+        ids: list[int] = []
+        for k, part in enumerate(parts):
+            if k % 2:
+                ids.append(self._control[part])
+            elif part:
+                ids.extend(self.tokenizer.encode(part, bos=False, eos=False))
+        return ids
+
+    def _delta(self, before: str, after: str) -> str:
+        if not after.startswith(before):
+            raise ChatTemplateError(
+                "the tokenizer's chat_template renders earlier messages differently as the conversation grows, "
+                "so per-message loss masks cannot be derived from it; set --sft.chat_template llama3 or chatml"
+            )
+        return after[len(before) :]
+
+    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+        if self._split is not None:
+            for m in messages:
+                found = self._split.search(m.content)
+                if found:
+                    raise RowError(f"a {m.role} message contains the control token {found.group()!r} as text")
+        segments: list[Segment] = []
+        text = ""
+        for i, m in enumerate(messages):
+            full = self._render(messages[: i + 1], generation=False)
+            if m.role == "assistant":
+                header = self._delta(text, self._render(messages[:i], generation=True))
+                body = self._delta(text + header, full)
+                segments += [(self._encode(header), "prompt"), (self._encode(body), "output")]
+            else:
+                segments.append((self._encode(self._delta(text, full)), "prompt"))
+            text = full
+        if generation:
+            segments.append((self._encode(self._delta(text, self._render(messages, generation=True))), "prompt"))
+        if segments and segments[0][0][:1] == [self.tokenizer.bos_id]:
+            first, kind = segments[0]
+            segments[0:1] = [([first[0]], "bos"), (first[1:], kind)]
+        return segments
+
+
+def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
+    """--sft.chat_template: llama3, chatml, tokenizer (its Jinja template) or auto (that, else the model's own)."""
+    source = getattr(tokenizer, "chat_template", None)
+    if name == "auto":
+        name = "tokenizer" if source else {"llama3": "llama3", "qwen3": "chatml"}.get(model_name, "")
+        if not name:
+            raise ChatTemplateError(
+                f"--sft.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
+                "default format; set --sft.chat_template llama3 or chatml"
+            )
+    if name == "llama3":
+        return Llama3Template(tokenizer)
+    if name == "chatml":
+        return ChatMLTemplate(tokenizer)
+    if name == "tokenizer":
+        if not source:
+            raise ChatTemplateError(
+                f"--sft.chat_template tokenizer: {tokenizer!r} has no chat_template (a Hugging Face "
+                "tokenizer_config.json 'chat_template' or a chat_template.jinja file); "
+                "set --sft.chat_template llama3 or chatml"
+            )
+        return JinjaTemplate(tokenizer, source)
+    raise ChatTemplateError(f"unknown --sft.chat_template {name!r}; expected auto, llama3, chatml or tokenizer")

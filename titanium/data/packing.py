@@ -1,0 +1,132 @@
+"""Fine-tuning samples -> fixed-length training rows: packed several to a row, or one per row padded.
+
+Every row carries, besides ``input`` and ``label``, the ``positions`` (restarting at 0 per sample)
+and ``document_ids`` (0, 1, 2... per sample in the row) that let attention stay within a sample, so
+a sample's loss does not depend on what it was packed with. Padding forms a document of its own, so
+its queries still see a key (no fully masked attention rows, hence no NaN) and touch no real sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
+
+import torch
+
+from titanium.data.sft import IGNORE_INDEX, Sample
+
+
+class SampleStream(Protocol):
+    """A resumable iterable of {"tokens", "labels"} samples (titanium.data.sft.SFTDataset)."""
+
+    def __iter__(self) -> Iterator[Sample]: ...
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+def make_row(samples: Iterable[Sample], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """Concatenate samples (at most seq_len tokens in all) and right-pad to seq_len."""
+    tokens: list[int] = []
+    labels: list[int] = []
+    positions: list[int] = []
+    documents: list[int] = []
+    n_docs = 0
+    for n_docs, sample in enumerate(samples, start=1):
+        n = len(sample["tokens"])
+        tokens += sample["tokens"]
+        labels += sample["labels"]
+        positions += range(n)
+        documents += [n_docs - 1] * n
+    pad = seq_len - len(tokens)
+    if pad < 0:
+        raise ValueError(f"samples of {len(tokens)} tokens do not fit a row of {seq_len}")
+    tokens += [pad_id] * pad
+    labels += [IGNORE_INDEX] * pad
+    positions += range(pad)
+    documents += [n_docs] * pad
+    return {
+        "input": torch.tensor(tokens, dtype=torch.long),
+        "label": torch.tensor(labels, dtype=torch.long),
+        "positions": torch.tensor(positions, dtype=torch.long),
+        "document_ids": torch.tensor(documents, dtype=torch.long),
+    }
+
+
+def _check_length(sample: Sample, seq_len: int) -> Sample:
+    if len(sample["tokens"]) > seq_len:  # SFTDataset cuts or drops these; anything else is our bug
+        raise ValueError(f"a sample of {len(sample['tokens'])} tokens is longer than seq_len={seq_len}")
+    return sample
+
+
+class PaddedDataset:
+    """One sample per row, right-padded to seq_len (--sft.packing false)."""
+
+    def __init__(self, samples: SampleStream, seq_len: int, pad_id: int) -> None:
+        self.samples, self.seq_len, self.pad_id = samples, seq_len, pad_id
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        for sample in self.samples:
+            yield make_row([_check_length(sample, self.seq_len)], self.seq_len, self.pad_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.samples.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.samples.load_state_dict(state)
+
+
+class PackedDataset:
+    """Rows of exactly seq_len tokens, each holding whole samples, filled best-fit from a bounded buffer.
+
+    A row starts with the oldest buffered sample, so no sample waits more than ``buffer_size`` rows
+    and the data order is roughly kept; the space left is then filled, largest-that-fits first, from
+    the other buffered samples. The buffer is topped up from the stream after every pick. The state
+    is the stream's position plus the buffered samples, so a resumed run packs the very same rows.
+    """
+
+    def __init__(self, samples: SampleStream, seq_len: int, pad_id: int, buffer_size: int) -> None:
+        if buffer_size < 1:
+            raise ValueError(f"--sft.pack_buffer must be >= 1, got {buffer_size}")
+        self.samples, self.seq_len, self.pad_id, self.buffer_size = samples, seq_len, pad_id, buffer_size
+        self.buffer: list[Sample] = []  # oldest first
+
+    def _fill(self, stream: Iterator[Sample]) -> None:
+        while len(self.buffer) < self.buffer_size:
+            sample = next(stream, None)
+            if sample is None:
+                return
+            self.buffer.append(_check_length(sample, self.seq_len))
+
+    def _best_fit(self, space: int) -> Sample | None:
+        """Remove and return the longest buffered sample of at most `space` tokens (the oldest among equals)."""
+        best = None
+        for k, sample in enumerate(self.buffer):
+            n = len(sample["tokens"])
+            if n <= space and (best is None or n > len(self.buffer[best]["tokens"])):
+                best = k
+        return None if best is None else self.buffer.pop(best)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        stream = iter(self.samples)
+        while True:
+            self._fill(stream)
+            if not self.buffer:
+                return  # only a finite stream ends
+            row = [self.buffer.pop(0)]
+            space = self.seq_len - len(row[0]["tokens"])
+            while space > 0:
+                self._fill(stream)
+                sample = self._best_fit(space)
+                if sample is None:
+                    break
+                row.append(sample)
+                space -= len(sample["tokens"])
+            yield make_row(row, self.seq_len, self.pad_id)
+
+    def state_dict(self) -> dict[str, Any]:
+        buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in self.buffer]
+        return {"samples": self.samples.state_dict(), "buffer": buffer}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.samples.load_state_dict(state["samples"])
+        self.buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in state["buffer"]]

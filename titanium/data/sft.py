@@ -1,0 +1,118 @@
+"""Fine-tuning samples: rows -> (tokens, labels shifted inside the sample, prompt tokens masked).
+
+Each row becomes one sample, streamed (the dataset is never loaded whole), split over data-parallel
+ranks and resumable exactly like the pretraining text stream. Labels are shifted here, per sample,
+so the sample's last position has no target and packing several samples into one row can never
+make a token predict the next sample's first token.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from titanium.config.sections import DataSection, SFTSection
+from titanium.data.chat import (
+    ChatTemplate,
+    Message,
+    RowError,
+    parse_chat_row,
+    parse_instruct_row,
+    with_system_prompt,
+)
+from titanium.data.text import DataError, RowReader, Source
+from titanium.data.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100  # the loss's ignore label (titanium.trainers.base.IGNORE_INDEX; data does not import trainers)
+
+Sample = dict[str, list[int]]
+
+_FIX = {
+    "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key at its columns",
+    "instruct": "fix the row, or point --data.instruction_column, --data.input_column and --data.output_column "
+    "at its columns",
+}
+
+
+def shifted_labels(tokens: list[int], trainable: list[bool]) -> list[int]:
+    """labels[i] = tokens[i + 1] where that token is learned, else IGNORE_INDEX; the last is IGNORE_INDEX."""
+    labels = [t if keep else IGNORE_INDEX for t, keep in zip(tokens[1:], trainable[1:])]
+    return [*labels, IGNORE_INDEX]
+
+
+class SFTDataset(RowReader):
+    """Infinite, resumable stream of {"tokens", "labels"} samples (lists of at most `seq_len` ints) for one DP rank.
+
+    kind chat / instruct: a conversation through the chat template. kind text: a completion sample,
+    BOS + text + EOS, all learned. Counters (kept in the state): ``bad_rows`` (skipped), ``truncated``
+    (cut to seq_len), ``dropped`` (too long with on_long_sample=drop, or nothing left to learn).
+    """
+
+    def __init__(
+        self,
+        data: DataSection,
+        sft: SFTSection,
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        seq_len: int,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+    ) -> None:
+        if data.kind not in ("chat", "instruct", "text"):
+            raise DataError(f"--data.kind {data.kind} has no fine-tuning samples; use chat, instruct or text")
+        if data.kind != "text" and template is None:
+            raise ValueError(f"--data.kind {data.kind} needs a chat template")
+        super().__init__(data, dp_rank, dp_world)
+        self.sft, self.tokenizer, self.template, self.seq_len = sft, tokenizer, template, seq_len
+        self.truncated = 0
+        self.dropped = 0
+
+    def _messages(self, item: Any) -> list[Message]:
+        parse = parse_chat_row if self.cfg.kind == "chat" else parse_instruct_row
+        return with_system_prompt(parse(item, self.cfg), self.sft.system_prompt)
+
+    def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], list[bool]] | None:
+        if self.cfg.kind == "text":
+            text = self._text_of(item, source, row)
+            if text is None:
+                return None
+            tokens = self.tokenizer.encode(text, bos=True, eos=True)
+            return tokens, [True] * len(tokens)
+        assert self.template is not None
+        try:
+            return self.template.tokenize(self._messages(item), self.sft.train_on_input)
+        except RowError as e:
+            self._bad_row(source, row, str(e), _FIX[self.cfg.kind])
+            return None
+
+    def _sample(self, tokens: list[int], trainable: list[bool]) -> Sample | None:
+        """Fit the sample to seq_len per --sft.on_long_sample; None (counted) when nothing is left to learn."""
+        too_long = len(tokens) > self.seq_len
+        if too_long and self.sft.on_long_sample == "drop":
+            self.dropped += 1
+            return None
+        tokens, trainable = tokens[: self.seq_len], trainable[: self.seq_len]
+        labels = shifted_labels(tokens, trainable)
+        if all(label == IGNORE_INDEX for label in labels):
+            self.dropped += 1
+            return None
+        self.truncated += too_long
+        return {"tokens": tokens, "labels": labels}
+
+    def __iter__(self) -> Iterator[Sample]:
+        for source, row, item in self._rows():
+            tokenized = self._tokenize(item, source, row)
+            sample = self._sample(*tokenized) if tokenized is not None else None
+            if sample is not None:
+                self._pass_used = True
+                yield sample
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._position(), "truncated": self.truncated, "dropped": self.dropped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_position(state)
+        self.truncated, self.dropped = state["truncated"], state["dropped"]

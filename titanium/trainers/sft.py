@@ -1,0 +1,62 @@
+"""Supervised fine-tuning: masked next-token cross-entropy on chat, instruct or text-completion samples.
+
+Labels are shifted inside each sample by the data pipeline (prompt tokens and each sample's last
+position carry IGNORE_INDEX), so a packed row needs no slicing and no loss leaks across samples.
+Packed rows also carry per-sample positions and document ids: attention stays within a sample, so a
+sample's loss is the same packed or alone. The loss is a sum over trainable tokens; the loop divides
+by the global count, which makes every layout and accumulation give the exact token mean.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from titanium.config.sections import DataSection, SFTSection
+from titanium.data.chat import build_chat_template
+from titanium.data.loader import BatchLoader
+from titanium.data.packing import PackedDataset, PaddedDataset
+from titanium.data.sft import SFTDataset
+from titanium.trainers.base import IGNORE_INDEX, Batch, Objective, ObjectiveContext
+from titanium.trainers.pretrain import cross_entropy_sum
+
+
+class SFTObjective(Objective):
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
+        if data.kind == "synthetic":
+            raise ValueError('--data.kind synthetic has no samples to fine-tune on; use chat, instruct or text')
+        template = build_chat_template(sft.chat_template, ctx.tokenizer, ctx.model_name)
+        self.samples = SFTDataset(data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world)
+        pad_id = ctx.tokenizer.pad_id
+        if sft.packing:
+            rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
+        else:
+            rows = PaddedDataset(self.samples, ctx.seq_len, pad_id)
+        self.loader = BatchLoader(rows, ctx.local_batch_size)
+
+    def next_microbatch(self) -> Batch:
+        return next(self.loader)
+
+    def count(self, batch: Batch) -> torch.Tensor:
+        return (batch["label"] != IGNORE_INDEX).sum()
+
+    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
+
+    def loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        return cross_entropy_sum(logits, batch["label"])
+
+    def log_metrics(self) -> dict[str, float]:
+        counters = {
+            "data/skipped_rows": self.samples.bad_rows,
+            "data/truncated_samples": self.samples.truncated,
+            "data/dropped_samples": self.samples.dropped,
+        }
+        return {k: float(v) for k, v in counters.items() if v}
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
