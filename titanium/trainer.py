@@ -38,6 +38,7 @@ from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_train_timeout
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, build_pipeline, clip_grad_norm_pipelined
+from titanium.peft import apply_lora, export_peft_adapter, freeze_base, init_lora, quantize_lora_base_nf4
 from titanium.trainers import ObjectiveContext, build_objective
 
 logger = logging.getLogger("titanium")
@@ -58,8 +59,11 @@ class Trainer:
         self._save_config()
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self._build_model()
+        if self.cfg.lora.quantize_base == "nf4":
+            self._materialize_quantized_base()
         self._parallelize()
         self._materialize()
+        self._freeze_base()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self._build_objective()
@@ -110,6 +114,12 @@ class Trainer:
             self.model = self.model_spec.model_cls(self.model_args)
         n_params = sum(p.numel() for p in self.model.parameters())
         logger.info("model %s %s: %.2fM parameters", cfg.model.name, cfg.model.flavor, n_params / 1e6)
+        self.lora = cfg.lora.rank > 0
+        if self.lora:
+            adapted = apply_lora(self.model, cfg.lora)
+            logger.info(
+                "LoRA rank %d on %d layers (%s)", cfg.lora.rank, len(adapted), ", ".join(cfg.lora.target_modules)
+            )
 
     def _parallelize(self) -> None:
         """Apply the model family's plan (PP split, then per stage TP -> CP -> AC -> compile -> FSDP);
@@ -145,38 +155,74 @@ class Trainer:
         initialized in full on rank 0 and broadcast into the shards. Either way every layout starts
         from exactly the weights a single process would have.
         """
+        if self.cfg.lora.quantize_base == "nf4":  # done before sharding, see _materialize_quantized_base
+            self.model.train()
+            return
+        self._init_weights()
+        if self.dims.pp > 1 and self.device.type == "cpu":
+            self._load_reference_weights_into_stages()
+        elif self.dims.params_sharded and self.device.type == "cpu":
+            full_state = self._reference_state_dict() if self.env.rank == 0 else {}
+            # (strict=False: the reference has no LoRA adapters; init_lora fills them below)
+            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not self.lora)
+            set_model_state_dict(self.model, full_state, options=options)
+        if self.lora:
+            init_lora(self.model, seed=self.cfg.debug.seed)
+        if self.cfg.checkpoint.initial_load_in_hf:
+            self._load_hf_weights()
+        self.model.train()
+
+    def _init_weights(self) -> None:
         torch.manual_seed(self.cfg.debug.seed)
         for part in self.model_parts:  # (pipeline stages: each parameter is in exactly one part)
             part.to_empty(device=self.device)
             with torch.no_grad():
                 part.init_weights(buffer_device=self.device)
-        if self.dims.pp > 1 and self.device.type == "cpu":
-            self._load_reference_weights_into_stages()
-        elif self.dims.params_sharded and self.device.type == "cpu":
-            full_state = self._reference_state_dict() if self.env.rank == 0 else {}
-            set_model_state_dict(
-                self.model,
-                full_state,
-                options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
-            )
+
+    def _materialize_quantized_base(self) -> None:
+        """QLoRA: allocate, initialize, load and NF4-quantize the whole base before sharding.
+
+        NF4 keeps one scale per block of each full tensor, so each FSDP shard cannot be quantized on its
+        own; the dense model is briefly held in full on every rank instead (set QLoRA up on a node with
+        the memory for that, or convert on one machine first).
+        """
+        self.model_parts = [self.model]
+        self._init_weights()
+        init_lora(self.model, seed=self.cfg.debug.seed)
         if self.cfg.checkpoint.initial_load_in_hf:
             self._load_hf_weights()
-        self.model.train()
+        count = quantize_lora_base_nf4(self.model, shard_degree=self.dims.dp_shard * self.dims.cp)
+        logger.info("QLoRA: %d base weights stored as NF4", count)
 
     def _load_hf_weights(self) -> None:
-        """Start from a Hugging Face checkpoint, unless this run resumes its own (loaded later, it wins)."""
+        """Start from a Hugging Face checkpoint, unless this run resumes its own (loaded later, it wins).
+
+        With LoRA the run's own checkpoints hold only the adapters, so the base is loaded on every start.
+        """
         ck = self.cfg.checkpoint
-        if ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder):
+        if not self.lora and ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder):
             logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
             return
         load_hf_weights(self.model, ck.initial_load_path, self.model_spec.hf_adapter, self.model_args)
+
+    def _freeze_base(self) -> None:
+        """LoRA: only the adapters train (the optimizer takes parameters that require grad)."""
+        if not self.lora:
+            return
+        freeze_base(self.model)
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # (global, DTensors too)
+        total = sum(p.numel() for p in self.model.parameters())
+        logger.info(
+            "LoRA: %.3fM of %.2fM parameters train (%.2f%%)", trainable / 1e6, total / 1e6, 100 * trainable / total
+        )
 
     def _load_reference_weights_into_stages(self) -> None:
         """Pipeline ranks hold different parameters, so no rank can broadcast the full model to the others:
         each builds the single-process weights (CPU only, i.e. small models) and keeps its stages' part."""
         wanted = self.model.state_dict().keys()
         full_state = {k: v for k, v in self._reference_state_dict().items() if k in wanted}
-        set_model_state_dict(self.model, full_state, options=StateDictOptions(full_state_dict=True))
+        options = StateDictOptions(full_state_dict=True, strict=not self.lora)
+        set_model_state_dict(self.model, full_state, options=options)
 
     def _reference_state_dict(self) -> dict[str, torch.Tensor]:
         """The weights one process would initialize from debug.seed (a full, unsharded CPU model)."""
@@ -218,7 +264,7 @@ class Trainer:
     def _build_checkpointer(self) -> None:
         self.train_state = TrainState()
         states = {
-            "model": ModelState(self.model),
+            "model": ModelState(self.model, part="trainable" if self.lora else "all"),
             "optimizer": OptimizerState(self.model, self.optimizer),
             "lr_scheduler": self.lr_scheduler,
             "train_state": self.train_state,
@@ -226,7 +272,10 @@ class Trainer:
             f"data_dp{self.dp_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
-        self.checkpointer = CheckpointManager(self.cfg.checkpoint, self.cfg.job.dump_folder, states, self.env.rank)
+        base = ModelState(self.model, part="base") if self.lora else None
+        self.checkpointer = CheckpointManager(
+            self.cfg.checkpoint, self.cfg.job.dump_folder, states, self.env.rank, base_model=base
+        )
         if self.cfg.checkpoint.create_seed_checkpoint:
             return  # a seed checkpoint is made from fresh weights, never from a resumed run
         resumed = self.checkpointer.load()
@@ -344,6 +393,8 @@ class Trainer:
                 gc.collect(1)
         gc.enable()
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
+        if self.lora and self.cfg.lora.save_adapter:
+            self._export_adapter()
         if self.cfg.checkpoint.last_save_in_hf:
             export_final_hf(
                 self.model,
@@ -353,6 +404,22 @@ class Trainer:
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
             )
+
+    def _export_adapter(self) -> None:
+        """The adapters alone in PEFT layout (peft.PeftModel.from_pretrained on the base model loads them)."""
+        ck, lora = self.cfg.checkpoint, self.cfg.lora
+        if self.model_spec.hf_adapter is None:
+            logger.warning("not saving the LoRA adapter: model %s has no Hugging Face adapter", self.cfg.model.name)
+            return
+        export_peft_adapter(
+            self.model,
+            self.model_spec.hf_adapter,
+            self.model_args,
+            lora,
+            Path(self.cfg.job.dump_folder) / lora.adapter_folder,
+            base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
+            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+        )
 
     def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""

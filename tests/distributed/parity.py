@@ -19,10 +19,13 @@ STEPS = 5
 Run = tuple[dict[int, float], dict[int, float]]
 
 
-def layout_run(tmp_path: Path, name: str, nproc: int, *extra: str) -> Run:
-    """(losses, grad norms) by step of a STEPS-step run of the tiny debug model on synthetic data."""
+SYNTHETIC = ("--data.kind", "synthetic")
+
+
+def layout_run(tmp_path: Path, name: str, nproc: int, *extra: str, data: tuple[str, ...] = SYNTHETIC) -> Run:
+    """(losses, grad norms) by step of a STEPS-step run of the tiny debug model (synthetic data by default)."""
     out = tmp_path / name
-    args = tiny_args(out, "--data.kind", "synthetic", "--training.steps", str(STEPS), *extra)
+    args = tiny_args(out, *data, "--training.steps", str(STEPS), *extra)
     try:
         run_train(args, nproc=nproc)
     except AssertionError as e:

@@ -35,6 +35,8 @@ from torch.distributed.tensor import DTensor
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.models.hf_adapter import HFAdapter
+from titanium.peft.lora import has_lora, is_lora_param
+from titanium.peft.merge import merged_full_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -215,11 +217,14 @@ def load_hf_weights(model: nn.Module, folder: str | os.PathLike, adapter: HFAdap
     """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded); returns its description.
 
     Collective when the model is sharded: every rank must call it. The checks run on every rank from
-    the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters.
+    the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
+    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values.
     """
     ckpt = HFCheckpoint.open(folder)
     model_state = model.state_dict()
-    check_hf_keys(ckpt, adapter, args, {k: tuple(v.shape) for k, v in model_state.items()})
+    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k)}
+    check_hf_keys(ckpt, adapter, args, base)
+    strict = len(base) == len(model_state)
     sharded = any(isinstance(v, DTensor) for v in model_state.values())
     rank = dist.get_rank() if dist.is_initialized() else 0
     full: dict[str, torch.Tensor] = {}
@@ -227,10 +232,11 @@ def load_hf_weights(model: nn.Module, folder: str | os.PathLike, adapter: HFAdap
         full = adapter.from_hf(ckpt.read(), args)
         full = {k: v.to(model_state[k].dtype) for k, v in full.items()}
     if sharded:
-        set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        set_model_state_dict(model, full, options=options)
     else:
         with torch.no_grad():
-            model.load_state_dict(full, strict=True)
+            model.load_state_dict(full, strict=strict)
     logger.info(
         "loaded Hugging Face weights from %s (%d tensors, %d file(s))", folder, len(ckpt.shapes), len(ckpt.files)
     )
@@ -387,16 +393,20 @@ def export_hf(
 ) -> Path | None:
     """Gather ``model`` (any layout; collective when distributed) and save it on rank 0 as HF.
 
-    Returns the folder on rank 0, None elsewhere.
+    LoRA adapters are merged into their base weights (a plain model any HF tool loads). Returns the
+    folder on rank 0, None elsewhere.
     """
     source = HFCheckpoint.open(source_folder) if source_folder is not None else None
-    if dist.is_initialized():
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if has_lora(model):
+        state = merged_full_state_dict(model)
+    elif dist.is_initialized():
         state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        rank = dist.get_rank()
     else:
-        state, rank = model.state_dict(), 0
+        state = model.state_dict()
     path = None
     if rank == 0:
+        assert state is not None
         path = save_hf_weights(state, out, adapter, args, dtype=dtype, source=source, max_shard_bytes=max_shard_bytes)
     if dist.is_initialized():
         dist.barrier()

@@ -63,10 +63,15 @@ def complete_steps(folder: Path) -> list[int]:
 
 
 class CheckpointManager:
-    def __init__(self, cfg: CheckpointSection, dump_folder: str, states: dict[str, Any], rank: int) -> None:
+    def __init__(
+        self, cfg: CheckpointSection, dump_folder: str, states: dict[str, Any], rank: int, base_model: Any = None
+    ) -> None:
         """`states` maps top-level keys to Stateful objects; per-rank ones need per-rank keys
-        ("data_dp3", "rng_rank5": DCP keeps a single copy of identically named values)."""
-        self.cfg, self.states, self.rank = cfg, states, rank
+        ("data_dp3", "rng_rank5": DCP keeps a single copy of identically named values).
+
+        `base_model` (LoRA) is the frozen part of the model, which this run's checkpoints leave out: it is
+        read from a titanium initial_load_path on every start, resumed or not."""
+        self.cfg, self.states, self.rank, self.base_model = cfg, states, rank, base_model
         self.folder = Path(dump_folder) / cfg.folder
         self._pending: tuple[int, Future] | None = None
         self._staging: Future | None = None
@@ -90,6 +95,9 @@ class CheckpointManager:
         """
         if not self.cfg.enable:
             return 0
+        if self.base_model is not None and self.cfg.initial_load_path and not self.cfg.initial_load_in_hf:
+            path = self._initial_path()
+            self._load(path, [MODEL_KEY], {MODEL_KEY: self.base_model})
         steps = complete_steps(self.folder)
         if self.cfg.load_step != -1:
             if self.cfg.load_step not in steps:
@@ -108,25 +116,36 @@ class CheckpointManager:
         self._load(self.folder / f"step-{step}", keys)
         return step
 
-    def _load_initial(self, path: Path) -> int:
-        """Start from another run's checkpoint; only its weights unless initial_load_model_only is off."""
+    def _initial_path(self) -> Path:
+        path = Path(self.cfg.initial_load_path or "")
         if not (path / ".metadata").is_file():
             raise CheckpointError(
                 f"--checkpoint.initial_load_path {path} is not a complete titanium checkpoint (a step-N folder "
                 "with .metadata); for a Hugging Face folder add --checkpoint.initial_load_in_hf"
             )
-        if self.cfg.initial_load_model_only:
+        return path
+
+    def _load_initial(self, path: Path) -> int:
+        """Start from another run's checkpoint; only its weights unless initial_load_model_only is off."""
+        path = self._initial_path()
+        if self.base_model is not None:  # LoRA: the base is loaded; the adapters start fresh
+            if self.cfg.initial_load_model_only:
+                return 0
+            keys = [k for k in self.states if k != MODEL_KEY and _kind(k) not in self.cfg.exclude_from_loading]
+        elif self.cfg.initial_load_model_only:
             self._load(path, [MODEL_KEY])
             return 0
-        keys = [k for k in self.states if _kind(k) not in self.cfg.exclude_from_loading]
+        else:
+            keys = [k for k in self.states if _kind(k) not in self.cfg.exclude_from_loading]
         self._load(path, keys)
         return int(self.states["train_state"].step) if "train_state" in keys else 0
 
-    def _load(self, path: Path, keys: list[str]) -> None:
+    def _load(self, path: Path, keys: list[str], states: dict[str, Any] | None = None) -> None:
         start = time.perf_counter()
+        states = {**self.states, **(states or {})}
         keys = self._keys_in_checkpoint(path, keys)
         try:
-            dcp.load({k: self.states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
+            dcp.load({k: states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
         except Exception as e:  # DCP wraps per-rank failures in CheckpointException
             raise CheckpointError(
                 f"cannot load checkpoint {path} ({', '.join(keys)}): {e}. If the world size or data changed, "

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -14,18 +14,30 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from titanium.peft.lora import is_lora_param
+
 
 class ModelState:
-    """Model weights by fully-qualified name; sharded tensors stay sharded (DCP reshards on load)."""
+    """Model weights by fully-qualified name; sharded tensors stay sharded (DCP reshards on load).
 
-    def __init__(self, model: nn.Module) -> None:
+    ``part`` selects what is saved and loaded. With LoRA a run's checkpoints hold only the
+    ``"trainable"`` adapters, and its frozen ``"base"`` is read from where the run started (every
+    start, resumed or not); ``"all"`` is everything (no LoRA). Freeze before building this.
+    """
+
+    def __init__(self, model: nn.Module, part: Literal["all", "trainable", "base"] = "all") -> None:
         self.model = model
+        self.part = part
 
     def state_dict(self) -> dict[str, Any]:
-        return get_model_state_dict(self.model)
+        options = StateDictOptions(ignore_frozen_params=self.part == "trainable")
+        state = get_model_state_dict(self.model, options=options)
+        if self.part == "base":
+            state = {k: v for k, v in state.items() if not is_lora_param(k)}
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        set_model_state_dict(self.model, state)
+        set_model_state_dict(self.model, state, options=StateDictOptions(strict=self.part == "all"))
 
 
 class OptimizerState:

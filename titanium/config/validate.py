@@ -149,18 +149,26 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
         yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
         yield f"--sft.pack_buffer must be >= 1, got {cfg.sft.pack_buffer}"
+    from titanium.peft.lora import LoRAConfigError, check_lora_config  # (peft imports the models, which import us)
+
     lora = cfg.lora
-    if lora.rank < 0:
-        yield f"--lora.rank must be >= 0 (0 turns LoRA off), got {lora.rank}"
-    if not 0 <= lora.dropout < 1:
-        yield f"--lora.dropout must be in [0, 1), got {lora.dropout}"
-    if lora.rank == 0 and lora.quantize_base != "none":
-        yield "--lora.quantize_base nf4 (QLoRA) needs LoRA: set --lora.rank (e.g. 8)"
+    try:
+        check_lora_config(lora)
+    except LoRAConfigError as e:
+        yield str(e)
     if lora.rank > 0 and par.tensor_parallel_degree > 1:
         yield (
             "--lora.rank > 0 does not compose with --parallelism.tensor_parallel_degree > 1 yet; "
             "LoRA trains few parameters, so use data parallelism (FSDP) instead"
         )
+    if lora.quantize_base == "nf4":
+        if par.pipeline_parallel_degree > 1:
+            yield "--lora.quantize_base nf4 (QLoRA) does not compose with --parallelism.pipeline_parallel_degree > 1"
+        if cfg.checkpoint.initial_load_path and not cfg.checkpoint.initial_load_in_hf:
+            yield (
+                "--lora.quantize_base nf4 (QLoRA) starts from a Hugging Face folder (--checkpoint.initial_load_in_hf) "
+                "or fresh weights, not a titanium checkpoint; export that one with python -m titanium.tools.convert"
+            )
     ev = cfg.eval
     if ev.interval < 0:
         yield f"--eval.interval must be >= 0 (0 turns evaluation off), got {ev.interval}"

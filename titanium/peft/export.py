@@ -1,0 +1,146 @@
+"""Write the trained adapters as a PEFT LoRA adapter (``adapter_config.json``, ``adapter_model.safetensors``).
+
+``peft.PeftModel.from_pretrained(hf_model, folder)`` then reproduces the titanium model. Names and RoPE
+layout come from the family's Hugging Face adapter (``titanium/models/<family>/hf.py``), the very code that
+converts the base weights, so the two cannot drift apart: ``lora_B`` produces the rows of the layer's
+output and gets whatever row permutation the adapter gives the base weight (the q/k RoPE permutation,
+for every family whose adapter lists them in ``rope_keys``); ``lora_A`` acts on the input side, which no
+adapter permutes, and is only renamed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titanium.config.sections import LoRASection
+from titanium.models.hf_adapter import HFAdapter
+from titanium.peft.lora import lora_modules, lora_state_dict
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_PEFT_PREFIX = "base_model.model."
+_PEFT_PART = {"lora_a": "lora_A", "lora_b": "lora_B"}
+
+
+def peft_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapter, args: Any) -> dict[str, torch.Tensor]:
+    """Our adapter tensors (``layers.0.attention.wq.lora_b.weight``) -> PEFT names and layout
+    (``base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight``)."""
+    out = {}
+    for key, value in tensors.items():
+        layer, part, _ = key.rsplit(".", 2)
+        base_key = f"{layer}.weight"
+        if part == "lora_b":
+            converted = adapter.to_hf({base_key: value}, args)
+            if len(converted) != 1:
+                raise ValueError(f"{base_key} has no Hugging Face tensor of its own (tied embeddings?)")
+            ((hf_key, value),) = converted.items()
+        else:
+            hf_key = adapter.hf_key(base_key)
+        out[f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}.{_PEFT_PART[part]}.weight"] = value.contiguous()
+    return out
+
+
+def hf_target_modules(layers: list[str], adapter: HFAdapter) -> list[str]:
+    """Our adapted layer names -> PEFT's ``target_modules`` (HF leaf names: ``q_proj``, ``lm_head``...)."""
+    return sorted({adapter.hf_key(f"{layer}.weight").removesuffix(".weight").rsplit(".", 1)[-1] for layer in layers})
+
+
+def adapter_config(cfg: LoRASection, target_modules: list[str], base_model_name_or_path: str | None) -> dict:
+    """The ``adapter_config.json`` of a plain LoRA adapter for a causal LM (PEFT's ``LoraConfig`` fields)."""
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model_name_or_path,
+        "r": cfg.rank,
+        "lora_alpha": cfg.alpha,
+        "lora_dropout": cfg.dropout,
+        "target_modules": target_modules,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+        "layers_to_transform": None,
+        "layers_pattern": None,
+        "rank_pattern": {},
+        "alpha_pattern": {},
+    }
+
+
+def _check_matches(model: nn.Module, cfg: LoRASection) -> list[str]:
+    """This model's adapted layers, checked against ``cfg`` (a pipeline stage may have none)."""
+    layers = []
+    for name, module in lora_modules(model):
+        rank = module.lora_a.out_features
+        if rank != cfg.rank or abs(module.lora_scale - cfg.alpha / cfg.rank) > 1e-12 * module.lora_scale:
+            raise ValueError(f"{name}: rank {rank}, scale {module.lora_scale} do not match {cfg}")
+        layers.append(name)
+    return layers
+
+
+def export_peft_adapter(
+    model: nn.Module,
+    hf_adapter: HFAdapter,
+    model_args: Any,
+    cfg: LoRASection,
+    folder: str | os.PathLike,
+    base_model_name_or_path: str | None = None,
+    *,
+    pp_group: dist.ProcessGroup | None = None,
+) -> Path | None:
+    """Gather the adapters (collective when distributed: every rank calls) and write them on rank 0.
+
+    DTensor (FSDP) adapters are gathered with ``full_tensor``; with pipeline parallelism pass the
+    ``pp_group``, whose ranks hold the other stages' layers, and rank 0 collects them from it. The
+    folder appears complete or not at all (written as ``.<name>.partial`` then renamed). Returns the
+    folder on rank 0, None elsewhere.
+    """
+    from titanium.checkpoint.hf import _replace_folder  # here: titanium.checkpoint.hf imports titanium.peft
+
+    layers = _check_matches(model, cfg)
+    if not layers and pp_group is None:
+        raise ValueError("export_peft_adapter: the model has no LoRA layers")
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    keep = rank == 0 or pp_group is not None
+    tensors = {}
+    for key, param in lora_state_dict(model).items():
+        full = param.full_tensor() if isinstance(param, DTensor) else param
+        if keep:
+            tensors[key] = full.detach().to("cpu").contiguous()
+    if pp_group is not None:
+        stages: list[Any] = [None] * dist.get_world_size(pp_group)
+        dst = dist.get_global_rank(pp_group, 0)
+        dist.gather_object((layers, tensors), stages if rank == dst else None, dst=dst, group=pp_group)
+        if rank == dst:
+            layers = sorted({layer for stage_layers, _ in stages for layer in stage_layers})
+            tensors = {key: value for _, stage_tensors in stages for key, value in stage_tensors.items()}
+    path = None
+    if rank == 0:
+        path = Path(folder)
+        partial = path.with_name(f".{path.name}.partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        save_file(peft_state_dict(tensors, hf_adapter, model_args), str(partial / WEIGHTS_FILE), {"format": "pt"})
+        config = adapter_config(cfg, hf_target_modules(layers, hf_adapter), base_model_name_or_path)
+        (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        _replace_folder(partial, path)
+        logger.info("saved LoRA adapter (PEFT layout, %d layers) to %s", len(layers), path)
+    if dist.is_initialized():
+        dist.barrier()
+    return path

@@ -1,0 +1,233 @@
+"""LoRA: low-rank adapters on the frozen linear layers of a decoder.
+
+``apply_lora`` turns each targeted ``nn.Linear`` into a ``LoRALinear`` *in place* (its class is swapped
+and two small children are added), so the base weight keeps its name (``layers.0.attention.wq.weight``):
+Hugging Face loading, DCP and the parallel plans see the model they already know, plus ``lora_a`` /
+``lora_b`` children. It runs on the meta model before any parallelism; FSDP2 then shards each block's
+adapters together with its frozen base weights.
+
+The output is ``W x + scale * B A dropout(x)`` with ``scale = alpha / rank``; ``B`` starts at zero, so at
+initialisation the adapted model computes exactly what the base model computes.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from titanium.config.sections import LoRASection
+from titanium.errors import UserError
+
+TARGET_GROUPS = {"attention": ("wq", "wk", "wv", "wo"), "mlp": ("w1", "w2", "w3")}
+TARGETS = (*TARGET_GROUPS["attention"], *TARGET_GROUPS["mlp"], "output")
+_HF_NAMES = {
+    "q_proj": "wq",
+    "k_proj": "wk",
+    "v_proj": "wv",
+    "o_proj": "wo",
+    "gate_proj": "w1",
+    "down_proj": "w2",
+    "up_proj": "w3",
+    "lm_head": "output",
+}
+LORA_PARTS = ("lora_a", "lora_b")
+# Name components that wrappers (activation checkpointing, torch.compile, FSDP1) insert into FQNs.
+_WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
+
+
+class LoRAConfigError(UserError, ValueError):
+    """A ``[lora]`` setting that cannot work; the message names the flag and what would."""
+
+
+class LoRALinear(nn.Linear):
+    """An ``nn.Linear`` with a trainable low-rank update; only made by ``apply_lora`` (class swap).
+
+    ``base_nf4`` is set by QLoRA once ``weight`` holds a torchao ``NF4Tensor``.
+    """
+
+    lora_a: nn.Linear
+    lora_b: nn.Linear
+    lora_dropout: nn.Module
+    lora_scale: float
+    base_nf4: bool
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.base_nf4:
+            from titanium.peft.nf4 import linear_nf4
+
+            base = linear_nf4(x, self.weight)
+            if self.bias is not None:
+                base = base + self.bias
+        else:
+            base = F.linear(x, self.weight, self.bias)
+        return base + self.lora_b(self.lora_a(self.lora_dropout(x))) * self.lora_scale
+
+    def extra_repr(self) -> str:
+        nf4 = ", base=nf4" if self.base_nf4 else ""
+        return f"{super().extra_repr()}, rank={self.lora_a.out_features}, scale={self.lora_scale:g}{nf4}"
+
+
+def clean_fqn(name: str) -> str:
+    """A parameter/module name without wrapper components, as in checkpoints and ``state_dict()``."""
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
+
+
+def is_lora_param(name: str) -> bool:
+    """Whether a parameter/state-dict name belongs to an adapter (``...wq.lora_a.weight``)."""
+    return any(part in LORA_PARTS for part in name.split("."))
+
+
+def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
+    """``(clean name, module)`` of every adapted layer, in module order."""
+    for name, module in model.named_modules():
+        if isinstance(module, LoRALinear):
+            yield clean_fqn(name), module
+
+
+def has_lora(model: nn.Module) -> bool:
+    return next(lora_modules(model), None) is not None
+
+
+def resolve_targets(names: list[str]) -> frozenset[str]:
+    """``[lora] target_modules`` (names and groups) -> the set of layer names; unknown names fail."""
+    out: set[str] = set()
+    for name in names:
+        if name in TARGET_GROUPS:
+            out.update(TARGET_GROUPS[name])
+        elif name in TARGETS:
+            out.add(name)
+        else:
+            hint = f" (the Hugging Face name of {_HF_NAMES[name]!r})" if name in _HF_NAMES else ""
+            raise LoRAConfigError(
+                f"--lora.target_modules: unknown layer {name!r}{hint}; valid: "
+                f"{', '.join(TARGETS)}, or the groups {', '.join(TARGET_GROUPS)}"
+            )
+    return frozenset(out)
+
+
+def check_lora_config(cfg: LoRASection) -> None:
+    """Fail on settings that cannot work (the config validator reports the same earlier)."""
+    if cfg.rank < 0:
+        raise LoRAConfigError(f"--lora.rank must be >= 0 (0 turns LoRA off), got {cfg.rank}")
+    if not 0 <= cfg.dropout < 1:
+        raise LoRAConfigError(f"--lora.dropout must be in [0, 1), got {cfg.dropout}")
+    if cfg.quantize_base not in ("none", "nf4"):
+        raise LoRAConfigError(f"--lora.quantize_base must be 'none' or 'nf4', got {cfg.quantize_base!r}")
+    if cfg.rank == 0:
+        if cfg.quantize_base != "none":
+            raise LoRAConfigError("--lora.quantize_base nf4 (QLoRA) needs LoRA: set --lora.rank (e.g. 8)")
+        return
+    if not cfg.alpha > 0:
+        raise LoRAConfigError(f"--lora.alpha must be > 0 (the update is scaled by alpha / rank), got {cfg.alpha}")
+    if not cfg.target_modules:
+        raise LoRAConfigError("--lora.target_modules is empty; name layers to adapt, e.g. attention or wq,wv")
+    resolve_targets(cfg.target_modules)
+
+
+def _shared_weights(model: nn.Module) -> set[int]:
+    seen: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        seen[id(param)] = seen.get(id(param), 0) + 1
+    return {key for key, count in seen.items() if count > 1}
+
+
+def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
+    """Add adapters to the layers named by ``cfg.target_modules``; returns the adapted layer names.
+
+    Call on the meta model, before pipeline splitting and parallelism (the adapters are created on the
+    base weight's device and dtype). ``rank == 0`` leaves the model untouched.
+    """
+    check_lora_config(cfg)
+    if cfg.rank == 0:
+        return []
+    targets = resolve_targets(cfg.target_modules)
+    shared = _shared_weights(model)
+    chosen: list[tuple[str, nn.Linear]] = []
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf not in targets:
+            continue
+        if isinstance(module, LoRALinear):
+            raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")
+        if not isinstance(module, nn.Linear):
+            continue
+        if type(module) is not nn.Linear:
+            raise LoRAConfigError(
+                f"--lora.target_modules: {name!r} is a {type(module).__name__} (converted by float8/QAT?); LoRA "
+                "adapts plain nn.Linear layers: turn that conversion off for these layers or drop them from the targets"
+            )
+        if id(module.weight) in shared:
+            raise LoRAConfigError(
+                f"--lora.target_modules: {name!r} shares its weight with another layer (tied embeddings); "
+                f"remove {leaf!r} from --lora.target_modules"
+            )
+        chosen.append((name, module))
+    missing = targets - {name.rsplit(".", 1)[-1] for name, _ in chosen}
+    if missing:
+        names = ", ".join(sorted(missing))
+        raise LoRAConfigError(f"--lora.target_modules: the model has no linear layer named {names}")
+    # Only now change the model, so a failed call leaves it as it was.
+    for _, module in chosen:
+        _add_adapter(module, cfg.rank, cfg.alpha, cfg.dropout)
+    return [clean_fqn(name) for name, _ in chosen]
+
+
+def _add_adapter(module: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+    weight = module.weight
+    factory = {"device": weight.device, "dtype": weight.dtype}
+    module.__class__ = LoRALinear
+    assert isinstance(module, LoRALinear)
+    module.lora_a = nn.Linear(module.in_features, rank, bias=False, **factory)
+    module.lora_b = nn.Linear(rank, module.out_features, bias=False, **factory)
+    module.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+    module.lora_scale = alpha / rank
+    module.base_nf4 = False
+
+
+@torch.no_grad()
+def init_lora(model: nn.Module, seed: int | None = None) -> None:
+    """``lora_a`` Kaiming-uniform (PEFT's default), ``lora_b`` zeros: the adapted model starts as the base.
+
+    Each adapter is drawn on the CPU from its own generator, seeded with ``seed`` (by default one draw
+    from torch's global generator) and its name, and DTensor parameters keep their shard of the full
+    draw. The values therefore depend only on the seed: not on the device, the parallel layout, or
+    which layers this rank holds (pipeline stages). Call after ``to_empty`` / ``init_weights``.
+    """
+    if seed is None:
+        seed = int(torch.randint(0, 2**62, (1,)).item())
+    for name, module in lora_modules(model):
+        generator = torch.Generator().manual_seed((seed + zlib.crc32(name.encode())) % 2**63)
+        a = torch.empty(tuple(module.lora_a.weight.shape))
+        nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
+        _fill(module.lora_a.weight, a)
+        _fill(module.lora_b.weight, torch.zeros(tuple(module.lora_b.weight.shape)))
+
+
+def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full CPU tensor into ``param``, which may be a DTensor (each rank keeps its shard)."""
+    if isinstance(param, DTensor):
+        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
+        param.to_local().copy_(local)
+    else:
+        param.copy_(full)
+
+
+def freeze_base(model: nn.Module) -> int:
+    """Only adapter parameters train; returns how many elements do (this rank's share when sharded)."""
+    trainable = 0
+    for name, param in model.named_parameters():
+        param.requires_grad_(is_lora_param(name))
+        if param.requires_grad:
+            trainable += (param.to_local() if isinstance(param, DTensor) else param).numel()
+    return trainable
+
+
+def lora_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter parameters by clean name (DTensors stay sharded)."""
+    return {clean_fqn(name): param for name, param in model.named_parameters() if is_lora_param(name)}

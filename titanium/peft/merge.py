@@ -1,0 +1,72 @@
+"""Fold adapters into their base weights: ``W + scale * B @ A``, the plain model that LoRA trained.
+
+Used for the merged Hugging Face export, which any tool can load without PEFT. NF4 base weights are
+dequantized first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from torch.distributed.tensor import DTensor
+
+from titanium.peft.lora import is_lora_param, lora_modules
+from titanium.peft.nf4 import dequantize
+
+
+def lora_scales(model: nn.Module) -> dict[str, float]:
+    """Adapted layer name -> its ``alpha / rank``; empty for a model without adapters."""
+    return {name: module.lora_scale for name, module in lora_modules(model)}
+
+
+@torch.no_grad()
+def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, float]) -> dict[str, torch.Tensor]:
+    """``state`` with each adapted ``<layer>.weight`` replaced by ``W + scale * B @ A`` and no adapter keys.
+
+    The product is formed in float32 and the result keeps the base weight's (dequantized) dtype.
+    """
+    orphans = {k for k in state if is_lora_param(k) and k.rsplit(".", 2)[0] not in scales}
+    if orphans:
+        raise ValueError(f"merge_lora_state: adapter keys without a scale: {sorted(orphans)[:4]}")
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if is_lora_param(key):
+            continue
+        layer = key.removesuffix(".weight")
+        if key.endswith(".weight") and layer in scales:
+            a, b = state[f"{layer}.lora_a.weight"], state[f"{layer}.lora_b.weight"]
+            dense = dequantize(value)
+            delta = b.to(dense.device, torch.float32) @ a.to(dense.device, torch.float32)
+            value = (dense.float() + scales[layer] * delta).to(dense.dtype)
+        out[key] = value
+    return out
+
+
+def merge_lora(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The merged state dict of an unsharded model (the model itself is left as it is)."""
+    return merge_lora_state(model.state_dict(), lora_scales(model))
+
+
+def merged_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
+    """The merged, full state dict of a model in any data-parallel layout: on CPU on rank 0, None elsewhere.
+
+    Collective when distributed (every rank calls). Sharded NF4 weights are dequantized shard by shard
+    (each FSDP shard holds whole NF4 groups) and gathered as dense tensors, so only plain all-gathers run.
+    """
+    if not dist.is_initialized():
+        return merge_lora(model)
+    rank = dist.get_rank()
+    full: dict[str, torch.Tensor] = {}
+    for key, value in get_model_state_dict(model).items():
+        if isinstance(value, DTensor):
+            local = dequantize(value.to_local())
+            value = DTensor.from_local(
+                local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
+            ).full_tensor()
+        if rank == 0:
+            full[key] = dequantize(value).detach().cpu()
+    return merge_lora_state(full, lora_scales(model)) if rank == 0 else None
