@@ -29,7 +29,9 @@ from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, R
 from titanium.checkpoint.hf import export_final_hf, hf_model_args, load_hf_weights
 from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
+from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
+from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.models import build_model_args, get_model_spec
 from titanium.optim import build_lr_scheduler, build_optimizer
@@ -67,6 +69,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self._build_objective()
+        self._build_evaluator()
         self._build_checkpointer()
         self._build_metrics()
 
@@ -261,6 +264,38 @@ class Trainer:
                 loss_sum=lambda logits, labels: self.objective.loss_sum(logits, {"label": labels}),
             )
 
+    def _build_evaluator(self) -> None:
+        """Held-out exact match of greedy answers (eval.interval > 0), on every data-parallel rank."""
+        self.evaluator: ExactMatchEvaluator | None = None
+        if self.cfg.eval.interval == 0:
+            return
+        template = build_chat_template(self.cfg.sft.chat_template, self.tokenizer, self.cfg.model.name)
+        self.evaluator = ExactMatchEvaluator(
+            self.cfg.eval,
+            self.cfg.data,
+            template,
+            self.tokenizer,
+            dp_rank=self.dp_rank,
+            dp_world=self.dims.dp_degree,
+            group=self.dp_group,
+            device=self.device,
+        )
+
+    def _evaluate(self, step: int) -> None:
+        if self.evaluator is None:
+            return
+        start = time.perf_counter()
+        scalars = self.evaluator(self.model)
+        self.metrics.log(step, scalars)
+        if self.env.rank == 0:
+            logger.info(
+                "eval step %d: exact match %.1f%% of %d held-out samples (%.1fs)",
+                step,
+                100 * scalars["eval/exact_match"],
+                scalars["eval/samples"],
+                time.perf_counter() - start,
+            )
+
     def _build_checkpointer(self) -> None:
         self.train_state = TrainState()
         states = {
@@ -372,6 +407,8 @@ class Trainer:
             self.dims.dp_degree,
             self.device,
         )
+        if step == 0:
+            self._evaluate(0)  # the starting point, to compare with
         gc.disable()
         gc.collect()
         self.memory.reset_peak()
@@ -386,6 +423,8 @@ class Trainer:
                 set_train_timeout(self.cfg.comm)
             if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
                 self._log(step, loss_total, global_count, grad_norm)
+            if self.cfg.eval.interval and (step % self.cfg.eval.interval == 0 or step == t.steps):
+                self._evaluate(step)
             if self.checkpointer.should_save(step, t.steps):
                 self.checkpointer.save(step, final=step == t.steps)
             self.checkpointer.poll()

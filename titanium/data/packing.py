@@ -8,6 +8,7 @@ its queries still see a key (no fully masked attention rows, hence no NaN) and t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
@@ -124,9 +125,11 @@ class PackedDataset:
             yield make_row(row, self.seq_len, self.pad_id)
 
     def state_dict(self) -> dict[str, Any]:
+        # One JSON string, not nested lists: DCP flattens nested containers into keys, and a buffer whose
+        # length changes between save and load would then not match the structure it loads into.
         buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in self.buffer]
-        return {"samples": self.samples.state_dict(), "buffer": buffer}
+        return {"samples": self.samples.state_dict(), "buffer": json.dumps(buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.samples.load_state_dict(state["samples"])
-        self.buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in state["buffer"]]
+        self.buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in json.loads(state["buffer"])]

@@ -55,12 +55,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
             tp_mesh,
             PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Shard(1), use_local_output=True),
         )
-    # The attention also takes the RoPE tables and positions: plain tensors, left alone (None).
+    # The attention also takes the RoPE tables, positions, document ids and a KV cache: plain tensors
+    # (or None) of the whole sequence, left alone (None).
     block_plan = {
         "attention_norm": SequenceParallel(),
         "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None, None),
-            desired_input_layouts=(Replicate(), None, None, None),
+            input_layouts=(Shard(1), None, None, None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None, None, None),
         ),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),

@@ -1,0 +1,43 @@
+"""SFT end to end on CPU: the debug model, briefly pretrained, learns the bundled tasks.
+
+The run is train_configs/debug_sft.toml as shipped (packing, prompt masking, llama3 template), shortened,
+starting from a 40-step pretraining run. Held-out exact match (128 samples of
+assets/tasks/arithmetic/test.jsonl, greedy) is logged before the first step and at the end.
+Measured on the 2-core CPU machine: 0.0% before, 64.8% after 150 steps (about 1.5 minutes of training).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.helpers import REPO, run_train, scalars
+
+PRETRAIN_STEPS = 40
+SFT_STEPS = 150
+
+
+def test_debug_sft_raises_heldout_exact_match(tmp_path: Path) -> None:
+    pretrain = tmp_path / "pretrain"
+    run_train([
+        "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
+        "--job.dump_folder", str(pretrain),
+        "--job.no_print_config",
+        "--training.steps", str(PRETRAIN_STEPS),
+        "--checkpoint.interval", str(PRETRAIN_STEPS),
+    ])  # fmt: skip
+    sft = tmp_path / "sft"
+    result = run_train([
+        "--job.config_file", str(REPO / "train_configs/debug_sft.toml"),
+        "--job.dump_folder", str(sft),
+        "--job.no_print_config",
+        "--checkpoint.initial_load_path", str(pretrain / f"checkpoint/step-{PRETRAIN_STEPS}"),
+        "--training.steps", str(SFT_STEPS),
+        "--eval.interval", str(SFT_STEPS),
+    ], timeout=600)  # fmt: skip
+    accuracy = scalars(sft / "tb", "eval/exact_match")
+    assert sorted(accuracy) == [0, SFT_STEPS]
+    before, after = accuracy[0], accuracy[SFT_STEPS]
+    print(f"held-out exact match: {before:.3f} before, {after:.3f} after {SFT_STEPS} SFT steps")
+    assert before <= 0.05, before
+    assert after >= 0.4, (before, after)  # measured 0.648
+    assert "eval step 0: exact match" in result.stderr

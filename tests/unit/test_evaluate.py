@@ -1,0 +1,153 @@
+"""Exact-match evaluation: reading, scoring, eval/train mode, and the same forward count on every DP rank.
+
+The "model" here is a bigram table (next token = table[current token]) that answers "42" to every
+prompt, so the expected score is known exactly; the two-process case wraps it in FSDP2, where a rank
+running one forward more than another would hang, and the ranks' local stopping times differ.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch import nn
+
+from titanium.config.sections import DataSection, EvalSection
+from titanium.data.chat import Llama3Template
+from titanium.data.text import DataError
+from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+from titanium.generation.evaluate import ExactMatchEvaluator
+
+REPO = Path(__file__).resolve().parents[2]
+REFERENCES = ["42", "41", " 42 ", "42", "7", "42", "4", "42", "42"]  # 6 of 9 match "42" after strip()
+
+
+def _tokenizer() -> TiktokenTokenizer:
+    return TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+
+
+def _chat_row(question: str, answer: str) -> dict:
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": answer}]}
+
+
+def _write(path: Path, rows: list[dict]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+class BigramAnswerer(nn.Module):
+    """Answers "42" then end-of-turn after the assistant header, or "4" forever (``never_stop``)."""
+
+    def __init__(self, tokenizer: TiktokenTokenizer, template: Llama3Template, never_stop: bool = False) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict()  # no layers: the KV cache has nothing to hold
+        self.weight = nn.Parameter(torch.zeros(4, 4))  # something for FSDP to gather on every forward
+        four, two = tokenizer.encode("42", bos=False, eos=False)
+        header_end = template.prompt([])[-1]
+        table = torch.full((tokenizer.vocab_size,), four)
+        table[header_end], table[four], table[two] = four, four if never_stop else two, template.eot
+        self.register_buffer("table", table)
+        self.vocab_size = tokenizer.vocab_size
+        self.calls = 0
+        self.modes: list[bool] = []
+
+    def forward(self, tokens: torch.Tensor, **_: object) -> torch.Tensor:
+        self.calls += 1
+        self.modes.append(self.training)
+        return F.one_hot(self.table[tokens], self.vocab_size).float() + self.weight.sum()
+
+
+def _evaluator(
+    path: str, *, max_samples: int = 100, data: DataSection | None = None, dp_rank: int = 0, dp_world: int = 1
+) -> tuple[ExactMatchEvaluator, TiktokenTokenizer, Llama3Template]:
+    tokenizer = _tokenizer()
+    template = Llama3Template(tokenizer)
+    cfg = EvalSection(interval=10, path=path, max_samples=max_samples, batch_size=2)
+    data = data if data is not None else DataSection(kind="chat")
+    evaluator = ExactMatchEvaluator(cfg, data, template, tokenizer, dp_rank=dp_rank, dp_world=dp_world)
+    return evaluator, tokenizer, template
+
+
+def test_scores_exact_matches_and_restores_train_mode(tmp_path: Path) -> None:
+    path = _write(tmp_path / "test.jsonl", [_chat_row(f"q{i}", a) for i, a in enumerate(REFERENCES)])
+    evaluator, tokenizer, template = _evaluator(path)
+    model = BigramAnswerer(tokenizer, template).train()
+    assert evaluator(model) == {"eval/exact_match": 6 / 9, "eval/samples": 9}
+    assert model.training and not any(model.modes)
+    # 5 batches of <= 2 prompts; each is a prefill, "2" and end-of-turn: 3 forwards, then all rows are done.
+    assert model.calls == 5 * 3
+
+
+def test_prompt_is_the_conversation_before_the_last_message(tmp_path: Path) -> None:
+    row = {
+        "conversations": [
+            {"from": "system", "value": "Be brief."},
+            {"from": "human", "value": "What is 40 + 2?"},
+            {"from": "gpt", "value": "42"},
+        ]
+    }
+    data = DataSection(kind="chat", messages_column="conversations", role_key="from", content_key="value")
+    evaluator, tokenizer, _ = _evaluator(_write(tmp_path / "sharegpt.jsonl", [row]), data=data)
+    (sample,) = evaluator.mine
+    assert sample.reference == "42"
+    text = tokenizer.decode(sample.prompt)
+    assert "Be brief." in text and "What is 40 + 2?" in text and "42<|eot_id|>" not in text
+    assert text.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+
+
+def test_first_max_samples_rows_and_bad_rows(tmp_path: Path) -> None:
+    rows = [_chat_row("q0", "42"), {"messages": "not a list"}, _chat_row("q2", "1"), _chat_row("q3", "42")]
+    path = _write(tmp_path / "test.jsonl", rows)
+    evaluator, tokenizer, template = _evaluator(path, max_samples=3)
+    assert [s.reference for s in evaluator.mine] == ["42", "1"]  # row 1 skipped, row 3 beyond max_samples
+    assert evaluator(BigramAnswerer(tokenizer, template)) == {"eval/exact_match": 0.5, "eval/samples": 2}
+    with pytest.raises(DataError, match="row 1"):
+        _evaluator(path, data=DataSection(kind="chat", on_bad_row="fail"))
+    with pytest.raises(DataError, match="--eval.path"):
+        _evaluator(str(tmp_path / "missing.jsonl"))
+
+
+def test_prompt_too_long_for_the_model_is_refused_before_generating(tmp_path: Path) -> None:
+    evaluator, tokenizer, template = _evaluator(_write(tmp_path / "t.jsonl", [_chat_row("q", "42")]))
+    model = BigramAnswerer(tokenizer, template)
+    model.args = type("Args", (), {"max_seq_len": 8})()
+    with pytest.raises(ValueError, match="positions"):
+        evaluator(model)
+    assert model.calls == 0
+
+
+def _dp_worker(rank: int, world: int, store: str, path: str, results: dict) -> None:
+    from torch.distributed.fsdp import fully_shard
+
+    timeout = timedelta(seconds=60)  # a rank running one forward too many fails the test instead of hanging it
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
+    try:
+        evaluator, tokenizer, template = _evaluator(path, dp_rank=rank, dp_world=world)
+        # Rank 1's rows never stop: rank 0 is done first and must keep stepping with it.
+        model = BigramAnswerer(tokenizer, template, never_stop=rank == 1)
+        fully_shard(model)
+        results[rank] = (evaluator(model), model.calls, len(evaluator.mine))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_data_parallel_ranks_split_rows_and_run_the_same_forwards(tmp_path: Path) -> None:
+    path = _write(tmp_path / "test.jsonl", [_chat_row(f"q{i}", a) for i, a in enumerate(REFERENCES)])
+    results = mp.Manager().dict()
+    mp.spawn(_dp_worker, args=(2, str(tmp_path / "store"), path, results), nprocs=2, join=True)
+    (metrics0, calls0, mine0), (metrics1, calls1, mine1) = results[0], results[1]
+    assert (mine0, mine1) == (5, 4)  # rows 0,2,4,6,8 and 1,3,5,7; rank 1 pads its share with a dummy prompt
+    # Rank 0 answers "42" (its references: 42, 42, 7, 4, 42 -> 3 right); rank 1 says "4444..." (0 right).
+    assert metrics0 == metrics1 == {"eval/exact_match": 3 / 9, "eval/samples": 9}
+    assert calls0 == calls1 == 3 * 16  # 3 batches, each a prefill and 15 steps (max_new_tokens=16)
+
+
+def test_evaluator_needs_a_usable_row(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no usable"):
+        _evaluator(_write(tmp_path / "t.jsonl", [{"messages": []}]))

@@ -1,0 +1,146 @@
+"""Exact-match evaluation: greedy answers to held-out chat prompts, compared with the reference answers.
+
+A cheap, honest signal that fine-tuning taught the task (loss can fall while answers stay wrong). It
+runs inside training on every data-parallel rank, so it follows one rule for FSDP: every model forward
+is a collective, hence every rank runs the same number of batches (short shares are padded with a
+dummy prompt) and generation stops early only when all ranks agree that all their rows are done.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from titanium.config.sections import DataSection, EvalSection
+from titanium.data.chat import ChatTemplate, RowError, parse_chat_row
+from titanium.data.text import DataError
+from titanium.data.tokenizer import Tokenizer
+from titanium.generation.generate import check_room, greedy_generate
+
+logger = logging.getLogger(__name__)
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    prompt: list[int]
+    """The conversation before the last message, plus the assistant header."""
+    reference: str
+    """The last (assistant) message: the answer to match."""
+
+
+def read_rows(path: str, limit: int) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a local .json/.jsonl/.parquet file, read through ``datasets``."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise DataError(
+            f"--eval.path {path}: no such file (the bundled task data is made by `python scripts/make_task_data.py`)"
+        )
+    if file.suffix not in _BUILDERS:
+        raise DataError(f"--eval.path {path}: unsupported file type (use .json, .jsonl or .parquet)")
+    import datasets  # heavy import, only when evaluation is on
+
+    try:
+        stream = datasets.load_dataset(_BUILDERS[file.suffix], data_files=str(file), split="train", streaming=True)
+        return list(stream.take(limit))
+    except Exception as e:  # the datasets library raises many types; all mean "cannot read"
+        raise DataError(f"--eval.path {path}: cannot read the dataset: {e}") from e
+
+
+def load_eval_samples(
+    cfg: EvalSection, data: DataSection, template: ChatTemplate, tokenizer: Tokenizer
+) -> list[EvalSample]:
+    """Prompts and references of the first ``cfg.max_samples`` rows (columns named as in [data] kind=chat).
+
+    A malformed row is skipped with a warning, or is an error with ``--data.on_bad_row fail``.
+    """
+    samples, bad = [], 0
+    for index, row in enumerate(read_rows(cfg.path, cfg.max_samples)):
+        try:
+            messages = parse_chat_row(row, data)
+            if len(messages) < 2:
+                raise RowError("a single assistant message leaves no prompt to answer")
+        except RowError as e:
+            if data.on_bad_row == "fail":
+                raise DataError(f"--eval.path {cfg.path}: row {index}: {e}") from None
+            bad += 1
+            continue
+        samples.append(EvalSample(template.prompt(messages[:-1]), messages[-1].content))
+    if bad:
+        logger.warning("eval: skipped %d malformed rows of %s", bad, cfg.path)
+    if not samples:
+        raise DataError(f"--eval.path {cfg.path}: no usable chat rows (columns: --data.messages_column etc.)")
+    return samples
+
+
+class ExactMatchEvaluator:
+    """``evaluator(model)`` -> ``{"eval/exact_match": fraction, "eval/samples": n}`` over all DP ranks.
+
+    Row i of the held-out set belongs to data-parallel rank ``i % dp_world``. ``group`` is the
+    data-parallel process group (None: the default group); it is used only when ``dp_world > 1``.
+    Ranks that share a ``dp_rank`` (tensor or context parallel peers) generate the same tokens, so
+    they agree on when to stop without talking. Pipeline-parallel stages cannot generate alone.
+    """
+
+    def __init__(
+        self,
+        cfg: EvalSection,
+        data: DataSection,
+        template: ChatTemplate,
+        tokenizer: Tokenizer,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+        group: dist.ProcessGroup | None = None,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.cfg, self.device, self.group, self.dp_world = cfg, torch.device(device), group, dp_world
+        self.stop_ids, self.pad_id, self.tokenizer = set(template.stop_ids), tokenizer.pad_id, tokenizer
+        samples = load_eval_samples(cfg, data, template, tokenizer)
+        self.total = len(samples)
+        self.longest_prompt = max(len(s.prompt) for s in samples)
+        self.mine = samples[dp_rank::dp_world]
+        # Every rank runs the same number of batches: pad short shares with a dummy (never scored) prompt.
+        per_rank = math.ceil(self.total / dp_world)
+        self.prompts = [s.prompt for s in self.mine] + [samples[0].prompt] * (per_rank - len(self.mine))
+
+    def _all_done(self, done: bool) -> bool:
+        if self.dp_world == 1:
+            return done
+        flag = torch.tensor([0 if done else 1], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+        return not bool(flag.item())
+
+    def __call__(self, model: nn.Module) -> dict[str, float]:
+        """Greedy answers for this rank's share, scored ``decoded.strip() == reference.strip()``."""
+        check_room(model, self.longest_prompt, self.cfg.max_new_tokens)  # on every rank alike, before any forward
+        was_training = model.training
+        model.eval()
+        try:
+            answers: list[list[int]] = []
+            size = self.cfg.batch_size
+            for start in range(0, len(self.prompts), size):
+                answers += greedy_generate(
+                    model,
+                    self.prompts[start : start + size],
+                    self.cfg.max_new_tokens,
+                    self.stop_ids,
+                    self.pad_id,
+                    device=self.device,
+                    all_done=self._all_done,
+                )
+        finally:
+            model.train(was_training)
+        correct = sum(self.tokenizer.decode(ids).strip() == s.reference.strip() for ids, s in zip(answers, self.mine))
+        counts = torch.tensor([correct, len(self.mine)], dtype=torch.float64, device=self.device)
+        if self.dp_world > 1:
+            dist.all_reduce(counts, group=self.group)
+        correct_all, n = counts.tolist()
+        return {"eval/exact_match": correct_all / n, "eval/samples": n}
