@@ -34,9 +34,14 @@ class SFTObjective(Objective):
         else:
             rows = PaddedDataset(self.samples, ctx.seq_len, pad_id)
         self.loader = BatchLoader(rows, ctx.local_batch_size)
+        self.pad_id = pad_id
+        self._padding = self._tokens = 0  # since the last log line
 
     def next_microbatch(self) -> Batch:
-        return next(self.loader)
+        batch = next(self.loader)
+        self._padding += int((batch["input"] == self.pad_id).sum())  # (CPU tensors: no device sync)
+        self._tokens += batch["input"].numel()
+        return batch
 
     def count(self, batch: Batch) -> torch.Tensor:
         return (batch["label"] != IGNORE_INDEX).sum()
@@ -53,7 +58,11 @@ class SFTObjective(Objective):
             "data/truncated_samples": self.samples.truncated,
             "data/dropped_samples": self.samples.dropped,
         }
-        return {k: float(v) for k, v in counters.items() if v}
+        metrics = {k: float(v) for k, v in counters.items() if v}
+        if self._tokens:  # share of the rows that is padding: what packing saves
+            metrics["data/padding_pct"] = 100.0 * self._padding / self._tokens
+            self._padding = self._tokens = 0
+        return metrics
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
