@@ -8,7 +8,8 @@ losses rel 1e-5, grad norms rel 2e-4.
 - Under FSDP each data-parallel rank packs its own share of the samples, so packed rows differ from one
   process's; padded rows (one sample per row) hold the same samples per step at any DP degree, so the
   FSDP comparison uses them. That packing leaves a sample's loss unchanged is shown in
-  tests/unit/test_sft_objective.py. LoRA (adapters only trainable) is checked under FSDP the same way.
+  tests/unit/test_sft_objective.py. LoRA (only the adapters train) is checked under FSDP, PP and CP on
+  padded rows, and the FSDP run also evaluates (generates) every 2 steps, which must not change training.
 """
 
 from __future__ import annotations
@@ -46,7 +47,33 @@ def test_packed_sft_layouts_match_one_process(tmp_path, packed_reference, name, 
     assert_matches(layout_run(tmp_path, name, 2, *extra, data=SFT), packed_reference)
 
 
-@pytest.mark.parametrize("name, extra", [("full", ()), ("lora", LORA)])
-def test_fsdp_sft_matches_one_process(tmp_path, name, extra):
-    reference = layout_run(tmp_path, f"single_{name}", 1, *PADDED, *extra, data=SFT)
-    assert_matches(layout_run(tmp_path, f"fsdp2_{name}", 2, *PADDED, *FSDP2, *extra, data=SFT), reference)
+@pytest.fixture(scope="module")
+def padded_reference(tmp_path_factory):
+    """One-process padded runs, full and LoRA, made once for the module."""
+    folder, runs = tmp_path_factory.mktemp("sft_padded"), {}
+
+    def get(kind: str) -> Run:
+        if kind not in runs:
+            runs[kind] = layout_run(folder, f"single_{kind}", 1, *PADDED, *(LORA if kind == "lora" else ()), data=SFT)
+        return runs[kind]
+
+    return get
+
+
+@pytest.mark.parametrize(
+    "kind, name, extra",
+    [
+        # Evaluation (generation on both FSDP ranks) between steps must leave training untouched.
+        ("full", "fsdp2_eval", (*FSDP2, "--eval.interval", "2", "--eval.max_samples", "8", "--eval.batch_size", "2")),
+        ("lora", "fsdp2", FSDP2),
+        (
+            "lora",
+            "pp2",
+            ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"),
+        ),
+        ("lora", "cp2", ("--parallelism.context_parallel_degree", "2")),
+    ],
+)
+def test_padded_sft_layouts_match_one_process(tmp_path, padded_reference, kind, name, extra):
+    lora = LORA if kind == "lora" else ()
+    assert_matches(layout_run(tmp_path, name, 2, *PADDED, *lora, *extra, data=SFT), padded_reference(kind))
