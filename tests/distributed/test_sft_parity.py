@@ -9,7 +9,8 @@ losses rel 1e-5, grad norms rel 2e-4.
   process's; padded rows (one sample per row) hold the same samples per step at any DP degree, so the
   FSDP comparison uses them. That packing leaves a sample's loss unchanged is shown in
   tests/unit/test_sft_objective.py. LoRA (only the adapters train) is checked under FSDP, PP and CP on
-  padded rows, and the FSDP run also evaluates (generates) every 2 steps, which must not change training.
+  padded rows, QLoRA under FSDP, and one FSDP run also evaluates (generates) every 2 steps, which must
+  not change training.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SFT = (
 )  # fmt: skip
 PADDED = ("--sft.no_packing",)
 LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2")
+ADAPTERS = {"full": (), "lora": LORA, "qlora": (*LORA, "--lora.quantize_base", "nf4")}
 FSDP2 = ("--training.local_batch_size", "2")
 
 
@@ -49,12 +51,12 @@ def test_packed_sft_layouts_match_one_process(tmp_path, packed_reference, name, 
 
 @pytest.fixture(scope="module")
 def padded_reference(tmp_path_factory):
-    """One-process padded runs, full and LoRA, made once for the module."""
+    """One-process padded runs (full, LoRA, QLoRA), each made once for the module."""
     folder, runs = tmp_path_factory.mktemp("sft_padded"), {}
 
     def get(kind: str) -> Run:
         if kind not in runs:
-            runs[kind] = layout_run(folder, f"single_{kind}", 1, *PADDED, *(LORA if kind == "lora" else ()), data=SFT)
+            runs[kind] = layout_run(folder, f"single_{kind}", 1, *PADDED, *ADAPTERS[kind], data=SFT)
         return runs[kind]
 
     return get
@@ -72,8 +74,9 @@ def padded_reference(tmp_path_factory):
             ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"),
         ),
         ("lora", "cp2", ("--parallelism.context_parallel_degree", "2")),
+        ("qlora", "fsdp2", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
     ],
 )
 def test_padded_sft_layouts_match_one_process(tmp_path, padded_reference, kind, name, extra):
-    lora = LORA if kind == "lora" else ()
-    assert_matches(layout_run(tmp_path, name, 2, *PADDED, *lora, *extra, data=SFT), padded_reference(kind))
+    run = layout_run(tmp_path, name, 2, *PADDED, *ADAPTERS[kind], *extra, data=SFT)
+    assert_matches(run, padded_reference(kind))
