@@ -22,18 +22,32 @@ Run = tuple[dict[int, float], dict[int, float]]
 SYNTHETIC = ("--data.kind", "synthetic")
 
 
+# Gloo crashes that are not ours, seen only on this CPU setup:
+# - an abort at process exit after training finished (feasibility.md x3);
+# - a native crash (SIGSEGV/SIGABRT, "munmap_chunk(): invalid pointer") inside the pipeline schedule's
+#   batched isend/irecv when context parallelism runs collectives beside it: cp2_pp2 failed 3 of 8 runs
+#   at the commit before the SFT work too. torch's pipelining maintainers call batch_isend_irecv on gloo
+#   unstable (pytorch/PiPPy#1130). A wrong number is never retried: only a run that crashed.
+_GLOO_CRASHES = (
+    "terminate called without an active exception",
+    "Signal 11 (SIGSEGV)",
+    "Signal 6 (SIGABRT)",
+)
+_ATTEMPTS = 4
+
+
 def layout_run(tmp_path: Path, name: str, nproc: int, *extra: str, data: tuple[str, ...] = SYNTHETIC) -> Run:
     """(losses, grad norms) by step of a STEPS-step run of the tiny debug model (synthetic data by default)."""
     out = tmp_path / name
     args = tiny_args(out, *data, "--training.steps", str(STEPS), *extra)
-    try:
-        run_train(args, nproc=nproc)
-    except AssertionError as e:
-        # A rare gloo abort at process exit, after training finished (feasibility.md x3): retry once.
-        if "terminate called without an active exception" not in str(e):
-            raise
-        shutil.rmtree(out)
-        run_train(args, nproc=nproc)
+    for attempt in range(1, _ATTEMPTS + 1):
+        try:
+            run_train(args, nproc=nproc)
+            break
+        except AssertionError as e:
+            if attempt == _ATTEMPTS or not any(crash in str(e) for crash in _GLOO_CRASHES):
+                raise
+            shutil.rmtree(out, ignore_errors=True)
     return scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")
 
 

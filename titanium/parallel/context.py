@@ -60,10 +60,11 @@ class _ContextParallelAttend:
         if positions.dim() == 1:
             positions = positions.expand(q.shape[0], -1)
         key_positions = funcol.all_gather_tensor(positions.contiguous(), gather_dim=1, group=group)
-        if document_ids is None:  # one document per row
-            document_ids = torch.zeros_like(positions)
-        key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=group)
-        mask = document_causal_mask(positions, key_positions, document_ids, key_documents)
+        if document_ids is None:  # one document per row: causal by position
+            mask = (key_positions[:, None, :] <= positions[:, :, None]).unsqueeze(1)
+        else:
+            key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=group)
+            mask = document_causal_mask(positions, key_positions, document_ids, key_documents)
         return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
 
 
