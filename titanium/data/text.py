@@ -39,8 +39,8 @@ class Source:
     split: str = "train"
 
 
-def resolve_sources(cfg: DataSection) -> list[Source]:
-    """Local files (sorted, one source each) or a single hub dataset."""
+def resolve_sources(cfg: DataSection, flag: str = "--data.path") -> list[Source]:
+    """Local files (sorted, one source each) or a single hub dataset; errors name ``flag``."""
     if not looks_local(cfg.path):
         return [Source(label=cfg.path, builder=cfg.path, data_files=None, hub_config=cfg.hub_config, split=cfg.split)]
     path = Path(cfg.path).expanduser()
@@ -51,14 +51,14 @@ def resolve_sources(cfg: DataSection) -> list[Source]:
     else:
         files = sorted(Path(".").glob(cfg.path)) if not path.is_absolute() else sorted(Path("/").glob(str(path)[1:]))
     if not files:
-        raise DataError(f"--data.path {cfg.path}: no .json/.jsonl/.parquet/.txt files found")
+        raise DataError(f"{flag} {cfg.path}: no .json/.jsonl/.parquet/.txt files found")
     unknown = [f for f in files if f.suffix not in _BUILDERS]
     if unknown:
-        raise DataError(f"--data.path: unsupported file type {unknown[0]} (use .json, .jsonl, .parquet or .txt)")
+        raise DataError(f"{flag}: unsupported file type {unknown[0]} (use .json, .jsonl, .parquet or .txt)")
     return [Source(label=str(f), builder=_BUILDERS[f.suffix], data_files=str(f)) for f in files]
 
 
-def _stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
+def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
     """(row index, row) pairs of one source from `start_row` on, read lazily."""
     import datasets  # heavy import, only when text data is used
 
@@ -117,7 +117,7 @@ class RowReader:
         while True:
             while self.source_idx < len(self.sources):
                 source = self.sources[self.source_idx]
-                for row, item in _stream_rows(source, self.next_row):
+                for row, item in stream_rows(source, self.next_row):
                     self.next_row = row + 1
                     if row % self.dp_world == self.dp_rank:
                         yield source, row, item

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -20,13 +19,11 @@ from torch import nn
 
 from titanium.config.sections import DataSection, EvalSection
 from titanium.data.chat import ChatTemplate, RowError, parse_chat_row
-from titanium.data.text import DataError
+from titanium.data.text import DataError, resolve_sources, stream_rows
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.generate import check_room, greedy_generate
 
 logger = logging.getLogger(__name__)
-
-_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet"}
 
 
 @dataclass(frozen=True)
@@ -38,21 +35,14 @@ class EvalSample:
 
 
 def read_rows(path: str, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of a local .json/.jsonl/.parquet file, read through ``datasets``."""
-    file = Path(path).expanduser()
-    if not file.is_file():
-        raise DataError(
-            f"--eval.path {path}: no such file (the bundled task data is made by `python scripts/make_task_data.py`)"
-        )
-    if file.suffix not in _BUILDERS:
-        raise DataError(f"--eval.path {path}: unsupported file type (use .json, .jsonl or .parquet)")
-    import datasets  # heavy import, only when evaluation is on
-
-    try:
-        stream = datasets.load_dataset(_BUILDERS[file.suffix], data_files=str(file), split="train", streaming=True)
-        return list(stream.take(limit))
-    except Exception as e:  # the datasets library raises many types; all mean "cannot read"
-        raise DataError(f"--eval.path {path}: cannot read the dataset: {e}") from e
+    """The first ``limit`` rows of ``path`` (local files or a hub dataset, as for ``--data.path``)."""
+    rows: list[dict[str, Any]] = []
+    for source in resolve_sources(DataSection(path=path), flag="--eval.path"):
+        for _, row in stream_rows(source, 0):
+            if len(rows) == limit:
+                return rows
+            rows.append(row)
+    return rows
 
 
 def load_eval_samples(

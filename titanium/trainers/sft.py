@@ -24,8 +24,6 @@ from titanium.trainers.pretrain import cross_entropy_sum
 
 class SFTObjective(Objective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
-        if data.kind == "synthetic":
-            raise ValueError("--data.kind synthetic has no samples to fine-tune on; use chat, instruct or text")
         template = build_chat_template(sft.chat_template, ctx.tokenizer, ctx.model_name)
         self.samples = SFTDataset(data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world)
         pad_id = ctx.tokenizer.pad_id
