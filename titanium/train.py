@@ -10,6 +10,7 @@ from titanium.config import ConfigError, load_config
 from titanium.errors import UserError
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
+from titanium.peft.lora import check_lora_config
 
 
 def _setup_logging() -> None:
@@ -27,11 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(argv)
         world_size = int(os.environ.get("WORLD_SIZE", 1))
-        if cfg.checkpoint.create_seed_checkpoint and world_size != 1:
-            raise ConfigError(
-                f"--checkpoint.create_seed_checkpoint runs in one process (NGPU=1); it was started with {world_size}"
-            )
         dims = ParallelDims.from_config(cfg.parallelism, world_size)
+        check_lora_config(cfg.lora)
     except ConfigError as e:
         print(f"titanium: config error: {e}", file=sys.stderr)
         return 2

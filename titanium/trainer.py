@@ -21,31 +21,30 @@ import tomli_w
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
-from titanium.checkpoint.hf import export_final_hf, hf_model_args, load_hf_weights
+from titanium.checkpoint.hf import export_final_hf
 from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
+from titanium.converters import build_converters
 from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.models import build_model_args, get_model_spec
+from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, WeightSource
+from titanium.models.converter import ExportContext, unconverted
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_train_timeout
-from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
-from titanium.parallel.pipeline import Pipeline, build_pipeline, clip_grad_norm_pipelined
-from titanium.peft import apply_lora, export_peft_adapter, freeze_base, init_lora, quantize_lora_base_nf4
+from titanium.parallel.parallelize import PlanConfig
+from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
+from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput
 
 logger = logging.getLogger("titanium")
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
 class Trainer:
@@ -61,11 +60,6 @@ class Trainer:
         self._save_config()
         self.tokenizer = build_tokenizer(cfg.tokenizer)
         self._build_model()
-        if self.cfg.lora.quantize_base == "nf4":
-            self._materialize_quantized_base()
-        self._parallelize()
-        self._materialize()
-        self._freeze_base()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self._build_objective()
@@ -95,147 +89,88 @@ class Trainer:
             logger.info("resolved config (saved to %s):\n%s", folder / "config.toml", text)
 
     def _build_model(self) -> None:
-        """Build on the meta device: nothing is allocated until the plan is applied."""
-        cfg = self.cfg
-        self.model_spec = get_model_spec(cfg.model.name)
-        self.model_args = build_model_args(
-            self.model_spec,
-            cfg.model.flavor,
-            vocab_size=self.tokenizer.vocab_size,
-            max_seq_len=cfg.training.seq_len,
-        )
-        self.model_args = hf_model_args(
-            self.model_spec,
-            self.model_args,
-            cfg.checkpoint,
-            flavor=cfg.model.flavor,
-            tokenizer_vocab=self.tokenizer.vocab_size,
-        )
-        model_name = f"{cfg.model.name} {cfg.model.flavor}"
-        self.dims.check_model(self.model_args, model=model_name, seq_len=cfg.training.seq_len)
-        with torch.device("meta"):
-            self.model = self.model_spec.model_cls(self.model_args)
-        n_params = sum(p.numel() for p in self.model.parameters())
-        logger.info("model %s %s: %.2fM parameters", cfg.model.name, cfg.model.flavor, n_params / 1e6)
-        self.lora = cfg.lora.rank > 0
-        if self.lora:
-            adapted = apply_lora(self.model, cfg.lora)
-            logger.info(
-                "LoRA rank %d on %d layers (%s)", cfg.lora.rank, len(adapted), ", ".join(cfg.lora.target_modules)
-            )
-
-    def _parallelize(self) -> None:
-        """Apply the model family's plan (PP split, then per stage TP -> CP -> AC -> compile -> FSDP);
-        families without a parallelize_fn get the generic plan, which has everything but TP."""
-        t = self.cfg.training
+        """Through the one builder: meta model -> converters (LoRA, ...) -> PP split -> plan -> weights."""
+        cfg, t = self.cfg, self.cfg.training
         plan = PlanConfig(
-            parallelism=self.cfg.parallelism,
-            activation_checkpoint=self.cfg.activation_checkpoint,
-            compile=self.cfg.compile,
-            param_dtype=_DTYPES[t.mixed_precision_param],
-            reduce_dtype=_DTYPES[t.mixed_precision_reduce],
+            parallelism=cfg.parallelism,
+            activation_checkpoint=cfg.activation_checkpoint,
+            compile=cfg.compile,
+            param_dtype=DTYPES[t.mixed_precision_param],
+            reduce_dtype=DTYPES[t.mixed_precision_reduce],
             pipeline=self.dims.pp > 1,
         )
-        parallelize = self.model_spec.parallelize_fn or parallelize_decoder
-        self.pipeline: Pipeline | None = None
-        self.model_parts = [self.model]
-        if self.dims.pp > 1:
-            # Stages are parallelized one by one; self.model becomes the container of this rank's stages.
-            self.pipeline = build_pipeline(
-                self.model,
-                self.meshes.pp,
-                self.cfg.parallelism,
-                lambda part: parallelize(part, self.dims, self.meshes, plan),
-            )
-            self.model_parts = self.pipeline.parts
-        else:
-            parallelize(self.model, self.dims, self.meshes, plan)
-
-    def _materialize(self) -> None:
-        """Allocate and initialize the weights, deterministically from debug.seed.
-
-        On CPU, DTensor random init gives every shard the same values, so a sharded model is
-        initialized in full on rank 0 and broadcast into the shards. Either way every layout starts
-        from exactly the weights a single process would have.
-        """
-        if self.cfg.lora.quantize_base == "nf4":  # done before sharding, see _materialize_quantized_base
-            self.model.train()
-            return
-        self._init_weights()
-        if self.dims.pp > 1 and self.device.type == "cpu":
-            self._load_reference_weights_into_stages()
-        elif self.dims.params_sharded and self.device.type == "cpu":
-            full_state = self._reference_state_dict() if self.env.rank == 0 else {}
-            # (strict=False: the reference has no LoRA adapters; init_lora fills them below)
-            options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=not self.lora)
-            set_model_state_dict(self.model, full_state, options=options)
-        if self.lora:
-            init_lora(self.model, seed=self.cfg.debug.seed)
-        if self.cfg.checkpoint.initial_load_in_hf:
-            self._load_hf_weights()
-        self.model.train()
-
-    def _init_weights(self) -> None:
-        torch.manual_seed(self.cfg.debug.seed)
-        for part in self.model_parts:  # (pipeline stages: each parameter is in exactly one part)
-            part.to_empty(device=self.device)
-            with torch.no_grad():
-                part.init_weights(buffer_device=self.device)
-
-    def _materialize_quantized_base(self) -> None:
-        """QLoRA: allocate, initialize, load and NF4-quantize the whole base before sharding.
-
-        NF4 keeps one scale per block of each full tensor, so each FSDP shard cannot be quantized on its
-        own; the dense model is briefly held in full on every rank instead (set QLoRA up on a node with
-        the memory for that, or convert on one machine first).
-        """
-        self.model_parts = [self.model]
-        self._init_weights()
-        init_lora(self.model, seed=self.cfg.debug.seed)
-        if self.cfg.checkpoint.initial_load_in_hf:
-            self._load_hf_weights()
-        count = quantize_lora_base_nf4(self.model, shard_degree=self.dims.dp_shard * self.dims.cp)
-        logger.info("QLoRA: %d base weights stored as NF4", count)
-
-    def _load_hf_weights(self) -> None:
-        """Start from a Hugging Face checkpoint, unless this run resumes its own (loaded later, it wins).
-
-        With LoRA the run's own checkpoints hold only the adapters, so the base is loaded on every start.
-        """
-        ck = self.cfg.checkpoint
-        if not self.lora and ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder):
-            logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
-            return
-        load_hf_weights(self.model, ck.initial_load_path, self.model_spec.hf_adapter, self.model_args)
-
-    def _freeze_base(self) -> None:
-        """LoRA: only the adapters train (the optimizer takes parameters that require grad)."""
-        if not self.lora:
-            return
-        freeze_base(self.model)
+        self.builder = ModelBuilder(self.device, cfg.debug.seed, self.dims, self.meshes, plan)
+        self.model_spec, self.model_args = self.builder.resolve(
+            cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
+        )
+        converters = build_converters(lora=cfg.lora, shard_degree=self.dims.dp_shard * self.dims.cp)
+        self.frozen_base = any(c.freezes_base for c in converters)
+        self.built = self.builder.build(
+            self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
+        )
+        self.model, self.pipeline = self.built.model, self.built.pipeline
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # (global, DTensors too)
         total = sum(p.numel() for p in self.model.parameters())
-        logger.info(
-            "LoRA: %.3fM of %.2fM parameters train (%.2f%%)", trainable / 1e6, total / 1e6, 100 * trainable / total
-        )
+        if trainable < total:
+            logger.info(
+                "%s: %.3fM of %.2fM parameters train (%.2f%%)",
+                ", ".join(c.describe() for c in converters),
+                trainable / 1e6,
+                total / 1e6,
+                100 * trainable / total,
+            )
 
-    def _load_reference_weights_into_stages(self) -> None:
-        """Pipeline ranks hold different parameters, so no rank can broadcast the full model to the others:
-        each builds the single-process weights (CPU only, i.e. small models) and keeps its stages' part."""
-        wanted = self.model.state_dict().keys()
-        full_state = {k: v for k, v in self._reference_state_dict().items() if k in wanted}
-        options = StateDictOptions(full_state_dict=True, strict=not self.lora)
-        set_model_state_dict(self.model, full_state, options=options)
+    def _starting_weights(self, *, resuming_counts: bool = True) -> WeightSource:
+        """The Hugging Face folder to start from, unless this run resumes its own checkpoint (loaded later,
+        it wins). With a frozen base (LoRA) the checkpoints hold only what trains, so the base is always
+        loaded. A titanium initial checkpoint is read by the checkpoint manager (with its other state)."""
+        ck = self.cfg.checkpoint
+        if not ck.initial_load_in_hf:
+            return WeightSource()
+        resuming = ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder)
+        if resuming_counts and resuming and not self.frozen_base:
+            logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
+            return WeightSource()
+        return WeightSource(hf_folder=ck.initial_load_path)
 
-    def _reference_state_dict(self) -> dict[str, torch.Tensor]:
-        """The weights one process would initialize from debug.seed (a full, unsharded CPU model)."""
-        reference = self.model_spec.model_cls(self.model_args)
-        torch.manual_seed(self.cfg.debug.seed)
-        with torch.no_grad():
-            reference.init_weights()
-        return reference.state_dict()
+    def _frozen_model(self) -> FrozenForward:
+        """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
+
+        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy.
+        """
+        built = self.built
+        if self.frozen_base:
+            converters = built.converters
+            context = lambda: unconverted(converters, built.model)  # noqa: E731
+        else:
+            ck = self.cfg.checkpoint
+            weights = self._starting_weights(resuming_counts=False)
+            if ck.initial_load_path and not ck.initial_load_in_hf:
+                weights = WeightSource(dcp_folder=ck.initial_load_path)
+            built = self.builder.build(self.model_spec, self.model_args, weights=weights)
+            for p in built.model.parameters():
+                p.requires_grad_(False)
+            context = contextlib.nullcontext
+            if built.pipeline is not None:
+                built.pipeline.build_schedule(
+                    self.cfg.parallelism, self.cfg.training.local_batch_size, self.device, loss_fn=None
+                )
+        return lambda batch: self._frozen_forward(built, context, batch)
+
+    @torch.no_grad()
+    def _frozen_forward(self, built: BuiltModel, context, batch: Batch) -> torch.Tensor | None:
+        inputs = self._model_inputs(batch)
+        with context(), built.autocast():
+            if built.pipeline is not None:
+                out = built.pipeline.forward(inputs)
+            else:
+                out = built.model(**inputs)
+        if isinstance(out, DTensor):
+            out = out.full_tensor()
+        return out
 
     def _build_objective(self) -> None:
+        """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
         t = self.cfg.training
         per_step = t.local_batch_size * self.dims.dp_degree
         global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
@@ -254,15 +189,15 @@ class Trainer:
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
             seed=self.cfg.debug.seed,
+            frozen_model=self._frozen_model,
         )
-        self.objective = build_objective(t.objective, ctx, self.cfg.data, self.cfg.sft)
+        section = getattr(self.cfg, t.objective, None)
+        self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
+        par = self.cfg.parallelism
+        self.objective.check_layout(par.pipeline_parallel_microbatch_size if self.pipeline is not None else None)
+        self._metric_names = tuple(self.objective.metric_names)
         if self.pipeline is not None:
-            self.pipeline.build_schedule(
-                self.cfg.parallelism,
-                t.local_batch_size,
-                self.device,
-                loss_sum=lambda logits, labels: self.objective.loss_sum(logits, {"label": labels}),
-            )
+            self.pipeline.build_schedule(par, t.local_batch_size, self.device, loss_fn=self._pipeline_loss)
 
     def _build_evaluator(self) -> None:
         """Held-out exact match of greedy answers (eval.interval > 0), on every data-parallel rank."""
@@ -299,7 +234,7 @@ class Trainer:
     def _build_checkpointer(self) -> None:
         self.train_state = TrainState()
         states = {
-            "model": ModelState(self.model, part="trainable" if self.lora else "all"),
+            "model": ModelState(self.model, part="trainable" if self.frozen_base else "all"),
             "optimizer": OptimizerState(self.model, self.optimizer),
             "lr_scheduler": self.lr_scheduler,
             "train_state": self.train_state,
@@ -307,7 +242,7 @@ class Trainer:
             f"data_dp{self.dp_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
-        base = ModelState(self.model, part="base") if self.lora else None
+        base = ModelState(self.model, part="base") if self.frozen_base else None
         self.checkpointer = CheckpointManager(
             self.cfg.checkpoint, self.cfg.job.dump_folder, states, self.env.rank, base_model=base
         )
@@ -342,38 +277,80 @@ class Trainer:
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
+        for converter in self.built.converters:
+            converter.after_optimizer_step(self.built.parts)
         return loss_total, global_count, grad_norm, tokens
 
-    def forward_backward(self, microbatches: list[dict[str, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor, int]:
+    def forward_backward(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync)."""
         tokens = sum(self.objective.tokens(mb) for mb in microbatches)  # whole sequences, before any CP split
         if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
             microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
+        microbatches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()} for mb in microbatches]
+        prepare_start = time.perf_counter()
+        with torch.no_grad():
+            microbatches = self.objective.prepare(microbatches)
+        self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
         local_count = torch.stack([self.objective.count(mb) for mb in microbatches]).sum().to(self.device)
         global_count = funcol.all_reduce(local_count, "sum", self.loss_group)
-        divisor = global_count.clamp(min=1).float()
+        self._divisor = global_count.clamp(min=1).float()
+        self._metric_sums = torch.zeros(2 * len(self._metric_names), device=self.device)
         loss_total = torch.zeros((), device=self.device)
         # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
         # (forward and backward) work on the shards.
         sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
         for mb in microbatches:
-            mb = {k: v.to(self.device, non_blocking=True) for k, v in mb.items()}
-            inputs = self.objective.model_inputs(mb)
-            if "positions" in mb:
-                inputs["positions"] = mb["positions"]
-            if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
-                with sharded_loss():
-                    loss_total += self.pipeline.step(inputs, mb["label"], divisor)
-                continue
-            with sharded_loss():
-                logits = self.model(**inputs)
-                loss_sum = self.objective.loss_sum(logits, mb)
-                if isinstance(loss_sum, DTensor):
-                    loss_sum = loss_sum.full_tensor()
-                (loss_sum / divisor).backward()
+            inputs = self._model_inputs(mb)
+            with sharded_loss(), self.built.autocast():
+                if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
+                    self._pipeline_batch, self._pipeline_metrics = mb, {}
+                    losses = self.pipeline.step(inputs)
+                    if losses:
+                        loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
+                    # (only the losses the schedule kept: it may also call the loss to infer shapes)
+                    for loss in losses:
+                        self._metric_sums += self._pipeline_metrics[id(loss)]
+                    continue
+                if self.objective.loss_input == "hidden":
+                    hidden = self.model(**inputs, project=False)
+                    output = ModelOutput(hidden=hidden, projection=self.model.output)
+                else:
+                    output = ModelOutput(logits=self.model(**inputs))
+                loss_sum, metrics = self._loss(output, mb)
+                (loss_sum / self._divisor).backward()
+                self._metric_sums += metrics
             loss_total += loss_sum.detach()
-            del logits, loss_sum
+            del output, loss_sum
         return loss_total, global_count, tokens
+
+    def _model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        inputs = self.objective.model_inputs(batch)
+        if "positions" in batch:  # context parallelism: the global positions of this rank's tokens
+            inputs["positions"] = batch["positions"]
+        return inputs
+
+    def _loss(self, output: ModelOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The objective's loss sum (a plain tensor) and its metrics as [sum, count, sum, count, ...]."""
+        result: LossResult = self.objective.loss(output, batch)
+        metrics = torch.zeros(2 * len(self._metric_names), device=self.device)
+        for i, name in enumerate(self._metric_names):
+            if name in result.metrics:
+                total, count = result.metrics[name]
+                metrics[2 * i] = total.detach().float()
+                metrics[2 * i + 1] = count.detach().float()
+        loss_sum = result.loss_sum
+        return (loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum), metrics
+
+    def _pipeline_loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss: the objective sees every key of its microbatch, for this pipeline
+        microbatch's rows."""
+        batch = self._pipeline_batch
+        n_rows = batch["input"].shape[0]
+        sliced = {k: v[rows] if v.dim() and v.shape[0] == n_rows else v for k, v in batch.items()}
+        loss_sum, metrics = self._loss(ModelOutput(logits=output), sliced)
+        loss = loss_sum / self._divisor
+        self._pipeline_metrics[id(loss)] = metrics
+        return loss
 
     def _clip_grad_norm(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -432,33 +409,29 @@ class Trainer:
                 gc.collect(1)
         gc.enable()
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
-        if self.lora and self.cfg.lora.save_adapter:
-            self._export_adapter()
-        if self.cfg.checkpoint.last_save_in_hf:
+        self._export()
+
+    def _export(self) -> None:
+        """End of training: each converter's own artifacts (LoRA: a PEFT adapter), then the HF export."""
+        ck = self.cfg.checkpoint
+        ctx = ExportContext(
+            spec=self.model_spec,
+            args=self.model_args,
+            dump_folder=Path(self.cfg.job.dump_folder),
+            base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
+            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+        )
+        for converter in self.built.converters:
+            converter.export(self.model, ctx)
+        if ck.last_save_in_hf:
             export_final_hf(
                 self.model,
                 self.model_spec,
                 self.model_args,
-                self.cfg.checkpoint,
+                ck,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
             )
-
-    def _export_adapter(self) -> None:
-        """The adapters alone in PEFT layout (peft.PeftModel.from_pretrained on the base model loads them)."""
-        ck, lora = self.cfg.checkpoint, self.cfg.lora
-        if self.model_spec.hf_adapter is None:
-            logger.warning("not saving the LoRA adapter: model %s has no Hugging Face adapter", self.cfg.model.name)
-            return
-        export_peft_adapter(
-            self.model,
-            self.model_spec.hf_adapter,
-            self.model_args,
-            lora,
-            Path(self.cfg.job.dump_folder) / lora.adapter_folder,
-            base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
-            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
-        )
 
     def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""
@@ -466,6 +439,7 @@ class Trainer:
         if self.pipeline is not None:  # only the last stage has the loss
             dist.all_reduce(loss_total, group=self.pipeline.pp_group)
         loss = (loss_total / global_count.clamp(min=1)).item()
+        objective_metrics = self._reduce_metrics()
         if not math.isfinite(loss):
             raise FloatingPointError(
                 f"loss is {loss} at step {step}; lower --optimizer.lr, raise --lr_scheduler.warmup_steps, "
@@ -478,13 +452,25 @@ class Trainer:
             "tokens_seen": float(self.train_state.tokens_seen),
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),
+            **objective_metrics,
             **self.objective.log_metrics(),
         }
         self.memory.reset_peak()
         self.metrics.log(step, scalars)
         if self.env.rank == 0:
             color = not self.cfg.metrics.disable_color_printing and sys.stderr.isatty()
-            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color))
+            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, self._metric_names))
+
+    def _reduce_metrics(self) -> dict[str, float]:
+        """The objective's metrics of this step: sums and counts added over ranks, then divided."""
+        if not self._metric_names:
+            return {}
+        sums = self._metric_sums
+        dist.all_reduce(sums, group=self.loss_group)
+        if self.pipeline is not None:  # only the last stage computed them
+            dist.all_reduce(sums, group=self.pipeline.pp_group)
+        values = sums.view(-1, 2).tolist()
+        return {name: total / count for name, (total, count) in zip(self._metric_names, values) if count}
 
     def close(self) -> None:
         self.checkpointer.close()

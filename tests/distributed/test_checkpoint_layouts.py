@@ -69,6 +69,12 @@ def test_seed_checkpoint_initializes_any_layout(tmp_path):
     for step in (1, 2, 3):
         assert got[step] == pytest.approx(expected[step], rel=1e-5), step
     assert scalars(single / "tb")[1] != pytest.approx(got[1], rel=1e-6)  # a different seed really differs
+    # A seed checkpoint written by the sharded job itself (FSDP over 2 processes) holds the same weights.
+    run_train(args(tmp_path / "seed2", "--checkpoint.create_seed_checkpoint", "--training.local_batch_size", "2"), 2)
+    run_train(args(tmp_path / "seed2", "--training.steps", "3", "--training.local_batch_size", "4"))
+    sharded = scalars(tmp_path / "seed2/tb")
+    for step in (1, 2, 3):
+        assert sharded[step] == pytest.approx(expected[step], rel=1e-5), step
 
 
 def test_changing_dp_degree_needs_data_excluded(tmp_path):

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from titanium.checkpoint.hf import INDEX_FILE, build_model_from_hf, save_hf_weights
+from titanium.checkpoint.hf import INDEX_FILE, HFCheckpoint, save_hf_weights
+from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 
 LOGIT_ATOL = 1e-4
@@ -64,8 +65,8 @@ def make_hf_checkpoint(case: ParityCase, folder: Path, seed: int = 0, max_shard_
 
 
 def load_titanium(folder: Path, case: ParityCase) -> tuple[torch.nn.Module, Any, Any]:
-    model, args, ckpt = build_model_from_hf(folder, get_model_spec(case.model), max_seq_len=64)
-    return model.eval(), args, ckpt
+    built = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec(case.model), folder, max_seq_len=64)
+    return built.model.eval(), built.args, HFCheckpoint.open(folder)
 
 
 def random_tokens(vocab: int, seq_len: int, seed: int = 1) -> torch.Tensor:

@@ -12,7 +12,7 @@ import torch
 from tests.helpers import tiny_args
 from tests.parity.harness import make_hf_checkpoint
 from tests.parity.test_parity import CASES
-from titanium.checkpoint.hf import build_model_from_hf
+from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 from titanium.tools.convert import main
 
@@ -42,7 +42,8 @@ def test_training_checkpoint_to_hf(make_trainer, tmp_path: Path) -> None:
     step = tmp_path / "run/checkpoint/step-1"
     assert main(["to-hf", str(step), str(tmp_path / "hf"), "--model", "llama3", "--flavor", "debugmodel"]) == 0
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors"]
-    model, args, _ = build_model_from_hf(tmp_path / "hf", get_model_spec("llama3"))
+    built = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec("llama3"), tmp_path / "hf")
+    model, args = built.model, built.args
     assert args.vocab_size == trainer.model_args.vocab_size
     trained = trainer.model.state_dict()
     for key, value in model.state_dict().items():  # bf16 by default

@@ -13,12 +13,12 @@ from safetensors.torch import load_file, save_file
 from titanium.checkpoint.hf import (
     HFCheckpoint,
     HFCheckpointError,
-    build_model_from_hf,
     hf_model_args,
     load_hf_weights,
     save_hf_weights,
 )
 from titanium.config.sections import CheckpointSection
+from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 from titanium.models.hf_adapter import HFConfigError, rope_rows_from_hf, rope_rows_to_hf
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
@@ -187,7 +187,8 @@ def test_export_dtype_and_default_layout(tmp_path: Path) -> None:
     tokens = torch.randint(0, 300, (1, 16))
     with torch.no_grad():
         torch.testing.assert_close(hf(input_ids=tokens).logits, model(tokens), atol=1e-4, rtol=0)
-    reloaded, reloaded_args, _ = build_model_from_hf(tmp_path / "sharded", get_model_spec("qwen3"), max_seq_len=64)
+    built = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec("qwen3"), tmp_path / "sharded", max_seq_len=64)
+    reloaded, reloaded_args = built.model, built.args
     assert reloaded_args == args  # Qwen3's args are exactly its config.json
     for key, value in model.state_dict().items():
         assert torch.equal(reloaded.state_dict()[key], value), key

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import titanium.models
-from titanium.models.common.attention import Attention
+from titanium.models.common.attention import Attention, AttentionInputs
 from titanium.models.common.feed_forward import llama_ffn_hidden_dim
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import RopeScaling, precompute_rope_tables, rope_inv_freq
@@ -30,8 +30,7 @@ def _small_args(**overrides: object) -> Llama3Args:
 
 def _built(args: Llama3Args, seed: int = 0) -> Transformer:
     model = Transformer(args)
-    torch.manual_seed(seed)
-    model.init_weights()
+    model.init_weights(seed=seed)
     return model
 
 
@@ -111,8 +110,7 @@ def test_meta_init_matches_direct_init(tied: bool) -> None:
     with torch.device("meta"):
         deferred = Transformer(args)
     deferred.to_empty(device="cpu")
-    torch.manual_seed(123)
-    deferred.init_weights()
+    deferred.init_weights(seed=123)
 
     direct_tensors, deferred_tensors = _all_tensors(direct), _all_tensors(deferred)
     assert direct_tensors.keys() == deferred_tensors.keys()
@@ -243,7 +241,8 @@ def test_attention_matches_reference(n_heads: int, n_kv_heads: int) -> None:
     cos, sin = precompute_rope_tables(head_dim, 32, 10000.0, RopeScaling(original_max_position_embeddings=16))
     x = torch.randn(2, 10, 64)
     with torch.no_grad():
-        torch.testing.assert_close(attn(x, cos, sin), _reference_attention(attn, x, cos, sin), rtol=1e-5, atol=1e-5)
+        expected = _reference_attention(attn, x, cos, sin)
+        torch.testing.assert_close(attn(x, AttentionInputs(cos, sin)), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_rmsnorm_matches_definition_and_keeps_dtype() -> None:

@@ -228,9 +228,13 @@ def test_hf_load_keeps_adapters_and_hf_export_merges(tmp_path) -> None:
 
 def test_nf4_splits_evenly_into_fsdp_shards() -> None:
     """FSDP2 chunks an NF4 weight by rows; each chunk must dequantize to the same rows of the whole."""
-    weight = torch.randn(64, 256)  # 256 NF4 blocks: one double-quantization group of 256 at torchao's default
+    # 256 NF4 blocks: one double-quantization group of 256 at torchao's default
+    weight = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
     whole = dequantize(to_nf4(weight))
-    assert (whole - weight).abs().max() < 0.5
+    # NF4 levels are at most 0.28 of a block's absmax apart: each value is within 0.16 x its block's absmax
+    # (a little over half the widest gap, for the 8-bit double-quantized scale).
+    error, scale = (whole - weight).view(-1, 64).abs().amax(1), weight.view(-1, 64).abs().amax(1)
+    assert (error <= 0.16 * scale).all(), (error / scale).max()
     sharded = to_nf4(weight, shard_degree=4)
     chunks = torch.chunk(sharded, 4)
     assert all(is_nf4(c) and c.shape == (16, 256) for c in chunks)

@@ -22,7 +22,7 @@ def test_llama3_is_registered() -> None:
     assert spec.name == "llama3"
     assert spec.model_cls is Transformer
     assert set(spec.flavors) == {"debugmodel", "1B", "3B", "8B", "70B", "405B"}
-    assert spec.parallelize_fn is not None and spec.pipeline_fn is None and spec.hf_adapter is not None
+    assert spec.tp_plan is not None and spec.hf_adapter is not None
 
 
 def test_unknown_model_lists_known_models() -> None:

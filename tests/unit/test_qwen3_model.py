@@ -57,7 +57,7 @@ def test_published_hyperparameters() -> None:
 def test_registered_with_adapter_and_plan() -> None:
     assert "qwen3" in list_models()
     spec = get_model_spec("qwen3")
-    assert spec.model_cls is Qwen3Transformer and spec.hf_adapter is not None and spec.parallelize_fn is not None
+    assert spec.model_cls is Qwen3Transformer and spec.hf_adapter is not None and spec.tp_plan is not None
     assert set(spec.flavors) == {"debugmodel", "0.6B", "1.7B", "4B", "8B", "14B", "32B"}
     args = build_model_args(spec, "8B", vocab_size=1000, max_seq_len=512)
     assert (args.vocab_size, args.max_seq_len, args.head_dim) == (1000, 512, 128)

@@ -34,6 +34,7 @@ from torch.distributed.tensor import DTensor
 
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
+from titanium.files import replace_folder
 from titanium.models.hf_adapter import HFAdapter
 from titanium.peft.lora import has_lora, is_lora_param
 from titanium.peft.merge import merged_full_state_dict
@@ -243,26 +244,6 @@ def load_hf_weights(model: nn.Module, folder: str | os.PathLike, adapter: HFAdap
     return ckpt
 
 
-def build_model_from_hf(
-    folder: str | os.PathLike, spec: Any, device: str | torch.device = "cpu", **overrides: Any
-) -> tuple[nn.Module, Any, HFCheckpoint]:
-    """One process: build ``spec``'s model from ``folder/config.json`` and load its weights.
-
-    For tools and tests (conversion, parity checks); training goes through the configured flavor.
-    ``overrides`` replace model args (e.g. ``max_seq_len``). Returns ``(model, args, checkpoint)``.
-    """
-    if spec.hf_adapter is None:
-        raise HFCheckpointError(f"model {spec.name!r} has no Hugging Face adapter")
-    args = spec.hf_adapter.from_hf_config(read_hf_config(folder), **overrides)
-    with torch.device("meta"):
-        model = spec.model_cls(args)
-    model.to_empty(device=device)
-    with torch.no_grad():
-        model.init_weights(buffer_device=device)
-    ckpt = load_hf_weights(model, folder, spec.hf_adapter, args)
-    return model, args, ckpt
-
-
 # ----- saving -----
 
 
@@ -299,16 +280,6 @@ def _copy_side_files(source: Path, out: Path) -> list[str]:
         shutil.copy2(path, out / name)
         copied.append(name)
     return copied
-
-
-def _replace_folder(partial: Path, final: Path) -> None:
-    """Swap a finished ``partial`` folder into place; a reader never sees a half-written ``final``."""
-    old = final.with_name(f".{final.name}.old")
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        final.rename(old)
-    partial.rename(final)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def save_hf_weights(
@@ -369,7 +340,7 @@ def save_hf_weights(
         (partial / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     copied = _copy_side_files(source.folder, partial) if source is not None else []
-    _replace_folder(partial, out)
+    replace_folder(partial, out)
     logger.info(
         "saved Hugging Face checkpoint %s (%d tensors in %d file(s), %s%s)",
         out,

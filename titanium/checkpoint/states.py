@@ -14,15 +14,15 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
-from titanium.peft.lora import is_lora_param
+from titanium.parallel.params import clean_fqn
 
 
 class ModelState:
     """Model weights by fully-qualified name; sharded tensors stay sharded (DCP reshards on load).
 
-    ``part`` selects what is saved and loaded. With LoRA a run's checkpoints hold only the
-    ``"trainable"`` adapters, and its frozen ``"base"`` is read from where the run started (every
-    start, resumed or not); ``"all"`` is everything (no LoRA). Freeze before building this.
+    ``part`` selects what is saved and loaded. When a converter freezes the base (LoRA) a run's
+    checkpoints hold only the ``"trainable"`` parameters, and its frozen ``"base"`` is read from where
+    the run started (every start, resumed or not); ``"all"`` is everything. Freeze before building this.
     """
 
     def __init__(self, model: nn.Module, part: Literal["all", "trainable", "base"] = "all") -> None:
@@ -33,7 +33,8 @@ class ModelState:
         options = StateDictOptions(ignore_frozen_params=self.part == "trainable")
         state = get_model_state_dict(self.model, options=options)
         if self.part == "base":
-            state = {k: v for k, v in state.items() if not is_lora_param(k)}
+            frozen = {clean_fqn(n) for n, p in self.model.named_parameters() if not p.requires_grad}
+            state = {k: v for k, v in state.items() if k in frozen}
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -74,9 +74,10 @@ class DataSection:
 
 @dataclass
 class TrainingSection:
-    objective: Literal["pretrain", "sft"] = "pretrain"
+    objective: str = "pretrain"
     """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows)
-    or sft (supervised fine-tuning on chat/instruct/text samples; see [sft])."""
+    or sft (supervised fine-tuning on chat/instruct/text samples; see [sft]); or your own objective class
+    as 'package.module:ClassName' (see docs/extending.md)."""
     steps: int = 1000
     """Number of optimizer steps to train for."""
     local_batch_size: int = 8
@@ -203,8 +204,8 @@ class CheckpointSection:
     background thread. async_with_pinned_mem: stage into pinned shared memory (in the background
     on GPU) and write from a separate process; the next optimizer step waits only for staging."""
     create_seed_checkpoint: bool = False
-    """Initialize the model in one process, save it as step-0 (model only) and exit. Any parallel
-    layout that resumes from it starts from exactly these weights."""
+    """Initialize the model, save it as step-0 (model only) and exit; any layout may write it (every layout
+    initializes the same weights). Any parallel layout that resumes from it starts from exactly these weights."""
     last_save_model_only: bool = False
     """The final save holds only the model weights (smaller; enough for evaluation or export)."""
     exclude_from_loading: list[str] = field(default_factory=list)

@@ -22,6 +22,9 @@ PIPELINE_SCHEDULES = (
 )
 """torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
 
+OBJECTIVE_NAMES = ("pretrain", "sft")
+"""The built-in objectives (titanium/trainers/); their config section has the same name."""
+
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
 
 
@@ -143,19 +146,18 @@ def validate(cfg: JobConfig) -> Iterator[str]:
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
     """SFT data, LoRA and evaluation: the combinations that cannot work, named before anything starts."""
     objective, kind, par = cfg.training.objective, cfg.data.kind, cfg.parallelism
+    if objective not in OBJECTIVE_NAMES and ":" not in objective:
+        yield (
+            f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVE_NAMES)}, "
+            "or your own as 'package.module:ClassName'"
+        )
     if kind in ("chat", "instruct") and objective != "sft":
         yield f"--data.kind {kind} needs --training.objective sft (pretraining reads text windows)"
     if objective == "sft" and kind == "synthetic":
         yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
         yield f"--sft.pack_buffer must be >= 1, got {cfg.sft.pack_buffer}"
-    from titanium.peft.lora import LoRAConfigError, check_lora_config  # (peft imports the models, which import us)
-
-    lora = cfg.lora
-    try:
-        check_lora_config(lora)
-    except LoRAConfigError as e:
-        yield str(e)
+    lora = cfg.lora  # (the target names are checked by titanium.peft, before any process group)
     if lora.rank > 0 and par.tensor_parallel_degree > 1:
         yield (
             "--lora.rank > 0 does not compose with --parallelism.tensor_parallel_degree > 1 yet; "

@@ -9,7 +9,7 @@ off whenever the output is not a terminal or the user asks (``metrics.disable_co
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["format_duration", "format_log_line"]
 
@@ -60,6 +60,7 @@ def format_log_line(
     total_steps: int,
     scalars: Mapping[str, float | None],
     color: bool,
+    extra_keys: Sequence[str] = (),
 ) -> str:
     """Format one log line, e.g.
     ``step   10/100  loss  7.1234  grad_norm  1.234  lr 3.00e-04  tok/s 1,234  tflops 12.3
@@ -71,7 +72,8 @@ def format_log_line(
     ``mem_alloc_retries`` / ``mem_ooms`` (shown, in red, only when non-zero because they signal
     memory pressure). A key missing from ``scalars`` is omitted; a key present with value None
     prints ``n/a`` (e.g. MFU on CPU), so the reader sees the metric exists but is unavailable.
-    Other keys are ignored here (they still go to TensorBoard / W&B).
+    ``extra_keys`` (an objective's metrics, e.g. ``dpo/accuracy``) follow the loss, named by their last
+    part. Other keys are ignored here (they still go to TensorBoard / W&B).
     """
 
     def paint(key: str, text: str) -> str:
@@ -93,6 +95,10 @@ def format_log_line(
         if key in scalars:
             parts.append(paint(key, f"{label} {_fmt(scalars[key], spec)}"))
 
+    for key in extra_keys:
+        if key in scalars:
+            parts.append(f"{key.rsplit('/', 1)[-1]} {_fmt(scalars[key], '.4g')}")
+
     if "mem_peak_gib" in scalars:
         text = f"mem {_fmt(scalars['mem_peak_gib'], lambda v: f'{v:.2f}GiB')}"
         pct = scalars.get("mem_peak_pct")
@@ -106,6 +112,8 @@ def format_log_line(
 
     if "data_pct" in scalars:
         parts.append(paint("data_pct", f"data {_fmt(scalars['data_pct'], lambda v: f'{v:.0f}%')}"))
+    if (scalars.get("prepare_pct") or 0) >= 0.5:  # only objectives with a prepare phase spend time there
+        parts.append(paint("data_pct", f"prepare {_fmt(scalars['prepare_pct'], lambda v: f'{v:.0f}%')}"))
     if "eta_s" in scalars:
         parts.append(paint("eta_s", f"eta {_fmt(scalars['eta_s'], format_duration)}"))
     return "  ".join(parts)

@@ -69,6 +69,7 @@ class ThroughputTracker:
         self._tokens = 0
         self._steps = 0
         self._data_time = 0.0
+        self._prepare_time = 0.0
         self._step_start: float | None = None
         # Host duration of the run's very first step if it lies in this window (compile/warmup).
         self._first_step_time: float | None = None
@@ -84,6 +85,10 @@ class ThroughputTracker:
         """Add host time spent waiting for the data loader (may be called several times per step,
         e.g. once per gradient-accumulation microbatch)."""
         self._data_time += seconds
+
+    def add_prepare_time(self, seconds: float) -> None:
+        """Add time an objective spent in its no-grad prepare phase (reference log-probs, rollouts)."""
+        self._prepare_time += seconds
 
     def end_step(self, tokens: int) -> None:
         """Close a step that processed ``tokens`` tokens on this rank (a Python int, no sync)."""
@@ -102,7 +107,8 @@ class ThroughputTracker:
 
         Returns ``tps`` (tokens/s per device), ``tflops`` (achieved TFLOP/s per device),
         ``mfu_pct`` (``tflops`` as % of peak; None without a known peak), ``step_time_s`` (mean
-        wall time per step in the window), ``data_pct`` (% of the window spent waiting for data)
+        wall time per step in the window), ``data_pct`` (% of the window spent waiting for data),
+        ``prepare_pct`` (% in objectives' prepare phase, when there is one)
         and ``eta_s`` (steps left × mean step time). The very first step of the run includes
         compilation and warm-up, so it is left out of the ETA estimate whenever the window holds
         later steps too. Returns an empty dict if no step finished since the last summary.
@@ -125,6 +131,8 @@ class ThroughputTracker:
         step_time = elapsed / self._steps
         out["step_time_s"] = step_time
         out["data_pct"] = 100.0 * min(self._data_time / elapsed, 1.0)
+        if self._prepare_time:
+            out["prepare_pct"] = 100.0 * min(self._prepare_time / elapsed, 1.0)
 
         eta_step_time = step_time
         if self._first_step_time is not None and self._steps > 1:

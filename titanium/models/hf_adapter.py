@@ -114,7 +114,7 @@ class HFAdapter:
     # ----- tensors -----
 
     def tied(self, args: Any) -> bool:
-        return bool(getattr(args, "tie_word_embeddings", False))
+        return args.tie_word_embeddings
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         """Our full state dict -> Hugging Face names and layout. Tied models drop the output matrix."""
@@ -154,19 +154,20 @@ class HFAdapter:
 
         Used to check a checkpoint against a flavor; ``vocab_size`` and the maximum length are
         left out on purpose (the vocabulary comes from the checkpoint, the length from training).
-        Every decoder family here exposes these args (``kv_heads``, ``head_dim``, ``ffn_dim``).
+        Read from the family's decoder arguments, which every family here has.
         """
+        d = args.decoder_args()
         return {
-            "hidden_size": ("dim", args.dim),
-            "num_hidden_layers": ("n_layers", args.n_layers),
-            "num_attention_heads": ("n_heads", args.n_heads),
-            "num_key_value_heads": ("n_kv_heads", args.kv_heads),
-            "head_dim": ("head_dim", args.head_dim),
-            "intermediate_size": ("ffn_dim", args.ffn_dim),
-            "rms_norm_eps": ("norm_eps", args.norm_eps),
-            "rope_theta": ("rope_theta", args.rope_theta),
-            "rope_scaling": ("rope_scaling", scaling_to_hf(args.rope_scaling)),
-            "tie_word_embeddings": ("tie_word_embeddings", args.tie_word_embeddings),
+            "hidden_size": ("dim", d.dim),
+            "num_hidden_layers": ("n_layers", d.n_layers),
+            "num_attention_heads": ("n_heads", d.n_heads),
+            "num_key_value_heads": ("n_kv_heads", d.n_kv_heads),
+            "head_dim": ("head_dim", d.head_dim),
+            "intermediate_size": ("ffn_dim", d.ffn_dim),
+            "rms_norm_eps": ("norm_eps", d.norm_eps),
+            "rope_theta": ("rope_theta", d.rope_theta),
+            "rope_scaling": ("rope_scaling", scaling_to_hf(d.rope_scaling)),
+            "tie_word_embeddings": ("tie_word_embeddings", d.tie_word_embeddings),
         }
 
     def from_hf_config(self, config: Mapping[str, Any], **overrides: Any) -> Any:

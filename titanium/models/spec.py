@@ -1,36 +1,36 @@
-"""What the trainer needs to know about a model family, in one record."""
+"""What the rest of titanium needs to know about a model family, in one typed record."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from torch import nn
 
+from titanium.models.common.decoder import FamilyArgs
+from titanium.models.hf_adapter import HFAdapter
+
+A = TypeVar("A", bound=FamilyArgs)
+
+TensorParallelPlan = Callable[[nn.Module, Any, bool], None]
+"""``(model or pipeline stage, tp_mesh, loss_parallel)``: shard the model's modules over ``tp_mesh`` (a
+DeviceMesh; models never import torch.distributed outside their parallelize.py) in place."""
+
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """A model family as seen by the trainer, so the trainer never imports a model directly.
-
-    Slots:
-        name: registry key, matched against ``[model] name`` in the job config.
-        model_cls: the ``nn.Module`` class, constructed as ``model_cls(args)``, preferably
-            on the meta device and then materialised with ``to_empty`` + ``init_weights``.
-        flavors: size presets, flavor name -> args dataclass; the trainer picks one with
-            ``[model] flavor`` and overrides fields via ``build_model_args``.
-        flops_per_token: ``(args, seq_len) -> float`` training FLOPs per token
-            (forward + backward), used for MFU; must not allocate the model.
-        parallelize_fn: applies tensor/data/context parallelism, activation checkpointing
-            and compilation to a built model; None until the family supports it.
-        pipeline_fn: splits the model into pipeline stages; None if unsupported.
-        hf_adapter: converts state dicts to and from the Hugging Face format; None if absent.
-    """
+class ModelSpec(Generic[A]):
+    """A model family as the builder sees it, so nothing else imports a model directly."""
 
     name: str
-    model_cls: type[nn.Module]
-    flavors: Mapping[str, Any]
-    flops_per_token: Callable[[Any, int], float]
-    parallelize_fn: Callable[..., Any] | None = None
-    pipeline_fn: Callable[..., Any] | None = None
-    hf_adapter: Any | None = None
+    """Registry key, matched against ``[model] name`` in the job config."""
+    model_cls: Callable[[A], nn.Module]
+    """Builds the model from its args, on whatever device is current (the builder uses meta)."""
+    flavors: Mapping[str, A]
+    """Size presets, flavor name -> args; ``[model] flavor`` picks one."""
+    flops_per_token: Callable[[A, int], float]
+    """``(args, seq_len) -> training FLOPs per token`` (forward + backward), for MFU; never allocates."""
+    tp_plan: TensorParallelPlan | None = None
+    """The family's tensor-parallel plan (``models/<family>/parallelize.py``); None: no tensor parallelism."""
+    hf_adapter: HFAdapter | None = None
+    """Converts weights and config.json to and from the Hugging Face format; None if absent."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ParallelismSection
+from titanium.models.common.decoder import DecoderArgs
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -70,14 +71,9 @@ class ParallelDims:
             loss_parallel=cfg.enable_loss_parallel,
         )
 
-    def check_model(self, args: Any, *, model: str, seq_len: int) -> None:
-        """Model-aware checks, once the model's args are known (before anything is allocated).
-
-        ``args`` is a model-args dataclass with ``n_heads``, ``n_layers``, ``vocab_size`` and
-        optionally ``n_kv_heads`` (None: as many as ``n_heads``).
-        """
-        n_heads, n_layers, vocab_size = args.n_heads, args.n_layers, args.vocab_size
-        n_kv_heads = getattr(args, "n_kv_heads", None) or n_heads
+    def check_model(self, args: DecoderArgs, *, model: str, seq_len: int) -> None:
+        """Model-aware checks, once the model's args are known (before anything is allocated)."""
+        n_heads, n_layers, vocab_size, n_kv_heads = args.n_heads, args.n_layers, args.vocab_size, args.n_kv_heads
         tp_flag = f"--parallelism.tensor_parallel_degree {self.tp}"
         if self.tp > 1:
             for what, n in (("n_heads", n_heads), ("n_kv_heads", n_kv_heads), ("vocab_size", vocab_size)):

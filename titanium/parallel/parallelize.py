@@ -7,25 +7,21 @@ order of the steps and everything that is not model-specific lives here.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ActivationCheckpointSection, CompileSection, ParallelismSection
-from titanium.parallel import context  # the module, not a name: it imports titanium.models, which imports us
+from titanium.models.spec import TensorParallelPlan
 from titanium.parallel.activation_checkpoint import apply_activation_checkpointing
 from titanium.parallel.compile import apply_compile, enable_async_tensor_parallel
+from titanium.parallel.context import apply_context_parallel
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.fsdp import apply_fsdp
 
 logger = logging.getLogger("titanium")
-
-TensorParallelPlan = Callable[[nn.Module, DeviceMesh, bool], None]
-"""``(model, tp_mesh, loss_parallel)``: shard the model's modules over ``tp_mesh`` in place."""
 
 
 @dataclass(frozen=True)
@@ -58,7 +54,7 @@ def parallelize_decoder(
         if cfg.compile.enable_async_tensor_parallel:
             enable_async_tensor_parallel(meshes.tp)
     if dims.cp > 1:
-        context.apply_context_parallel(model, meshes.cp)
+        apply_context_parallel(model, meshes.cp)
     ac = cfg.activation_checkpoint
     if cfg.compile.enable and dims.tp_enabled and meshes.tp.device_type == "cpu" and ac.mode != "none":
         if ac.mode == "full" or ac.selective_ac_option != "op":
@@ -72,8 +68,6 @@ def parallelize_decoder(
     apply_activation_checkpointing(model, ac)
     if cfg.compile.enable:
         apply_compile(model)
-    if not dims.fsdp_enabled and cfg.param_dtype != torch.float32 and dims.world_size > 1:
-        logger.warning("training.mixed_precision_param applies through FSDP; without it the model trains in float32")
     if dims.fsdp_enabled:
         mode = cfg.parallelism.fsdp_reshard_after_forward
         apply_fsdp(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -82,7 +82,8 @@ def split_layers(layer_names: list[str], pp_size: int, cfg: ParallelismSection) 
     return [layer_names[bounds[i] : bounds[i + 1]] for i in range(n_stages)]
 
 
-def _stage_module(model: nn.Module, layers: list[str], first: bool, last: bool) -> nn.Module:
+def keep_only(model: nn.Module, layers: list[str], first: bool, last: bool) -> nn.Module:
+    """A copy of the meta ``model`` holding only ``layers`` (+ the embedding if ``first``, the head if ``last``)."""
     part = copy.deepcopy(model)  # on meta: no memory
     for name in list(part.layers):
         if name not in layers:
@@ -105,7 +106,6 @@ class Pipeline:
     n_stages: int
     pp_group: dist.ProcessGroup
     schedule: object = None
-    divisor: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def has_first_stage(self) -> bool:
@@ -120,9 +120,14 @@ class Pipeline:
         cfg: ParallelismSection,
         local_batch_size: int,
         device: torch.device,
-        loss_sum: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
     ) -> None:
-        """Wrap the materialized stages; the loss is ``loss_sum(logits, labels) / divisor`` (set per step)."""
+        """Wrap the materialized stages in the configured schedule.
+
+        ``loss_fn(last stage output, rows)`` gets the indices of the rows of the step's batch that the
+        pipeline microbatch holds (so the caller can hand its loss every key of those rows) and returns
+        the loss to backpropagate. None: a forward-only pipeline (``forward``), e.g. a frozen reference.
+        """
         mbs = cfg.pipeline_parallel_microbatch_size
         if local_batch_size % mbs:
             raise ConfigError(
@@ -136,11 +141,11 @@ class Pipeline:
         cls = get_schedule_class(cfg.pipeline_parallel_schedule)
         n_microbatches = local_batch_size // mbs
         try:
-            # scale_grads=False: the loss is already divided by the step's global token count.
+            # scale_grads=False: the loss is already divided by the step's global unit count.
             self.schedule = cls(
                 stages[0] if issubclass(cls, PipelineScheduleSingle) else stages,
                 n_microbatches=n_microbatches,
-                loss_fn=lambda logits, labels: loss_sum(logits, labels) / self.divisor,
+                loss_fn=loss_fn,
                 scale_grads=False,
             )
         except ValueError as e:  # e.g. too few microbatches for the schedule
@@ -150,22 +155,30 @@ class Pipeline:
                 f"{self.n_stages} stages: {e}"
             ) from None
 
-    def step(self, inputs: dict[str, torch.Tensor], labels: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
-        """Forward and backward of one batch through all stages; the loss sum (last stage, else 0)."""
-        self.divisor = divisor
-        losses: list[torch.Tensor] = []
+    def _args(self, inputs: dict[str, torch.Tensor]) -> tuple[tuple, dict]:
         # The schedule feeds positional args to the first stage only, and kwargs to every stage:
         # the tokens go to the first stage; positions and document ids (which every stage's attention
         # needs: context parallelism, packed samples) go to all.
         kwargs = {k: v for k, v in inputs.items() if k != "tokens"}
         args = (inputs["tokens"],) if self.has_first_stage else ()
+        return args, kwargs
+
+    def step(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        """Forward and backward of one batch through all stages; the last stage's losses (else [])."""
+        args, kwargs = self._args(inputs)
+        losses: list[torch.Tensor] = []
         if self.has_last_stage:
-            kwargs.update(target=labels, losses=losses)
+            rows = torch.arange(inputs["tokens"].shape[0], device=inputs["tokens"].device)
+            kwargs.update(target=rows, losses=losses)
         self.schedule.step(*args, **kwargs)
-        if not losses:
-            return torch.zeros((), device=divisor.device)
-        total = torch.stack([loss.full_tensor() if isinstance(loss, DTensor) else loss for loss in losses]).sum()
-        return total.detach() * divisor
+        return losses
+
+    @torch.no_grad()
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Forward only (no loss, no backward); the last stage's output for the whole batch, else None."""
+        args, kwargs = self._args(inputs)
+        out = self.schedule.eval(*args, **kwargs)
+        return out if self.has_last_stage else None
 
 
 def build_pipeline(
@@ -176,14 +189,14 @@ def build_pipeline(
 ) -> Pipeline:
     """Cut ``model`` (meta) into stages, keep this rank's, and parallelize each with ``parallelize``."""
     pp_rank, pp_size = pp_mesh.get_local_rank(), pp_mesh.size()
-    if getattr(model.args, "tie_word_embeddings", False):
+    if model.args.tie_word_embeddings:
         raise ConfigError(
             "--parallelism.pipeline_parallel_degree > 1 with tied embeddings (input embedding = output "
             "projection on different stages) is not supported; use 1"
         )
     stages = split_layers(list(model.layers), pp_size, cfg)
     ids = stage_ids_of_rank(cfg.pipeline_parallel_schedule, pp_rank, pp_size, len(stages))
-    parts = [_stage_module(model, stages[i], i == 0, i == len(stages) - 1) for i in ids]
+    parts = [keep_only(model, stages[i], i == 0, i == len(stages) - 1) for i in ids]
     for part in parts:
         parallelize(part)
     # The container: the original module, holding exactly this rank's (parallelized) submodules.

@@ -25,6 +25,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanium.config.sections import LoRASection
+from titanium.files import replace_folder
 from titanium.models.hf_adapter import HFAdapter
 from titanium.peft.lora import lora_modules, lora_state_dict
 
@@ -111,8 +112,6 @@ def export_peft_adapter(
     folder appears complete or not at all (written as ``.<name>.partial`` then renamed). Returns the
     folder on rank 0, None elsewhere.
     """
-    from titanium.checkpoint.hf import _replace_folder  # here: titanium.checkpoint.hf imports titanium.peft
-
     layers = _check_matches(model, cfg)
     if not layers and pp_group is None:
         raise ValueError("export_peft_adapter: the model has no LoRA layers")
@@ -139,7 +138,7 @@ def export_peft_adapter(
         save_file(peft_state_dict(tensors, hf_adapter, model_args), str(partial / WEIGHTS_FILE), {"format": "pt"})
         config = adapter_config(cfg, hf_target_modules(layers, hf_adapter), base_model_name_or_path)
         (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        _replace_folder(partial, path)
+        replace_folder(partial, path)
         logger.info("saved LoRA adapter (PEFT layout, %d layers) to %s", len(layers), path)
     if dist.is_initialized():
         dist.barrier()

@@ -19,10 +19,11 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
+from titanium.config.loader import ConfigError
 from titanium.config.sections import LoRASection
-from titanium.errors import UserError
+from titanium.parallel.params import clean_fqn, copy_full_into
 
 TARGET_GROUPS = {"attention": ("wq", "wk", "wv", "wo"), "mlp": ("w1", "w2", "w3")}
 TARGETS = (*TARGET_GROUPS["attention"], *TARGET_GROUPS["mlp"], "output")
@@ -37,18 +38,17 @@ _HF_NAMES = {
     "lm_head": "output",
 }
 LORA_PARTS = ("lora_a", "lora_b")
-# Name components that wrappers (activation checkpointing, torch.compile, FSDP1) insert into FQNs.
-_WRAPPER_PARTS = frozenset({"_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module"})
 
 
-class LoRAConfigError(UserError, ValueError):
+class LoRAConfigError(ConfigError):
     """A ``[lora]`` setting that cannot work; the message names the flag and what would."""
 
 
 class LoRALinear(nn.Linear):
     """An ``nn.Linear`` with a trainable low-rank update; only made by ``apply_lora`` (class swap).
 
-    ``base_nf4`` is set by QLoRA once ``weight`` holds a torchao ``NF4Tensor``.
+    ``base_nf4`` is set by QLoRA once ``weight`` holds a torchao ``NF4Tensor``; ``lora_enabled = False``
+    computes the base layer alone (the policy as its own frozen reference, without a second copy).
     """
 
     lora_a: nn.Linear
@@ -56,6 +56,7 @@ class LoRALinear(nn.Linear):
     lora_dropout: nn.Module
     lora_scale: float
     base_nf4: bool
+    lora_enabled: bool = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.base_nf4:
@@ -66,16 +67,13 @@ class LoRALinear(nn.Linear):
                 base = base + self.bias
         else:
             base = F.linear(x, self.weight, self.bias)
+        if not self.lora_enabled:
+            return base
         return base + self.lora_b(self.lora_a(self.lora_dropout(x))) * self.lora_scale
 
     def extra_repr(self) -> str:
         nf4 = ", base=nf4" if self.base_nf4 else ""
         return f"{super().extra_repr()}, rank={self.lora_a.out_features}, scale={self.lora_scale:g}{nf4}"
-
-
-def clean_fqn(name: str) -> str:
-    """A parameter/module name without wrapper components, as in checkpoints and ``state_dict()``."""
-    return ".".join(part for part in name.split(".") if part not in _WRAPPER_PARTS)
 
 
 def is_lora_param(name: str) -> bool:
@@ -205,17 +203,8 @@ def init_lora(model: nn.Module, seed: int | None = None) -> None:
         generator = torch.Generator().manual_seed((seed + zlib.crc32(name.encode())) % 2**63)
         a = torch.empty(tuple(module.lora_a.weight.shape))
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
-        _fill(module.lora_a.weight, a)
-        _fill(module.lora_b.weight, torch.zeros(tuple(module.lora_b.weight.shape)))
-
-
-def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy a full CPU tensor into ``param``, which may be a DTensor (each rank keeps its shard)."""
-    if isinstance(param, DTensor):
-        local = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None).to_local()
-        param.to_local().copy_(local)
-    else:
-        param.copy_(full)
+        copy_full_into(module.lora_a.weight, a)
+        copy_full_into(module.lora_b.weight, torch.zeros(tuple(module.lora_b.weight.shape)))
 
 
 def freeze_base(model: nn.Module) -> int:

@@ -25,15 +25,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from titanium.checkpoint.hf import (
-    EXPORT_DTYPES,
-    HFCheckpoint,
-    build_model_from_hf,
-    read_hf_config,
-    save_hf_weights,
-    shard_size_bytes,
-)
+from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, read_hf_config, save_hf_weights, shard_size_bytes
 from titanium.errors import UserError
+from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
 
 MODEL_KEY = "model"
@@ -77,8 +71,8 @@ def dcp_to_hf(
         args = dataclasses.replace(spec.flavors[flavor], vocab_size=vocab)
     else:
         raise UserError("pass --source (the HF folder the run started from) or --flavor")
-    with torch.device("meta"):
-        net = spec.model_cls(args)
+    # Built on meta by the one builder, then filled from the checkpoint (no initialization to throw away).
+    net = ModelBuilder(torch.device("cpu")).build(spec, args, materialize=False).model
     net.to_empty(device="cpu")
     state = net.state_dict()
     wanted = {k: v for k, v in state.items() if k in shapes}
@@ -106,7 +100,7 @@ def dcp_to_hf(
 
 def hf_to_dcp(folder: Path, out: Path, model: str) -> Path:
     """Write the HF folder's weights as ``out/step-0`` (model only): a seed checkpoint for titanium."""
-    net, _, _ = build_model_from_hf(folder, get_model_spec(model))
+    net = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec(model), folder).model
     target = out / "step-0"
     if target.exists():
         raise UserError(f"{target} exists; refusing to overwrite it")

@@ -21,12 +21,11 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanium.config import ConfigError, JobConfig, load_config
-from titanium.models import build_model_args, get_model_spec
+from titanium.converters import build_converters
+from titanium.model_builder import DTYPES, ModelBuilder
 from titanium.parallel.dims import Meshes, ParallelDims
-from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
-from titanium.parallel.pipeline import build_pipeline
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+from titanium.parallel.parallelize import PlanConfig
+from titanium.parallel.params import clean_fqn
 
 
 @dataclass(frozen=True)
@@ -99,10 +98,6 @@ def _param_plan(name: str, param: torch.Tensor) -> ParamPlan:
     return ParamPlan(name, tuple(param.shape), tuple(param.shape), "(not distributed)", ())
 
 
-def _clean(name: str) -> str:
-    return name.replace("_checkpoint_wrapped_module.", "").replace("_orig_mod.", "")
-
-
 def dry_run(argv: list[str], world_size: int, rank: int = 0) -> DryRun:
     """Build the plan of rank ``rank`` of ``world_size`` on a fake process group (created and left
     initialized; call ``torch.distributed.destroy_process_group()`` when done)."""
@@ -111,30 +106,26 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0) -> DryRun:
     # The dry run never reads the tokenizer (the flavor gives the vocabulary), so it may be absent.
     cfg = load_config([*argv, "--tokenizer.kind", "byte"])
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    spec = get_model_spec(cfg.model.name)
-    args = build_model_args(spec, cfg.model.flavor, max_seq_len=cfg.training.seq_len)
-    dims.check_model(args, model=f"{cfg.model.name} {cfg.model.flavor}", seq_len=cfg.training.seq_len)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     meshes = dims.build_meshes("cpu")
-    with torch.device("meta"):
-        model = spec.model_cls(args)
     plan = PlanConfig(
         parallelism=cfg.parallelism,
         activation_checkpoint=cfg.activation_checkpoint,
         compile=cfg.compile.__class__(),  # compiling is irrelevant to placements
-        param_dtype=_DTYPES[cfg.training.mixed_precision_param],
-        reduce_dtype=_DTYPES[cfg.training.mixed_precision_reduce],
+        param_dtype=DTYPES[cfg.training.mixed_precision_param],
+        reduce_dtype=DTYPES[cfg.training.mixed_precision_reduce],
         pipeline=dims.pp > 1,
     )
-    parallelize = spec.parallelize_fn or parallelize_decoder
+    # The same builder as training, stopped before materialization: nothing is allocated.
+    builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
+    spec, args = builder.resolve(cfg.model, seq_len=cfg.training.seq_len)
+    converters = build_converters(lora=cfg.lora, shard_degree=dims.dp_shard * dims.cp)
+    built = builder.build(spec, args, converters=converters, materialize=False)
     stage_ids = None
-    if dims.pp > 1:
-        pipeline = build_pipeline(model, meshes.pp, cfg.parallelism, lambda part: parallelize(part, dims, meshes, plan))
-        model, stage_ids = pipeline.model, (pipeline.stage_ids, pipeline.n_stages)
-    else:
-        parallelize(model, dims, meshes, plan)
-    params = [_param_plan(_clean(n), p) for n, p in model.named_parameters()]
-    return DryRun(cfg=cfg, dims=dims, meshes=meshes, model=model, params=params, stages=stage_ids)
+    if built.pipeline is not None:
+        stage_ids = (built.pipeline.stage_ids, built.pipeline.n_stages)
+    params = [_param_plan(clean_fqn(n), p) for n, p in built.model.named_parameters()]
+    return DryRun(cfg=cfg, dims=dims, meshes=meshes, model=built.model, params=params, stages=stage_ids)
 
 
 def _pop_flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -161,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         result = dry_run(argv, world_size, rank)
     except (ConfigError, ValueError) as e:
         print(f"titanium: config error: {e}", file=sys.stderr)
+        if dist.is_initialized():
+            dist.destroy_process_group()
         return 2
     try:
         for line in result.report(every_block):

@@ -1,19 +1,23 @@
 """The objective interface: what to optimize. The loop in titanium/trainer.py owns everything else.
 
-An objective owns its data pipeline (and, later, extra models such as a frozen reference policy).
-For each microbatch it says how many loss units it holds (valid tokens for cross-entropy) and the
-*sum* of the per-unit losses. The loop divides by the global unit count of the whole step, all-reduced
-once before the forward, so gradient accumulation, any data-parallel degree and padding all give the
-exact mean gradient of the full batch.
+An objective owns its data pipeline, its config section and any extra frozen models (a reference policy),
+which it asks the loop for. Each step it may run a no-grad ``prepare`` phase over the step's microbatches
+(reference log-probs; later rollouts). For each microbatch it says how many loss units it holds (valid
+tokens for cross-entropy, pairs for DPO) and returns the *sum* of the per-unit losses, plus metrics as
+(sum, count) pairs. The loop divides the loss by the global unit count of the whole step, all-reduced once
+before the forward, so gradient accumulation, any data-parallel degree and padding all give the exact
+mean gradient of the full batch; it reduces the metric sums and counts over the ranks the same way.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch import nn
 
 from titanium.data.tokenizer import Tokenizer
 
@@ -21,6 +25,36 @@ IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
 
 Batch = dict[str, torch.Tensor]
+
+Metrics = dict[str, tuple[torch.Tensor, torch.Tensor]]
+"""name -> (sum, count) over this microbatch's units, as device tensors; shown as sum / count after the
+loop adds them over microbatches and ranks (e.g. ``"dpo/accuracy": (correct pairs, pairs)``)."""
+
+
+@dataclass
+class ModelOutput:
+    """What the loss sees of the forward pass.
+
+    By default ``logits`` ``[B, S, vocab]`` (float32; a vocabulary-sharded DTensor under loss parallel).
+    An objective with ``loss_input = "hidden"`` gets the final hidden states ``[B, S, dim]`` and the output
+    projection module instead, to project chunk by chunk so the full logits never exist.
+    """
+
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+    projection: nn.Module | None = None
+
+
+@dataclass
+class LossResult:
+    loss_sum: torch.Tensor
+    """Sum (not mean) of the per-unit losses of the microbatch."""
+    metrics: Metrics = field(default_factory=dict)
+
+
+FrozenForward = Callable[[Batch], "torch.Tensor | None"]
+"""A frozen model run without gradients on a microbatch (as ``prepare`` receives it): its logits
+``[B, S, vocab]`` (float32, full vocabulary), or None on ranks without the last pipeline stage."""
 
 
 @dataclass(frozen=True)
@@ -36,12 +70,26 @@ class ObjectiveContext:
     dp_rank: int
     dp_world: int
     seed: int
+    frozen_model: Callable[[], FrozenForward] | None = None
+    """Asks the loop for a frozen copy of the starting policy, built by the same builder and parallel plan
+    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction."""
 
 
 class Objective(ABC):
+    loss_input = "logits"
+    """``"logits"`` (default) or ``"hidden"``: what ``ModelOutput`` carries into ``loss``."""
+    metric_names: tuple[str, ...] = ()
+    """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
+    they show on the console line and in TensorBoard/W&B."""
+
     @abstractmethod
     def next_microbatch(self) -> Batch:
         """The next microbatch for this data-parallel rank, as CPU tensors."""
+
+    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+        """No-grad work on the step's microbatches (on the device, after any context-parallel split) before
+        the forward: e.g. add reference log-probs as extra keys. Timed apart from data loading."""
+        return microbatches
 
     @abstractmethod
     def count(self, batch: Batch) -> torch.Tensor:
@@ -49,18 +97,23 @@ class Objective(ABC):
 
     @abstractmethod
     def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward."""
+        """Keyword arguments for the model's forward (``tokens`` first; ``positions``, ``document_ids``)."""
 
     @abstractmethod
-    def loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Sum (not mean) of the per-unit losses of `batch`."""
+    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+        """The loss sum of `batch` and its metrics. Under pipeline parallelism `batch` is this pipeline
+        microbatch's rows of the objective's microbatch, with every key it carries."""
+
+    def check_layout(self, pipeline_microbatch_size: int | None) -> None:
+        """Raise ``ConfigError`` for a parallel layout this objective cannot run under (None: no pipeline)."""
+        return None
 
     def tokens(self, batch: Batch) -> int:
         """Tokens the model processes for `batch` (for throughput), known without a device sync."""
         return batch["input"].numel()
 
     def log_metrics(self) -> dict[str, float]:
-        """Objective-specific numbers for the log line (e.g. skipped rows)."""
+        """Host-side numbers for the log line (e.g. skipped rows); no device sync."""
         return {}
 
     @abstractmethod

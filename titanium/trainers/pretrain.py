@@ -11,7 +11,7 @@ from titanium.config.sections import DataSection
 from titanium.data.loader import BatchLoader
 from titanium.data.synthetic import SyntheticDataset
 from titanium.data.text import TextDataset
-from titanium.trainers.base import IGNORE_INDEX, Batch, Objective, ObjectiveContext
+from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -20,7 +20,7 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 
 
 class PretrainObjective(Objective):
-    def __init__(self, ctx: ObjectiveContext, data: DataSection) -> None:
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, section: None = None) -> None:
         if data.kind == "synthetic":
             dataset = SyntheticDataset(ctx.vocab_size, ctx.seq_len, ctx.seed, ctx.dp_rank, ctx.dp_world)
         else:
@@ -37,8 +37,8 @@ class PretrainObjective(Objective):
     def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
         return {"tokens": batch["input"]}
 
-    def loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return cross_entropy_sum(logits, batch["label"])
+    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+        return LossResult(cross_entropy_sum(output.logits, batch["label"]))
 
     def log_metrics(self) -> dict[str, float]:
         bad = getattr(self.dataset, "bad_rows", 0)

@@ -18,7 +18,7 @@ from titanium.data.chat import build_chat_template
 from titanium.data.loader import BatchLoader
 from titanium.data.packing import PackedDataset, PaddedDataset
 from titanium.data.sft import SFTDataset
-from titanium.trainers.base import IGNORE_INDEX, Batch, Objective, ObjectiveContext
+from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
 from titanium.trainers.pretrain import cross_entropy_sum
 
 
@@ -47,8 +47,8 @@ class SFTObjective(Objective):
     def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
         return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
 
-    def loss_sum(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
-        return cross_entropy_sum(logits, batch["label"])
+    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+        return LossResult(cross_entropy_sum(output.logits, batch["label"]))
 
     def log_metrics(self) -> dict[str, float]:
         counters = {

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -9,6 +11,26 @@ from torch import nn
 from titanium.models.common.kv_cache import LayerKVCache
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import apply_rope
+
+
+@dataclass(frozen=True)
+class AttentionInputs:
+    """Everything an attention layer needs besides its hidden states, made once per forward pass.
+
+    One object instead of a long argument list, so the signature is written once (the blocks, the
+    parallel plans and context parallelism all pass it through untouched).
+    """
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    positions: torch.Tensor | None = None
+    """Token positions ``[S]`` or ``[B, S]`` for RoPE (global ones under context parallelism)."""
+    document_ids: torch.Tensor | None = None
+    """Packed samples ``[B, S]``: attention stays within a document."""
+    mask: torch.Tensor | None = None
+    """The document-causal mask of ``positions``/``document_ids`` over this rank's tokens, if any."""
+    kv_cache: LayerKVCache | None = None
+    """This layer's cache when decoding."""
 
 
 def document_causal_mask(
@@ -80,20 +102,11 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        rope_cos: torch.Tensor,
-        rope_sin: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        document_ids: torch.Tensor | None = None,
-        kv_cache: LayerKVCache | None = None,
-    ) -> torch.Tensor:
-        """``x`` ``[B, S, dim]`` -> ``[B, S, dim]``; the RoPE tables are owned by the caller.
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        """``x`` ``[B, S, dim]`` -> ``[B, S, dim]``.
 
-        Without ``document_ids`` masking is plain causal over the row. With them (``[B, S]``, packed
-        samples; ``positions`` then restart per document) a token attends only within its document.
-        With ``kv_cache`` (decoding) the new keys are appended and the queries attend to the cache.
+        Without document ids masking is plain causal over the row; with them a token attends only within
+        its document. With a KV cache (decoding) the new keys are appended and the queries attend to the cache.
         """
         bsz, seq_len, _ = x.shape
         q = self.wq(x).view(bsz, seq_len, -1, self.head_dim)
@@ -101,39 +114,29 @@ class Attention(nn.Module):
         v = self.wv(x).view(bsz, seq_len, -1, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rope(q, k, rope_cos, rope_sin, positions)
-        if kv_cache is not None:
+        q, k = apply_rope(q, k, inputs.rope_cos, inputs.rope_sin, inputs.positions)
+        if inputs.kv_cache is not None:
+            positions, document_ids = inputs.positions, inputs.document_ids
             if positions is None or document_ids is None:
                 raise ValueError("decoding with a KV cache needs positions and document_ids")
-            k, v, k_positions, k_documents = kv_cache.update(k, v, positions, document_ids)
+            k, v, k_positions, k_documents = inputs.kv_cache.update(k, v, positions, document_ids)
             mask = document_causal_mask(positions, k_positions, document_ids, k_documents)
             out = masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
         else:
-            out = self.attend(q, k, v, positions, document_ids)
+            out = self.attend(q, k, v, inputs)
         return self.wo(out.reshape(bsz, seq_len, -1))
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        positions: torch.Tensor | None,
-        document_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         """Attention of ``[B, S, H, D]`` queries to keys/values ``[B, S, H_kv, D]``; ``[B, S, H, D]``.
 
         A seam for parallel plans: context parallelism replaces it (on the instance's class) to
         attend to the keys and values of the whole sequence, gathered from the other ranks.
         """
-        mask = None
-        if document_ids is not None:
-            if positions is None:
-                raise ValueError("document_ids need positions (restarting at 0 in every document)")
-            positions = positions.expand_as(document_ids)
-            mask = document_causal_mask(positions, positions, document_ids, document_ids)
-        return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
+        return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), inputs.mask)
 
-    def init_weights(self, out_init_std: float, in_init_std: float = 0.02) -> None:
+    def init_weights(
+        self, out_init_std: float, in_init_std: float = 0.02, generator: torch.Generator | None = None
+    ) -> None:
         """``wq``/``wk``/``wv`` get ``in_init_std``; ``wo``, which writes into the residual
         stream, gets the depth-scaled ``out_init_std``. Truncation is at 3 standard deviations.
         """
@@ -143,7 +146,7 @@ class Attention(nn.Module):
             (self.wv, in_init_std),
             (self.wo, out_init_std),
         ):
-            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
         for norm in (self.q_norm, self.k_norm):
             if norm is not None:
                 norm.reset_parameters()

@@ -32,7 +32,9 @@ class FeedForward(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
 
-    def init_weights(self, out_init_std: float, in_init_std: float = 0.02) -> None:
+    def init_weights(
+        self, out_init_std: float, in_init_std: float = 0.02, generator: torch.Generator | None = None
+    ) -> None:
         """``w1`` gets ``in_init_std``; ``w2`` and ``w3`` get the depth-scaled ``out_init_std``.
 
         Scaling the matrices that feed the residual stream by depth keeps its variance from
@@ -40,4 +42,4 @@ class FeedForward(nn.Module):
         loss curves we use as a reference. Truncation is at 3 standard deviations.
         """
         for linear, std in ((self.w1, in_init_std), (self.w2, out_init_std), (self.w3, out_init_std)):
-            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std)
+            nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)

@@ -6,8 +6,8 @@ from titanium.models import register_model
 from titanium.models.flops import count_params_on_meta, decoder_flops_per_token
 from titanium.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from titanium.models.llama3.hf import LLAMA3_HF_ADAPTER
-from titanium.models.llama3.model import Transformer, TransformerBlock
-from titanium.models.llama3.parallelize import parallelize_llama3
+from titanium.models.llama3.model import Transformer
+from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.spec import ModelSpec
 
 
@@ -23,7 +23,7 @@ LLAMA3_SPEC = register_model(
         model_cls=Transformer,
         flavors=LLAMA3_FLAVORS,
         flops_per_token=llama3_flops_per_token,
-        parallelize_fn=parallelize_llama3,
+        tp_plan=apply_tensor_parallel,
         hf_adapter=LLAMA3_HF_ADAPTER,
     )
 )
@@ -33,6 +33,5 @@ __all__ = [
     "LLAMA3_SPEC",
     "Llama3Args",
     "Transformer",
-    "TransformerBlock",
     "llama3_flops_per_token",
 ]

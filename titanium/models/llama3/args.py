@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from titanium.models.common.decoder import DecoderArgs
 from titanium.models.common.feed_forward import llama_ffn_hidden_dim
 from titanium.models.common.rope import RopeScaling
 
@@ -56,11 +57,6 @@ class Llama3Args:
         return self.dim // self.n_heads
 
     @property
-    def qk_norm_eps(self) -> float | None:
-        """Llama has no per-head q/k RMSNorm (Qwen3 does)."""
-        return None
-
-    @property
     def ffn_dim(self) -> int:
         """Hidden width of the SwiGLU blocks."""
         if self.ffn_hidden_dim is not None:
@@ -71,6 +67,23 @@ class Llama3Args:
     def kv_heads(self) -> int:
         """``n_kv_heads`` with the None default resolved."""
         return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    def decoder_args(self) -> DecoderArgs:
+        """The shared decoder's arguments (Llama has no q/k norm)."""
+        return DecoderArgs(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.kv_heads,
+            head_dim=self.head_dim,
+            ffn_dim=self.ffn_dim,
+            vocab_size=self.vocab_size,
+            norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            max_seq_len=self.max_seq_len,
+            rope_scaling=self.rope_scaling,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
 
 
 _LLAMA_3_1_SCALING = RopeScaling(

@@ -1,4 +1,4 @@
-"""Llama 3's tensor-parallel plan (Megatron-style TP with sequence parallelism) and its parallelize_fn.
+"""Llama 3's tensor-parallel plan (Megatron-style TP with sequence parallelism): ModelSpec.tp_plan.
 
 Inside a block, wq/wk/wv and w1/w3 are split by output rows (each rank holds whole heads / a slice
 of the hidden width) and wo/w2 by input columns, so each half-block needs one all-gather in and one
@@ -20,9 +20,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-
-from titanium.parallel.dims import Meshes, ParallelDims
-from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -55,14 +52,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
             tp_mesh,
             PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Shard(1), use_local_output=True),
         )
-    # The attention also takes the RoPE tables, positions, document ids and a KV cache: plain tensors
-    # (or None) of the whole sequence, left alone (None).
+    # The attention also takes its AttentionInputs (RoPE tables, positions, document ids): left alone (None).
     block_plan = {
         "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None, None, None, None),
-            desired_input_layouts=(Replicate(), None, None, None, None, None),
-        ),
+        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
@@ -78,8 +71,3 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     # Tied embeddings: both sides are sharded by vocabulary rows (Shard(0)), so one DTensor serves both.
     if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
         model.output.weight = model.tok_embeddings.weight
-
-
-def parallelize_llama3(model: nn.Module, dims: ParallelDims, meshes: Meshes, cfg: PlanConfig) -> None:
-    """The ModelSpec.parallelize_fn of Llama 3: TP (this plan) -> AC -> compile -> FSDP."""
-    parallelize_decoder(model, dims, meshes, cfg, tp_plan=apply_tensor_parallel)

@@ -7,7 +7,7 @@ from titanium.models.flops import count_params_on_meta, decoder_flops_per_token
 from titanium.models.qwen3.args import QWEN3_FLAVORS, Qwen3Args
 from titanium.models.qwen3.hf import QWEN3_HF_ADAPTER
 from titanium.models.qwen3.model import Qwen3Transformer
-from titanium.models.qwen3.parallelize import parallelize_qwen3
+from titanium.models.qwen3.parallelize import apply_tensor_parallel
 from titanium.models.spec import ModelSpec
 
 
@@ -23,7 +23,7 @@ QWEN3_SPEC = register_model(
         model_cls=Qwen3Transformer,
         flavors=QWEN3_FLAVORS,
         flops_per_token=qwen3_flops_per_token,
-        parallelize_fn=parallelize_qwen3,
+        tp_plan=apply_tensor_parallel,
         hf_adapter=QWEN3_HF_ADAPTER,
     )
 )

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from titanium.models.common.rope import RopeScaling
+from titanium.models.common.decoder import DecoderArgs
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,6 @@ class Qwen3Args:
     """Length of the RoPE tables, i.e. the longest sequence (or largest position) accepted."""
     tie_word_embeddings: bool = False
     """Share the input embedding matrix with the output projection (0.6B, 1.7B and 4B do)."""
-    rope_scaling: RopeScaling | None = None
-    """Always None: Qwen3's optional YaRN extension is not implemented (kept for the shared decoder)."""
 
     def __post_init__(self) -> None:
         if self.head_dim % 2 != 0:
@@ -41,17 +39,23 @@ class Qwen3Args:
         for name in ("dim", "n_layers", "n_heads", "head_dim", "ffn_dim", "vocab_size", "max_seq_len"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.rope_scaling is not None:
-            raise ValueError("Qwen3 RoPE scaling (YaRN) is not supported; leave rope_scaling unset")
 
-    @property
-    def kv_heads(self) -> int:
-        return self.n_kv_heads
-
-    @property
-    def qk_norm_eps(self) -> float:
-        """Epsilon of the per-head q/k RMSNorm, applied before RoPE (the one difference from Llama's block)."""
-        return self.norm_eps
+    def decoder_args(self) -> DecoderArgs:
+        """The shared decoder's arguments: per-head q/k RMSNorm (with the model's epsilon) before RoPE."""
+        return DecoderArgs(
+            dim=self.dim,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads,
+            head_dim=self.head_dim,
+            ffn_dim=self.ffn_dim,
+            vocab_size=self.vocab_size,
+            norm_eps=self.norm_eps,
+            rope_theta=self.rope_theta,
+            max_seq_len=self.max_seq_len,
+            qk_norm_eps=self.norm_eps,
+            tie_word_embeddings=self.tie_word_embeddings,
+        )
 
 
 QWEN3_FLAVORS: dict[str, Qwen3Args] = {

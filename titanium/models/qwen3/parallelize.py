@@ -14,8 +14,6 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor.parallel import SequenceParallel, parallelize_module
 
 from titanium.models.llama3.parallelize import apply_tensor_parallel as apply_llama_tensor_parallel
-from titanium.parallel.dims import Meshes, ParallelDims
-from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -29,8 +27,3 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, norm_plan)
-
-
-def parallelize_qwen3(model: nn.Module, dims: ParallelDims, meshes: Meshes, cfg: PlanConfig) -> None:
-    """The ModelSpec.parallelize_fn of Qwen3: TP (this plan) -> AC -> compile -> FSDP."""
-    parallelize_decoder(model, dims, meshes, cfg, tp_plan=apply_tensor_parallel)

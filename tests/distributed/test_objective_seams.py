@@ -1,0 +1,50 @@
+"""The objective seams under FSDP, TP and PP on gloo match one process (fp32, 5 steps).
+
+The test objective (tests/objectives/reference.py) asks the loop for a frozen reference model, fills
+reference log-probs in the no-grad prepare phase, and returns (sum, count) metrics. Losses must agree to
+1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py says why), and the reference's mean NLL,
+reduced over ranks by the loop, to 1e-5. Under PP its loss raises unless it gets every key of its microbatch,
+so the pipeline runs also check that the last stage sees the objective's whole microbatch.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.parity import STEPS, assert_matches, layout_run
+from tests.helpers import scalars
+
+OBJECTIVE = ("--training.objective", "tests.objectives.reference:ReferenceObjective")
+LAYOUTS = [
+    ("fsdp2", 2, ("--training.local_batch_size", "2")),
+    ("tp2", 2, ("--parallelism.tensor_parallel_degree", "2")),
+    ("pp2", 2, ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2")),
+]
+
+
+def _run(tmp_path, name, nproc, *extra):
+    run = layout_run(tmp_path, name, nproc, *OBJECTIVE, *extra)
+    out = tmp_path / name / "tb"
+    return run, scalars(out, "test/ref_nll")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("objective_ref"), "single", 1, "--training.local_batch_size", "4")
+
+
+@pytest.mark.parametrize("name, nproc, extra", LAYOUTS)
+def test_reference_objective_matches_single_process(tmp_path, reference, name, nproc, extra):
+    (run, ref_nll), (ref_run, ref_ref_nll) = _run(tmp_path, name, nproc, *extra), reference
+    assert_matches(run, ref_run)
+    assert sorted(ref_nll) == list(range(1, STEPS + 1))
+    for step in ref_nll:
+        assert ref_nll[step] == pytest.approx(ref_ref_nll[step], rel=1e-5), (step, ref_nll, ref_ref_nll)
+    losses = run[0]
+    assert losses[STEPS] != pytest.approx(losses[1], rel=1e-3)  # it trains
+
+
+def test_reference_is_the_starting_policy(tmp_path, reference):
+    """At step 1 policy == reference, so the penalty is 0 and the loss is the reference's NLL."""
+    (losses, _), ref_nll = reference
+    assert losses[1] == pytest.approx(ref_nll[1], rel=1e-6)

@@ -1,0 +1,219 @@
+"""The one model builder: spec -> args -> meta model -> converters -> pipeline split -> parallelize -> materialize.
+
+The trainer, the dry run, the conversion tool and objectives that need an extra frozen model (a DPO
+reference) all build through here, so every model of a job is sharded by the same plan and starts from
+the same weights.
+
+Initialization is layout-independent: every module draws from a generator seeded by the run seed and its
+own name (``Decoder.init_weights``). A model whose parameters are plain tensors (one process, or pipeline
+stages without sharding) initializes in place; a sharded one initializes a full copy of one block at a
+time on its device and keeps its shard of it. Either way every layout starts from exactly the weights one
+process would, on CPU and GPU alike, and a seed checkpoint can be written by the sharded job itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.tensor import DTensor
+
+from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_config
+from titanium.checkpoint.states import ModelState
+from titanium.config.loader import ConfigError
+from titanium.config.sections import CheckpointSection, ModelSection
+from titanium.models import build_model_args, get_model_spec
+from titanium.models.common.decoder import Decoder
+from titanium.models.converter import ModelConverter, apply_converters, set_trainable
+from titanium.models.spec import ModelSpec
+from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
+from titanium.parallel.params import clean_fqn, copy_full_into
+from titanium.parallel.pipeline import Pipeline, build_pipeline, keep_only
+
+logger = logging.getLogger("titanium")
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class WeightSource:
+    """Where the starting weights come from after the seeded initialization (at most one)."""
+
+    hf_folder: str | None = None
+    """A Hugging Face safetensors folder."""
+    dcp_folder: str | None = None
+    """A titanium checkpoint folder (``step-N``); only its model weights are read."""
+
+
+@dataclass
+class BuiltModel:
+    """A model as built for this rank."""
+
+    spec: ModelSpec
+    args: Any
+    model: nn.Module
+    """This rank's parameters under their one-process names (under PP, the container of its stages)."""
+    parts: list[nn.Module]
+    """What runs: the model itself, or this rank's pipeline stages."""
+    pipeline: Pipeline | None = None
+    converters: list[ModelConverter] = field(default_factory=list)
+    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """The context the forward runs in: mixed precision where FSDP does not apply it."""
+
+
+@dataclass
+class ModelBuilder:
+    """Builds models for one job: the parallel plan (None: one process, no parallelism), device and seed."""
+
+    device: torch.device
+    seed: int = 0
+    dims: ParallelDims | None = None
+    meshes: Meshes | None = None
+    plan: PlanConfig | None = None
+
+    # ----- 1. spec and args -----
+
+    def resolve(
+        self,
+        model: ModelSection,
+        *,
+        seq_len: int,
+        vocab_size: int | None = None,
+        checkpoint: CheckpointSection | None = None,
+    ) -> tuple[ModelSpec, Any]:
+        """The family spec and args of ``[model]``: the flavor, the tokenizer's vocabulary (None: the
+        flavor's), ``seq_len`` as RoPE length, checked against a Hugging Face start folder if configured."""
+        spec = get_model_spec(model.name)
+        overrides: dict[str, Any] = {"max_seq_len": seq_len}
+        if vocab_size is not None:
+            overrides["vocab_size"] = vocab_size
+        args = build_model_args(spec, model.flavor, **overrides)
+        if checkpoint is not None:
+            vocab = args.vocab_size if vocab_size is None else vocab_size
+            args = hf_model_args(spec, args, checkpoint, flavor=model.flavor, tokenizer_vocab=vocab)
+        if self.dims is not None:
+            self.dims.check_model(args.decoder_args(), model=f"{model.name} {model.flavor}", seq_len=seq_len)
+        return spec, args
+
+    def resolve_hf(self, spec: ModelSpec, folder: str, **overrides: Any) -> Any:
+        """Family args read from a Hugging Face folder's config.json."""
+        if spec.hf_adapter is None:
+            raise ConfigError(f"model {spec.name!r} has no Hugging Face adapter")
+        return spec.hf_adapter.from_hf_config(read_hf_config(folder), **overrides)
+
+    # ----- 2. build -----
+
+    def build(
+        self,
+        spec: ModelSpec,
+        args: Any,
+        *,
+        converters: list[ModelConverter] | None = None,
+        weights: WeightSource | None = None,
+        materialize: bool = True,
+    ) -> BuiltModel:
+        """Build, convert, split, parallelize and (unless ``materialize=False``: a dry run) materialize."""
+        converters = list(converters or [])
+        with torch.device("meta"):
+            model = spec.model_cls(args)
+        logger.info("model %s: %.2fM parameters", spec.name, sum(p.numel() for p in model.parameters()) / 1e6)
+        apply_converters(converters, model)
+        weights = weights or WeightSource()
+        if materialize and any(c.materialize_before_parallelize for c in converters):
+            # Converters that need whole tensors (QLoRA's NF4) see the model fully built first.
+            built = BuiltModel(spec, args, model, [model], converters=converters)
+            self._init_in_place(built)
+            self._load(built, weights)
+            self._after_materialize(built)
+            self._parallelize(built)
+        else:
+            one_process_model = copy.deepcopy(model)  # on meta: free; the template of the sharded init
+            built = BuiltModel(spec, args, model, [model], converters=converters)
+            self._parallelize(built)
+            if materialize:
+                self._materialize(built, one_process_model)
+                self._load(built, weights)
+                self._after_materialize(built)
+        set_trainable(converters, built.model)
+        built.autocast = self._autocast
+        built.model.train()
+        return built
+
+    def load_hf(self, spec: ModelSpec, folder: str | Path, **overrides: Any) -> BuiltModel:
+        """A model with the architecture of a Hugging Face folder's config.json and its weights
+        (``overrides`` replace args, e.g. ``max_seq_len``)."""
+        args = self.resolve_hf(spec, str(folder), **overrides)
+        return self.build(spec, args, weights=WeightSource(hf_folder=str(folder)))
+
+    def _parallelize(self, built: BuiltModel) -> None:
+        """Pipeline split, then per stage TP -> CP -> AC -> compile -> FSDP (nothing without a plan)."""
+        if self.plan is None or self.dims is None or self.meshes is None:
+            return
+        dims, meshes, plan = self.dims, self.meshes, self.plan
+
+        def parallelize(part: nn.Module) -> None:
+            parallelize_decoder(part, dims, meshes, plan, tp_plan=built.spec.tp_plan)
+
+        if dims.pp > 1:
+            built.pipeline = build_pipeline(built.model, meshes.pp, plan.parallelism, parallelize)
+            built.model, built.parts = built.pipeline.model, built.pipeline.parts
+        else:
+            parallelize(built.model)
+
+    def _init_in_place(self, built: BuiltModel) -> None:
+        for part in built.parts:  # (pipeline stages: each parameter is in exactly one part)
+            part.to_empty(device=self.device)
+            part.init_weights(buffer_device=self.device, seed=self.seed)
+
+    def _materialize(self, built: BuiltModel, one_process_model: Decoder) -> None:
+        """Allocate and initialize: in place for plain tensors; for sharded ones, one block at a time in
+        full on this device, keeping this rank's shard (the values one process would draw)."""
+        if not any(isinstance(p, DTensor) for p in built.model.parameters()):
+            self._init_in_place(built)
+            return
+        for part in built.parts:
+            part.to_empty(device=self.device)
+            part.init_buffers(self.device)
+        params = {clean_fqn(name): p for name, p in built.model.named_parameters()}
+        units = [([key], False, False) for key in one_process_model.layers] + [([], True, True)]
+        for layers, first, last in units:
+            unit = keep_only(one_process_model, layers, first, last)
+            names = [name for name, _ in unit.named_parameters() if name in params]
+            if not names:
+                continue  # another pipeline stage's
+            unit.to_empty(device=self.device)
+            unit.init_weights(buffer_device=self.device, seed=self.seed)
+            full = dict(unit.named_parameters())
+            for name in names:
+                copy_full_into(params[name], full[name])
+
+    def _load(self, built: BuiltModel, weights: WeightSource) -> None:
+        if weights.hf_folder is not None:
+            if built.spec.hf_adapter is None:
+                raise ConfigError(f"model {built.spec.name!r} has no Hugging Face adapter")
+            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args)
+        elif weights.dcp_folder is not None:
+            dcp.load({"model": ModelState(built.model)}, checkpoint_id=weights.dcp_folder)
+            logger.info("loaded model weights from %s", weights.dcp_folder)
+
+    def _after_materialize(self, built: BuiltModel) -> None:
+        for converter in built.converters:
+            converter.after_materialize(built.model, self.seed)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for layouts FSDP does not cover (one device, TP-only, PP-only): autocast to the
+        configured param dtype; FSDP casts the parameters itself."""
+        plan = self.plan
+        dtype = plan.param_dtype if plan is not None else torch.float32
+        if dtype == torch.float32 or (self.dims is not None and self.dims.fsdp_enabled):
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=dtype)

@@ -1,0 +1,92 @@
+"""The converter seam: features that rewrite the model's modules on the meta device, before parallelization.
+
+LoRA and QLoRA (``titanium/peft``) are converters; Float8 and QAT will be. The builder applies them in the
+order they are given (quantization before LoRA, so LoRA wraps the already-converted layers it may adapt) and
+calls their hooks; the trainer never names a converter. Every hook has a default that does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ExportContext:
+    """What an end-of-training export needs to know about the run (no config beyond it)."""
+
+    spec: Any
+    """The model's ``ModelSpec`` (for its Hugging Face adapter)."""
+    args: Any
+    """The model's family args."""
+    dump_folder: Path
+    base_model_name_or_path: str | None
+    """The Hugging Face folder the run started from, if any."""
+    pp_group: Any = None
+    """The pipeline group when stages are spread over ranks (exports gather over it)."""
+
+
+class ModelConverter:
+    """Rewrites modules of the meta model; optional hooks after materialization and after each optimizer step."""
+
+    name = "converter"
+    materialize_before_parallelize = False
+    """True when the converter must see full, unsharded weights (e.g. QLoRA quantizes whole tensors), so the
+    builder materializes and loads the model before parallelizing it (each rank briefly holds it all)."""
+    freezes_base = False
+    """True when the converter freezes the original weights (LoRA): checkpoints then hold only what trains,
+    and the base is read from where the run started on every start, resumed or not."""
+
+    def convert(self, model: nn.Module) -> None:
+        """Rewrite ``model`` (on the meta device, before the pipeline split) in place."""
+
+    def after_materialize(self, model: nn.Module, seed: int) -> None:
+        """Weights now hold their starting values (initialized or loaded): set the converter's own."""
+
+    def trainable(self, name: str) -> bool | None:
+        """Whether parameter ``name`` trains; None when this converter has no say."""
+        return None
+
+    def after_optimizer_step(self, model_parts: list[nn.Module]) -> None:
+        """Called after every optimizer step (e.g. Float8 scale precompute)."""
+
+    def without_conversion(self, model: nn.Module) -> contextlib.AbstractContextManager[None] | None:
+        """A context in which ``model`` computes what the unconverted model would (LoRA: adapters off), or None
+        if the converter cannot offer one. Lets an objective use the policy as its own frozen reference."""
+        return None
+
+    def export(self, model: nn.Module, ctx: ExportContext) -> None:
+        """Write the converter's own artifacts at the end of training (e.g. a PEFT adapter)."""
+
+    def describe(self) -> str:
+        return self.name
+
+
+def apply_converters(converters: list[ModelConverter], model: nn.Module) -> None:
+    for converter in converters:
+        converter.convert(model)
+
+
+def set_trainable(converters: list[ModelConverter], model: nn.Module) -> None:
+    """Each parameter trains unless a converter says it does not (the last converter with a say wins)."""
+    for name, param in model.named_parameters():
+        verdicts = [v for c in converters if (v := c.trainable(name)) is not None]
+        if verdicts:
+            param.requires_grad_(verdicts[-1])
+
+
+@contextlib.contextmanager
+def unconverted(converters: list[ModelConverter], model: nn.Module) -> Iterator[None]:
+    """Run ``model`` as the unconverted model inside the block (every converter must offer that)."""
+    with contextlib.ExitStack() as stack:
+        for converter in converters:
+            ctx = converter.without_conversion(model)
+            if ctx is None:
+                raise ValueError(f"{converter.describe()} cannot run the model without its conversion")
+            stack.enter_context(ctx)
+        yield

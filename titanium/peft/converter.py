@@ -1,0 +1,80 @@
+"""LoRA and QLoRA as a model converter: adapters on the meta model, a frozen base, PEFT export at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from torch import nn
+
+from titanium.config.sections import LoRASection
+from titanium.models.converter import ExportContext, ModelConverter
+from titanium.peft.export import export_peft_adapter
+from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules
+from titanium.peft.nf4 import quantize_lora_base_nf4
+
+logger = logging.getLogger("titanium")
+
+
+class LoRAConverter(ModelConverter):
+    """Adds adapters to ``cfg.target_modules``; only they train. With ``quantize_base = "nf4"`` (QLoRA) the
+    frozen base is stored as NF4, which needs whole tensors: the model is materialized before sharding.
+
+    ``shard_degree`` is how many FSDP shards each NF4 weight will be split into (dp_shard x cp).
+    """
+
+    name = "lora"
+    freezes_base = True
+
+    def __init__(self, cfg: LoRASection, shard_degree: int = 1) -> None:
+        self.cfg = cfg
+        self.shard_degree = shard_degree
+        self.materialize_before_parallelize = cfg.quantize_base == "nf4"
+
+    def convert(self, model: nn.Module) -> None:
+        adapted = apply_lora(model, self.cfg)
+        logger.info("LoRA rank %d on %d layers (%s)", self.cfg.rank, len(adapted), ", ".join(self.cfg.target_modules))
+
+    def after_materialize(self, model: nn.Module, seed: int) -> None:
+        init_lora(model, seed=seed)
+        if self.materialize_before_parallelize:
+            count = quantize_lora_base_nf4(model, shard_degree=self.shard_degree)
+            logger.info("QLoRA: %d base weights stored as NF4", count)
+
+    def trainable(self, name: str) -> bool:
+        return is_lora_param(name)
+
+    @contextlib.contextmanager
+    def _adapters_off(self, model: nn.Module) -> Iterator[None]:
+        modules = [module for _, module in lora_modules(model)]
+        for module in modules:
+            module.lora_enabled = False
+        try:
+            yield
+        finally:
+            for module in modules:
+                module.lora_enabled = True
+
+    def without_conversion(self, model: nn.Module) -> contextlib.AbstractContextManager[None]:
+        return self._adapters_off(model)
+
+    def export(self, model: nn.Module, ctx: ExportContext) -> None:
+        """The adapters alone in PEFT layout (``peft.PeftModel.from_pretrained`` on the base model loads them)."""
+        if not self.cfg.save_adapter:
+            return
+        if ctx.spec.hf_adapter is None:
+            logger.warning("not saving the LoRA adapter: model %s has no Hugging Face adapter", ctx.spec.name)
+            return
+        export_peft_adapter(
+            model,
+            ctx.spec.hf_adapter,
+            ctx.args,
+            self.cfg,
+            ctx.dump_folder / self.cfg.adapter_folder,
+            base_model_name_or_path=ctx.base_model_name_or_path,
+            pp_group=ctx.pp_group,
+        )
+
+    def describe(self) -> str:
+        return "QLoRA (NF4 base)" if self.materialize_before_parallelize else "LoRA"
