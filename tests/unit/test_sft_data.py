@@ -101,16 +101,32 @@ def test_bad_rows_are_skipped_and_counted(tmp_path, caplog):
     samples = take(ds, 3)
     assert [TOK.decode(s["tokens"][-3:-1]) for s in samples] == ["a0", "a2", "a4"]
     assert ds.bad_rows == 2
-    assert "c.jsonl row 3: message 0 has unknown role 'robot'" in caplog.text
+    assert "c.jsonl: row 3: message 0 has unknown role 'robot'" in caplog.text
 
 
 def test_bad_rows_fail_with_file_and_row(tmp_path):
     path = jsonl(tmp_path / "c.jsonl", BAD_ROWS)
-    with pytest.raises(DataError, match=rf"{path} row 1: no 'messages' column .*--data.messages_column"):
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: no 'messages' column .*--data.messages_column"):
         take(dataset(path, on_bad_row="fail"), 3)
     path = jsonl(tmp_path / "i.jsonl", [{"instruction": "x", "output": " "}])
-    with pytest.raises(DataError, match=rf"{path} row 0: 'output' is empty .*--data.output_column"):
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 0: 'output' is empty; .*--data.output_column"):
         take(dataset(path, kind="instruct", on_bad_row="fail"), 1)
+
+
+def test_broken_lines_in_chat_data_are_bad_rows(tmp_path, caplog):
+    path = tmp_path / "c.jsonl"
+    lines = [
+        json.dumps(chat("q0", "a0")).encode(),
+        b'{"messages": [',
+        b"\xff\xfe",
+        json.dumps(chat("q3", "a3")).encode(),
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = dataset(str(path))
+    assert [TOK.decode(s["tokens"][-3:-1]) for s in take(ds, 2)] == ["a0", "a3"]
+    assert ds.bad_rows == 2 and f"--data.path {path}: row 2: not UTF-8 text" in caplog.text
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: not valid JSON"):
+        take(dataset(str(path), on_bad_row="fail"), 2)
 
 
 def test_a_pass_without_any_sample_is_an_error_not_a_hang(tmp_path):

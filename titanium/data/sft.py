@@ -30,7 +30,7 @@ IGNORE_INDEX = -100  # the loss's ignore label (titanium.trainers.base.IGNORE_IN
 
 Sample = dict[str, list[int]]
 
-_FIX = {
+ROW_FIX = {
     "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key at its columns",
     "instruct": "fix the row, or point --data.instruction_column, --data.input_column and --data.output_column "
     "at its columns",
@@ -85,7 +85,7 @@ class SFTDataset(RowReader):
         try:
             return self.template.tokenize(self._messages(item), self.sft.train_on_input)
         except RowError as e:
-            self._bad_row(source, row, str(e), _FIX[self.cfg.kind])
+            self._bad_row(source, row, str(e), ROW_FIX[self.cfg.kind])
             return None
 
     def _sample(self, tokens: list[int], trainable: list[bool]) -> Sample | None:
