@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from titanium.config.sections import DataSection
+from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import (
     ChatMLTemplate,
     ChatTemplateError,
@@ -20,6 +20,8 @@ from titanium.data.chat import (
     parse_instruct_row,
     with_system_prompt,
 )
+from titanium.data.sft import SFTDataset
+from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer, HFTokenizer, TiktokenTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -149,8 +151,39 @@ def test_jinja_refuses_templates_without_the_prefix_property(hf_tok):
         JinjaTemplate(hf_tok, changing)
     with pytest.raises(ChatTemplateError, match="not valid Jinja"):
         JinjaTemplate(hf_tok, "{% for %}")
-    with pytest.raises(ChatTemplateError, match="failed to render: no tools"):
+    with pytest.raises(ChatTemplateError, match="plain user/assistant conversation .*no tools.*--sft.chat_template"):
         JinjaTemplate(hf_tok, "{{ raise_exception('no tools') }}")
+
+
+ALTERNATING_JINJA = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% endfor %}" + CHATML_JINJA
+)
+
+
+def test_a_row_the_tokenizers_template_rejects_is_a_bad_row(hf_tok, tmp_path, caplog):
+    """raise_exception() on one conversation is that row's fault: skipped and counted, or named with `fail`."""
+    rows = [[("user", "a"), ("assistant", "b")], [("user", "a"), ("user", "b"), ("assistant", "c")]]
+    rows += [[("user", "d"), ("assistant", "e")]]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in m]}) + "\n" for m in rows))
+    template = JinjaTemplate(hf_tok, ALTERNATING_JINJA)
+    with pytest.raises(RowError, match="chat_template rejected it: Conversation roles must alternate"):
+        template.tokenize([Message("user", "a"), Message("user", "b"), Message("assistant", "c")], False)
+
+    def samples(on_bad_row: str) -> tuple[SFTDataset, list]:
+        ds = SFTDataset(
+            DataSection(kind="chat", path=str(path), on_bad_row=on_bad_row), SFTSection(), hf_tok, template, 64
+        )
+        it = iter(ds)
+        return ds, [next(it) for _ in range(2)]
+
+    ds, got = samples("skip")
+    assert [hf_tok.decode(s["tokens"]).split("assistant\n")[-1] for s in got] == ["b<|im_end|>\n", "e<|im_end|>\n"]
+    assert ds.bad_rows == 1 and f"--data.path {path}: row 1: the tokenizer's chat_template rejected it" in caplog.text
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: the tokenizer's chat_template rejected it: "):
+        samples("fail")
 
 
 def test_jinja_is_sandboxed(hf_tok):

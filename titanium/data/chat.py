@@ -225,7 +225,8 @@ class JinjaTemplate(ChatTemplate):
     ``messages[:i]`` ends is its (untrained) header. Each piece is tokenized on its own, so the answer
     starts on a token boundary exactly as it does when the model generates after ``prompt()``. Templates
     whose earlier text changes as the conversation grows (e.g. ones that drop past reasoning) break this
-    and are refused with an error; choose llama3 or chatml for them.
+    and are refused with an error; choose llama3 or chatml for them. A conversation the template itself
+    rejects (its ``raise_exception``, e.g. roles that do not alternate) is that row's fault: a RowError.
     """
 
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
@@ -256,7 +257,13 @@ class JinjaTemplate(ChatTemplate):
         pattern = "|".join(re.escape(n) for n in sorted(self._control, key=len, reverse=True))
         self._split = re.compile(f"({pattern})") if pattern else None
         probe = [Message("user", "x"), Message("assistant", "y")]
-        answer = self._segments(probe, generation=False)[-1][0]
+        try:
+            answer = self._segments(probe, generation=False)[-1][0]
+        except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
+            raise ChatTemplateError(
+                f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
+                "set --sft.chat_template llama3 or chatml"
+            ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
 
     def _render(self, messages: Sequence[Message], generation: bool) -> str:
@@ -265,8 +272,8 @@ class JinjaTemplate(ChatTemplate):
         dicts = [{"role": m.role, "content": m.content} for m in messages]
         try:
             return self._template.render(messages=dicts, add_generation_prompt=generation, **self._names)
-        except TemplateError as e:
-            raise ChatTemplateError(f"the tokenizer's chat_template failed to render: {e}") from None
+        except TemplateError as e:  # raise_exception() on this conversation (roles not alternating, ...)
+            raise RowError(f"the tokenizer's chat_template rejected it: {e}") from None
 
     def _encode(self, text: str) -> list[int]:
         """Rendered text -> ids, with the template's control-token strings turned into their ids."""
