@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
@@ -184,6 +185,34 @@ def test_a_row_the_tokenizers_template_rejects_is_a_bad_row(hf_tok, tmp_path, ca
     assert ds.bad_rows == 1 and f"--data.path {path}: row 1: the tokenizer's chat_template rejected it" in caplog.text
     with pytest.raises(DataError, match=rf"--data.path {path}: row 1: the tokenizer's chat_template rejected it: "):
         samples("fail")
+
+
+def test_jinja_generation_blocks_render_as_in_transformers(hf_tok):
+    """HF templates mark assistant text with {% generation %} (for its assistant masks); it renders its body."""
+    marked = CHATML_JINJA.replace(
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
+        "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}"
+        "{% set answer = message['content'] %}{{ answer + '<|im_end|>' + '\\n' }}{% endgeneration %}"
+        "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+        "{% endif %}",
+    )
+    assert marked != CHATML_JINJA
+    conversation = CONVERSATION[1:]
+    assert JinjaTemplate(hf_tok, marked).tokenize(conversation, False) == ChatMLTemplate(hf_tok).tokenize(
+        conversation, False
+    )
+    transformers_render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
+    dicts = [m.__dict__ for m in conversation]
+    ours = JinjaTemplate(hf_tok, marked)._render(conversation, generation=False)
+    assert ours == transformers_render([dicts], chat_template=marked)[0][0]
+
+
+def test_jinja_strftime_now_gives_todays_date(hf_tok):
+    conversation = CONVERSATION[1:]
+    dated = "{{ '<|im_start|>system\\nToday is ' + strftime_now('%d %b %Y') + '<|im_end|>\\n' }}" + CHATML_JINJA
+    tokens, _ = JinjaTemplate(hf_tok, dated).tokenize(conversation, False)
+    today = datetime.date.today().strftime("%d %b %Y")
+    assert hf_tok.decode(tokens).startswith(f"<|im_start|>system\nToday is {today}<|im_end|>\n<|im_start|>user\n")
 
 
 def test_jinja_is_sandboxed(hf_tok):

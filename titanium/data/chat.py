@@ -10,7 +10,6 @@ piece of text back to the message that added it.
 
 from __future__ import annotations
 
-import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -231,19 +230,11 @@ class JinjaTemplate(ChatTemplate):
 
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
+        from titanium.data.jinja_env import chat_template_environment
 
-        # The settings Hugging Face renders chat templates with, so whitespace comes out the same.
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         try:
-            self._template = env.from_string(source)
+            self._template = chat_template_environment().from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the tokenizer's chat_template is not valid Jinja: {e}") from None
         self.tokenizer = tokenizer
