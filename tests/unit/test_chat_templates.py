@@ -15,6 +15,7 @@ from titanium.data.chat import (
     JinjaTemplate,
     Llama3Template,
     Message,
+    Qwen3Template,
     RowError,
     build_chat_template,
     parse_chat_row,
@@ -146,6 +147,95 @@ def test_jinja_llama3_matches_llama3_template_and_bos_is_never_trained(tiktoken_
     assert jinja.stop_ids == llama3.stop_ids
 
 
+# Qwen3's published rule for chats without tools: the last user query's answer opens with a <think> block
+# (empty when there is no reasoning), earlier answers do not; enable_thinking=false puts an empty block in the
+# generation prompt. Written here from that rule (not copied), in the Jinja dialect of hub templates.
+QWEN3_STYLE_JINJA = """
+{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{% endif %}
+{%- set ns = namespace(last_query=messages|length - 1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}
+{%- for m in messages %}
+    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+    {%- elif m.role == 'assistant' %}
+        {%- set content = m.content %}
+        {%- set reasoning = '' %}
+        {%- if '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{% endif %}
+{%- endif %}
+"""
+
+
+@pytest.fixture(scope="module")
+def qwen3_tok(tmp_path_factory) -> HFTokenizer:
+    """The ChatML test tokenizer plus Qwen3's <think> and </think> as added (non-special) tokens."""
+    folder = tmp_path_factory.mktemp("qwen3")
+    make_hf_tokenizer(folder)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save(str(folder / "tokenizer.json"))
+    return HFTokenizer(str(folder / "tokenizer.json"))
+
+
+QWEN3_CHATS = {
+    "single": [Message("user", "What is 2+2?"), Message("assistant", "4")],
+    "system, multi-turn": CONVERSATION,
+    "answer starting with newlines": [
+        Message("user", "hi"),
+        Message("assistant", "\n\nhello"),
+        Message("user", "again"),
+        Message("assistant", "\nworld"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(QWEN3_CHATS))
+def test_qwen3_template_renders_what_qwen3s_own_template_renders(qwen3_tok, name):
+    chat = QWEN3_CHATS[name]
+    qwen3 = build_chat_template("qwen3", qwen3_tok, "qwen3")
+    jinja = JinjaTemplate(qwen3_tok, QWEN3_STYLE_JINJA)  # for its renderer and its text -> ids
+    dicts = [m.__dict__ for m in chat]
+    rendered = jinja._template.render(messages=dicts, add_generation_prompt=False)
+    assert "<think>\n\n</think>\n\n" in rendered and rendered.count("<think>") == 1  # the last answer only
+    tokens, trainable = qwen3.tokenize(chat, train_on_input=False)
+    assert qwen3_tok.decode(tokens) == rendered
+    assert tokens == jinja._encode(rendered)
+    assert qwen3_tok.special_tokens["<think>"] in tokens
+    # The loss is on the assistant answers and their end of turn only, never on the empty thinking block
+    # (Qwen3 strips the newlines that start the last answer).
+    answers = [m.content.lstrip("\n") if k == len(chat) - 1 else m.content for k, m in enumerate(chat)]
+    expected = "".join(a + "<|im_end|>\n" for m, a in zip(chat, answers) if m.role == "assistant")
+    assert qwen3_tok.decode([t for t, keep in zip(tokens, trainable) if keep]) == expected
+    assert qwen3.tokenize(chat, train_on_input=True)[1] == [True] * len(tokens)
+    # Served without thinking (enable_thinking=False), the model continues exactly the trained prefix.
+    prompt = qwen3.prompt(chat[:-1])
+    served = jinja._template.render(messages=dicts[:-1], add_generation_prompt=True, enable_thinking=False)
+    assert qwen3_tok.decode(prompt) == served and prompt == jinja._encode(served)
+    assert tokens[: len(prompt)] == prompt and qwen3.stop_ids == {qwen3_tok.special_tokens["<|im_end|>"]}
+
+
+def test_qwen3_template_refuses_reasoning_it_would_reformat(qwen3_tok):
+    with pytest.raises(RowError, match="</think>"):
+        build_chat_template("qwen3", qwen3_tok, "qwen3").tokenize(
+            [Message("user", "q"), Message("assistant", "<think>x</think>y")], False
+        )
+
+
 def test_jinja_refuses_templates_without_the_prefix_property(hf_tok):
     changing = CHATML_JINJA.replace("message['content']", "message['content'] + ('!' if loop.last else '')")
     with pytest.raises(ChatTemplateError, match="renders earlier messages differently"):
@@ -239,7 +329,7 @@ def test_build_chat_template_choices(tiktoken_tok, tmp_path):
     assert isinstance(build_chat_template("auto", tiktoken_tok, "llama3"), Llama3Template)
     plain = make_hf_tokenizer(tmp_path / "plain", chat_template=None)
     assert plain.chat_template is None
-    assert isinstance(build_chat_template("auto", plain, "qwen3"), ChatMLTemplate)
+    assert type(build_chat_template("auto", plain, "qwen3")) is Qwen3Template
     with pytest.raises(ChatTemplateError, match="no default format; set --sft.chat_template"):
         build_chat_template("auto", ByteTokenizer(), "mystery")
     with pytest.raises(ChatTemplateError, match="has no chat_template"):

@@ -148,7 +148,8 @@ def _require_specials(tokenizer: Tokenizer, names: Sequence[str], template: str)
         raise ChatTemplateError(
             f"--sft.chat_template {template} needs the special tokens {', '.join(names)}, and the tokenizer "
             f"({tokenizer!r}) lacks {', '.join(missing)}; choose the template that matches the tokenizer "
-            "(llama3 for Llama 3 / titanium tokenizers, chatml for Qwen) or 'tokenizer' for its own template"
+            "(llama3 for Llama 3 / titanium tokenizers, qwen3 for Qwen3, chatml for other Qwen models) or "
+            "'tokenizer' for its own template"
         )
     return {n: tokenizer.special_tokens[n] for n in names}
 
@@ -203,9 +204,11 @@ class ChatMLTemplate(_TurnTemplate):
     """<|im_start|>role\\ncontent<|im_end|>\\n per message (Qwen); no BOS. The newline after <|im_end|>
     belongs to the turn, so it is learned with the answer."""
 
+    name = "chatml"
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.start, self.end = _require_specials(tokenizer, ("<|im_start|>", "<|im_end|>"), "chatml").values()
+        self.start, self.end = _require_specials(tokenizer, ("<|im_start|>", "<|im_end|>"), self.name).values()
         self.preamble = []
         self.stop_ids = {self.end, tokenizer.eos_id}
 
@@ -214,6 +217,37 @@ class ChatMLTemplate(_TurnTemplate):
 
     def _body(self, content: str) -> list[int]:
         return [*self._encode(content), self.end, *self._encode("\n")]
+
+
+class Qwen3Template(ChatMLTemplate):
+    """ChatML as Qwen3's own template renders a chat without reasoning, so the model trains in the format it
+    is served with (``enable_thinking=False``).
+
+    The answer to the last user query opens with an empty ``<think>\\n\\n</think>\\n\\n`` block (and loses
+    its leading newlines); earlier answers have none. The block belongs to the prompt, as in Qwen3's
+    generation prompt with thinking off: the model never writes it, so it is not learned.
+    """
+
+    name = "qwen3"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.empty_thinking = self._encode("<think>\n\n</think>\n\n")
+
+    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+        if any(m.role == "assistant" and "</think>" in m.content for m in messages):
+            raise RowError(
+                "an assistant message holds a </think> reasoning block, which Qwen3's template would move; "
+                "the qwen3 template trains chats without reasoning (use --sft.chat_template tokenizer)"
+            )
+        segments = super()._segments(messages, generation=False)
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant" and any(m.role == "user" for m in messages):
+            answer = self._body(last.content.lstrip("\n"))
+            segments[-1:] = [(self.empty_thinking, "prompt"), (answer, "output")]
+        if generation:
+            segments += [(self._header("assistant"), "prompt"), (self.empty_thinking, "prompt")]
+        return segments
 
 
 class JinjaTemplate(ChatTemplate):
@@ -281,7 +315,8 @@ class JinjaTemplate(ChatTemplate):
         if not after.startswith(before):
             raise ChatTemplateError(
                 "the tokenizer's chat_template renders earlier messages differently as the conversation grows, "
-                "so per-message loss masks cannot be derived from it; set --sft.chat_template llama3 or chatml"
+                "so per-message loss masks cannot be derived from it; set --sft.chat_template llama3, qwen3 or "
+                "chatml"
             )
         return after[len(before) :]
 
@@ -311,25 +346,27 @@ class JinjaTemplate(ChatTemplate):
 
 
 def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
-    """--sft.chat_template: llama3, chatml, tokenizer (its Jinja template) or auto (that, else the model's own)."""
+    """--sft.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
     source = getattr(tokenizer, "chat_template", None)
     if name == "auto":
-        name = "tokenizer" if source else {"llama3": "llama3", "qwen3": "chatml"}.get(model_name, "")
+        name = "tokenizer" if source else {"llama3": "llama3", "qwen3": "qwen3"}.get(model_name, "")
         if not name:
             raise ChatTemplateError(
                 f"--sft.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
-                "default format; set --sft.chat_template llama3 or chatml"
+                "default format; set --sft.chat_template llama3, qwen3 or chatml"
             )
     if name == "llama3":
         return Llama3Template(tokenizer)
     if name == "chatml":
         return ChatMLTemplate(tokenizer)
+    if name == "qwen3":
+        return Qwen3Template(tokenizer)
     if name == "tokenizer":
         if not source:
             raise ChatTemplateError(
                 f"--sft.chat_template tokenizer: {tokenizer!r} has no chat_template (a Hugging Face "
                 "tokenizer_config.json 'chat_template' or a chat_template.jinja file); "
-                "set --sft.chat_template llama3 or chatml"
+                "set --sft.chat_template llama3, qwen3 or chatml"
             )
         return JinjaTemplate(tokenizer, source)
-    raise ChatTemplateError(f"unknown --sft.chat_template {name!r}; expected auto, llama3, chatml or tokenizer")
+    raise ChatTemplateError(f"unknown --sft.chat_template {name!r}; expected auto, llama3, chatml, qwen3 or tokenizer")
