@@ -55,8 +55,9 @@ class DataSection:
     text_column: str = "text"
     """Column holding the document text."""
     on_bad_row: Literal["skip", "fail"] = "skip"
-    """What to do with a malformed row (missing column, wrong type, unknown role, empty content): skip
-    it (counted in the log) or stop with an error naming the file and row."""
+    """What to do with a malformed row (a line that is not UTF-8 or not JSON, missing column, wrong type,
+    unknown role, empty content, a conversation the chat template rejects): skip it (counted in the log)
+    or stop with an error naming the file and row."""
     messages_column: str = "messages"
     """kind=chat: column with the list of messages (e.g. "messages", or "conversations" for ShareGPT data)."""
     role_key: str = "role"
