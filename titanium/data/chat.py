@@ -258,7 +258,7 @@ class JinjaTemplate(ChatTemplate):
     ``messages[:i]`` ends is its (untrained) header. Each piece is tokenized on its own, so the answer
     starts on a token boundary exactly as it does when the model generates after ``prompt()``. Templates
     whose earlier text changes as the conversation grows (e.g. ones that drop past reasoning) break this
-    and are refused with an error; choose llama3 or chatml for them. A conversation the template itself
+    and are refused with an error; choose llama3, qwen3 or chatml for them. A conversation the template itself
     rejects (its ``raise_exception``, e.g. roles that do not alternate) is that row's fault: a RowError.
     """
 
@@ -287,7 +287,7 @@ class JinjaTemplate(ChatTemplate):
         except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
             raise ChatTemplateError(
                 f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
-                "set --sft.chat_template llama3 or chatml"
+                "set --sft.chat_template llama3, qwen3 or chatml"
             ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
 

@@ -99,24 +99,24 @@ class SFTDataset(RowReader):
         """Fit the sample to seq_len per --sft.on_long_sample; None (counted) when nothing is left to learn."""
         n, seq_len = len(tokens), self.seq_len
         too_long = n > seq_len
+        too_long_text = f"a sample of {n} tokens is longer than --training.seq_len {seq_len}"
         if too_long and self.sft.on_long_sample == "drop":
             self.dropped += 1
-            what = f"a sample of {n} tokens is longer than --training.seq_len {seq_len}; dropped (--sft.on_long_sample)"
-            self._warn_once("dropped", source, row, what)
+            self._warn_once("dropped", source, row, f"{too_long_text}; dropped (--sft.on_long_sample drop)")
             return None
-        prompt = trainable.index(True, 1) if True in trainable[1:] else n  # tokens before the first learned one
-        tokens, trainable = tokens[:seq_len], trainable[:seq_len]
-        labels = shifted_labels(tokens, trainable)
+        kept = tokens[:seq_len]
+        labels = shifted_labels(kept, trainable[:seq_len])
         if all(label == IGNORE_INDEX for label in labels):
             self.dropped += 1
+            prompt = trainable.index(True, 1) if True in trainable[1:] else n  # tokens before the first learned one
             what = f"the prompt alone is {prompt} tokens, nothing to learn within --training.seq_len {seq_len}"
             self._warn_once("dropped", source, row, f"{what}; dropped (raise --training.seq_len)")
             return None
         if too_long:
             self.truncated += 1
-            what = f"a sample of {n} tokens is longer than --training.seq_len {seq_len}; cut to {seq_len} tokens"
-            self._warn_once("truncated", source, row, f"{what} (--sft.on_long_sample drop leaves such samples out)")
-        return {"tokens": tokens, "labels": labels}
+            what = f"{too_long_text}; cut to {seq_len} tokens (--sft.on_long_sample drop leaves such samples out)"
+            self._warn_once("truncated", source, row, what)
+        return {"tokens": kept, "labels": labels}
 
     def __iter__(self) -> Iterator[Sample]:
         for source, row, item in self._rows():
