@@ -214,6 +214,7 @@ class Trainer:
             dp_world=self.dims.dp_degree,
             group=self.dp_group,
             device=self.device,
+            system_prompt=self.cfg.sft.system_prompt,
         )
 
     def _evaluate(self, step: int) -> None:

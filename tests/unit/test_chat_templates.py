@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 from pathlib import Path
 
 import pytest
 
-from titanium.config.sections import DataSection
+from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import (
     ChatMLTemplate,
     ChatTemplateError,
     JinjaTemplate,
     Llama3Template,
     Message,
+    Qwen3Template,
     RowError,
     build_chat_template,
     parse_chat_row,
     parse_instruct_row,
     with_system_prompt,
 )
+from titanium.data.sft import SFTDataset
+from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer, HFTokenizer, TiktokenTokenizer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,14 +147,162 @@ def test_jinja_llama3_matches_llama3_template_and_bos_is_never_trained(tiktoken_
     assert jinja.stop_ids == llama3.stop_ids
 
 
+# Qwen3's published rule for chats without tools: the last user query's answer opens with a <think> block
+# (empty when there is no reasoning), earlier answers do not; enable_thinking=false puts an empty block in the
+# generation prompt. Written here from that rule (not copied), in the Jinja dialect of hub templates.
+QWEN3_STYLE_JINJA = """
+{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{% endif %}
+{%- set ns = namespace(last_query=messages|length - 1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}
+{%- for m in messages %}
+    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+    {%- elif m.role == 'assistant' %}
+        {%- set content = m.content %}
+        {%- set reasoning = '' %}
+        {%- if '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{% endif %}
+{%- endif %}
+"""
+
+
+@pytest.fixture(scope="module")
+def qwen3_tok(tmp_path_factory) -> HFTokenizer:
+    """The ChatML test tokenizer plus Qwen3's <think> and </think> as added (non-special) tokens."""
+    folder = tmp_path_factory.mktemp("qwen3")
+    make_hf_tokenizer(folder)
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.add_tokens(["<think>", "</think>"])
+    tok.save(str(folder / "tokenizer.json"))
+    return HFTokenizer(str(folder / "tokenizer.json"))
+
+
+QWEN3_CHATS = {
+    "single": [Message("user", "What is 2+2?"), Message("assistant", "4")],
+    "system, multi-turn": CONVERSATION,
+    "answer starting with newlines": [
+        Message("user", "hi"),
+        Message("assistant", "\n\nhello"),
+        Message("user", "again"),
+        Message("assistant", "\nworld"),
+    ],
+}
+
+
+@pytest.mark.parametrize("name", list(QWEN3_CHATS))
+def test_qwen3_template_renders_what_qwen3s_own_template_renders(qwen3_tok, name):
+    chat = QWEN3_CHATS[name]
+    qwen3 = build_chat_template("qwen3", qwen3_tok, "qwen3")
+    jinja = JinjaTemplate(qwen3_tok, QWEN3_STYLE_JINJA)  # for its renderer and its text -> ids
+    dicts = [m.__dict__ for m in chat]
+    rendered = jinja._template.render(messages=dicts, add_generation_prompt=False)
+    assert "<think>\n\n</think>\n\n" in rendered and rendered.count("<think>") == 1  # the last answer only
+    tokens, trainable = qwen3.tokenize(chat, train_on_input=False)
+    assert qwen3_tok.decode(tokens) == rendered
+    assert tokens == jinja._encode(rendered)
+    assert qwen3_tok.special_tokens["<think>"] in tokens
+    # The loss is on the assistant answers and their end of turn only, never on the empty thinking block
+    # (Qwen3 strips the newlines that start the last answer).
+    answers = [m.content.lstrip("\n") if k == len(chat) - 1 else m.content for k, m in enumerate(chat)]
+    expected = "".join(a + "<|im_end|>\n" for m, a in zip(chat, answers) if m.role == "assistant")
+    assert qwen3_tok.decode([t for t, keep in zip(tokens, trainable) if keep]) == expected
+    assert qwen3.tokenize(chat, train_on_input=True)[1] == [True] * len(tokens)
+    # Served without thinking (enable_thinking=False), the model continues exactly the trained prefix.
+    prompt = qwen3.prompt(chat[:-1])
+    served = jinja._template.render(messages=dicts[:-1], add_generation_prompt=True, enable_thinking=False)
+    assert qwen3_tok.decode(prompt) == served and prompt == jinja._encode(served)
+    assert tokens[: len(prompt)] == prompt and qwen3.stop_ids == {qwen3_tok.special_tokens["<|im_end|>"]}
+
+
+def test_qwen3_template_refuses_reasoning_it_would_reformat(qwen3_tok):
+    with pytest.raises(RowError, match="</think>"):
+        build_chat_template("qwen3", qwen3_tok, "qwen3").tokenize(
+            [Message("user", "q"), Message("assistant", "<think>x</think>y")], False
+        )
+
+
 def test_jinja_refuses_templates_without_the_prefix_property(hf_tok):
     changing = CHATML_JINJA.replace("message['content']", "message['content'] + ('!' if loop.last else '')")
     with pytest.raises(ChatTemplateError, match="renders earlier messages differently"):
         JinjaTemplate(hf_tok, changing)
     with pytest.raises(ChatTemplateError, match="not valid Jinja"):
         JinjaTemplate(hf_tok, "{% for %}")
-    with pytest.raises(ChatTemplateError, match="failed to render: no tools"):
+    with pytest.raises(ChatTemplateError, match="plain user/assistant conversation .*no tools.*--sft.chat_template"):
         JinjaTemplate(hf_tok, "{{ raise_exception('no tools') }}")
+
+
+ALTERNATING_JINJA = (
+    "{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% endfor %}" + CHATML_JINJA
+)
+
+
+def test_a_row_the_tokenizers_template_rejects_is_a_bad_row(hf_tok, tmp_path, caplog):
+    """raise_exception() on one conversation is that row's fault: skipped and counted, or named with `fail`."""
+    rows = [[("user", "a"), ("assistant", "b")], [("user", "a"), ("user", "b"), ("assistant", "c")]]
+    rows += [[("user", "d"), ("assistant", "e")]]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("".join(json.dumps({"messages": [{"role": r, "content": c} for r, c in m]}) + "\n" for m in rows))
+    template = JinjaTemplate(hf_tok, ALTERNATING_JINJA)
+    with pytest.raises(RowError, match="chat_template rejected it: Conversation roles must alternate"):
+        template.tokenize([Message("user", "a"), Message("user", "b"), Message("assistant", "c")], False)
+
+    def samples(on_bad_row: str) -> tuple[SFTDataset, list]:
+        ds = SFTDataset(
+            DataSection(kind="chat", path=str(path), on_bad_row=on_bad_row), SFTSection(), hf_tok, template, 64
+        )
+        it = iter(ds)
+        return ds, [next(it) for _ in range(2)]
+
+    ds, got = samples("skip")
+    assert [hf_tok.decode(s["tokens"]).split("assistant\n")[-1] for s in got] == ["b<|im_end|>\n", "e<|im_end|>\n"]
+    assert ds.bad_rows == 1 and f"--data.path {path}: row 1: the tokenizer's chat_template rejected it" in caplog.text
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: the tokenizer's chat_template rejected it: "):
+        samples("fail")
+
+
+def test_jinja_generation_blocks_render_as_in_transformers(hf_tok):
+    """HF templates mark assistant text with {% generation %} (for its assistant masks); it renders its body."""
+    marked = CHATML_JINJA.replace(
+        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}",
+        "{% if message['role'] == 'assistant' %}{{ '<|im_start|>assistant\\n' }}{% generation %}"
+        "{% set answer = message['content'] %}{{ answer + '<|im_end|>' + '\\n' }}{% endgeneration %}"
+        "{% else %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+        "{% endif %}",
+    )
+    assert marked != CHATML_JINJA
+    conversation = CONVERSATION[1:]
+    assert JinjaTemplate(hf_tok, marked).tokenize(conversation, False) == ChatMLTemplate(hf_tok).tokenize(
+        conversation, False
+    )
+    transformers_render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
+    dicts = [m.__dict__ for m in conversation]
+    ours = JinjaTemplate(hf_tok, marked)._render(conversation, generation=False)
+    assert ours == transformers_render([dicts], chat_template=marked)[0][0]
+
+
+def test_jinja_strftime_now_gives_todays_date(hf_tok):
+    conversation = CONVERSATION[1:]
+    dated = "{{ '<|im_start|>system\\nToday is ' + strftime_now('%d %b %Y') + '<|im_end|>\\n' }}" + CHATML_JINJA
+    tokens, _ = JinjaTemplate(hf_tok, dated).tokenize(conversation, False)
+    today = datetime.date.today().strftime("%d %b %Y")
+    assert hf_tok.decode(tokens).startswith(f"<|im_start|>system\nToday is {today}<|im_end|>\n<|im_start|>user\n")
 
 
 def test_jinja_is_sandboxed(hf_tok):
@@ -177,7 +329,7 @@ def test_build_chat_template_choices(tiktoken_tok, tmp_path):
     assert isinstance(build_chat_template("auto", tiktoken_tok, "llama3"), Llama3Template)
     plain = make_hf_tokenizer(tmp_path / "plain", chat_template=None)
     assert plain.chat_template is None
-    assert isinstance(build_chat_template("auto", plain, "qwen3"), ChatMLTemplate)
+    assert type(build_chat_template("auto", plain, "qwen3")) is Qwen3Template
     with pytest.raises(ChatTemplateError, match="no default format; set --sft.chat_template"):
         build_chat_template("auto", ByteTokenizer(), "mystery")
     with pytest.raises(ChatTemplateError, match="has no chat_template"):

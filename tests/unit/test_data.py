@@ -95,23 +95,87 @@ def test_bad_rows_are_skipped_and_counted(tmp_path, caplog):
     ds = TextDataset(DataSection(path=path, on_bad_row="skip"), TOK, seq_len=4)
     assert list(_first(ds._documents(), 2)) == ["good one", "good two"]
     assert ds.bad_rows == 2
-    assert f"{path} row 1: 'text' is missing or null" in caplog.text
-    assert f"{path} row 2: 'text' is int, not a string" in caplog.text
+    assert f"--data.path {path}: row 1: no 'text' column (columns: ['body'])" in caplog.text
+    assert f"--data.path {path}: row 2: 'text' is int, not a string" in caplog.text
 
 
 def test_bad_rows_fail_when_asked(tmp_path):
     path = jsonl(tmp_path / "bad.jsonl", [{"text": "ok"}, {"text": None}])
     ds = TextDataset(DataSection(path=path, on_bad_row="fail"), TOK, seq_len=4)
-    with pytest.raises(DataError, match=rf"{path} row 1: 'text' is missing or null"):
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: 'text' is missing or null; "):
         list(_first(ds._documents(), 2))
 
 
 def test_unreadable_file_names_the_file(tmp_path):
-    path = tmp_path / "broken.jsonl"
-    path.write_text('{"text": "fine"}\n{"text": oops\n')
+    path = tmp_path / "broken.parquet"
+    path.write_bytes(b"PAR1 this is not parquet")
     ds = TextDataset(DataSection(path=str(path)), TOK, seq_len=4)
-    with pytest.raises(DataError, match="broken.jsonl"):
+    with pytest.raises(DataError, match=f"--data.path {path}: cannot open"):
         list(_first(ds._documents(), 2))
+
+
+@pytest.mark.parametrize("name", ["empty.jsonl", "empty.json", "empty.txt", "empty.parquet"])
+def test_an_empty_file_is_named_as_empty(tmp_path, name):
+    (tmp_path / name).write_bytes(b"" if name != "empty.json" else b"  \n\n")
+    with pytest.raises(DataError, match=f"--data.path {tmp_path / name}: the file is empty"):
+        TextDataset(DataSection(path=str(tmp_path / name)), TOK, seq_len=4)
+
+
+def _lines_with_bad_ones(path: Path, n: int, bad: dict[int, bytes]) -> list[str]:
+    """n rows, the ones in `bad` replaced by broken lines; returns the texts of the good rows."""
+    lines = [bad.get(i, json.dumps({"text": f"doc {i}"}).encode()) for i in range(n)]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return [f"doc {i}" for i in range(n) if i not in bad]
+
+
+BROKEN = {1: b'{"text": oops', 2: b'{"text": "caf\xe9"}', 2345: b'{"text": "unterminated'}
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_line_that_is_not_json_or_not_utf8_is_a_bad_row(tmp_path, suffix, caplog):
+    path = tmp_path / f"data{suffix}"
+    good = _lines_with_bad_ones(path, 3000, BROKEN)
+    ds = TextDataset(DataSection(path=str(path)), TOK, seq_len=4)
+    assert list(_first(ds._documents(), len(good))) == good
+    assert ds.bad_rows == 3
+    assert f"--data.path {path}: row 1: not valid JSON" in caplog.text
+    assert f"--data.path {path}: row 2: not UTF-8 text" in caplog.text
+    assert f"--data.path {path}: row 2345: not valid JSON" in caplog.text
+    ds = TextDataset(DataSection(path=str(path), on_bad_row="fail"), TOK, seq_len=4)
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: not valid JSON .*; fix or delete the line"):
+        list(_first(ds._documents(), 2))
+
+
+def test_txt_lines_that_are_not_utf8_are_bad_rows(tmp_path):
+    path = tmp_path / "a.txt"
+    path.write_bytes(b"line one\r\nbad \xff line\n\nline three")
+    ds = TextDataset(DataSection(path=str(path)), TOK, seq_len=4)
+    assert list(_first(ds._documents(), 3)) == ["line one", "", "line three"]  # a blank line is an empty document
+    assert ds.bad_rows == 1
+
+
+def test_blank_lines_keep_row_numbers_equal_to_line_numbers(tmp_path, caplog):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a"}\n\n   \n{"body": "b"}\n{"text": "c"}\n')
+    ds = TextDataset(DataSection(path=str(path)), TOK, seq_len=4)
+    assert list(_first(ds._documents(), 2)) == ["a", "c"]
+    assert ds.bad_rows == 1 and f"--data.path {path}: row 3: no 'text' column" in caplog.text
+
+
+@pytest.mark.parametrize("dp_world", [1, 2])
+def test_resume_is_exact_across_bad_lines(tmp_path, dp_world):
+    _lines_with_bad_ones(tmp_path / "a.jsonl", 40, {3: b"{", 4: b"\xff", 17: b"[1,", 30: b"nope"})
+    cfg = DataSection(path=str(tmp_path / "a.jsonl"))
+    for rank in range(dp_world):
+        ref = BatchLoader(TextDataset(cfg, TOK, seq_len=8, dp_rank=rank, dp_world=dp_world), batch_size=2)
+        take(ref, 3)
+        state = json.loads(json.dumps(ref.state_dict()))
+        expected = take(ref, 12)  # crosses the bad lines and an epoch boundary
+        resumed = BatchLoader(TextDataset(cfg, TOK, seq_len=8, dp_rank=rank, dp_world=dp_world), batch_size=2)
+        resumed.load_state_dict(state)
+        for a, b in zip(expected, take(resumed, 12)):
+            assert torch.equal(a["input"], b["input"])
+        assert resumed.dataset.bad_rows == ref.dataset.bad_rows
 
 
 def test_txt_and_parquet_sources(tmp_path):

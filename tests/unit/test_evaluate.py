@@ -18,8 +18,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from titanium.config.sections import DataSection, EvalSection
-from titanium.data.chat import Llama3Template
+from titanium.config.sections import DataSection, EvalSection, SFTSection
+from titanium.data.chat import Llama3Template, Message
+from titanium.data.sft import SFTDataset
 from titanium.data.text import DataError
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.evaluate import ExactMatchEvaluator
@@ -111,6 +112,40 @@ def test_first_max_samples_rows_and_bad_rows(tmp_path: Path) -> None:
         _evaluator(path, data=DataSection(kind="chat", on_bad_row="fail"))
     with pytest.raises(DataError, match="--eval.path"):
         _evaluator(str(tmp_path / "missing.jsonl"))
+
+
+def test_broken_lines_are_bad_rows_named_by_file_and_row(tmp_path: Path) -> None:
+    good = [json.dumps(_chat_row(f"q{i}", "42")).encode() for i in range(3)]
+    path = tmp_path / "test.jsonl"
+    path.write_bytes(b"\n".join([good[0], b'{"messages": oops', good[1], b"\xff", good[2]]) + b"\n")
+    evaluator, _, _ = _evaluator(str(path))
+    assert len(evaluator.mine) == 3
+    with pytest.raises(DataError, match=rf"--eval.path {path}: row 1: not valid JSON .*; fix or delete the line"):
+        _evaluator(str(path), data=DataSection(kind="chat", on_bad_row="fail"))
+
+
+def test_system_prompt_is_used_as_in_training(tmp_path: Path) -> None:
+    """--sft.system_prompt replaces or adds the system message of eval prompts exactly as of SFT samples."""
+    rows = [
+        _chat_row("What is 40 + 2?", "42"),
+        {"messages": [{"role": "system", "content": "old"}, *_chat_row("q", "7")["messages"]]},
+    ]
+    tokenizer = _tokenizer()
+    template = Llama3Template(tokenizer)
+    cfg = EvalSection(interval=1, path=_write(tmp_path / "t.jsonl", rows))
+    evaluator = ExactMatchEvaluator(cfg, DataSection(kind="chat"), template, tokenizer, system_prompt="Be brief.")
+    expected = [
+        template.prompt([Message("system", "Be brief."), Message("user", "What is 40 + 2?")]),
+        template.prompt([Message("system", "Be brief."), Message("user", "q")]),
+    ]
+    assert [s.prompt for s in evaluator.mine] == expected
+    # The training sample of the same row starts with exactly the eval prompt, then the answer.
+    sft = SFTDataset(
+        DataSection(kind="chat", path=cfg.path), SFTSection(system_prompt="Be brief."), tokenizer, template, 256
+    )
+    sample = next(iter(sft))["tokens"]
+    assert sample[: len(expected[0])] == expected[0]
+    assert tokenizer.decode(sample[len(expected[0]) :]) == "42<|eot_id|>"
 
 
 def test_prompt_too_long_for_the_model_is_refused_before_generating(tmp_path: Path) -> None:

@@ -77,6 +77,14 @@ def test_log_line_memory_pressure_warnings() -> None:
     assert "alloc_retries 3" in loud
 
 
+def test_log_line_shows_data_problems() -> None:
+    """Skipped rows and truncated or dropped samples are on the console line, not only in TensorBoard."""
+    scalars = {"loss": 2.0, "data/skipped_rows": 2.0, "data/truncated_samples": 1234.0, "data/dropped_samples": 5.0}
+    line = format_log_line(1, 10, scalars, color=False)
+    assert line.endswith("loss  2.0000  skipped_rows 2  truncated 1,234  dropped 5")
+    assert _ANSI.sub("", format_log_line(1, 10, scalars, color=True)) == line
+
+
 def test_log_line_color() -> None:
     plain = format_log_line(10, 100, _example_scalars(), color=False)
     colored = format_log_line(10, 100, _example_scalars(), color=True)

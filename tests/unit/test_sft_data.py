@@ -101,16 +101,32 @@ def test_bad_rows_are_skipped_and_counted(tmp_path, caplog):
     samples = take(ds, 3)
     assert [TOK.decode(s["tokens"][-3:-1]) for s in samples] == ["a0", "a2", "a4"]
     assert ds.bad_rows == 2
-    assert "c.jsonl row 3: message 0 has unknown role 'robot'" in caplog.text
+    assert "c.jsonl: row 3: message 0 has unknown role 'robot'" in caplog.text
 
 
 def test_bad_rows_fail_with_file_and_row(tmp_path):
     path = jsonl(tmp_path / "c.jsonl", BAD_ROWS)
-    with pytest.raises(DataError, match=rf"{path} row 1: no 'messages' column .*--data.messages_column"):
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: no 'messages' column .*--data.messages_column"):
         take(dataset(path, on_bad_row="fail"), 3)
     path = jsonl(tmp_path / "i.jsonl", [{"instruction": "x", "output": " "}])
-    with pytest.raises(DataError, match=rf"{path} row 0: 'output' is empty .*--data.output_column"):
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 0: 'output' is empty; .*--data.output_column"):
         take(dataset(path, kind="instruct", on_bad_row="fail"), 1)
+
+
+def test_broken_lines_in_chat_data_are_bad_rows(tmp_path, caplog):
+    path = tmp_path / "c.jsonl"
+    lines = [
+        json.dumps(chat("q0", "a0")).encode(),
+        b'{"messages": [',
+        b"\xff\xfe",
+        json.dumps(chat("q3", "a3")).encode(),
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ds = dataset(str(path))
+    assert [TOK.decode(s["tokens"][-3:-1]) for s in take(ds, 2)] == ["a0", "a3"]
+    assert ds.bad_rows == 2 and f"--data.path {path}: row 2: not UTF-8 text" in caplog.text
+    with pytest.raises(DataError, match=rf"--data.path {path}: row 1: not valid JSON"):
+        take(dataset(str(path), on_bad_row="fail"), 2)
 
 
 def test_a_pass_without_any_sample_is_an_error_not_a_hang(tmp_path):
@@ -118,17 +134,26 @@ def test_a_pass_without_any_sample_is_an_error_not_a_hang(tmp_path):
         take(dataset(jsonl(tmp_path / "c.jsonl", [{"other": 1}] * 3)), 1)
 
 
-def test_long_samples_are_truncated_or_dropped(tmp_path):
+def test_long_samples_are_truncated_or_dropped(tmp_path, caplog):
     short, long_answer, long_prompt = chat("q", "a"), chat("q", "x" * 40), chat("u" * 40, "a")
-    path = jsonl(tmp_path / "c.jsonl", [short, long_answer, long_prompt, short])
+    path = jsonl(tmp_path / "c.jsonl", [short, long_answer, long_prompt, short, long_answer, long_prompt])
     ds = dataset(path, seq_len=30)
-    samples = take(ds, 3)  # the long prompt leaves nothing to learn: dropped
-    assert [len(s["tokens"]) for s in samples] == [26, 30, 26]
+    samples = take(ds, 4)  # the long prompt leaves nothing to learn: dropped
+    assert [len(s["tokens"]) for s in samples] == [26, 30, 26, 30]
     assert samples[1]["labels"][-1] == IGNORE_INDEX and samples[1]["labels"][-2] == ord("x")
-    assert (ds.truncated, ds.dropped) == (1, 1)
+    assert (ds.truncated, ds.dropped) == (2, 1)
+    # One warning per kind, naming an example row; the counts go to the log line.
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"--data.path {path}: row 1: a sample of 65 tokens is longer than")
+    assert "--training.seq_len 30; cut to 30 tokens" in warnings[0] and "'truncated'" in warnings[0]
+    assert warnings[1].startswith(f"--data.path {path}: row 2: the prompt alone is 63 tokens")
+    assert "nothing to learn within --training.seq_len 30; dropped" in warnings[1] and "'dropped'" in warnings[1]
+    caplog.clear()
     ds = dataset(path, seq_len=30, on_long_sample="drop")
     assert [len(s["tokens"]) for s in take(ds, 2)] == [26, 26]
     assert (ds.truncated, ds.dropped) == (0, 2)
+    assert "row 1: a sample of 65 tokens is longer than --training.seq_len 30; dropped" in caplog.text
 
 
 def test_dp_ranks_read_disjoint_rows_and_loop_over_epochs(tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers import REPO
@@ -13,9 +14,11 @@ from titanium.data.chat import build_chat_template
 from titanium.data.loader import collate
 from titanium.data.packing import PackedDataset, PaddedDataset
 from titanium.data.sft import SFTDataset
-from titanium.data.tokenizer import TiktokenTokenizer
+from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.models import build_model_args, get_model_spec
+from titanium.trainers.base import ObjectiveContext
 from titanium.trainers.pretrain import cross_entropy_sum
+from titanium.trainers.sft import SFTObjective
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
 QUESTIONS = [("What is 2 + 3?", "5"), ("Reverse: cat", "tac"), ("Say hello twice.", "hello hello")] * 4
@@ -60,3 +63,18 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path: Path) -> Non
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=0)
     for name, grad in packed_grads.items():
         torch.testing.assert_close(grad, padded_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("packing, expected_pct", [(False, 100 * 3 / 8), (True, 0.0)])
+def test_padding_share_counts_padding_not_eos_standing_in_for_pad(tmp_path: Path, packing, expected_pct) -> None:
+    """A tokenizer without a pad token pads with EOS; the real EOS ending each sample is not padding."""
+    tokenizer = ByteTokenizer()
+    tokenizer.pad_id = tokenizer.eos_id
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["abc", "xyz"]))  # BOS a b c EOS: 5 tokens
+    seq_len = 8 if not packing else 10  # padded: 5 real + 3 padding; packed: two samples fill the row
+    ctx = ObjectiveContext(tokenizer, "llama3", tokenizer.vocab_size, seq_len, 2, dp_rank=0, dp_world=1, seed=0)
+    objective = SFTObjective(ctx, DataSection(kind="text", path=str(path)), SFTSection(packing=packing))
+    batch = objective.next_microbatch()
+    assert int((batch["input"] == tokenizer.eos_id).sum()) > (0 if packing else 6)  # EOS is everywhere
+    assert objective.log_metrics()["data/padding_pct"] == pytest.approx(expected_pct)

@@ -55,8 +55,9 @@ class DataSection:
     text_column: str = "text"
     """Column holding the document text."""
     on_bad_row: Literal["skip", "fail"] = "skip"
-    """What to do with a malformed row (missing column, wrong type, unknown role, empty content): skip
-    it (counted in the log) or stop with an error naming the file and row."""
+    """What to do with a malformed row (a line that is not UTF-8 or not JSON, missing column, wrong type,
+    unknown role, empty content, a conversation the chat template rejects): skip it (counted in the log)
+    or stop with an error naming the file and row."""
     messages_column: str = "messages"
     """kind=chat: column with the list of messages (e.g. "messages", or "conversations" for ShareGPT data)."""
     role_key: str = "role"
@@ -267,10 +268,12 @@ class DebugSection:
 
 @dataclass
 class SFTSection:
-    chat_template: Literal["auto", "llama3", "chatml", "tokenizer"] = "auto"
+    chat_template: Literal["auto", "llama3", "chatml", "qwen3", "tokenizer"] = "auto"
     """How messages become tokens. llama3: <|start_header_id|>role<|end_header_id|>... <|eot_id|>.
-    chatml: <|im_start|>role ... <|im_end|> (Qwen). tokenizer: the HF tokenizer's own Jinja
-    chat_template. auto: the tokenizer's template if it has one, else the model family's format."""
+    chatml: <|im_start|>role ... <|im_end|> (Qwen). qwen3: ChatML as Qwen3's own template renders chats
+    without reasoning (the last answer opens with an empty <think></think> block, not learned).
+    tokenizer: the HF tokenizer's own Jinja chat_template. auto: the tokenizer's template if it has
+    one, else the model family's format (llama3, qwen3)."""
     train_on_input: bool = False
     """Also put loss on system/user (prompt) tokens. Off by default: only assistant tokens are learned."""
     system_prompt: str | None = None

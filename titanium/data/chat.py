@@ -10,7 +10,6 @@ piece of text back to the message that added it.
 
 from __future__ import annotations
 
-import json
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -149,7 +148,8 @@ def _require_specials(tokenizer: Tokenizer, names: Sequence[str], template: str)
         raise ChatTemplateError(
             f"--sft.chat_template {template} needs the special tokens {', '.join(names)}, and the tokenizer "
             f"({tokenizer!r}) lacks {', '.join(missing)}; choose the template that matches the tokenizer "
-            "(llama3 for Llama 3 / titanium tokenizers, chatml for Qwen) or 'tokenizer' for its own template"
+            "(llama3 for Llama 3 / titanium tokenizers, qwen3 for Qwen3, chatml for other Qwen models) or "
+            "'tokenizer' for its own template"
         )
     return {n: tokenizer.special_tokens[n] for n in names}
 
@@ -204,9 +204,11 @@ class ChatMLTemplate(_TurnTemplate):
     """<|im_start|>role\\ncontent<|im_end|>\\n per message (Qwen); no BOS. The newline after <|im_end|>
     belongs to the turn, so it is learned with the answer."""
 
+    name = "chatml"
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.start, self.end = _require_specials(tokenizer, ("<|im_start|>", "<|im_end|>"), "chatml").values()
+        self.start, self.end = _require_specials(tokenizer, ("<|im_start|>", "<|im_end|>"), self.name).values()
         self.preamble = []
         self.stop_ids = {self.end, tokenizer.eos_id}
 
@@ -217,6 +219,37 @@ class ChatMLTemplate(_TurnTemplate):
         return [*self._encode(content), self.end, *self._encode("\n")]
 
 
+class Qwen3Template(ChatMLTemplate):
+    """ChatML as Qwen3's own template renders a chat without reasoning, so the model trains in the format it
+    is served with (``enable_thinking=False``).
+
+    The answer to the last user query opens with an empty ``<think>\\n\\n</think>\\n\\n`` block (and loses
+    its leading newlines); earlier answers have none. The block belongs to the prompt, as in Qwen3's
+    generation prompt with thinking off: the model never writes it, so it is not learned.
+    """
+
+    name = "qwen3"
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.empty_thinking = self._encode("<think>\n\n</think>\n\n")
+
+    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+        if any(m.role == "assistant" and "</think>" in m.content for m in messages):
+            raise RowError(
+                "an assistant message holds a </think> reasoning block, which Qwen3's template would move; "
+                "the qwen3 template trains chats without reasoning (use --sft.chat_template tokenizer)"
+            )
+        segments = super()._segments(messages, generation=False)
+        last = messages[-1] if messages else None
+        if last is not None and last.role == "assistant" and any(m.role == "user" for m in messages):
+            answer = self._body(last.content.lstrip("\n"))
+            segments[-1:] = [(self.empty_thinking, "prompt"), (answer, "output")]
+        if generation:
+            segments += [(self._header("assistant"), "prompt"), (self.empty_thinking, "prompt")]
+        return segments
+
+
 class JinjaTemplate(ChatTemplate):
     """A Hugging Face tokenizer's own Jinja ``chat_template``, rendered in a sandbox.
 
@@ -225,24 +258,17 @@ class JinjaTemplate(ChatTemplate):
     ``messages[:i]`` ends is its (untrained) header. Each piece is tokenized on its own, so the answer
     starts on a token boundary exactly as it does when the model generates after ``prompt()``. Templates
     whose earlier text changes as the conversation grows (e.g. ones that drop past reasoning) break this
-    and are refused with an error; choose llama3 or chatml for them.
+    and are refused with an error; choose llama3, qwen3 or chatml for them. A conversation the template itself
+    rejects (its ``raise_exception``, e.g. roles that do not alternate) is that row's fault: a RowError.
     """
 
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
         from jinja2 import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-        def raise_exception(message: str) -> None:
-            raise TemplateError(message)
+        from titanium.data.jinja_env import chat_template_environment
 
-        # The settings Hugging Face renders chat templates with, so whitespace comes out the same.
-        env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
-        )
-        env.globals["raise_exception"] = raise_exception
-        env.filters["tojson"] = lambda value, indent=None: json.dumps(value, ensure_ascii=False, indent=indent)
         try:
-            self._template = env.from_string(source)
+            self._template = chat_template_environment().from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the tokenizer's chat_template is not valid Jinja: {e}") from None
         self.tokenizer = tokenizer
@@ -256,7 +282,13 @@ class JinjaTemplate(ChatTemplate):
         pattern = "|".join(re.escape(n) for n in sorted(self._control, key=len, reverse=True))
         self._split = re.compile(f"({pattern})") if pattern else None
         probe = [Message("user", "x"), Message("assistant", "y")]
-        answer = self._segments(probe, generation=False)[-1][0]
+        try:
+            answer = self._segments(probe, generation=False)[-1][0]
+        except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
+            raise ChatTemplateError(
+                f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
+                "set --sft.chat_template llama3, qwen3 or chatml"
+            ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
 
     def _render(self, messages: Sequence[Message], generation: bool) -> str:
@@ -265,8 +297,8 @@ class JinjaTemplate(ChatTemplate):
         dicts = [{"role": m.role, "content": m.content} for m in messages]
         try:
             return self._template.render(messages=dicts, add_generation_prompt=generation, **self._names)
-        except TemplateError as e:
-            raise ChatTemplateError(f"the tokenizer's chat_template failed to render: {e}") from None
+        except TemplateError as e:  # raise_exception() on this conversation (roles not alternating, ...)
+            raise RowError(f"the tokenizer's chat_template rejected it: {e}") from None
 
     def _encode(self, text: str) -> list[int]:
         """Rendered text -> ids, with the template's control-token strings turned into their ids."""
@@ -283,7 +315,8 @@ class JinjaTemplate(ChatTemplate):
         if not after.startswith(before):
             raise ChatTemplateError(
                 "the tokenizer's chat_template renders earlier messages differently as the conversation grows, "
-                "so per-message loss masks cannot be derived from it; set --sft.chat_template llama3 or chatml"
+                "so per-message loss masks cannot be derived from it; set --sft.chat_template llama3, qwen3 or "
+                "chatml"
             )
         return after[len(before) :]
 
@@ -313,25 +346,27 @@ class JinjaTemplate(ChatTemplate):
 
 
 def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
-    """--sft.chat_template: llama3, chatml, tokenizer (its Jinja template) or auto (that, else the model's own)."""
+    """--sft.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
     source = getattr(tokenizer, "chat_template", None)
     if name == "auto":
-        name = "tokenizer" if source else {"llama3": "llama3", "qwen3": "chatml"}.get(model_name, "")
+        name = "tokenizer" if source else {"llama3": "llama3", "qwen3": "qwen3"}.get(model_name, "")
         if not name:
             raise ChatTemplateError(
                 f"--sft.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
-                "default format; set --sft.chat_template llama3 or chatml"
+                "default format; set --sft.chat_template llama3, qwen3 or chatml"
             )
     if name == "llama3":
         return Llama3Template(tokenizer)
     if name == "chatml":
         return ChatMLTemplate(tokenizer)
+    if name == "qwen3":
+        return Qwen3Template(tokenizer)
     if name == "tokenizer":
         if not source:
             raise ChatTemplateError(
                 f"--sft.chat_template tokenizer: {tokenizer!r} has no chat_template (a Hugging Face "
                 "tokenizer_config.json 'chat_template' or a chat_template.jinja file); "
-                "set --sft.chat_template llama3 or chatml"
+                "set --sft.chat_template llama3, qwen3 or chatml"
             )
         return JinjaTemplate(tokenizer, source)
-    raise ChatTemplateError(f"unknown --sft.chat_template {name!r}; expected auto, llama3, chatml or tokenizer")
+    raise ChatTemplateError(f"unknown --sft.chat_template {name!r}; expected auto, llama3, chatml, qwen3 or tokenizer")

@@ -53,6 +53,18 @@ def make_row(samples: Iterable[Sample], seq_len: int, pad_id: int) -> dict[str, 
     }
 
 
+def padding_mask(rows: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Which positions of rows made by `make_row` (any leading batch shape) are padding, by structure not id.
+
+    Padding is a row's last document when that document learns nothing: every real sample has a learned
+    label (SFTDataset drops the others). The pad id cannot tell, as it is often EOS standing in for a
+    missing pad token, and every real sample may end with EOS too.
+    """
+    last_document = rows["document_ids"] == rows["document_ids"][..., -1:]
+    learns = ((rows["label"] != IGNORE_INDEX) & last_document).any(dim=-1, keepdim=True)
+    return last_document & ~learns
+
+
 def _check_length(sample: Sample, seq_len: int) -> Sample:
     if len(sample["tokens"]) > seq_len:  # SFTDataset cuts or drops these; anything else is our bug
         raise ValueError(f"a sample of {len(sample['tokens'])} tokens is longer than seq_len={seq_len}")

@@ -30,7 +30,7 @@ IGNORE_INDEX = -100  # the loss's ignore label (titanium.trainers.base.IGNORE_IN
 
 Sample = dict[str, list[int]]
 
-_FIX = {
+ROW_FIX = {
     "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key at its columns",
     "instruct": "fix the row, or point --data.instruction_column, --data.input_column and --data.output_column "
     "at its columns",
@@ -69,6 +69,7 @@ class SFTDataset(RowReader):
         self.sft, self.tokenizer, self.template, self.seq_len = sft, tokenizer, template, seq_len
         self.truncated = 0
         self.dropped = 0
+        self._warned: set[str] = set()  # kinds of long sample already shown with an example row
 
     def _messages(self, item: Any) -> list[Message]:
         parse = parse_chat_row if self.cfg.kind == "chat" else parse_instruct_row
@@ -85,27 +86,42 @@ class SFTDataset(RowReader):
         try:
             return self.template.tokenize(self._messages(item), self.sft.train_on_input)
         except RowError as e:
-            self._bad_row(source, row, str(e), _FIX[self.cfg.kind])
+            self._bad_row(source, row, str(e), ROW_FIX[self.cfg.kind])
             return None
 
-    def _sample(self, tokens: list[int], trainable: list[bool]) -> Sample | None:
+    def _warn_once(self, kind: str, source: Source, row: int, what: str) -> None:
+        """Show the first truncated (or dropped) sample with its row; the rest only count on the log line."""
+        if kind not in self._warned:
+            self._warned.add(kind)
+            logger.warning("%s: %s; further ones are counted as '%s' on the log line", source.where(row), what, kind)
+
+    def _sample(self, tokens: list[int], trainable: list[bool], source: Source, row: int) -> Sample | None:
         """Fit the sample to seq_len per --sft.on_long_sample; None (counted) when nothing is left to learn."""
-        too_long = len(tokens) > self.seq_len
+        n, seq_len = len(tokens), self.seq_len
+        too_long = n > seq_len
+        too_long_text = f"a sample of {n} tokens is longer than --training.seq_len {seq_len}"
         if too_long and self.sft.on_long_sample == "drop":
             self.dropped += 1
+            self._warn_once("dropped", source, row, f"{too_long_text}; dropped (--sft.on_long_sample drop)")
             return None
-        tokens, trainable = tokens[: self.seq_len], trainable[: self.seq_len]
-        labels = shifted_labels(tokens, trainable)
+        kept = tokens[:seq_len]
+        labels = shifted_labels(kept, trainable[:seq_len])
         if all(label == IGNORE_INDEX for label in labels):
             self.dropped += 1
+            prompt = trainable.index(True, 1) if True in trainable[1:] else n  # tokens before the first learned one
+            what = f"the prompt alone is {prompt} tokens, nothing to learn within --training.seq_len {seq_len}"
+            self._warn_once("dropped", source, row, f"{what}; dropped (raise --training.seq_len)")
             return None
-        self.truncated += too_long
-        return {"tokens": tokens, "labels": labels}
+        if too_long:
+            self.truncated += 1
+            what = f"{too_long_text}; cut to {seq_len} tokens (--sft.on_long_sample drop leaves such samples out)"
+            self._warn_once("truncated", source, row, what)
+        return {"tokens": kept, "labels": labels}
 
     def __iter__(self) -> Iterator[Sample]:
         for source, row, item in self._rows():
             tokenized = self._tokenize(item, source, row)
-            sample = self._sample(*tokenized) if tokenized is not None else None
+            sample = self._sample(*tokenized, source, row) if tokenized is not None else None
             if sample is not None:
                 self._pass_used = True
                 yield sample

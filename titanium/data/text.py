@@ -1,9 +1,11 @@
 """Pretraining text: documents -> tokens (BOS ... EOS) -> one stream -> fixed `seq_len` windows.
 
-Rows are read with the `datasets` library in streaming mode, one source per local file (so a bad
-row is reported by file and row number) or one source for a hub dataset. Row i of a source belongs
-to data-parallel rank i % dp_world. The position (source, row, epoch) and the tokens left over from
-the last document are the dataset's state, so a resumed run sees exactly the next windows.
+Rows are streamed one source per local file (so a bad row is reported by file and row number) or one
+source for a hub dataset: JSON-lines and text files line by line here (titanium.data.lines, so a broken
+line is one bad row), JSON arrays, parquet files and hub datasets through the `datasets` library. Row i
+of a source belongs to data-parallel rank i % dp_world. The position (source, row, epoch) and the
+tokens left over from the last document are the dataset's state, so a resumed run sees exactly the
+next windows.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from titanium.config.sections import DataSection
 from titanium.config.validate import looks_local
+from titanium.data.lines import BadLine, first_character, read_lines, reads_by_line
 from titanium.data.tokenizer import Tokenizer
 from titanium.errors import UserError
 
@@ -37,12 +40,19 @@ class Source:
     data_files: str | None
     hub_config: str | None = None
     split: str = "train"
+    flag: str = "--data.path"  # the option that named it, for messages
+    by_line: bool = False  # read line by line here (titanium.data.lines) rather than through `datasets`
+
+    def where(self, row: int) -> str:
+        """How messages name a row: ``--data.path file.jsonl: row 12``."""
+        return f"{self.flag} {self.label}: row {row}"
 
 
 def resolve_sources(cfg: DataSection, flag: str = "--data.path") -> list[Source]:
     """Local files (sorted, one source each) or a single hub dataset; errors name ``flag``."""
     if not looks_local(cfg.path):
-        return [Source(label=cfg.path, builder=cfg.path, data_files=None, hub_config=cfg.hub_config, split=cfg.split)]
+        hub = Source(cfg.path, cfg.path, data_files=None, hub_config=cfg.hub_config, split=cfg.split, flag=flag)
+        return [hub]
     path = Path(cfg.path).expanduser()
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix in _BUILDERS)
@@ -55,12 +65,19 @@ def resolve_sources(cfg: DataSection, flag: str = "--data.path") -> list[Source]
     unknown = [f for f in files if f.suffix not in _BUILDERS]
     if unknown:
         raise DataError(f"{flag}: unsupported file type {unknown[0]} (use .json, .jsonl, .parquet or .txt)")
-    return [Source(label=str(f), builder=_BUILDERS[f.suffix], data_files=str(f)) for f in files]
+    for f in files:
+        if f.stat().st_size == 0 or (f.suffix in (".json", ".jsonl") and first_character(f) is None):
+            raise DataError(f"{flag} {f}: the file is empty; fill it, or remove it from {flag}")
+    return [Source(str(f), _BUILDERS[f.suffix], str(f), flag=flag, by_line=reads_by_line(f)) for f in files]
 
 
 def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
-    """(row index, row) pairs of one source from `start_row` on, read lazily."""
-    import datasets  # heavy import, only when text data is used
+    """(row index, row) pairs of one source from `start_row` on, read lazily; a broken line's row is a BadLine."""
+    if source.by_line:
+        assert source.data_files is not None
+        yield from read_lines(Path(source.data_files), start_row)
+        return
+    import datasets  # heavy import, only when such data is used
 
     try:
         if source.data_files is None:
@@ -68,7 +85,7 @@ def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
         else:
             ds = datasets.load_dataset(source.builder, data_files=source.data_files, split="train", streaming=True)
     except Exception as e:  # the datasets library raises many types; all mean "cannot open"
-        raise DataError(f"{source.label}: cannot open dataset: {e}") from e
+        raise DataError(f"{source.flag} {source.label}: cannot open dataset: {e or type(e).__name__}") from e
     if start_row:
         ds = ds.skip(start_row)
     row = start_row
@@ -79,9 +96,17 @@ def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
         except StopIteration:
             return
         except Exception as e:
-            raise DataError(f"{source.label}: cannot read row {row}: {e}") from e
+            raise DataError(f"{source.where(row)}: cannot read it: {e}; fix the file") from e
         yield row, item
         row += 1
+
+
+BROKEN_LINE_FIX = "fix or delete the line"
+
+
+def bad_row_error(source: Source, row: int, problem: str, fix: str) -> DataError:
+    """The error for a bad row under --data.on_bad_row fail: where it is, what is wrong, what to do."""
+    return DataError(f"{source.where(row)}: {problem}; {fix}, or set --data.on_bad_row skip to skip such rows")
 
 
 def check_same_dp_world(state: dict[str, Any], dp_world: int) -> None:
@@ -119,7 +144,11 @@ class RowReader:
                 source = self.sources[self.source_idx]
                 for row, item in stream_rows(source, self.next_row):
                     self.next_row = row + 1
-                    if row % self.dp_world == self.dp_rank:
+                    if row % self.dp_world != self.dp_rank:
+                        continue
+                    if isinstance(item, BadLine):
+                        self._bad_row(source, row, item.problem, BROKEN_LINE_FIX)
+                    else:
                         yield source, row, item
                 self.source_idx += 1
                 self.next_row = 0
@@ -136,12 +165,11 @@ class RowReader:
 
     def _bad_row(self, source: Source, row: int, problem: str, fix: str) -> None:
         """Skip (counted, the first few logged) or stop, per --data.on_bad_row."""
-        message = f"{source.label} row {row}: {problem}"
         if self.cfg.on_bad_row == "fail":
-            raise DataError(f"{message} ({fix}, or set --data.on_bad_row skip to skip such rows)")
+            raise bad_row_error(source, row, problem, fix)
         self.bad_rows += 1
         if self.bad_rows <= 5:
-            logger.warning("skipping bad row: %s", message)
+            logger.warning("skipping bad row: %s: %s", source.where(row), problem)
 
     def _text_of(self, item: Any, source: Source, row: int) -> str | None:
         column = self.cfg.text_column

@@ -18,8 +18,10 @@ import torch.distributed as dist
 from torch import nn
 
 from titanium.config.sections import DataSection, EvalSection
-from titanium.data.chat import ChatTemplate, RowError, parse_chat_row
-from titanium.data.text import DataError, resolve_sources, stream_rows
+from titanium.data.chat import ChatTemplate, RowError, parse_chat_row, with_system_prompt
+from titanium.data.lines import BadLine
+from titanium.data.sft import ROW_FIX
+from titanium.data.text import BROKEN_LINE_FIX, DataError, Source, bad_row_error, resolve_sources, stream_rows
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.generate import check_room, greedy_generate
 
@@ -34,36 +36,51 @@ class EvalSample:
     """The last (assistant) message: the answer to match."""
 
 
-def read_rows(path: str, limit: int) -> list[dict[str, Any]]:
-    """The first ``limit`` rows of ``path`` (local files or a hub dataset, as for ``--data.path``)."""
-    rows: list[dict[str, Any]] = []
+def read_rows(path: str, limit: int) -> list[tuple[Source, int, Any]]:
+    """(source, row, item) of the first ``limit`` rows of ``path`` (files or a hub dataset, as ``--data.path``).
+
+    An item is a BadLine where a line of a local file could not be read as a row.
+    """
+    rows: list[tuple[Source, int, Any]] = []
     for source in resolve_sources(DataSection(path=path), flag="--eval.path"):
-        for _, row in stream_rows(source, 0):
+        for row, item in stream_rows(source, 0):
             if len(rows) == limit:
                 return rows
-            rows.append(row)
+            rows.append((source, row, item))
     return rows
 
 
+def _eval_sample(item: Any, data: DataSection, template: ChatTemplate, system_prompt: str | None) -> EvalSample:
+    """The row's prompt, with the system prompt applied as SFT samples get it, and its reference answer."""
+    if isinstance(item, BadLine):
+        raise RowError(item.problem)
+    messages = parse_chat_row(item, data)
+    if len(messages) < 2:
+        raise RowError("a single assistant message leaves no prompt to answer")
+    messages = with_system_prompt(messages, system_prompt)
+    return EvalSample(template.prompt(messages[:-1]), messages[-1].content)
+
+
 def load_eval_samples(
-    cfg: EvalSection, data: DataSection, template: ChatTemplate, tokenizer: Tokenizer
+    cfg: EvalSection,
+    data: DataSection,
+    template: ChatTemplate,
+    tokenizer: Tokenizer,
+    system_prompt: str | None = None,
 ) -> list[EvalSample]:
     """Prompts and references of the first ``cfg.max_samples`` rows (columns named as in [data] kind=chat).
 
     A malformed row is skipped with a warning, or is an error with ``--data.on_bad_row fail``.
     """
     samples, bad = [], 0
-    for index, row in enumerate(read_rows(cfg.path, cfg.max_samples)):
+    for source, row, item in read_rows(cfg.path, cfg.max_samples):
         try:
-            messages = parse_chat_row(row, data)
-            if len(messages) < 2:
-                raise RowError("a single assistant message leaves no prompt to answer")
+            samples.append(_eval_sample(item, data, template, system_prompt))
         except RowError as e:
             if data.on_bad_row == "fail":
-                raise DataError(f"--eval.path {cfg.path}: row {index}: {e}") from None
+                fix = BROKEN_LINE_FIX if isinstance(item, BadLine) else ROW_FIX["chat"]
+                raise bad_row_error(source, row, str(e), fix) from None
             bad += 1
-            continue
-        samples.append(EvalSample(template.prompt(messages[:-1]), messages[-1].content))
     if bad:
         logger.warning("eval: skipped %d malformed rows of %s", bad, cfg.path)
     if not samples:
@@ -90,10 +107,11 @@ class ExactMatchEvaluator:
         dp_world: int = 1,
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
+        system_prompt: str | None = None,
     ) -> None:
         self.cfg, self.device, self.group, self.dp_world = cfg, torch.device(device), group, dp_world
         self.stop_ids, self.pad_id, self.tokenizer = set(template.stop_ids), tokenizer.pad_id, tokenizer
-        samples = load_eval_samples(cfg, data, template, tokenizer)
+        samples = load_eval_samples(cfg, data, template, tokenizer, system_prompt)
         self.total = len(samples)
         self.longest_prompt = max(len(s.prompt) for s in samples)
         self.mine = samples[dp_rank::dp_world]

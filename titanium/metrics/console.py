@@ -27,6 +27,8 @@ _COLORS = {
     "eta_s": "\033[37m",
     "warn": "\033[31m",  # red
     "data/skipped_rows": "\033[31m",
+    "data/truncated_samples": "\033[33m",  # yellow
+    "data/dropped_samples": "\033[33m",
 }
 
 _NA = "n/a"
@@ -70,10 +72,12 @@ def format_log_line(
     :class:`~titanium.metrics.MemoryMonitor`: ``loss``, ``grad_norm``, ``lr``, ``tps``,
     ``tflops``, ``mfu_pct``, ``mem_peak_gib`` / ``mem_peak_pct``, ``data_pct``, ``eta_s``, and
     ``mem_alloc_retries`` / ``mem_ooms`` (shown, in red, only when non-zero because they signal
-    memory pressure). A key missing from ``scalars`` is omitted; a key present with value None
-    prints ``n/a`` (e.g. MFU on CPU), so the reader sees the metric exists but is unavailable.
-    ``extra_keys`` (an objective's metrics, e.g. ``dpo/accuracy``) follow the loss, named by their last
-    part. Other keys are ignored here (they still go to TensorBoard / W&B).
+    memory pressure), and the objectives' data counters ``data/skipped_rows``,
+    ``data/truncated_samples`` and ``data/dropped_samples`` (present only when non-zero). A key
+    missing from ``scalars`` is omitted; a key present with value None prints ``n/a`` (e.g. MFU on
+    CPU), so the reader sees the metric exists but is unavailable. ``extra_keys`` (an objective's
+    metrics, e.g. ``dpo/accuracy``) follow the loss, named by their last part. Other keys are ignored
+    here (they still go to TensorBoard / W&B).
     """
 
     def paint(key: str, text: str) -> str:
@@ -90,6 +94,8 @@ def format_log_line(
         ("tflops", "tflops", ".1f"),
         ("mfu_pct", "mfu", lambda v: f"{v:.1f}%"),
         ("data/skipped_rows", "skipped_rows", ",.0f"),
+        ("data/truncated_samples", "truncated", ",.0f"),
+        ("data/dropped_samples", "dropped", ",.0f"),
     )
     for key, label, spec in simple:
         if key in scalars:

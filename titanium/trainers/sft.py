@@ -16,7 +16,7 @@ import torch
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_chat_template
 from titanium.data.loader import BatchLoader
-from titanium.data.packing import PackedDataset, PaddedDataset
+from titanium.data.packing import PackedDataset, PaddedDataset, padding_mask
 from titanium.data.sft import SFTDataset
 from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
 from titanium.trainers.pretrain import cross_entropy_sum
@@ -32,12 +32,11 @@ class SFTObjective(Objective):
         else:
             rows = PaddedDataset(self.samples, ctx.seq_len, pad_id)
         self.loader = BatchLoader(rows, ctx.local_batch_size)
-        self.pad_id = pad_id
         self._padding = self._tokens = 0  # since the last log line
 
     def next_microbatch(self) -> Batch:
         batch = next(self.loader)
-        self._padding += int((batch["input"] == self.pad_id).sum())  # (CPU tensors: no device sync)
+        self._padding += int(padding_mask(batch).sum())  # (CPU tensors: no device sync)
         self._tokens += batch["input"].numel()
         return batch
 
