@@ -340,3 +340,22 @@ def test_matches_trl_dpo_trainer(name):
         assert_same(metrics, expected_metrics, "metric")
     assert_same(grads, expected_grads, "gradient")
     assert any(g.abs().max() > 1e-3 for g in grads.values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_response_logps_match_cpu_and_repeat_bitwise_in_deterministic_mode():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, 64, 1000, generator=g).to(torch.bfloat16)
+    labels = torch.randint(0, 1000, (4, 64), generator=g)
+    ids = torch.randint(-1, 8, (4, 64), generator=g)
+    labels[ids < 0] = IGNORE_INDEX
+    expected = response_logps(logits, labels, ids, 8)
+    cuda = [t.cuda() for t in (logits, labels, ids)]
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        first, second = (response_logps(*cuda, 8) for _ in range(2))
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first.cpu(), expected, rtol=1e-5, atol=1e-4)
