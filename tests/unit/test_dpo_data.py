@@ -14,7 +14,7 @@ import torch
 from tests.helpers import REPO
 from titanium.config.sections import DataSection, JobConfig
 from titanium.config.validate import validate
-from titanium.data.chat import Llama3Template, Message
+from titanium.data.chat import ChatTemplateError, Llama3Template, Message
 from titanium.data.preference import PreferenceDataset, PreferencePair, fit_pair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.sft import IGNORE_INDEX
@@ -138,6 +138,17 @@ def test_bad_rows_fail_with_file_row_and_reason(tmp_path, row, message):
     path = jsonl(tmp_path / "bad.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}, row])
     with pytest.raises(DataError, match=r"bad\.jsonl row 1: .*" + message.replace("?", r"\?")):
         take(dataset(path, on_bad_row="fail"), 2)
+
+
+def test_a_template_whose_prompt_is_not_a_prefix_is_refused(tmp_path):
+    class Drifting(Llama3Template):
+        def prompt(self, messages):
+            return [*super().prompt(messages), ord("!")]
+
+    path = jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}])
+    data = DataSection(kind="preference", path=path)
+    with pytest.raises(ChatTemplateError, match="renders a prompt differently"):
+        take(PreferenceDataset(data, Drifting(TOK), 64, TOK.bos_id), 1)
 
 
 def test_truncation_cuts_the_prompt_first_keeping_bos_and_its_end():

@@ -60,28 +60,24 @@ class PreferencePair:
 # ---------------------------------------------------------------------------------------------- rows
 
 
-def _side(row: dict, column: str, cfg: DataSection) -> list[Message]:
+def _messages(row: dict, column: str, string_role: str, cfg: DataSection) -> list[Message] | None:
+    """A column as messages: a string is one `string_role` message; None when the column is absent or null."""
     value = row.get(column)
     if value is None:
-        raise RowError(f"no '{column}' column (columns: {sorted(row)})")
+        return None
     if isinstance(value, str):
-        return [Message("assistant", _text_field(value, f"'{column}'"))]
+        return [Message(string_role, _text_field(value, f"'{column}'"))]
     try:
         return parse_messages(value, f"'{column}'", cfg)
     except RowError as e:
         raise RowError(f"'{column}': {e}") from None
 
 
-def _prompt(row: dict, cfg: DataSection) -> list[Message] | None:
-    value = row.get(cfg.prompt_column)
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return [Message("user", _text_field(value, f"'{cfg.prompt_column}'"))]
-    try:
-        return parse_messages(value, f"'{cfg.prompt_column}'", cfg)
-    except RowError as e:
-        raise RowError(f"'{cfg.prompt_column}': {e}") from None
+def _response(row: dict, column: str, cfg: DataSection) -> list[Message]:
+    messages = _messages(row, column, "assistant", cfg)
+    if messages is None:
+        raise RowError(f"no '{column}' column (columns: {sorted(row)})")
+    return messages
 
 
 def _shared_prefix(a: list[Message], b: list[Message]) -> int:
@@ -95,8 +91,8 @@ def parse_preference_row(row: Any, cfg: DataSection) -> tuple[list[Message], lis
     """(prompt, chosen continuation, rejected continuation); each continuation starts and ends with the assistant."""
     if not isinstance(row, dict):
         raise RowError(f"the row is {type(row).__name__}, not an object with columns")
-    chosen, rejected = _side(row, cfg.chosen_column, cfg), _side(row, cfg.rejected_column, cfg)
-    prompt = _prompt(row, cfg)
+    chosen, rejected = _response(row, cfg.chosen_column, cfg), _response(row, cfg.rejected_column, cfg)
+    prompt = _messages(row, cfg.prompt_column, "user", cfg)
     if prompt is None:
         n = _shared_prefix(chosen, rejected)
         if chosen == rejected:
