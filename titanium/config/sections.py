@@ -41,11 +41,12 @@ class TokenizerSection:
 
 @dataclass
 class DataSection:
-    kind: Literal["text", "synthetic", "chat", "instruct"] = "text"
+    kind: Literal["text", "synthetic", "chat", "instruct", "preference"] = "text"
     """text: documents read through the `datasets` library (pretraining windows; under the sft objective,
     one sample per document: text completion). synthetic: random tokens, no I/O (benchmarks).
     chat: conversations (a list of role/content messages per row). instruct: instruction/input/output
-    rows. chat and instruct need training.objective = "sft"."""
+    rows. chat and instruct need training.objective = "sft". preference: a prompt with a chosen and a
+    rejected response per row (DPO; see prompt_column, chosen_column, rejected_column)."""
     path: str = "assets/corpus/train.jsonl"
     """A local file, glob or folder (.json, .jsonl, .parquet, .txt), or a hub dataset name (needs network)."""
     hub_config: str | None = None
@@ -71,6 +72,15 @@ class DataSection:
     """kind=instruct: optional column with extra input, appended to the instruction when not empty."""
     output_column: str = "output"
     """kind=instruct: column with the response the model learns to give."""
+    prompt_column: str = "prompt"
+    """kind=preference: column with the prompt both responses answer: a string (one user message) or a list
+    of messages. A row without it must hold whole conversations in chosen_column and rejected_column; their
+    shared first messages are then the prompt (Anthropic-HH style)."""
+    chosen_column: str = "chosen"
+    """kind=preference: column with the preferred response: a string (the assistant's answer) or a list of
+    messages (the answer's turns, or the whole conversation starting with the prompt, as in UltraFeedback)."""
+    rejected_column: str = "rejected"
+    """kind=preference: column with the dispreferred response, in the same forms as chosen_column."""
 
 
 @dataclass
@@ -289,6 +299,39 @@ class SFTSection:
 
 
 @dataclass
+class DPOSection:
+    beta: float = 0.1
+    """How strongly the policy is held to the reference: the loss sees beta x (policy - reference)
+    log-ratio differences. Small beta lets the policy move far from the reference; for ipo it is the
+    regularization strength tau (the target margin is 1 / (2 beta))."""
+    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    """sigmoid: DPO, -log sigmoid(beta h) with h the chosen-minus-rejected log-ratio difference.
+    ipo: (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC)."""
+    label_smoothing: float = 0.0
+    """Conservative DPO (loss_type sigmoid only): the share of pairs assumed mislabeled, in [0, 0.5);
+    the loss becomes -(1-e) log sigmoid(beta h) - e log sigmoid(-beta h)."""
+    length_normalize: bool = False
+    """Use each response's mean token log-prob instead of its sum, so long responses do not dominate
+    (with loss_type ipo this is what TRL's ipo does)."""
+    rpo_alpha: float = 0.0
+    """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
+    RPO; 0 turns it off."""
+    precompute_reference: bool = False
+    """Compute the reference policy's log-probs once over the data and cache them on disk; training then
+    never loads the reference model."""
+    reference_cache_folder: str = "reference_logps"
+    """Where precompute_reference keeps its cache, relative to job.dump_folder."""
+    packing: bool = False
+    """Pack the chosen and rejected sequences of several pairs into each training.seq_len row (attention
+    masked per sequence), so short pairs waste no padding; a microbatch then holds a varying number of
+    whole pairs. Off: each microbatch is local_batch_size pairs, one padded row per response."""
+    on_long_pair: Literal["truncate", "drop"] = "truncate"
+    """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first,
+    from its start but keeping at least half of seq_len, then both responses to the same length) or left
+    out (drop); either is counted in the log."""
+
+
+@dataclass
 class LoRASection:
     rank: int = 0
     """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and
@@ -344,5 +387,6 @@ class JobConfig:
     comm: CommSection = field(default_factory=CommSection)
     debug: DebugSection = field(default_factory=DebugSection)
     sft: SFTSection = field(default_factory=SFTSection)
+    dpo: DPOSection = field(default_factory=DPOSection)
     lora: LoRASection = field(default_factory=LoRASection)
     eval: EvalSection = field(default_factory=EvalSection)

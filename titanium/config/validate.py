@@ -137,10 +137,11 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         )
     if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
         yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind in ("text", "chat", "instruct") and looks_local(cfg.data.path):
+    if cfg.data.kind in ("text", "chat", "instruct", "preference") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
+    yield from _validate_dpo(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -189,6 +190,21 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             )
         if looks_local(ev.path) and not any(True for _ in _glob(ev.path)):
             yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
+
+
+def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
+    """Preference data and the [dpo] ranges."""
+    if cfg.data.kind == "preference" and cfg.training.objective != "dpo":
+        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo"
+    d = cfg.dpo
+    if d.beta <= 0:
+        yield f"--dpo.beta must be > 0, got {d.beta}"
+    if not 0 <= d.label_smoothing < 0.5:
+        yield f"--dpo.label_smoothing must be in [0, 0.5), got {d.label_smoothing}"
+    elif d.label_smoothing > 0 and d.loss_type != "sigmoid":
+        yield f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid only; set it to 0 for {d.loss_type}"
+    if d.rpo_alpha < 0:
+        yield f"--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got {d.rpo_alpha}"
 
 
 def _glob(path: str) -> Iterator[Path]:

@@ -76,9 +76,13 @@ def check_conversation(messages: list[Message]) -> list[Message]:
 
 def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
     """A row holding a list of {role, content} messages (OpenAI style, or ShareGPT's from/value)."""
-    raw = _column(row, cfg.messages_column)
+    return check_conversation(parse_messages(_column(row, cfg.messages_column), f"'{cfg.messages_column}'", cfg))
+
+
+def parse_messages(raw: Any, what: str, cfg: DataSection) -> list[Message]:
+    """A list of {role, content} messages, keys per --data.role_key / --data.content_key; `what` names it."""
     if not isinstance(raw, list):
-        raise RowError(f"'{cfg.messages_column}' is {type(raw).__name__}, not a list of messages")
+        raise RowError(f"{what} is {type(raw).__name__}, not a list of messages")
     messages = []
     for i, item in enumerate(raw):
         if not isinstance(item, dict):
@@ -90,7 +94,7 @@ def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
             raise RowError(f"message {i} has unknown role {role!r} (expected one of {', '.join(_ROLE_ALIASES)})")
         content = _text_field(item.get(cfg.content_key), f"message {i} '{cfg.content_key}'")
         messages.append(Message(_ROLE_ALIASES[role], content))
-    return check_conversation(messages)
+    return messages
 
 
 def parse_instruct_row(row: Any, cfg: DataSection) -> list[Message]:

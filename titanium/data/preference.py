@@ -1,0 +1,241 @@
+"""Preference pairs: rows -> a shared prompt with a chosen and a rejected response -> two fine-tuning samples.
+
+Rows come in the common public shapes (column names per --data.prompt_column, chosen_column,
+rejected_column):
+
+- ``prompt``, ``chosen``, ``rejected`` strings: one user turn and two assistant answers;
+- ``prompt`` a message list, ``chosen``/``rejected`` strings or message lists (the answer's turns);
+- ``chosen``/``rejected`` whole conversations: with a ``prompt`` column they start with its messages
+  (UltraFeedback-binarized), without one their shared first messages are the prompt (Anthropic-HH).
+
+Each side is rendered by the SFT chat template as prompt + response, so a pair's two samples share their
+prompt tokens exactly, and only response tokens carry labels (IGNORE_INDEX on the prompt, even on its
+earlier assistant turns). Rows are streamed, split over data-parallel ranks, counted when bad and resumed
+exactly by the same RowReader as SFT samples.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from titanium.config.sections import DataSection
+from titanium.data.chat import (
+    ChatTemplate,
+    ChatTemplateError,
+    Message,
+    RowError,
+    _text_field,
+    check_conversation,
+    parse_messages,
+    with_system_prompt,
+)
+from titanium.data.sft import IGNORE_INDEX, Sample, shifted_labels
+from titanium.data.text import DataError, RowReader, Source
+
+Response = tuple[list[int], list[bool]]
+"""A response's token ids (after the shared prompt) and which of them carry loss."""
+
+_FIX = "fix the row, or point --data.prompt_column, --data.chosen_column and --data.rejected_column at its columns"
+
+
+@dataclass
+class PreferencePair:
+    """One pair as two samples of at most seq_len tokens; ``source``/``row`` say where it came from."""
+
+    chosen: Sample
+    rejected: Sample
+    source: int
+    row: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chosen": self.chosen, "rejected": self.rejected, "source": self.source, "row": self.row}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> PreferencePair:
+        return PreferencePair(dict(d["chosen"]), dict(d["rejected"]), d["source"], d["row"])
+
+
+# ---------------------------------------------------------------------------------------------- rows
+
+
+def _messages(row: dict, column: str, string_role: str, cfg: DataSection) -> list[Message] | None:
+    """A column as messages: a string is one `string_role` message; None when the column is absent or null."""
+    value = row.get(column)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return [Message(string_role, _text_field(value, f"'{column}'"))]
+    try:
+        return parse_messages(value, f"'{column}'", cfg)
+    except RowError as e:
+        raise RowError(f"'{column}': {e}") from None
+
+
+def _response(row: dict, column: str, cfg: DataSection) -> list[Message]:
+    messages = _messages(row, column, "assistant", cfg)
+    if messages is None:
+        raise RowError(f"no '{column}' column (columns: {sorted(row)})")
+    return messages
+
+
+def _shared_prefix(a: list[Message], b: list[Message]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def parse_preference_row(row: Any, cfg: DataSection) -> tuple[list[Message], list[Message], list[Message]]:
+    """(prompt, chosen continuation, rejected continuation); each continuation starts and ends with the assistant."""
+    if not isinstance(row, dict):
+        raise RowError(f"the row is {type(row).__name__}, not an object with columns")
+    chosen, rejected = _response(row, cfg.chosen_column, cfg), _response(row, cfg.rejected_column, cfg)
+    prompt = _messages(row, cfg.prompt_column, "user", cfg)
+    if prompt is None:
+        n = _shared_prefix(chosen, rejected)
+        if chosen == rejected:
+            raise RowError(f"'{cfg.chosen_column}' and '{cfg.rejected_column}' are the same conversation")
+        if n == 0:
+            raise RowError(
+                f"no '{cfg.prompt_column}' column, and '{cfg.chosen_column}' and '{cfg.rejected_column}' do not "
+                "start with the same messages (whole conversations sharing their prompt)"
+            )
+        prompt = chosen[:n]
+    for name, side in ((cfg.chosen_column, chosen), (cfg.rejected_column, rejected)):
+        if side[: len(prompt)] == prompt:  # a whole conversation repeating the prompt: keep what follows
+            side[: len(prompt)] = []
+        if not side:
+            raise RowError(f"'{name}' has no response after the prompt")
+        if side[0].role != "assistant":
+            raise RowError(
+                f"'{name}' continues the prompt with a {side[0].role} message, not an assistant answer "
+                "(a whole conversation must start with exactly the prompt's messages)"
+            )
+    if chosen == rejected:
+        raise RowError(f"'{cfg.chosen_column}' and '{cfg.rejected_column}' are the same response")
+    check_conversation(prompt + chosen)
+    check_conversation(prompt + rejected)
+    return prompt, chosen, rejected
+
+
+# ------------------------------------------------------------------------------------------- tokens
+
+
+def tokenize_pair(
+    template: ChatTemplate, prompt: list[Message], chosen: list[Message], rejected: list[Message]
+) -> tuple[list[int], Response, Response]:
+    """Shared prompt ids (through the assistant header) and each response's ids and loss mask.
+
+    The loss mask keeps the template's own mask (assistant content and end of turn; not the headers or user
+    turns of a multi-turn response), and nothing of the prompt: its earlier assistant turns are context.
+    """
+    prompt_ids = template.prompt(prompt)
+    responses = []
+    for side in (chosen, rejected):
+        tokens, trainable = template.tokenize([*prompt, *side], train_on_input=False)
+        if tokens[: len(prompt_ids)] != prompt_ids:
+            raise ChatTemplateError(
+                "the chat template renders a prompt differently when a response follows it, so the shared prompt "
+                "of a preference pair cannot be found; choose the llama3 or chatml chat template"
+            )
+        responses.append((tokens[len(prompt_ids) :], trainable[len(prompt_ids) :]))
+    return prompt_ids, responses[0], responses[1]
+
+
+def fit_pair(
+    prompt: list[int], chosen: Response, rejected: Response, seq_len: int, bos_id: int | None
+) -> tuple[list[int], Response, Response]:
+    """Cut a pair so that prompt + each response fits seq_len, keeping the two sides comparable.
+
+    The prompt goes first: its start is dropped (a leading BOS stays), keeping its end, which is what the
+    responses answer, but never below half of seq_len. If that is not enough, both responses are cut to the
+    same length from their end.
+    """
+    longest = max(len(chosen[0]), len(rejected[0]))
+    if len(prompt) + longest <= seq_len:
+        return prompt, chosen, rejected
+    keep = max(seq_len - longest, min(len(prompt), seq_len // 2))
+    if keep < len(prompt):
+        head = prompt[:1] if prompt and prompt[0] == bos_id and keep > 1 else []
+        prompt = head + prompt[len(prompt) - (keep - len(head)) :]
+    room = seq_len - len(prompt)
+    return prompt, (chosen[0][:room], chosen[1][:room]), (rejected[0][:room], rejected[1][:room])
+
+
+def pair_sample(prompt: list[int], response: Response) -> Sample:
+    """prompt + response with labels shifted inside the sample; only response tokens are targets."""
+    tokens = prompt + response[0]
+    return {"tokens": tokens, "labels": shifted_labels(tokens, [False] * len(prompt) + response[1])}
+
+
+def has_target(sample: Sample) -> bool:
+    return any(label != IGNORE_INDEX for label in sample["labels"])
+
+
+class PreferenceDataset(RowReader):
+    """Infinite, resumable stream of PreferencePairs (each side at most `seq_len` tokens) for one DP rank.
+
+    Counters (kept in the state): ``bad_rows`` (skipped, see RowReader), ``truncated`` (pairs cut to fit
+    seq_len), ``dropped`` (pairs too long with on_long_pair=drop, or left without a target or a difference
+    between the two sides by the cut).
+    """
+
+    def __init__(
+        self,
+        data: DataSection,
+        template: ChatTemplate,
+        seq_len: int,
+        bos_id: int | None,
+        system_prompt: str | None = None,
+        on_long_pair: Literal["truncate", "drop"] = "truncate",
+        dp_rank: int = 0,
+        dp_world: int = 1,
+    ) -> None:
+        if data.kind != "preference":
+            raise DataError(f"--data.kind {data.kind} has no preference pairs; use --data.kind preference")
+        super().__init__(data, dp_rank, dp_world)
+        self.template, self.seq_len, self.bos_id = template, seq_len, bos_id
+        self.system_prompt, self.on_long_pair = system_prompt, on_long_pair
+        self.truncated = 0
+        self.dropped = 0
+
+    def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], Response, Response] | None:
+        try:
+            prompt, chosen, rejected = parse_preference_row(item, self.cfg)
+            return tokenize_pair(self.template, with_system_prompt(prompt, self.system_prompt), chosen, rejected)
+        except RowError as e:
+            self._bad_row(source, row, str(e), _FIX)
+            return None
+
+    def _pair(
+        self, prompt: list[int], chosen: Response, rejected: Response, source: int, row: int
+    ) -> PreferencePair | None:
+        """Fit the pair to seq_len per on_long_pair; None (counted) when it cannot be used."""
+        too_long = len(prompt) + max(len(chosen[0]), len(rejected[0])) > self.seq_len
+        if too_long and self.on_long_pair == "drop":
+            self.dropped += 1
+            return None
+        prompt, chosen, rejected = fit_pair(prompt, chosen, rejected, self.seq_len, self.bos_id)
+        pair = PreferencePair(pair_sample(prompt, chosen), pair_sample(prompt, rejected), source, row)
+        if not (has_target(pair.chosen) and has_target(pair.rejected)) or pair.chosen == pair.rejected:
+            self.dropped += 1
+            return None
+        self.truncated += too_long
+        return pair
+
+    def __iter__(self) -> Iterator[PreferencePair]:
+        for source, row, item in self._rows():
+            tokenized = self._tokenize(item, source, row)
+            pair = self._pair(*tokenized, self.source_idx, row) if tokenized is not None else None
+            if pair is not None:
+                self._pass_used = True
+                yield pair
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._position(), "truncated": self.truncated, "dropped": self.dropped}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_position(state)
+        self.truncated, self.dropped = state["truncated"], state["dropped"]
