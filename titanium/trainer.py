@@ -37,7 +37,7 @@ from titanium.models import build_model_args, get_model_spec
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
-from titanium.parallel.distributed import init_distributed, set_train_timeout
+from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, build_pipeline, clip_grad_norm_pipelined
 from titanium.peft import apply_lora, export_peft_adapter, freeze_base, init_lora, quantize_lora_base_nf4
@@ -54,6 +54,7 @@ class Trainer:
         self.env = init_distributed(cfg.comm)
         self.device = self.env.device
         self.meshes = dims.build_meshes(self.device.type)
+        set_collective_timeout(cfg.comm.init_timeout_seconds)  # torch gives the mesh's groups its own default
         self.dp_group = self.meshes.dp.get_group()
         self.dp_rank = self.meshes.dp.get_local_rank()
         self.loss_group = self.meshes.loss.get_group()  # dp x cp: the ranks whose loss units add up
