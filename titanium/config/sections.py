@@ -254,6 +254,13 @@ class CommSection:
     """Timeout for collectives during start-up (process group creation, first step)."""
     train_timeout_seconds: int = 100
     """Timeout for collectives after the first step; a hung collective fails after this long."""
+    trace_buf_size: int = 20000
+    """Flight Recorder: each rank keeps its last N collectives (op, sizes, process group, Python stack).
+    When a collective times out every rank writes them to save_traces_folder (NCCL does it itself;
+    on gloo a titanium watchdog); `torchfrtrace` then names the collective and the ranks that did not
+    join it (docs/debugging.md). 0 turns the recorder off."""
+    save_traces_folder: str = "comm_traces"
+    """Flight Recorder traces, relative to job.dump_folder: one file rank_<N> per rank."""
 
 
 @dataclass

@@ -138,6 +138,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
+    yield from _validate_debugging(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -187,6 +188,14 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             )
         if looks_local(ev.path) and not any(True for _ in _glob(ev.path)):
             yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
+
+
+def _validate_debugging(cfg: JobConfig) -> Iterator[str]:
+    """Flight Recorder settings."""
+    if cfg.comm.trace_buf_size < 0:
+        yield f"--comm.trace_buf_size must be >= 0 (0 turns the Flight Recorder off), got {cfg.comm.trace_buf_size}"
+    if not cfg.comm.save_traces_folder.strip():
+        yield "--comm.save_traces_folder must name a folder (relative to --job.dump_folder), got an empty string"
 
 
 def _glob(path: str) -> Iterator[Path]:
