@@ -264,6 +264,27 @@ class CommSection:
 
 
 @dataclass
+class ProfilingSection:
+    enable_profiling: bool = False
+    """Record torch.profiler traces (CPU, and CUDA kernels on GPUs) of profiler_active steps every
+    profile_freq steps, one file per rank (open in https://ui.perfetto.dev)."""
+    save_traces_folder: str = "profile_traces"
+    """Profiler traces, relative to job.dump_folder: iteration_<step>/rank<N>_trace.json."""
+    profile_freq: int = 10
+    """Trace (and snapshot memory) every N steps: the traces end at steps N, 2N, ..."""
+    profiler_warmup: int = 3
+    """Steps the profiler runs unrecorded before each trace, so its own start-up stays out."""
+    profiler_active: int = 1
+    """Steps recorded in each trace (the last of each profile_freq window)."""
+    enable_memory_snapshot: bool = False
+    """CUDA only (a CPU run warns and goes on): record allocator history and write a memory snapshot
+    every profile_freq steps and when CUDA runs out of memory (view at https://pytorch.org/memory_viz)."""
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Memory snapshots, relative to job.dump_folder: iteration_<step>/rank<N>_memory_snapshot.pickle,
+    and oom_rank<N>_memory_snapshot.pickle on out-of-memory."""
+
+
+@dataclass
 class DebugSection:
     seed: int = 0
     """Seed for weight init, data order and dropout; the same seed gives the same run."""
@@ -345,6 +366,7 @@ class JobConfig:
     compile: CompileSection = field(default_factory=CompileSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     comm: CommSection = field(default_factory=CommSection)
+    profiling: ProfilingSection = field(default_factory=ProfilingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     sft: SFTSection = field(default_factory=SFTSection)
     lora: LoRASection = field(default_factory=LoRASection)
