@@ -31,6 +31,7 @@ from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
 from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
+from titanium.debug.profiling import Profiler
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.models import build_model_args, get_model_spec
@@ -413,6 +414,7 @@ class Trainer:
         gc.disable()
         gc.collect()
         self.memory.reset_peak()
+        profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.env.rank, start_step=step).start()
         while step < t.steps:
             step += 1
             self.throughput.start_step()
@@ -431,6 +433,8 @@ class Trainer:
             self.checkpointer.poll()
             if step % t.gc_freq == 0:
                 gc.collect(1)
+            profiler.step(step)
+        profiler.stop()
         gc.enable()
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
         if self.lora and self.cfg.lora.save_adapter:
