@@ -36,6 +36,7 @@ def group_timeouts() -> dict[str, float]:
 
 
 def main(dump_folder: str, train_timeout: int) -> None:
+    Path(dump_folder).mkdir(parents=True, exist_ok=True)
     cfg = load_config(
         [
             "--job.dump_folder", dump_folder,

@@ -77,7 +77,8 @@ class FlightRecorder:
     ) -> None:
         try:
             if self._thread is not None and isinstance(exc, Exception) and not isinstance(exc, UserError):
-                self.dump_all_ranks(reason=f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+                first_line = str(exc).splitlines()[0] if str(exc) else ""
+                self.dump_all_ranks(reason=f"the run failed ({type(exc).__name__}: {first_line})")
         finally:
             self._stop.set()
             if self._thread is not None:
@@ -104,7 +105,9 @@ class FlightRecorder:
     # ----- gloo: writing the traces -----
 
     def dump_all_ranks(self, reason: str) -> None:
-        """Ask every rank to write its trace, write this rank's, and wait (bounded) for the others."""
+        """Ask every rank to write its trace, write this rank's, and wait (bounded) for the others.
+
+        ``reason`` (the error that ended the run) starts the log line that says where the traces are."""
         world_size = dist.get_world_size() if dist.is_initialized() else 1
         try:
             store = c10d._get_default_store()
@@ -120,8 +123,8 @@ class FlightRecorder:
             time.sleep(0.1)
             done = int(store.add(_DONE_KEY, 0))
         logger.error(
-            "collective failed (%s); Flight Recorder traces of %d of %d ranks are in %s. "
-            "Find the collective and the ranks that did not join it with: torchfrtrace %s -p %s",
+            "%s; Flight Recorder traces of %d of %d ranks are in %s. If a collective hung or timed out, "
+            "find it and the ranks that did not join it with: torchfrtrace %s -p %s",
             reason,
             done,
             world_size,
