@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shlex
 import subprocess
@@ -10,12 +9,10 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, load_script
 from titanium.config import ConfigError, load_config
 
-spec = importlib.util.spec_from_file_location("slurm_launch", REPO / "scripts/slurm/launch.py")
-launch = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(launch)
+launch = load_script("scripts/slurm/launch.py")
 
 JOB = {
     "SLURM_JOB_NUM_NODES": "4",
