@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -56,3 +58,13 @@ def scalars(tb_dir: Path, tag: str = LOSS_TAG) -> dict[int, float]:
     acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
     acc.Reload()
     return {e.step: e.value for e in acc.Scalars(tag)}
+
+
+def load_script(path: str) -> ModuleType:
+    """Import a script of the repository that is not in a package (scripts/, benchmarks/) by its path."""
+    name = Path(path).stem
+    spec = importlib.util.spec_from_file_location(name, REPO / path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the script runs
+    spec.loader.exec_module(module)
+    return module

@@ -34,13 +34,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"titanium: config error: {e}", file=sys.stderr)
         return 2
 
+    from titanium.debug.flight_recorder import FlightRecorder
     from titanium.trainer import Trainer  # after config checks: torch-heavy imports only for real runs
 
     trainer = None
     try:
-        trainer = Trainer(cfg, dims)
-        trainer.train()
-        wait_for_all_ranks()
+        with FlightRecorder(cfg.comm, cfg.job.dump_folder):  # before the process group exists
+            trainer = Trainer(cfg, dims)
+            trainer.train()
+            wait_for_all_ranks()
     except ConfigError as e:  # checks that need the model or the process group (e.g. TP vs. heads)
         print(f"titanium: config error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from titanium.config import JobConfig, to_toml_dict
 from titanium.converters import build_converters
 from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
+from titanium.debug.profiling import Profiler
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, WeightSource
@@ -38,7 +39,7 @@ from titanium.models.converter import ExportContext, unconverted
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
-from titanium.parallel.distributed import init_distributed, set_train_timeout
+from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
 from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
@@ -53,6 +54,7 @@ class Trainer:
         self.env = init_distributed(cfg.comm)
         self.device = self.env.device
         self.meshes = dims.build_meshes(self.device.type)
+        set_collective_timeout(cfg.comm.init_timeout_seconds)  # torch gives the mesh's groups its own default
         self.dp_group = self.meshes.dp.get_group()
         self.dp_rank = self.meshes.dp.get_local_rank()
         self.loss_group = self.meshes.loss.get_group()  # dp x cp: the ranks whose loss units add up
@@ -390,6 +392,7 @@ class Trainer:
         gc.disable()
         gc.collect()
         self.memory.reset_peak()
+        profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.env.rank, start_step=step).start()
         while step < t.steps:
             step += 1
             self.throughput.start_step()
@@ -408,6 +411,8 @@ class Trainer:
             self.checkpointer.poll()
             if step % t.gc_freq == 0:
                 gc.collect(1)
+            profiler.step(step)
+        profiler.stop()
         gc.enable()
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
         self._export()

@@ -266,6 +266,34 @@ class CommSection:
     """Timeout for collectives during start-up (process group creation, first step)."""
     train_timeout_seconds: int = 100
     """Timeout for collectives after the first step; a hung collective fails after this long."""
+    trace_buf_size: int = 20000
+    """Flight Recorder: each rank keeps its last N collectives (op, sizes, process group, Python stack).
+    When a collective times out every rank writes them to save_traces_folder (NCCL does it itself;
+    on gloo a titanium watchdog); `torchfrtrace` then names the collective and the ranks that did not
+    join it (docs/debugging.md). 0 turns the recorder off."""
+    save_traces_folder: str = "comm_traces"
+    """Flight Recorder traces, relative to job.dump_folder: one file rank_<N> per rank."""
+
+
+@dataclass
+class ProfilingSection:
+    enable_profiling: bool = False
+    """Record torch.profiler traces (CPU, and CUDA kernels on GPUs) of profiler_active steps every
+    profile_freq steps, one file per rank (open in https://ui.perfetto.dev)."""
+    save_traces_folder: str = "profile_traces"
+    """Profiler traces, relative to job.dump_folder: iteration_<step>/rank<N>_trace.json."""
+    profile_freq: int = 10
+    """Trace (and snapshot memory) every N steps: the traces end at steps N, 2N, ..."""
+    profiler_warmup: int = 3
+    """Steps the profiler runs unrecorded before each trace, so its own start-up stays out."""
+    profiler_active: int = 1
+    """Steps recorded in each trace (the last of each profile_freq window)."""
+    enable_memory_snapshot: bool = False
+    """CUDA only (a CPU run warns and goes on): record allocator history and write a memory snapshot
+    every profile_freq steps and when CUDA runs out of memory (view at https://pytorch.org/memory_viz)."""
+    save_memory_snapshot_folder: str = "memory_snapshot"
+    """Memory snapshots, relative to job.dump_folder: iteration_<step>/rank<N>_memory_snapshot.pickle,
+    and oom_rank<N>_memory_snapshot.pickle on out-of-memory."""
 
 
 @dataclass
@@ -385,6 +413,7 @@ class JobConfig:
     compile: CompileSection = field(default_factory=CompileSection)
     metrics: MetricsSection = field(default_factory=MetricsSection)
     comm: CommSection = field(default_factory=CommSection)
+    profiling: ProfilingSection = field(default_factory=ProfilingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     sft: SFTSection = field(default_factory=SFTSection)
     dpo: DPOSection = field(default_factory=DPOSection)

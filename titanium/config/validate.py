@@ -142,6 +142,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
+    yield from _validate_debugging(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -205,6 +206,32 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
         yield f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid only; set it to 0 for {d.loss_type}"
     if d.rpo_alpha < 0:
         yield f"--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got {d.rpo_alpha}"
+
+
+def _validate_debugging(cfg: JobConfig) -> Iterator[str]:
+    """Flight Recorder and profiler settings."""
+    if cfg.comm.trace_buf_size < 0:
+        yield f"--comm.trace_buf_size must be >= 0 (0 turns the Flight Recorder off), got {cfg.comm.trace_buf_size}"
+    prof = cfg.profiling
+    for name, value, low in [
+        ("profiling.profile_freq", prof.profile_freq, 1),
+        ("profiling.profiler_active", prof.profiler_active, 1),
+        ("profiling.profiler_warmup", prof.profiler_warmup, 0),
+    ]:
+        if value < low:
+            yield f"--{name} must be >= {low}, got {value}"
+    if prof.profiler_warmup + prof.profiler_active > prof.profile_freq:
+        yield (
+            f"--profiling.profiler_warmup ({prof.profiler_warmup}) + --profiling.profiler_active "
+            f"({prof.profiler_active}) must fit in --profiling.profile_freq ({prof.profile_freq})"
+        )
+    for name, folder in [
+        ("comm.save_traces_folder", cfg.comm.save_traces_folder),
+        ("profiling.save_traces_folder", prof.save_traces_folder),
+        ("profiling.save_memory_snapshot_folder", prof.save_memory_snapshot_folder),
+    ]:
+        if not folder.strip():
+            yield f"--{name} must name a folder (relative to --job.dump_folder), got an empty string"
 
 
 def _glob(path: str) -> Iterator[Path]:

@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch.distributed.distributed_c10d import _set_pg_timeout
+from torch.distributed.distributed_c10d import _rank_not_in_group, _set_pg_timeout, _world
 
 from titanium.config.sections import CommSection
 
@@ -45,9 +45,29 @@ def init_distributed(comm: CommSection) -> DistEnv:
     return DistEnv(rank=rank, world_size=world_size, local_rank=local_rank, device=device)
 
 
+def set_collective_timeout(seconds: int) -> None:
+    """Give every process group this rank belongs to (the default group, each DeviceMesh dim and
+    flattened view, the checkpoint group, ...) this collective timeout.
+
+    Groups made after init_process_group do not inherit its timeout: torch gives them its own default
+    (30 min on gloo, 10 min on NCCL), so a hang inside FSDP, TP, PP or the loss all-reduce would
+    otherwise wait that long whatever [comm] says.
+    """
+    timeout = timedelta(seconds=seconds)
+    for group in list(_world.pg_map):
+        if not _rank_not_in_group(group):
+            _set_pg_timeout(timeout, group)
+
+
 def set_train_timeout(comm: CommSection) -> None:
-    """After the first step, shorten the collective timeout so a hang fails fast."""
-    _set_pg_timeout(timedelta(seconds=comm.train_timeout_seconds))
+    """After the first step, shorten the collective timeout of every group so a hang fails fast.
+
+    The barrier (still under the long start-up timeout) makes sure no rank runs a collective under the
+    short timeout while a slower rank is still finishing its first step.
+    """
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    set_collective_timeout(comm.train_timeout_seconds)
 
 
 def wait_for_all_ranks() -> None:
