@@ -8,6 +8,7 @@ accumulation and any DP degree give exactly the full-batch mean gradient (FSDP s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 import math
@@ -140,9 +141,9 @@ class Trainer:
 
         With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy.
         """
-        built = self.built
         if self.frozen_base:
-            converters = built.converters
+            converters = self.built.converters
+            built = dataclasses.replace(self.built)  # the same modules (a pipeline gets its own schedule below)
             context = lambda: unconverted(converters, built.model)  # noqa: E731
         else:
             ck = self.cfg.checkpoint
@@ -153,10 +154,11 @@ class Trainer:
             for p in built.model.parameters():
                 p.requires_grad_(False)
             context = contextlib.nullcontext
-            if built.pipeline is not None:
-                built.pipeline.build_schedule(
-                    self.cfg.parallelism, self.cfg.training.local_batch_size, self.device, loss_fn=None
-                )
+        if built.pipeline is not None:  # a forward-only schedule over the same stages
+            built.pipeline = dataclasses.replace(built.pipeline, schedule=None)
+            built.pipeline.build_schedule(
+                self.cfg.parallelism, self.cfg.training.local_batch_size, self.device, loss_fn=None
+            )
         return lambda batch: self._frozen_forward(built, context, batch)
 
     @torch.no_grad()
