@@ -8,7 +8,6 @@ accumulation and any DP degree give exactly the full-batch mean gradient (FSDP s
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 import math
@@ -35,8 +34,8 @@ from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, WeightSource
-from titanium.models.converter import ExportContext, unconverted
+from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
+from titanium.models.converter import ExportContext
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
@@ -138,40 +137,15 @@ class Trainer:
 
     def _frozen_model(self) -> FrozenForward:
         """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
-
-        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy.
-        """
-        if self.frozen_base:
-            converters = self.built.converters
-            built = dataclasses.replace(self.built)  # the same modules (a pipeline gets its own schedule below)
-            context = lambda: unconverted(converters, built.model)  # noqa: E731
-        else:
-            ck = self.cfg.checkpoint
-            weights = self._starting_weights(resuming_counts=False)
-            if ck.initial_load_path and not ck.initial_load_in_hf:
-                weights = WeightSource(dcp_folder=ck.initial_load_path)
-            built = self.builder.build(self.model_spec, self.model_args, weights=weights)
-            for p in built.model.parameters():
-                p.requires_grad_(False)
-            context = contextlib.nullcontext
-        if built.pipeline is not None:  # a forward-only schedule over the same stages
-            built.pipeline = dataclasses.replace(built.pipeline, schedule=None)
-            built.pipeline.build_schedule(
-                self.cfg.parallelism, self.cfg.training.local_batch_size, self.device, loss_fn=None
-            )
-        return lambda batch: self._frozen_forward(built, context, batch)
-
-    @torch.no_grad()
-    def _frozen_forward(self, built: BuiltModel, context, batch: Batch) -> torch.Tensor | None:
-        inputs = self._model_inputs(batch)
-        with context(), built.autocast():
-            if built.pipeline is not None:
-                out = built.pipeline.forward(inputs)
-            else:
-                out = built.model(**inputs)
-        if isinstance(out, DTensor):
-            out = out.full_tensor()
-        return out
+        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy."""
+        ck = self.cfg.checkpoint
+        weights = self._starting_weights(resuming_counts=False)
+        if ck.initial_load_path and not ck.initial_load_in_hf:
+            weights = WeightSource(dcp_folder=ck.initial_load_path)
+        frozen = self.builder.frozen(
+            self.built, weights, share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
+        )
+        return lambda batch: frozen(self._model_inputs(batch))
 
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
