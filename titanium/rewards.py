@@ -100,12 +100,13 @@ def normalize_answer(text: str) -> str:
 
 @register_reward("exact_match")
 def exact_match(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
-    """1.0 when the response's extracted final answer equals the reference after normalization, else 0.0."""
+    """1.0 when the response's final answer equals the reference's (both extracted, so a GSM8K-style
+    reference "... #### 72" works, and normalized), else 0.0."""
     if answer is None:
         raise UserError(
             "the exact_match reward needs reference answers: point --grpo.answer_column at the rows' answer column"
         )
-    return float(normalize_answer(extract_answer(completion)) == normalize_answer(answer))
+    return float(normalize_answer(extract_answer(completion)) == normalize_answer(extract_answer(answer)))
 
 
 _THINK_FORMAT = re.compile(r"\s*<think>(?:(?!<think>).)+?</think>\s*\S.*", re.DOTALL)

@@ -48,6 +48,7 @@ def test_exact_match_on_the_bundled_task_data() -> None:
     wrong = [exact_match(s, r["answer"], r) for s, r in zip(shifted, rows)]
     assert sum(wrong) < 10  # another row's answer is (almost always) wrong
     assert exact_match("The answer is 1,000.", "1000", {}) == 1.0
+    assert exact_match("\\boxed{72}", "48 + 24 = 72 clips.\n#### 72", {}) == 1.0  # a GSM8K reference
     assert exact_match("<think>2 + 2 = 4</think>\\boxed{4}", "5", {}) == 0.0
     with pytest.raises(UserError, match="--grpo.answer_column"):
         exact_match("4", None, {})

@@ -76,7 +76,13 @@ def check_conversation(messages: list[Message]) -> list[Message]:
 
 
 def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
-    """A row holding a list of {role, content} messages (OpenAI style, or ShareGPT's from/value)."""
+    """A row holding a conversation to learn from: a list of {role, content} messages (OpenAI style, or
+    ShareGPT's from/value) ending with the assistant."""
+    return check_conversation(parse_messages(row, cfg))
+
+
+def parse_messages(row: Any, cfg: DataSection) -> list[Message]:
+    """The row's list of messages, each checked, in any order of roles."""
     raw = _column(row, cfg.messages_column)
     if not isinstance(raw, list):
         raise RowError(f"'{cfg.messages_column}' is {type(raw).__name__}, not a list of messages")
@@ -91,18 +97,23 @@ def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
             raise RowError(f"message {i} has unknown role {role!r} (expected one of {', '.join(_ROLE_ALIASES)})")
         content = _text_field(item.get(cfg.content_key), f"message {i} '{cfg.content_key}'")
         messages.append(Message(_ROLE_ALIASES[role], content))
-    return check_conversation(messages)
+    return messages
 
 
 def parse_instruct_row(row: Any, cfg: DataSection) -> list[Message]:
     """instruction (+ optional input, after a blank line) as the user turn, output as the answer."""
+    user = instruct_user_message(row, cfg)
+    output = _text_field(row.get(cfg.output_column), f"'{cfg.output_column}'")
+    return [user, Message("assistant", output)]
+
+
+def instruct_user_message(row: Any, cfg: DataSection) -> Message:
+    """The user turn of an instruct row: the instruction, then the optional input after a blank line."""
     instruction = _text_field(_column(row, cfg.instruction_column), f"'{cfg.instruction_column}'")
     extra = row.get(cfg.input_column)
     if extra is not None and not isinstance(extra, str):
         raise RowError(f"'{cfg.input_column}' is {type(extra).__name__}, not a string")
-    output = _text_field(row.get(cfg.output_column), f"'{cfg.output_column}'")
-    user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
-    return [Message("user", user), Message("assistant", output)]
+    return Message("user", f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction)
 
 
 def with_system_prompt(messages: list[Message], system_prompt: str | None) -> list[Message]:
