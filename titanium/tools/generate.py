@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from titanium.checkpoint.hf import build_model_from_hf, read_hf_config
+from titanium.checkpoint.hf import read_hf_config
 from titanium.config.sections import DataSection, TokenizerSection
 from titanium.data.chat import ChatTemplate, Message, RowError, build_chat_template, with_system_prompt
 from titanium.data.prompts import prompt_messages
@@ -33,6 +33,7 @@ from titanium.data.tokenizer import Tokenizer, build_tokenizer
 from titanium.errors import UserError
 from titanium.generation.generate import check_room, generate
 from titanium.generation.sampling import SamplingParams
+from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
 
 Prompt = str | list[Message]
@@ -105,7 +106,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     stop_ids = template.stop_ids if template is not None else {tokenizer.eos_id}
     encoded = [encode(p, tokenizer, template, args.system_prompt) for p in prompts]
 
-    model, _, _ = build_model_from_hf(args.folder, get_model_spec(model_name), device)
+    model = ModelBuilder(device).load_hf(get_model_spec(model_name), args.folder).model
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     model = model.to(getattr(torch, dtype)).eval()
     try:
