@@ -442,6 +442,7 @@ class Trainer:
                 self.cfg.checkpoint,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
+                pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
             )
 
     def _export_adapter(self) -> None:
