@@ -417,20 +417,23 @@ def export_hf(
 
 
 def _gather_stages(state: dict[str, torch.Tensor], pp_group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
-    """Rank 0 of ``pp_group`` receives the other ranks' stages, tensor by tensor on CPU (gloo), and returns
-    the whole model in the order one process holds it (embedding, layers by number, the rest); others get {}.
+    """Rank 0 of ``pp_group`` receives the other ranks' stages tensor by tensor (through the GPU with NCCL, on
+    CPU with gloo; one tensor in flight) and returns the whole model on CPU in the order one process holds it
+    (embedding, layers by number, the rest); the others return {}.
     """
     me, size = dist.get_rank(pp_group), dist.get_world_size(pp_group)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     layouts: list[Any] = [None] * size
     dist.all_gather_object(layouts, {key: (value.shape, value.dtype) for key, value in state.items()}, group=pp_group)
     first = dist.get_global_rank(pp_group, 0)
     for sender in range(1, size):
         for key, (shape, dtype) in layouts[sender].items():
             if me == sender:
-                dist.send(state[key].contiguous(), dst=first, group=pp_group)
+                dist.send(state[key].to(device).contiguous(), dst=first, group=pp_group)
             elif me == 0:
-                state[key] = torch.empty(shape, dtype=dtype)
-                dist.recv(state[key], src=dist.get_global_rank(pp_group, sender), group=pp_group)
+                received = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(received, src=dist.get_global_rank(pp_group, sender), group=pp_group)
+                state[key] = received.cpu()
     if me != 0:
         return {}
     leading = set(itertools.takewhile(lambda key: not key.startswith("layers."), layouts[0]))  # the embedding
