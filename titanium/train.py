@@ -1,4 +1,8 @@
-"""Entry point: `python -m titanium.train` or `torchrun --nproc_per_node N -m titanium.train`."""
+"""Entry point: `python -m titanium.train` or `torchrun --nproc_per_node N -m titanium.train`.
+
+Bad input (a titanium.errors.UserError: config, data, tokenizer, checkpoint) ends the run with one
+message and exit code 2, printed once (rank 0); a bug of ours keeps its traceback (exit code 1).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,10 @@ import logging
 import os
 import sys
 
-from titanium.config import ConfigError, load_config
-from titanium.errors import UserError
-from titanium.parallel.dims import ParallelDims
+from titanium.config import load_config
+from titanium.errors import UserError, report
 from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
+from titanium.preflight import check_job
 
 
 def _setup_logging() -> None:
@@ -26,29 +30,21 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         cfg = load_config(argv)
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        if cfg.checkpoint.create_seed_checkpoint and world_size != 1:
-            raise ConfigError(
-                f"--checkpoint.create_seed_checkpoint runs in one process (NGPU=1); it was started with {world_size}"
-            )
-        dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    except ConfigError as e:
-        print(f"titanium: config error: {e}", file=sys.stderr)
+        dims = check_job(cfg, int(os.environ.get("WORLD_SIZE", 1)))  # before any process group exists
+    except UserError as e:
+        report(e)
         return 2
 
-    from titanium.trainer import Trainer  # after config checks: torch-heavy imports only for real runs
+    from titanium.trainer import Trainer  # after the checks: the trainer's imports are heavy
 
     trainer = None
     try:
         trainer = Trainer(cfg, dims)
         trainer.train()
         wait_for_all_ranks()
-    except ConfigError as e:  # checks that need the model or the process group (e.g. TP vs. heads)
-        print(f"titanium: config error: {e}", file=sys.stderr)
+    except UserError as e:  # found at run time: tokenizer, data or checkpoint files, TP vs. heads, ...
+        report(e)
         return 2
-    except UserError as e:
-        print(f"titanium: error: {e}", file=sys.stderr)
-        return 1
     finally:
         if trainer is not None:
             trainer.close()

@@ -87,7 +87,7 @@ def test_flavor_mismatch_fails_before_training(tmp_path: Path, capsys, monkeypat
         + ["--checkpoint.initial_load_path", str(tmp_path / "qwen"), "--checkpoint.initial_load_in_hf"]
     )
     err = capsys.readouterr().err
-    assert code == 1
+    assert code == 2 and "titanium: error: " in err and "Traceback" not in err
     assert f"{tmp_path / 'qwen' / 'config.json'} does not match --model.flavor debugmodel (llama): " in err
     assert "model_type 'qwen3' != 'llama'" in err and "head_dim 64 != flavor debugmodel head_dim 16" in err
     assert not (tmp_path / "run/hf").exists()
