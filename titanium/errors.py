@@ -25,8 +25,9 @@ def report(error: UserError) -> None:
     """Print ``error`` as one line on stderr, once per job.
 
     Every rank of a job usually meets the same bad input, and rank 0 prints it at once. The other ranks
-    wait a moment first: under torchrun, rank 0's exit stops them before they print (and none of them can
-    stop rank 0 before it has printed); a rank that meets a problem of its own still reports it.
+    wait a moment first: under torchrun, rank 0's exit stops them before they print, and their own exit
+    cannot stop rank 0 before it has printed (unless it meets the problem more than the wait later); a rank
+    that meets a problem of its own still reports it.
     """
     if int(os.environ.get("RANK", "0")) != 0:
         time.sleep(OTHER_RANKS_WAIT_S)
