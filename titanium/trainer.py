@@ -150,14 +150,7 @@ class Trainer:
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
         t = self.cfg.training
-        per_step = t.local_batch_size * self.dims.dp_degree
-        global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
-        if global_batch % per_step:
-            raise ValueError(
-                f"--training.global_batch_size {global_batch} must be a multiple of local_batch_size x "
-                f"data-parallel degree = {t.local_batch_size} x {self.dims.dp_degree} = {per_step}"
-            )
-        self.grad_accum_steps = global_batch // per_step
+        self.grad_accum_steps = self.dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
         ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.cfg.model.name,
@@ -413,6 +406,7 @@ class Trainer:
                 ck,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
+                pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
             )
 
     def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
