@@ -8,6 +8,7 @@ import sys
 
 from titanium.config import ConfigError, load_config
 from titanium.errors import UserError
+from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"--checkpoint.create_seed_checkpoint runs in one process (NGPU=1); it was started with {world_size}"
             )
         dims = ParallelDims.from_config(cfg.parallelism, world_size)
+        check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     except ConfigError as e:
         print(f"titanium: config error: {e}", file=sys.stderr)
         return 2
