@@ -234,3 +234,17 @@ def test_low_bit_adamw_trains_like_adamw(make_trainer, tmp_path):
         assert losses == pytest.approx(reference, rel=1e-2), name
         wq_state = optimizer.state[optimizer.param_groups[0]["params"][0]]  # layers.0.attention.wq: 256 x 256
         assert type(wq_state["exp_avg"]).__name__.startswith("OptimState"), name  # quantized, not a plain tensor
+
+
+def test_logged_lr_is_the_lr_of_its_step_with_a_tensor_lr(make_trainer, tmp_path):
+    """A tensor LR changes in place when the schedule steps; the log must show the LR the step used."""
+    from titanium.optim import lr_factor
+
+    trainer = make_trainer(
+        *tiny_args(tmp_path, "--training.steps", "3", "--lr_scheduler.warmup_steps", "1", "--optimizer.tensor_lr")
+    )
+    trainer.train()
+    logged = scalars(tmp_path / "tb", "optim/lr")
+    peak, schedule = trainer.cfg.optimizer.lr, trainer.cfg.lr_scheduler
+    assert len(set(logged.values())) == 3
+    assert logged == pytest.approx({s: peak * lr_factor(s, 3, schedule) for s in (1, 2, 3)}, rel=1e-6)
