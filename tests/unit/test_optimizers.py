@@ -130,7 +130,8 @@ def test_tensor_lr_on_cuda_matches_float_lr_without_host_syncs(implementation):
 
 def test_in_backward_state_round_trips_through_dcp_helpers():
     """DCP's optimizer state-dict helpers (what checkpoints use) read the in-backward moments by parameter
-    name and load them into a fresh one, which then trains on exactly like the original."""
+    name; loaded into a fresh in-backward optimizer, or an ordinary one (same keys: a run may switch either
+    way across a resume), training goes on exactly as in the original."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         get_optimizer_state_dict,
@@ -142,15 +143,19 @@ def test_in_backward_state_round_trips_through_dcp_helpers():
     model, optimizer, _ = train_tied_net(cfg, steps=3)
     saved = get_optimizer_state_dict(model, optimizer, options=options)
     assert torch.equal(saved["state.up.weight.exp_avg"], optimizer.state[model.up.weight]["exp_avg"])
-    fresh_model = TiedNet()
-    fresh_model.load_state_dict(model.state_dict())
-    fresh = build_optimizer(fresh_model, cfg)
-    # (deepcopy: the saved tensors are the live moments of `optimizer`, which steps on below)
-    set_optimizer_state_dict(fresh_model, fresh, copy.deepcopy(saved), options=options)
-    for model_ in (model, fresh_model):
-        model_(torch.arange(32).reshape(2, 16)).square().mean().backward()  # one more step, in backward
-    for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
-        assert torch.equal(p, q)
+    resumed = []
+    for in_backward in (True, False):
+        fresh_model = copy.deepcopy(model)
+        fresh = build_optimizer(fresh_model, OptimizerSection(lr=1e-2, early_step_in_backward=in_backward))
+        # (deepcopy: the saved tensors are the live moments of `optimizer`, which steps on below)
+        set_optimizer_state_dict(fresh_model, fresh, copy.deepcopy(saved), options=options)
+        resumed.append((fresh_model, fresh))
+    for model_, optimizer_ in [(model, optimizer), *resumed]:
+        model_(torch.arange(32).reshape(2, 16)).square().mean().backward()
+        optimizer_.step()  # (a no-op for the in-backward ones)
+    for fresh_model, _ in resumed:
+        for p, q in zip(model.parameters(), fresh_model.parameters(), strict=True):
+            assert torch.equal(p, q)
 
 
 def test_in_backward_resume_equals_uninterrupted_run(make_trainer, tmp_path):

@@ -28,11 +28,14 @@ OptimizerFactory = Callable[[list[dict[str, Any]]], Optimizer]
 
 
 class OptimizerInBackward(Optimizer):
-    """One ``make``-built optimizer per parameter, stepped from that parameter's post-accumulate-grad hook."""
+    """One ``make``-built optimizer per parameter, stepped from that parameter's post-accumulate-grad hook.
+
+    The hooks stay on the parameters: build one per model (a second one would step them twice).
+    """
 
     def __init__(self, groups: Iterable[dict[str, Any]], make: OptimizerFactory) -> None:
         self._per_param: dict[torch.Tensor, Optimizer] = {}
-        groups = list(groups)
+        groups = [group for group in groups if group["params"]]
         outer_options = []
         for group in groups:
             options = {k: v for k, v in group.items() if k != "params"}
