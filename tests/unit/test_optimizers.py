@@ -167,6 +167,7 @@ def test_in_backward_resume_equals_uninterrupted_run(make_trainer, tmp_path):
     straight = make_trainer(*tiny_args(tmp_path / "straight", *common))
     assert isinstance(straight.optimizer, OptimizerInBackward)
     straight.train()
+    straight.close()  # (flushes the TensorBoard events; closing twice is safe)
     expected = scalars(tmp_path / "straight/tb")
     shutdown_distributed()
 
@@ -185,6 +186,7 @@ def test_in_backward_resume_equals_uninterrupted_run(make_trainer, tmp_path):
     resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
     assert resumed.train_state.step == 3
     resumed.train()
+    resumed.close()
     got = scalars(tmp_path / "resumed/tb")
     assert [got[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]
 
@@ -218,6 +220,7 @@ def debug_model_losses(make_trainer, folder, *extra: str) -> tuple[list[float], 
     """Per-step losses of 6 steps of the debug model on the bundled text (warmup 2, cosine decay)."""
     trainer = make_trainer(*tiny_args(folder, "--training.steps", "6", "--lr_scheduler.warmup_steps", "2", *extra))
     trainer.train()
+    trainer.close()  # (flushes the TensorBoard events; closing twice is safe)
     shutdown_distributed()
     losses = scalars(folder / "tb")
     return [losses[s] for s in range(1, 7)], trainer.optimizer
@@ -249,6 +252,7 @@ def test_logged_lr_is_the_lr_of_its_step_with_a_tensor_lr(make_trainer, tmp_path
         *tiny_args(tmp_path, "--training.steps", "3", "--lr_scheduler.warmup_steps", "1", "--optimizer.tensor_lr")
     )
     trainer.train()
+    trainer.close()  # (flushes the TensorBoard events; closing twice is safe)
     logged = scalars(tmp_path / "tb", "optim/lr")
     peak, schedule = trainer.cfg.optimizer.lr, trainer.cfg.lr_scheduler
     assert len(set(logged.values())) == 3
