@@ -88,9 +88,9 @@ def learning_rate(cfg: OptimizerSection, device: torch.device) -> float | torch.
     if cfg.implementation == "fused":
         return torch.tensor(cfg.lr, dtype=torch.float64, device=device)
     logger.warning(
-        "--optimizer.tensor_lr: torch takes a tensor LR with --optimizer.implementation %s only on CUDA "
-        "(capturable); the LR stays a float on %s",
-        cfg.implementation,
+        "--optimizer.tensor_lr: the LR stays a float on %s; a tensor LR with --optimizer.implementation %s needs "
+        "torch's capturable mode, which runs on CUDA only (fused takes a tensor LR everywhere)",
         device.type,
+        cfg.implementation,
     )
     return cfg.lr
