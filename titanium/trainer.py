@@ -244,7 +244,7 @@ class Trainer:
         self.throughput.add_data_time(time.perf_counter() - data_start)
         loss_total, global_count, tokens = self.forward_backward(microbatches)
         grad_norm = self._clip_grad_norm()
-        self.lr_used = self.optimizer.param_groups[0]["lr"]
+        self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -424,7 +424,7 @@ class Trainer:
         scalars = {
             "loss": loss,
             "grad_norm": grad_norm.item(),
-            "lr": self.lr_used,
+            "lr": float(self.lr_used),
             "tokens_seen": float(self.train_state.tokens_seen),
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),

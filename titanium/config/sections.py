@@ -111,8 +111,9 @@ class TrainingSection:
 
 @dataclass
 class OptimizerSection:
-    name: Literal["AdamW", "Adam"] = "AdamW"
-    """Optimizer class from torch.optim."""
+    name: Literal["AdamW", "Adam", "AdamW8bit", "AdamW4bit", "AdamWFp8"] = "AdamW"
+    """AdamW or Adam from torch.optim, or AdamW from torchao.optim with its two moments stored in 8-bit,
+    4-bit or FP8 blocks (about 1/4, 1/8 and 1/4 of AdamW's state bytes for tensors of 4096+ values)."""
     lr: float = 8e-4
     """Peak learning rate (reached at the end of warmup)."""
     beta1: float = 0.9
@@ -126,7 +127,18 @@ class OptimizerSection:
     decay_norms_and_embeddings: bool = False
     """Also apply weight decay to norm weights, biases and embeddings (off by default, as is usual)."""
     implementation: Literal["fused", "foreach", "for-loop"] = "fused"
-    """Kernel choice: fused (one kernel, CPU and CUDA), foreach (multi-tensor), or plain for-loop."""
+    """Kernel choice of AdamW/Adam: fused (one kernel, CPU and CUDA), foreach (multi-tensor), or plain for-loop.
+    (The torchao optimizers compile their own step.)"""
+    tensor_lr: bool = False
+    """Keep the LR in a tensor on the parameters' device that the LR schedule updates in place, so a step
+    captured in a CUDA graph or compiled never meets a new Python number (nor syncs). AdamW/Adam with fused on
+    any device, or any implementation on CUDA (foreach/for-loop then run capturable); otherwise the LR stays a
+    float, with a warning. The torchao optimizers always keep their LR in a tensor."""
+    early_step_in_backward: bool = False
+    """Optimizer-in-backward: step each parameter as soon as its gradient is complete in backward and free the
+    gradient at once, so the whole model's gradients never exist together (saves their memory). Needs one
+    microbatch per step (--training.global_batch_size -1), --training.max_norm 0 and no pipeline parallelism.
+    The logged grad_norm is 0 (the gradients are gone before the loop could measure them)."""
 
 
 @dataclass
