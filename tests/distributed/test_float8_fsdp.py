@@ -1,4 +1,4 @@
-"""Emulated float8 training under FSDP and TP on gloo, against the float32 single-process run.
+"""Emulated float8 training under FSDP, TP and PP on gloo, against the float32 single-process run.
 
 Float8 rounds every matmul input (e4m3, 3 mantissa bits) and gradient, so losses cannot match the float32
 run to rounding: over these 5 steps they stay within 1e-3 relative and grad norms within 5e-3 (measured:
@@ -16,6 +16,7 @@ from tests.distributed.parity import Run, layout_run
 FLOAT8 = ("--float8.enable", "--float8.emulate")
 FSDP2 = ("--training.local_batch_size", "2")
 TP2 = ("--training.local_batch_size", "4", "--parallelism.tensor_parallel_degree", "2")
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B")
 
 
 def assert_close_not_equal(run: Run, reference: Run) -> None:
@@ -53,6 +54,7 @@ def test_float8_all_gather_under_fsdp(tmp_path, single_process_reference):
             (*FSDP2, "--float8.recipe", "rowwise_with_gw_hp", "--activation_checkpoint.mode", "selective"),
         ),
         ("tp2_tensorwise", 2, TP2),  # on gloo the float8 layers use torch's TP styles (see models/tp_styles.py)
+        ("pp2_1f1b", 2, ("--training.local_batch_size", "4", *PP2)),
     ],
 )
 def test_float8_layouts_train_close_to_float32(tmp_path, single_process_reference, name, nproc, extra):

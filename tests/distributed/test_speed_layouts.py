@@ -18,19 +18,33 @@ from tests.distributed.parity import assert_matches, layout_run
 QWEN = ("--model.name", "qwen3", "--tokenizer.kind", "byte")  # tied embeddings: the FSDP root holds the projection
 
 
-def test_qat_under_fsdp_matches_one_process_and_exports_the_same_model(tmp_path):
-    """With lr 0 the weights stay the (layout-independent) initial ones, so both exports must be identical:
-    FSDP's gather puts every shard back in place before the quantization (trained weights would not do here:
-    AdamW turns float32-rounding differences of near-zero gradients into lr-sized steps)."""
-    flags = ("--qat.enable", "--optimizer.lr", "0")
-    (losses, norms) = layout_run(tmp_path, "qat_fsdp2", 2, "--training.local_batch_size", "2", *flags)
-    (ref_losses, ref_norms) = layout_run(tmp_path, "qat_single", 1, "--training.local_batch_size", "4", *flags)
+QAT = ("--qat.enable", "--optimizer.lr", "0")
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B")
+
+
+@pytest.fixture(scope="module")
+def qat_single(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qat")
+    return layout_run(folder, "single", 1, "--training.local_batch_size", "4", *QAT), folder / "single"
+
+
+@pytest.mark.parametrize(
+    "name, extra",
+    [("fsdp2", ("--training.local_batch_size", "2")), ("pp2", ("--training.local_batch_size", "4", *PP2))],
+)
+def test_qat_layouts_match_one_process_and_export_the_same_model(tmp_path, qat_single, name, extra):
+    """With lr 0 the weights stay the (layout-independent) initial ones, so the exports must be identical:
+    FSDP's gather puts every shard back in place and PP's stages are collected before the quantization
+    (trained weights would not do here: AdamW turns float32-rounding differences of near-zero gradients
+    into lr-sized steps)."""
+    (losses, norms) = layout_run(tmp_path, name, 2, *extra, *QAT)
+    (ref_losses, ref_norms), ref_folder = qat_single
     assert sorted(losses) == sorted(ref_losses)
     for step in losses:
         assert losses[step] == pytest.approx(ref_losses[step], rel=1e-4), (step, losses, ref_losses)
         assert norms[step] == pytest.approx(ref_norms[step], rel=1e-3), (step, norms, ref_norms)
-    one = load_file(str(tmp_path / "qat_single/quantized/model.safetensors"))
-    two = load_file(str(tmp_path / "qat_fsdp2/quantized/model.safetensors"))
+    one = load_file(str(ref_folder / "quantized/model.safetensors"))
+    two = load_file(str(tmp_path / name / "quantized/model.safetensors"))
     assert one.keys() == two.keys() and any(key.endswith("._weight_qdata") for key in one)
     for key, value in one.items():
         assert torch.equal(value, two[key]), key

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 from torchao.prototype.safetensors.safetensors_support import (
     flatten_tensor_state_dict,
     unflatten_tensor_state_dict,
@@ -143,17 +143,21 @@ class QATConverter(ModelConverter):
 
 def _full_state_dict(model: nn.Module, pp_group: dist.ProcessGroup | None) -> dict[str, torch.Tensor] | None:
     """The whole model's weights on CPU, under clean names, without LoRA adapters: on rank 0 (None elsewhere).
-    Collective when distributed; with pipeline stages spread over ranks, gathered over ``pp_group``."""
-    if dist.is_initialized():
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        state = model.state_dict()
-    state = {clean_fqn(k): v.detach().cpu() for k, v in state.items() if not is_lora_param(k)}
+    Collective when distributed (sharded tensors are gathered one at a time); with pipeline stages spread over
+    ranks, the stages' weights are collected over ``pp_group``."""
     rank = dist.get_rank() if dist.is_initialized() else 0
+    keep = rank == 0 or pp_group is not None
+    state = {}
+    for key, value in model.state_dict().items():
+        if is_lora_param(key):
+            continue
+        full = value.full_tensor() if isinstance(value, DTensor) else value
+        if keep:
+            state[clean_fqn(key)] = full.detach().cpu()
     if pp_group is not None:
         stages: list[Any] = [None] * dist.get_world_size(pp_group)
         dst = dist.get_global_rank(pp_group, 0)
-        dist.gather_object(state if state else {}, stages if rank == dst else None, dst=dst, group=pp_group)
+        dist.gather_object(state, stages if rank == dst else None, dst=dst, group=pp_group)
         if rank == dst:
             state = {k: v for stage in stages for k, v in stage.items()}
     return state if rank == 0 else None
