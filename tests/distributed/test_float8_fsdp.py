@@ -29,6 +29,8 @@ def assert_close_not_equal(run: Run, reference: Run) -> None:
 
 
 def test_float8_all_gather_under_fsdp(tmp_path, single_process_reference):
+    """Also: its checkpoint holds plain weights, not torchao's float8 all-gather wrapper (which would not
+    unpickle without torchao's allowlist, e.g. when resuming without float8)."""
     all_gather = layout_run(
         tmp_path,
         "fsdp2_float8_all_gather",
@@ -37,8 +39,11 @@ def test_float8_all_gather_under_fsdp(tmp_path, single_process_reference):
         *FLOAT8,
         "--float8.enable_fsdp_float8_all_gather",
         "--float8.precompute_float8_dynamic_scale_for_fsdp",
+        "--checkpoint.enable",
     )
     assert_close_not_equal(all_gather, single_process_reference)
+    files = list((tmp_path / "fsdp2_float8_all_gather/checkpoint/step-5").glob("*.distcp"))
+    assert files and not any(b"WeightWithDynamicFloat8CastTensor" in f.read_bytes() for f in files)
     plain = layout_run(tmp_path, "fsdp2_float8", 2, *FSDP2, *FLOAT8)
     for gathered, cast_after in zip(all_gather, plain):
         assert gathered == pytest.approx(cast_after, rel=1e-6)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import Float8Section
@@ -97,6 +98,12 @@ class Float8Converter(ModelConverter):
         module_filter = float8_module_filter(self.cfg)
         linears = [clean_fqn(name) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
         convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
+        if self.all_gather:
+            from torchao.float8.float8_linear import Float8Linear
+
+            for module in model.modules():
+                if isinstance(module, Float8Linear):
+                    module.register_state_dict_post_hook(_save_plain_weight)
         converted = set(float8_layers(model))
         kept = [name for name in linears if name not in converted]
         logger.info(
@@ -123,3 +130,22 @@ def float8_layers(model: nn.Module) -> list[str]:
     from torchao.float8.float8_linear import Float8Linear
 
     return [clean_fqn(name) for name, m in model.named_modules() if isinstance(m, Float8Linear)]
+
+
+def _save_plain_weight(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
+    """State dicts (checkpoints, exports) hold the weight itself, not torchao's float8 all-gather wrapper around
+    it: such a checkpoint loads without float8, in any tool (unpickling the wrapper needs torchao's allowlist)."""
+    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
+
+    key = prefix + "weight"
+    value = state_dict.get(key)
+    local = value.to_local() if isinstance(value, DTensor) else value
+    if not isinstance(local, WeightWithDynamicFloat8CastTensor):
+        return
+    if not isinstance(value, DTensor):
+        state_dict[key] = local._tensor
+        return
+    shape, stride = value.shape, value.stride()
+    state_dict[key] = DTensor.from_local(
+        local._tensor, value.device_mesh, value.placements, run_check=False, shape=shape, stride=stride
+    )
