@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from tests.helpers import scalars, tiny_args
 from titanium.config import load_config
@@ -139,3 +140,18 @@ def test_sft_training_is_the_same_chunked(make_trainer, tmp_path):
     for step in losses:
         assert losses[step] == pytest.approx(ref_losses[step], rel=1e-5)
         assert norms[step] == pytest.approx(ref_norms[step], rel=1e-5)
+
+
+def test_a_converted_output_layer_is_refused():
+    """The chunked loss uses the projection's weight alone: an adapter or float8 cast on it would be lost."""
+    from titanium.config.sections import LoRASection
+    from titanium.peft.lora import apply_lora
+
+    batch, hidden, projection = _batch()
+    model = nn.Module()
+    model.output = projection
+    apply_lora(model, LoRASection(rank=2, target_modules=["output"]))
+    with pytest.raises(ConfigError, match="output layer is a LoRALinear"):
+        TokenCrossEntropy(8)(
+            ModelOutput(hidden=hidden, projection=model.output), TokenCrossEntropy(8).prepare([batch])[0]
+        )

