@@ -5,8 +5,8 @@ dynamic scales (per tensor or per row, by recipe), so checkpoints, the optimizer
 an ordinary weight. With FSDP and the tensorwise recipe the weights can be all-gathered already in float8
 (``enable_fsdp_float8_all_gather``); their scales are then best computed for all layers at once after the
 optimizer step (``precompute_float8_dynamic_scale_for_fsdp``), which is this converter's step hook. Under
-tensor parallelism the family's plan picks torchao's float8 styles for these layers (titanium/quantize/
-tensor_parallel.py), so the TP all-gathers move float8 too.
+tensor parallelism the family's plan picks torchao's float8 styles for these layers (titanium/models/
+tp_styles.py), so the TP all-gathers move float8 too.
 """
 
 from __future__ import annotations
@@ -18,6 +18,14 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torchao.float8 import (
+    Float8LinearConfig,
+    _auto_filter_for_recipe,
+    convert_to_float8_training,
+    precompute_float8_dynamic_scale_for_fsdp,
+)
+from torchao.float8.float8_linear import Float8Linear
+from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import Float8Section
@@ -43,21 +51,17 @@ def check_float8_hardware(cfg: Float8Section, device_type: str) -> None:
         )
     have = torch.cuda.get_device_capability()
     if have < need:
+        tensorwise = " or --float8.recipe tensorwise" if have >= _MIN_CAPABILITY["tensorwise"] else ""
         raise ConfigError(
             f"--float8.recipe {cfg.recipe} needs CUDA compute capability {need[0]}.{need[1]}+; "
-            f"{torch.cuda.get_device_name()} has {have[0]}.{have[1]}: use --float8.emulate (no speed-up), "
-            "or tensorwise on an Ada GPU"
+            f"{torch.cuda.get_device_name()} has {have[0]}.{have[1]}: use --float8.emulate (no speed-up){tensorwise}"
         )
 
 
 def float8_module_filter(cfg: Float8Section) -> Callable[[nn.Module, str], bool]:
     """``(module, name) -> convert?`` for torchao: linear layers not named in ``filter_fqns`` whose dimensions
     are multiples of 16, and (``auto_filter_small_kn``) large enough for torchao's recipe table."""
-    auto = None
-    if cfg.auto_filter_small_kn:
-        from torchao.float8 import _auto_filter_for_recipe
-
-        auto = _auto_filter_for_recipe(cfg.recipe, filter_fqns=[])
+    auto = _auto_filter_for_recipe(cfg.recipe, filter_fqns=[]) if cfg.auto_filter_small_kn else None
 
     def convert(module: nn.Module, name: str) -> bool:
         if not isinstance(module, nn.Linear) or filtered_by_name(clean_fqn(name), cfg.filter_fqns):
@@ -88,8 +92,6 @@ class Float8Converter(ModelConverter):
         self.precompute = cfg.precompute_float8_dynamic_scale_for_fsdp and self.all_gather
 
     def convert(self, model: nn.Module) -> None:
-        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-
         config = dataclasses.replace(
             Float8LinearConfig.from_recipe_name(self.cfg.recipe),
             emulate=self.cfg.emulate,
@@ -99,8 +101,6 @@ class Float8Converter(ModelConverter):
         linears = [clean_fqn(name) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
         convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
         if self.all_gather:
-            from torchao.float8.float8_linear import Float8Linear
-
             for module in model.modules():
                 if isinstance(module, Float8Linear):
                     module.register_state_dict_post_hook(_save_plain_weight)
@@ -116,8 +116,6 @@ class Float8Converter(ModelConverter):
 
     def after_optimizer_step(self, model_parts: list[nn.Module]) -> None:
         if self.precompute:
-            from torchao.float8 import precompute_float8_dynamic_scale_for_fsdp
-
             for part in model_parts:
                 precompute_float8_dynamic_scale_for_fsdp(part)
 
@@ -127,16 +125,12 @@ class Float8Converter(ModelConverter):
 
 def float8_layers(model: nn.Module) -> list[str]:
     """Clean names of the model's float8 linear layers."""
-    from torchao.float8.float8_linear import Float8Linear
-
     return [clean_fqn(name) for name, m in model.named_modules() if isinstance(m, Float8Linear)]
 
 
 def _save_plain_weight(module: nn.Module, state_dict: dict, prefix: str, local_metadata: dict) -> None:
     """State dicts (checkpoints, exports) hold the weight itself, not torchao's float8 all-gather wrapper around
     it: such a checkpoint loads without float8, in any tool (unpickling the wrapper needs torchao's allowlist)."""
-    from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
-
     key = prefix + "weight"
     value = state_dict.get(key)
     local = value.to_local() if isinstance(value, DTensor) else value
