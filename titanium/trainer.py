@@ -105,7 +105,14 @@ class Trainer:
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
-        converters = build_converters(lora=cfg.lora, shard_degree=self.dims.dp_shard * self.dims.cp)
+        converters = build_converters(
+            lora=cfg.lora,
+            float8=cfg.float8,
+            qat=cfg.qat,
+            shard_degree=self.dims.dp_shard * self.dims.cp,
+            fsdp=self.dims.fsdp_enabled,
+            device_type=self.device.type,
+        )
         self.frozen_base = any(c.freezes_base for c in converters)
         self.built = self.builder.build(
             self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
@@ -160,6 +167,7 @@ class Trainer:
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
             seed=self.cfg.debug.seed,
+            loss_chunk_size=t.loss_chunk_size,
             frozen_model=self._frozen_model,
         )
         section = getattr(self.cfg, t.objective, None)
