@@ -58,7 +58,8 @@ def test_float8_all_gather_under_fsdp(tmp_path, single_process_reference):
             2,
             (*FSDP2, "--float8.recipe", "rowwise_with_gw_hp", "--activation_checkpoint.mode", "selective"),
         ),
-        ("tp2_tensorwise", 2, TP2),  # on gloo the float8 layers use torch's TP styles (see models/tp_styles.py)
+        # on gloo the float8 layers use torch's TP styles (see models/common/parallelize.py)
+        ("tp2_tensorwise", 2, TP2),
         ("pp2_1f1b", 2, ("--training.local_batch_size", "4", *PP2)),
     ],
 )

@@ -16,8 +16,8 @@ from titanium.config import load_config
 from titanium.config.loader import ConfigError
 from titanium.config.sections import Float8Section
 from titanium.models import build_model_args, get_model_spec
+from titanium.models.common.parallelize import linear_styles
 from titanium.models.llama3.parallelize import _block_plan
-from titanium.models.tp_styles import linear_styles
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.quantize.float8 import Float8Converter, check_float8_hardware, float8_layers, float8_module_filter
 

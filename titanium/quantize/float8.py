@@ -5,8 +5,8 @@ dynamic scales (per tensor or per row, by recipe), so checkpoints, the optimizer
 an ordinary weight. With FSDP and the tensorwise recipe the weights can be all-gathered already in float8
 (``enable_fsdp_float8_all_gather``); their scales are then best computed for all layers at once after the
 optimizer step (``precompute_float8_dynamic_scale_for_fsdp``), which is this converter's step hook. Under
-tensor parallelism the family's plan picks torchao's float8 styles for these layers (titanium/models/
-tp_styles.py), so the TP all-gathers move float8 too.
+tensor parallelism the family's plan picks torchao's float8 styles for these layers
+(titanium/models/common/parallelize.py), so the TP all-gathers move float8 too.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from titanium.models.tp_styles import linear_styles
+from titanium.models.common.parallelize import linear_styles
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -62,7 +62,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
 
 
 def _block_plan(block: nn.Module, device_type: str) -> dict:
-    """One block's plan; float8 layers (the float8 converter) get torchao's float8 styles (models/tp_styles.py)."""
+    """One block's plan; float8 layers get torchao's float8 styles (models/common/parallelize.py)."""
     attn, ffn = block.attention, block.feed_forward
     qkv, wo = linear_styles(device_type, attn.wq, attn.wk, attn.wv), linear_styles(device_type, attn.wo)
     up, down = linear_styles(device_type, ffn.w1, ffn.w3), linear_styles(device_type, ffn.w2)
