@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanium.config.loader import ConfigError
@@ -149,10 +150,13 @@ class TokenCrossEntropy:
     def __call__(self, output: ModelOutput, batch: Batch) -> torch.Tensor:
         if not self.chunk_size:
             return cross_entropy_sum(output.logits, batch["label"])
-        if type(output.projection) is not nn.Linear:
+        layer_cls = type(output.projection)
+        if issubclass(layer_cls, FSDPModule):  # FSDP2 swaps in FSDP<Name>(FSDPModule, <Name>)
+            layer_cls = layer_cls.__bases__[-1]
+        if layer_cls is not nn.Linear:
             raise ConfigError(
                 f"--training.loss_chunk_size projects with the output layer's weight alone, but the output layer is a "
-                f"{type(output.projection).__name__} (LoRA, float8 or QAT on 'output'); keep 'output' out of that "
+                f"{layer_cls.__name__} (LoRA, float8 or QAT on 'output'); keep 'output' out of that "
                 "conversion or set --training.loss_chunk_size 0"
             )
         hidden = output.hidden
