@@ -48,13 +48,18 @@ class PreferencePair:
     rejected: Sample
     source: int
     row: int
+    reference: tuple[float, float] | None = None
+    """The reference policy's summed log-probs of (chosen, rejected), when read from a precomputed cache."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"chosen": self.chosen, "rejected": self.rejected, "source": self.source, "row": self.row}
+        d = {"chosen": self.chosen, "rejected": self.rejected, "source": self.source, "row": self.row}
+        return d if self.reference is None else {**d, "reference": list(self.reference)}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> PreferencePair:
-        return PreferencePair(dict(d["chosen"]), dict(d["rejected"]), d["source"], d["row"])
+        ref = d.get("reference")
+        reference = None if ref is None else (float(ref[0]), float(ref[1]))
+        return PreferencePair(dict(d["chosen"]), dict(d["rejected"]), d["source"], d["row"], reference)
 
 
 # ---------------------------------------------------------------------------------------------- rows

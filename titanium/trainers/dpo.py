@@ -20,31 +20,42 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from titanium.config.sections import DPOSection
 from titanium.trainers.base import IGNORE_INDEX
 
+METRICS = ("reward_chosen", "reward_rejected", "margin", "accuracy", "logp_chosen", "logp_rejected")
+"""The per-pair metrics (sums over pairs in DPOLoss; ``dpo/<name>`` means on the log line)."""
+
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(label) at every position in float32, [batch, seq]; 0 where the label is IGNORE_INDEX."""
+    """log p(label) at every position in float32, [batch, seq]; 0 where the label is IGNORE_INDEX.
+
+    Under loss parallel (tensor parallelism) ``logits`` is vocabulary-sharded: the cross-entropy runs on
+    the shards and only the [batch, seq] result is made whole.
+    """
     flat = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX)
+    if isinstance(flat, DTensor):
+        flat = flat.full_tensor()
     return -flat.view(labels.shape)
 
 
-def response_logps(
-    logits: torch.Tensor, labels: torch.Tensor, response_ids: torch.Tensor, n_responses: int
-) -> torch.Tensor:
-    """Summed label log-probs of each response, [n_responses] float32.
+def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) -> torch.Tensor:
+    """Per-pair sums of per-token ``values`` [..., rows, seq] over each response's labels: [..., pairs, 2].
 
-    ``response_ids`` [batch, seq] names the response each label belongs to (-1: none), as the preference
-    batches carry it (titanium.data.preference_batch), so padded and packed rows sum the same way. Under
-    context parallelism each rank sums its part of the sequence; the caller adds the parts over the cp
-    group before any non-linearity.
+    ``response_ids`` [rows, seq] is the batch's (titanium.data.preference_batch): ``2m + side`` for the
+    m-th pair of a row pair, -1 where there is no label. Pair ``g * slots + m`` is the m-th pair of row pair
+    g; column 0 is its chosen response, 1 its rejected one; a slot without a pair sums to 0. Padded and
+    packed rows, and any run of whole row pairs, sum the same way. Under context parallelism each rank
+    sums its part of the sequences; the caller adds the parts over the cp group before any non-linearity.
     """
-    logps = token_logps(logits, labels).flatten()
-    ids = response_ids.flatten()
-    logps = torch.where(ids >= 0, logps, torch.zeros_like(logps))
-    return logps.new_zeros(n_responses).index_add(0, ids.clamp(min=0), logps)
+    rows, seq = response_ids.shape
+    ids = response_ids.reshape(rows // 2, 2 * seq)
+    index = ids.clamp(min=0).expand(*values.shape[:-2], -1, -1)
+    masked = torch.where(ids >= 0, values.reshape(*values.shape[:-2], rows // 2, 2 * seq), 0.0)
+    sums = values.new_zeros(*values.shape[:-2], rows // 2, 2 * slots).scatter_add(-1, index, masked)
+    return sums.view(*values.shape[:-2], rows // 2 * slots, 2)
 
 
 @dataclass
@@ -63,11 +74,13 @@ def dpo_loss(
     cfg: DPOSection,
     chosen_lengths: torch.Tensor | None = None,
     rejected_lengths: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> DPOLoss:
     """The loss of every pair from summed response log-probs ([pairs] each; see the module docstring).
 
     ``chosen_lengths``/``rejected_lengths`` (label tokens per response) are needed with length_normalize
-    and with rpo_alpha > 0. The reference log-probs are treated as constants.
+    and with rpo_alpha > 0. The reference log-probs are treated as constants. ``mask`` (bool, [pairs])
+    says which entries are pairs: the others (empty slots of a batch layout) get loss 0 and no metrics.
     """
     if (cfg.length_normalize or cfg.rpo_alpha > 0) and (chosen_lengths is None or rejected_lengths is None):
         raise ValueError("length_normalize and rpo_alpha need the response lengths")
@@ -95,13 +108,14 @@ def dpo_loss(
     if cfg.rpo_alpha > 0:
         assert chosen_nll is not None
         losses = losses + cfg.rpo_alpha * chosen_nll
+    weight = torch.ones_like(h) if mask is None else mask.to(h.dtype)
     chosen_rewards, rejected_rewards = beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
-    metrics = {
-        "rewards/chosen": chosen_rewards.sum(),
-        "rewards/rejected": rejected_rewards.sum(),
-        "rewards/margin": (chosen_rewards - rejected_rewards).sum(),
-        "rewards/accuracy": (chosen_rewards > rejected_rewards).float().sum(),
-        "logps/chosen": policy_chosen.detach().sum(),
-        "logps/rejected": policy_rejected.detach().sum(),
+    per_pair = {
+        "reward_chosen": chosen_rewards,
+        "reward_rejected": rejected_rewards,
+        "margin": chosen_rewards - rejected_rewards,
+        "accuracy": (chosen_rewards > rejected_rewards).to(h.dtype),
+        "logp_chosen": policy_chosen.detach(),
+        "logp_rejected": policy_rejected.detach(),
     }
-    return DPOLoss(losses, metrics)
+    return DPOLoss(losses * weight, {name: (value * weight).sum() for name, value in per_pair.items()})
