@@ -12,7 +12,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from tests.helpers import REPO
-from titanium.config.sections import DataSection, DPOSection
+from titanium.config.sections import DataSection, DPOSection, JobConfig
+from titanium.config.validate import validate
 from titanium.data.chat import build_chat_template
 from titanium.data.preference import PreferenceDataset, PreferencePair
 from titanium.data.sft import IGNORE_INDEX
@@ -20,6 +21,7 @@ from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.model_builder import WeightSource
 from titanium.models import build_model_args, get_model_spec
+from titanium.tools import eval_preference
 from titanium.trainers.base import ModelOutput, ObjectiveContext
 from titanium.trainers.dpo import METRICS, DPOObjective, response_sums, token_logps
 from titanium.trainers.dpo_reference import ReferenceCache
@@ -198,3 +200,17 @@ def test_weight_fingerprint_changes_with_the_files(tmp_path):
     stat = os.stat(folder / "__0_0.distcp")
     os.utime(folder / "__0_0.distcp", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
     assert len({before, source.fingerprint()}) == 2
+
+
+def test_dpo_needs_preference_data():
+    cfg = JobConfig()
+    cfg.training.objective = "dpo"
+    assert "--training.objective dpo needs preference pairs: --data.kind preference" in list(validate(cfg))
+
+
+def test_eval_preference_refuses_a_folder_without_weights(tmp_path, capsys):
+    code = eval_preference.main(
+        [str(tmp_path), str(tmp_path), "--data", "assets/tasks/arithmetic/preference_test.jsonl"]
+    )
+    assert code == 2
+    assert "neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder" in capsys.readouterr().err
