@@ -1,4 +1,4 @@
-"""Direct preference optimization: per-response log-probs and the preference losses, as pure functions.
+"""Direct preference optimization: per-response log-probs, the preference losses and the DPO objective.
 
 For a pair (prompt x, chosen y_w, rejected y_l), a policy pi and a frozen reference pi_ref, let
 h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)], log-probs summed over the
@@ -29,7 +29,7 @@ from torch.distributed.tensor import DTensor
 
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_chat_template
-from titanium.data.packing import padding_mask
+from titanium.data.meter import DataMeter
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
 from titanium.parallel.context import shard_batch
@@ -173,7 +173,7 @@ class DPOObjective(Objective):
         else:
             self.reference = self._frozen_model()
         self.loader = self._loader(stream)
-        self._padding = self._tokens = 0  # since the last log line
+        self.meter = DataMeter(self.pairs)
 
     def _pairs(self, dp_rank: int, dp_world: int) -> PreferenceDataset:
         ctx, dpo = self.ctx, self.cfg
@@ -239,8 +239,7 @@ class DPOObjective(Objective):
 
     def next_microbatch(self) -> Batch:
         batch = next(self.loader)
-        self._padding += int(padding_mask(batch).sum())  # (CPU tensors: no device sync)
-        self._tokens += batch["input"].numel()
+        self.meter.add(batch)
         return batch
 
     def prepare(self, microbatches: list[Batch]) -> list[Batch]:
@@ -274,16 +273,7 @@ class DPOObjective(Objective):
         return LossResult(out.losses.sum(), {f"dpo/{name}": (value, pairs) for name, value in out.metrics.items()})
 
     def log_metrics(self) -> dict[str, float]:
-        counters = {
-            "data/skipped_rows": self.pairs.bad_rows,
-            "data/truncated_samples": self.pairs.truncated,
-            "data/dropped_samples": self.pairs.dropped,
-        }
-        metrics = {k: float(v) for k, v in counters.items() if v}
-        if self._tokens:
-            metrics["data/padding_pct"] = 100.0 * self._padding / self._tokens
-            self._padding = self._tokens = 0
-        return metrics
+        return self.meter.metrics()
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()
