@@ -210,7 +210,7 @@ def load_or_compute(
         cache = ReferenceCache.load(path)
         logger.info("reference log-probs: %d pairs read from %s", len(cache.values), path)
         return cache
-    logger.info("reference log-probs: computing them once for %s (written to %s)", identity["data"]["sources"], path)
+    logger.info("reference log-probs: computing them once over the data (to %s)", path)
     cache = ReferenceCache(compute(), path)
     if dist.get_rank() == 0:
         cache.save(identity)
