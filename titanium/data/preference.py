@@ -244,3 +244,23 @@ class PreferenceDataset(RowReader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_position(state)
         self.truncated, self.dropped = state["truncated"], state["dropped"]
+
+
+class OnePass:
+    """The first ``limit`` pairs (all by default) of one pass over a PreferenceDataset, from its start: a
+    pair stream for passes outside training (precomputing reference log-probs, evaluation), never resumed."""
+
+    def __init__(self, pairs: PreferenceDataset, limit: int | None = None) -> None:
+        self.pairs, self.limit = pairs, limit
+
+    def __iter__(self) -> Iterator[PreferencePair]:
+        for n, pair in enumerate(self.pairs):
+            if self.pairs.epoch or n == self.limit:
+                return
+            yield pair
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise AssertionError("a single pass is not resumed")

@@ -33,7 +33,7 @@ from torch import nn
 from titanium.config import load_config
 from titanium.config.sections import DPOSection
 from titanium.data.chat import build_chat_template
-from titanium.data.preference import PreferenceDataset
+from titanium.data.preference import OnePass, PreferenceDataset
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
@@ -47,25 +47,6 @@ def weights_of(folder: Path) -> WeightSource:
     if (folder / ".metadata").is_file():
         return WeightSource(dcp_folder=str(folder))
     raise UserError(f"{folder}: neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder")
-
-
-class _Pairs:
-    """The first ``limit`` pairs of a preference dataset, once."""
-
-    def __init__(self, dataset: PreferenceDataset, limit: int) -> None:
-        self.dataset, self.limit = dataset, limit
-
-    def __iter__(self):
-        for n, pair in enumerate(self.dataset):
-            if self.dataset.epoch or n == self.limit:
-                return
-            yield pair
-
-    def state_dict(self) -> dict:
-        return {}
-
-    def load_state_dict(self, state: dict) -> None:
-        raise AssertionError("not resumed")
 
 
 @torch.no_grad()
@@ -103,7 +84,7 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
     seq_len = cfg.training.seq_len
     data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
     pairs = PreferenceDataset(data, template, seq_len, tokenizer.bos_id, cfg.sft.system_prompt, cfg.dpo.on_long_pair)
-    loader = PreferenceBatchLoader(_Pairs(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
+    loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
     builder = ModelBuilder(device, cfg.debug.seed)
     spec, model_args = builder.resolve(cfg.model, seq_len=seq_len, vocab_size=tokenizer.vocab_size)
     policy, reference = (

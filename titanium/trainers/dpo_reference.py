@@ -33,7 +33,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from titanium.config.sections import DataSection
-from titanium.data.preference import PreferenceDataset, PreferencePair
+from titanium.data.preference import OnePass, PreferenceDataset, PreferencePair
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader
 from titanium.data.text import DataError, resolve_sources
 
@@ -143,25 +143,6 @@ class CachedReferencePairs:
         self.pairs.load_state_dict(state)
 
 
-class _OnePass:
-    """Every pair of a (looping) dataset once, in order: the precompute pass, never checkpointed."""
-
-    def __init__(self, pairs: PreferenceDataset) -> None:
-        self.pairs = pairs
-
-    def __iter__(self) -> Iterator[PreferencePair]:
-        for pair in self.pairs:
-            if self.pairs.epoch:
-                return
-            yield pair
-
-    def state_dict(self) -> dict[str, Any]:
-        return {}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        raise AssertionError("the precompute pass is not resumed")
-
-
 def precompute(
     all_pairs: PreferenceDataset,
     make_loader: Callable[[PairStream], PreferenceBatchLoader],
@@ -174,7 +155,7 @@ def precompute(
     ``reference_sums(batch)`` gives the batch's per-slot (chosen, rejected) sums [slots, 2], or None on
     ranks that do not compute them (pipeline stages before the last).
     """
-    loader = make_loader(_OnePass(all_pairs))
+    loader = make_loader(OnePass(all_pairs))
     batches = iter(loader.next_placed, None)
     values: dict[bytes, tuple[float, float]] = {}
     for rounds in itertools.count(1):
