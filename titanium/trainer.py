@@ -105,7 +105,14 @@ class Trainer:
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
-        converters = build_converters(lora=cfg.lora, shard_degree=self.dims.dp_shard * self.dims.cp)
+        converters = build_converters(
+            lora=cfg.lora,
+            float8=cfg.float8,
+            qat=cfg.qat,
+            shard_degree=self.dims.dp_shard * self.dims.cp,
+            fsdp=self.dims.fsdp_enabled,
+            device_type=self.device.type,
+        )
         self.frozen_base = any(c.freezes_base for c in converters)
         self.built = self.builder.build(
             self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
@@ -170,6 +177,7 @@ class Trainer:
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
             seed=self.cfg.debug.seed,
+            loss_chunk_size=t.loss_chunk_size,
             frozen_model=self._frozen_model,
             frozen_model_id=self._frozen_model_id(),
             device=self.device,
@@ -260,7 +268,7 @@ class Trainer:
         self.throughput.add_data_time(time.perf_counter() - data_start)
         loss_total, global_count, tokens = self.forward_backward(microbatches)
         grad_norm = self._clip_grad_norm()
-        self.lr_used = self.optimizer.param_groups[0]["lr"]
+        self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -440,7 +448,7 @@ class Trainer:
         scalars = {
             "loss": loss,
             "grad_norm": grad_norm.item(),
-            "lr": self.lr_used,
+            "lr": float(self.lr_used),
             "tokens_seen": float(self.train_state.tokens_seen),
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),

@@ -206,6 +206,8 @@ def test_dpo_needs_preference_data():
     cfg = JobConfig()
     cfg.training.objective = "dpo"
     assert "--training.objective dpo needs preference pairs: --data.kind preference" in list(validate(cfg))
+    cfg.data.kind, cfg.training.loss_chunk_size = "preference", 1024
+    assert any("--training.loss_chunk_size applies to token cross-entropy" in p for p in validate(cfg))
 
 
 def test_eval_preference_refuses_a_folder_without_weights(tmp_path, capsys):

@@ -119,7 +119,14 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0) -> DryRun:
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
     spec, args = builder.resolve(cfg.model, seq_len=cfg.training.seq_len)
-    converters = build_converters(lora=cfg.lora, shard_degree=dims.dp_shard * dims.cp)
+    converters = build_converters(
+        lora=cfg.lora,
+        float8=cfg.float8,
+        qat=cfg.qat,
+        shard_degree=dims.dp_shard * dims.cp,
+        fsdp=dims.fsdp_enabled,
+        device_type=None,
+    )
     built = builder.build(spec, args, converters=converters, materialize=False)
     stage_ids = None
     if built.pipeline is not None:
