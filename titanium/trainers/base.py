@@ -75,7 +75,8 @@ class ObjectiveContext:
     """``[training] loss_chunk_size``: tokens per chunk of a chunked cross-entropy (0: from full logits)."""
     frozen_model: Callable[[], FrozenForward] | None = None
     """Asks the loop for a frozen copy of the starting policy, built by the same builder and parallel plan
-    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction."""
+    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction or
+    when first needed; the function it returns runs once the objective is built (not in its constructor)."""
     frozen_model_id: str = ""
     """What the frozen model's outputs depend on (family, args, starting weights and their files, precision),
     for objectives that cache those outputs: a different id means the cached outputs are stale."""
