@@ -145,14 +145,24 @@ class Trainer:
     def _frozen_model(self) -> FrozenForward:
         """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
         With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy."""
-        ck = self.cfg.checkpoint
-        weights = self._starting_weights(resuming_counts=False)
-        if ck.initial_load_path and not ck.initial_load_in_hf:
-            weights = WeightSource(dcp_folder=ck.initial_load_path)
         frozen = self.builder.frozen(
-            self.built, weights, share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
+            self.built, self._reference_weights(), share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
         )
         return lambda batch: frozen(self._model_inputs(batch))
+
+    def _reference_weights(self) -> WeightSource:
+        """Where the starting policy's weights come from (also a LoRA base's): HF, a titanium checkpoint, or none."""
+        ck = self.cfg.checkpoint
+        if ck.initial_load_path and not ck.initial_load_in_hf:
+            return WeightSource(dcp_folder=ck.initial_load_path)
+        return self._starting_weights(resuming_counts=False)
+
+    def _frozen_model_id(self) -> str:
+        """What the frozen model's outputs depend on, for objectives that cache them (see ObjectiveContext)."""
+        weights = self._reference_weights().fingerprint() or f"initialized with seed {self.cfg.debug.seed}"
+        base = [c.describe() for c in self.built.converters] if self.frozen_base else []  # e.g. an NF4 base
+        parts = [self.model_spec.name, repr(self.model_args), weights, *base, self.cfg.training.mixed_precision_param]
+        return "\n".join(parts)
 
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
@@ -169,6 +179,12 @@ class Trainer:
             seed=self.cfg.debug.seed,
             loss_chunk_size=t.loss_chunk_size,
             frozen_model=self._frozen_model,
+            frozen_model_id=self._frozen_model_id(),
+            device=self.device,
+            cp_mesh=self.meshes.cp if self.dims.cp > 1 else None,
+            chat_template=self.cfg.sft.chat_template,
+            system_prompt=self.cfg.sft.system_prompt,
+            dump_folder=self.cfg.job.dump_folder,
         )
         section = getattr(self.cfg, t.objective, None)
         self.objective = build_objective(t.objective, ctx, self.cfg.data, section)

@@ -86,9 +86,10 @@ class DataSection:
 @dataclass
 class TrainingSection:
     objective: str = "pretrain"
-    """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows)
-    or sft (supervised fine-tuning on chat/instruct/text samples; see [sft]); or your own objective class
-    as 'package.module:ClassName' (see docs/extending.md)."""
+    """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows),
+    sft (supervised fine-tuning on chat/instruct/text samples; see [sft]) or dpo (preference pairs against
+    a frozen reference; see [dpo]); or your own objective class as 'package.module:ClassName' (see
+    docs/extending.md)."""
     steps: int = 1000
     """Number of optimizer steps to train for."""
     local_batch_size: int = 8
@@ -329,11 +330,11 @@ class SFTSection:
     chatml: <|im_start|>role ... <|im_end|> (Qwen). qwen3: ChatML as Qwen3's own template renders chats
     without reasoning (the last answer opens with an empty <think></think> block, not learned).
     tokenizer: the HF tokenizer's own Jinja chat_template. auto: the tokenizer's template if it has
-    one, else the model family's format (llama3, qwen3)."""
+    one, else the model family's format (llama3, qwen3). DPO's pairs and the evaluation use it too."""
     train_on_input: bool = False
     """Also put loss on system/user (prompt) tokens. Off by default: only assistant tokens are learned."""
     system_prompt: str | None = None
-    """Replace (or add) the system message of every sample with this text."""
+    """Replace (or add) the system message of every sample (and of DPO's pairs and evaluation prompts)."""
     on_long_sample: Literal["truncate", "drop"] = "truncate"
     """A sample longer than training.seq_len is cut to fit (truncate) or left out (drop); either is
     counted in the log."""
@@ -363,10 +364,11 @@ class DPOSection:
     """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
     RPO; 0 turns it off."""
     precompute_reference: bool = False
-    """Compute the reference policy's log-probs once over the data and cache them on disk; training then
-    never loads the reference model."""
+    """Compute the reference policy's log-probs once over the data (one pass, before training) and cache
+    them on disk; training then never holds or runs the reference model. The cache is keyed by the
+    reference weights, data content, tokenizer, chat template and seq_len: a change computes it again."""
     reference_cache_folder: str = "reference_logps"
-    """Where precompute_reference keeps its cache, relative to job.dump_folder."""
+    """Where precompute_reference keeps its caches (one file per key), relative to job.dump_folder."""
     packing: bool = False
     """Pack the chosen and rejected sequences of several pairs into each training.seq_len row (attention
     masked per sequence), so short pairs waste no padding; a microbatch then holds a varying number of

@@ -22,7 +22,7 @@ PIPELINE_SCHEDULES = (
 )
 """torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
 
-OBJECTIVE_NAMES = ("pretrain", "sft")
+OBJECTIVE_NAMES = ("pretrain", "sft", "dpo")
 """The built-in objectives (titanium/trainers/); their config section has the same name."""
 
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
@@ -199,6 +199,13 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     """Preference data and the [dpo] ranges."""
     if cfg.data.kind == "preference" and cfg.training.objective != "dpo":
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo"
+    if cfg.training.objective == "dpo" and cfg.data.kind != "preference":
+        yield "--training.objective dpo needs preference pairs: --data.kind preference"
+    if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
+        yield (
+            "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
+            "dpo, whose log-probs come from the full logits; set it to 0"
+        )
     d = cfg.dpo
     if d.beta <= 0:
         yield f"--dpo.beta must be > 0, got {d.beta}"
