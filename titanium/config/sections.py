@@ -397,6 +397,39 @@ class EvalSection:
 
 
 @dataclass
+class GuardsSection:
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """What to do when a step's loss or gradient norm is NaN or infinite. It is detected on the device every step,
+    without waiting for the device, and the optimizer leaves the weights and its own state untouched for that step
+    (fused Adam/AdamW do it inside their kernel; other optimizers read the flag every step, one host sync). stop:
+    every later step is held the same way and the run ends at the next log or checkpoint step with an error naming
+    the first bad step (exit code 1; no checkpoint is written after it). skip: training goes on; the console line
+    counts the skipped steps. The skipped step still uses up its data and its learning-rate step."""
+    max_skipped_steps: int = 10
+    """With on_nonfinite = "skip": stop (as "stop" would) once more than this many steps were skipped in this run,
+    checked at log and checkpoint steps; 0 sets no limit."""
+    loss_spike_ratio: float = 1.5
+    """Log a warning naming the step when a step's loss is more than this multiple of its running mean (the worst
+    spike since the last log line, and how many there were); 0 turns spike logging off."""
+    loss_spike_window: int = 100
+    """The running mean of the loss for spike logging is an exponential average over about this many steps."""
+
+
+@dataclass
+class ValidationSection:
+    interval: int = 0
+    """Every N steps (and after the last), compute the loss and perplexity on held-out data: the training
+    objective's data pipeline on validation.path, its loss, forward only, under the same parallel plan (FSDP, TP,
+    PP, CP). Logged as validation/loss and validation/perplexity. 0 turns validation off."""
+    path: str = "assets/corpus/validation.jsonl"
+    """Held-out data in the training data's format ([data] kind and columns). Every validation reads it from its
+    start, so the numbers are comparable over the run. With data.kind synthetic the windows are drawn from another
+    seed than training's and this path is not read."""
+    steps: int = 10
+    """Microbatches per validation, each of training.local_batch_size sequences on every data-parallel rank."""
+
+
+@dataclass
 class JobConfig:
     """The whole job. Built from dataclass defaults < TOML file < CLI flags."""
 
@@ -419,3 +452,5 @@ class JobConfig:
     dpo: DPOSection = field(default_factory=DPOSection)
     lora: LoRASection = field(default_factory=LoRASection)
     eval: EvalSection = field(default_factory=EvalSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    guards: GuardsSection = field(default_factory=GuardsSection)
