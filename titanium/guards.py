@@ -24,6 +24,8 @@ logger = logging.getLogger("titanium")
 class NonFiniteError(UserError, FloatingPointError):
     """Training stopped on a NaN/inf loss or gradient norm; the message names the first bad step."""
 
+    label = "stopped"
+
 
 class StepGuard:
     """Skips (or holds, in stop mode) optimizer steps whose loss or gradient norm is not finite; logs loss spikes."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.common.decoder import Decoder
-from titanium.models.converter import ModelConverter, apply_converters, set_trainable
+from titanium.models.converter import ModelConverter, apply_converters, set_trainable, unconverted
 from titanium.models.spec import ModelSpec
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
@@ -68,6 +69,22 @@ class BuiltModel:
     converters: list[ModelConverter] = field(default_factory=list)
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The context the forward runs in: mixed precision where FSDP does not apply it."""
+
+
+@dataclass
+class FrozenModel:
+    """A model run without gradients on keyword inputs: its logits (float32, full vocabulary), or None on
+    pipeline ranks without the last stage."""
+
+    built: BuiltModel
+    context: Callable[[], contextlib.AbstractContextManager]
+
+    @torch.no_grad()
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        built = self.built
+        with self.context(), built.autocast():
+            out = built.pipeline.forward(inputs) if built.pipeline is not None else built.model(**inputs)
+        return out.full_tensor() if isinstance(out, DTensor) else out
 
 
 @dataclass
@@ -153,6 +170,24 @@ class ModelBuilder:
         (``overrides`` replace args, e.g. ``max_seq_len``)."""
         args = self.resolve_hf(spec, str(folder), **overrides)
         return self.build(spec, args, weights=WeightSource(hf_folder=str(folder)))
+
+    def frozen(self, policy: BuiltModel, weights: WeightSource, *, share: bool, batch_size: int) -> FrozenModel:
+        """A no-grad copy of ``policy`` as it started (from ``weights``), built by the same plan; with ``share``
+        (a converter froze the base, e.g. LoRA) the policy itself with its conversion switched off instead."""
+        if share:
+            frozen = dataclasses.replace(policy)  # the same modules (a pipeline gets its own schedule below)
+            context: Callable[[], contextlib.AbstractContextManager] = lambda: unconverted(  # noqa: E731
+                policy.converters, policy.model
+            )
+        else:
+            frozen = self.build(policy.spec, policy.args, weights=weights)
+            for p in frozen.model.parameters():
+                p.requires_grad_(False)
+            context = contextlib.nullcontext
+        if frozen.pipeline is not None and self.plan is not None:  # a forward-only schedule over its stages
+            frozen.pipeline = dataclasses.replace(frozen.pipeline, schedule=None)
+            frozen.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
+        return FrozenModel(frozen, context)
 
     def _parallelize(self, built: BuiltModel) -> None:
         """Pipeline split, then per stage TP -> CP -> AC -> compile -> FSDP (nothing without a plan)."""

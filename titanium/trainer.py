@@ -36,8 +36,8 @@ from titanium.debug.profiling import Profiler
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.guards import StepGuard
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, WeightSource
-from titanium.models.converter import ExportContext, unconverted
+from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
+from titanium.models.converter import ExportContext
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
@@ -143,51 +143,20 @@ class Trainer:
     @functools.cache  # noqa: B019 (one trainer per process; the validation objective gets the same copy)
     def _frozen_model(self) -> FrozenForward:
         """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
-
-        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy.
-        """
-        built = self.built
-        if self.frozen_base:
-            converters = built.converters
-            context = lambda: unconverted(converters, built.model)  # noqa: E731
-        else:
-            ck = self.cfg.checkpoint
-            weights = self._starting_weights(resuming_counts=False)
-            if ck.initial_load_path and not ck.initial_load_in_hf:
-                weights = WeightSource(dcp_folder=ck.initial_load_path)
-            built = self.builder.build(self.model_spec, self.model_args, weights=weights)
-            for p in built.model.parameters():
-                p.requires_grad_(False)
-            context = contextlib.nullcontext
-            if built.pipeline is not None:
-                built.pipeline.build_schedule(
-                    self.cfg.parallelism, self.cfg.training.local_batch_size, self.device, loss_fn=None
-                )
-        return lambda batch: self._frozen_forward(built, context, batch)
-
-    @torch.no_grad()
-    def _frozen_forward(self, built: BuiltModel, context, batch: Batch) -> torch.Tensor | None:
-        inputs = self._model_inputs(batch)
-        with context(), built.autocast():
-            if built.pipeline is not None:
-                out = built.pipeline.forward(inputs)
-            else:
-                out = built.model(**inputs)
-        if isinstance(out, DTensor):
-            out = out.full_tensor()
-        return out
+        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy."""
+        ck = self.cfg.checkpoint
+        weights = self._starting_weights(resuming_counts=False)
+        if ck.initial_load_path and not ck.initial_load_in_hf:
+            weights = WeightSource(dcp_folder=ck.initial_load_path)
+        frozen = self.builder.frozen(
+            self.built, weights, share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
+        )
+        return lambda batch: frozen(self._model_inputs(batch))
 
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
         t = self.cfg.training
-        per_step = t.local_batch_size * self.dims.dp_degree
-        global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
-        if global_batch % per_step:
-            raise ValueError(
-                f"--training.global_batch_size {global_batch} must be a multiple of local_batch_size x "
-                f"data-parallel degree = {t.local_batch_size} x {self.dims.dp_degree} = {per_step}"
-            )
-        self.grad_accum_steps = global_batch // per_step
+        self.grad_accum_steps = self.dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
         ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.cfg.model.name,
@@ -477,6 +446,7 @@ class Trainer:
                 ck,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
+                pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
             )
 
     def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:

@@ -48,3 +48,18 @@ def test_reference_is_the_starting_policy(tmp_path, reference):
     """At step 1 policy == reference, so the penalty is 0 and the loss is the reference's NLL."""
     (losses, _), ref_nll = reference
     assert losses[1] == pytest.approx(ref_nll[1], rel=1e-6)
+
+
+LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2")
+
+
+def test_lora_reference_is_the_policy_with_adapters_off_under_pp(tmp_path):
+    """With LoRA the reference is the policy itself, adapters off (no copy); under PP too."""
+    (ref_run, ref_nll) = _run(tmp_path, "lora_single", 1, *LORA, "--training.local_batch_size", "4")
+    (run, nll) = _run(tmp_path, "lora_pp2", 2, *LORA, *LAYOUTS[2][2])
+    assert_matches(run, ref_run)
+    for step in ref_nll:
+        assert nll[step] == pytest.approx(ref_nll[step], rel=1e-5), (step, nll, ref_nll)
+    # The adapters train, the base does not: the reference (the base) gives the same NLL on the same data as
+    # a frozen copy would; at step 1 the adapted policy still equals it.
+    assert run[0][1] == pytest.approx(nll[1], rel=1e-6)

@@ -136,7 +136,7 @@ def test_bad_rows_are_skipped_and_counted(tmp_path):
 @pytest.mark.parametrize("row,message", BAD_ROWS)
 def test_bad_rows_fail_with_file_row_and_reason(tmp_path, row, message):
     path = jsonl(tmp_path / "bad.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}, row])
-    with pytest.raises(DataError, match=r"bad\.jsonl row 1: .*" + message.replace("?", r"\?")):
+    with pytest.raises(DataError, match=r"bad\.jsonl: row 1: .*" + message.replace("?", r"\?")):
         take(dataset(path, on_bad_row="fail"), 2)
 
 

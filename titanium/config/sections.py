@@ -403,7 +403,7 @@ class GuardsSection:
     without waiting for the device, and the optimizer leaves the weights and its own state untouched for that step
     (fused Adam/AdamW do it inside their kernel; other optimizers read the flag every step, one host sync). stop:
     every later step is held the same way and the run ends at the next log or checkpoint step with an error naming
-    the first bad step (exit code 1; no checkpoint is written after it). skip: training goes on; the console line
+    the first bad step (exit code 2; no checkpoint is written after it). skip: training goes on; the console line
     counts the skipped steps. The skipped step still uses up its data and its learning-rate step."""
     max_skipped_steps: int = 10
     """With on_nonfinite = "skip": stop (as "stop" would) once more than this many steps were skipped in this run,
@@ -427,6 +427,60 @@ class ValidationSection:
     seed than training's and this path is not read."""
     steps: int = 10
     """Microbatches per validation, each of training.local_batch_size sequences on every data-parallel rank."""
+
+
+@dataclass
+class GRPOSection:
+    group_size: int = 8
+    """Responses sampled per prompt. Each response's advantage compares its reward with the others of
+    its group (TRL's num_generations); at least 2."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (> 0). Log-probs, in rollouts and in training alike, are
+    those of the temperature-scaled distribution over the whole vocabulary."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw only from the most likely tokens that together hold this much probability;
+    1 turns it off."""
+    top_k: int = 0
+    """Draw only from the k most likely tokens; 0 turns it off."""
+    max_new_tokens: int = 256
+    """Most tokens generated per response; a response cut here is truncated (see mask_truncated)."""
+    max_prompt_len: int = 512
+    """Prompts longer than this many tokens are skipped (counted in the log), not cut."""
+    answer_column: str = "answer"
+    """Column of a prompt row holding the reference answer, handed to the reward functions; "" when the
+    rows have none (a row without it is a bad row otherwise)."""
+    rewards: list[str] = field(default_factory=lambda: ["exact_match"])
+    """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
+    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function"
+    for your own, called as fn(completion, answer, row) -> float."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward function, in the same order; empty: every weight is 1."""
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    """Advantage = reward - mean of its group, divided by the group's standard deviation (group, the GRPO
+    paper), by that of the whole batch (batch), or not divided (none, as in Dr. GRPO)."""
+    epsilon_low: float = 0.2
+    """Lower clip of the probability ratio: a token whose ratio fell below 1 - epsilon_low with a negative
+    advantage gets no further push."""
+    epsilon_high: float = 0.2
+    """Upper clip of the ratio: no further push above 1 + epsilon_high with a positive advantage (DAPO's
+    clip-higher uses 0.28)."""
+    beta: float = 0.0
+    """Weight of the KL penalty to a frozen reference policy (k3 estimator). 0 (TRL's default) builds no
+    reference model; the GRPO paper used 0.04."""
+    loss_aggregation: Literal["token", "sequence"] = "token"
+    """token: the loss summed over the step's response tokens, divided by their count over all ranks
+    (DAPO; every token weighs the same). sequence: each response's mean over its tokens, averaged over
+    the responses (the GRPO paper; every response weighs the same)."""
+    ppo_epochs: int = 1
+    """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
+    from the second optimizer step on the same rollouts."""
+    minibatches: int = 1
+    """Optimizer steps per pass over a batch of rollouts (it is split into this many parts)."""
+    mask_truncated: bool = False
+    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
+    max_policy_lag: int = 0
+    """Rollouts may come from a policy up to this many optimizer steps older than the one being trained,
+    so generation for the next step can overlap training; older rollouts are dropped. 0: fully on-policy."""
 
 
 @dataclass
@@ -454,3 +508,4 @@ class JobConfig:
     eval: EvalSection = field(default_factory=EvalSection)
     validation: ValidationSection = field(default_factory=ValidationSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
+    grpo: GRPOSection = field(default_factory=GRPOSection)

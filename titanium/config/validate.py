@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-from titanium.config.sections import JobConfig
+from titanium.config.sections import GRPOSection, JobConfig
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -144,6 +144,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_dpo(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
+    yield from _validate_grpo(cfg.grpo)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -250,6 +251,38 @@ def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
         yield f"--validation.steps must be >= 1, got {v.steps}"
     if v.interval > 0 and cfg.data.kind != "synthetic" and looks_local(v.path) and not any(True for _ in _glob(v.path)):
         yield f"--validation.path: no file matches {v.path} (run from the repository root, or fix the path)"
+
+
+def _validate_grpo(g: GRPOSection) -> Iterator[str]:
+    """[grpo] ranges; the reward names are resolved by titanium.rewards when the objective is built."""
+    if g.group_size < 2:
+        yield f"--grpo.group_size must be >= 2 (advantages compare the responses to one prompt), got {g.group_size}"
+    if g.temperature <= 0:
+        yield f"--grpo.temperature must be > 0 (at 0 every response of a group is the same), got {g.temperature}"
+    if not 0 < g.top_p <= 1:
+        yield f"--grpo.top_p must be in (0, 1] (1 turns it off), got {g.top_p}"
+    for name, value, low in [
+        ("top_k", g.top_k, 0),
+        ("max_new_tokens", g.max_new_tokens, 1),
+        ("max_prompt_len", g.max_prompt_len, 1),
+        ("ppo_epochs", g.ppo_epochs, 1),
+        ("minibatches", g.minibatches, 1),
+        ("max_policy_lag", g.max_policy_lag, 0),
+    ]:
+        if value < low:
+            yield f"--grpo.{name} must be >= {low}, got {value}"
+    if not 0 <= g.epsilon_low < 1:
+        yield f"--grpo.epsilon_low must be in [0, 1), got {g.epsilon_low}"
+    for name, value in [("epsilon_high", g.epsilon_high), ("beta", g.beta)]:
+        if value < 0:
+            yield f"--grpo.{name} must be >= 0, got {value}"
+    if not g.rewards:
+        yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
+    if g.reward_weights and len(g.reward_weights) != len(g.rewards):
+        yield (
+            f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
+            f"({', '.join(g.rewards)}); give one per function, or none for all 1"
+        )
 
 
 def _glob(path: str) -> Iterator[Path]:

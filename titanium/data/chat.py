@@ -75,12 +75,14 @@ def check_conversation(messages: list[Message]) -> list[Message]:
 
 
 def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
-    """A row holding a list of {role, content} messages (OpenAI style, or ShareGPT's from/value)."""
+    """A row holding a conversation to learn from: a list of {role, content} messages (OpenAI style, or
+    ShareGPT's from/value) ending with the assistant."""
     return check_conversation(parse_messages(_column(row, cfg.messages_column), f"'{cfg.messages_column}'", cfg))
 
 
 def parse_messages(raw: Any, what: str, cfg: DataSection) -> list[Message]:
-    """A list of {role, content} messages, keys per --data.role_key / --data.content_key; `what` names it."""
+    """A list of {role, content} messages in any order of roles, keys per --data.role_key /
+    --data.content_key; `what` names it in errors."""
     if not isinstance(raw, list):
         raise RowError(f"{what} is {type(raw).__name__}, not a list of messages")
     messages = []
@@ -99,13 +101,18 @@ def parse_messages(raw: Any, what: str, cfg: DataSection) -> list[Message]:
 
 def parse_instruct_row(row: Any, cfg: DataSection) -> list[Message]:
     """instruction (+ optional input, after a blank line) as the user turn, output as the answer."""
+    user = instruct_user_message(row, cfg)
+    output = _text_field(row.get(cfg.output_column), f"'{cfg.output_column}'")
+    return [user, Message("assistant", output)]
+
+
+def instruct_user_message(row: Any, cfg: DataSection) -> Message:
+    """The user turn of an instruct row: the instruction, then the optional input after a blank line."""
     instruction = _text_field(_column(row, cfg.instruction_column), f"'{cfg.instruction_column}'")
     extra = row.get(cfg.input_column)
     if extra is not None and not isinstance(extra, str):
         raise RowError(f"'{cfg.input_column}' is {type(extra).__name__}, not a string")
-    output = _text_field(row.get(cfg.output_column), f"'{cfg.output_column}'")
-    user = f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction
-    return [Message("user", user), Message("assistant", output)]
+    return Message("user", f"{instruction}\n\n{extra}" if extra and extra.strip() else instruction)
 
 
 def with_system_prompt(messages: list[Message], system_prompt: str | None) -> list[Message]:

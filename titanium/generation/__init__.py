@@ -1,1 +1,1 @@
-"""Generation: batched greedy decoding with a KV cache, and the exact-match evaluation built on it."""
+"""Generation: batched sampling and greedy decoding with a KV cache, RL rollouts, and exact-match evaluation."""

@@ -23,7 +23,8 @@ from titanium.data.lines import BadLine
 from titanium.data.sft import ROW_FIX
 from titanium.data.text import BROKEN_LINE_FIX, DataError, Source, bad_row_error, resolve_sources, stream_rows
 from titanium.data.tokenizer import Tokenizer
-from titanium.generation.generate import check_room, greedy_generate
+from titanium.generation.generate import all_ranks_done, check_room, generate
+from titanium.generation.sampling import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -118,13 +119,8 @@ class ExactMatchEvaluator:
         # Every rank runs the same number of batches: pad short shares with a dummy (never scored) prompt.
         per_rank = math.ceil(self.total / dp_world)
         self.prompts = [s.prompt for s in self.mine] + [samples[0].prompt] * (per_rank - len(self.mine))
-
-    def _all_done(self, done: bool) -> bool:
-        if self.dp_world == 1:
-            return done
-        flag = torch.tensor([0 if done else 1], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
-        return not bool(flag.item())
+        self.greedy = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
+        self.all_done = all_ranks_done(group, self.device) if dp_world > 1 else None
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
         """Greedy answers for this rank's share, scored ``decoded.strip() == reference.strip()``."""
@@ -135,15 +131,11 @@ class ExactMatchEvaluator:
             answers: list[list[int]] = []
             size = self.cfg.batch_size
             for start in range(0, len(self.prompts), size):
-                answers += greedy_generate(
-                    model,
-                    self.prompts[start : start + size],
-                    self.cfg.max_new_tokens,
-                    self.stop_ids,
-                    self.pad_id,
-                    device=self.device,
-                    all_done=self._all_done,
+                batch = self.prompts[start : start + size]
+                generation = generate(
+                    model, batch, self.greedy, self.stop_ids, self.pad_id, device=self.device, all_done=self.all_done
                 )
+                answers += generation.token_lists()
         finally:
             model.train(was_training)
         correct = sum(self.tokenizer.decode(ids).strip() == s.reference.strip() for ids, s in zip(answers, self.mine))

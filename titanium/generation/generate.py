@@ -1,22 +1,56 @@
-"""Batched greedy decoding with a KV cache.
+"""Batched generation with a KV cache: sampling or greedy, stop ids, per-row finish, per-token log-probs.
 
 The prompts are left-padded into one ``[B, L]`` batch so that every row's next token sits in the last
 column: one prefill call fills the cache, then each step feeds one token per row. The padding is a
 document of its own (id 0) and the prompt with its answer is document 1, with positions starting at
 0 at the first real token, so the document-causal mask keeps padding invisible and every row is
 computed exactly as if it were alone (see ``titanium.models.common.kv_cache``).
+
+Under FSDP every forward is a collective, so all ranks must run the same number of forwards: a rank
+whose rows are done keeps stepping until every rank agrees to stop (``all_ranks_done``). Each block's
+weights are gathered only while it runs, as in training; the whole model is never gathered.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from titanium.generation.sampling import SamplingParams, sample
+from titanium.generation.static_cache import StaticKVCache
 from titanium.models.common.kv_cache import KVCache
 
 PAD_DOCUMENT, PROMPT_DOCUMENT = 0, 1
+
+
+@dataclass(frozen=True)
+class Generation:
+    """What ``generate`` produced for a batch of B prompts, after T decoding steps."""
+
+    tokens: torch.Tensor
+    """``[B, T]`` generated ids (T <= max_new_tokens: the steps run); ``pad_id`` after a row's end."""
+    logprobs: torch.Tensor
+    """``[B, T]`` float32 log-prob of each generated token (convention in ``sampling``); 0 after a row's end."""
+    lengths: torch.Tensor
+    """``[B]`` tokens generated per row, its stop id included."""
+    finished: torch.Tensor
+    """``[B]`` True where the row ended with a stop id; False where max_new_tokens cut it (truncated)."""
+
+    def mask(self) -> torch.Tensor:
+        """``[B, T]`` True on each row's generated tokens (stop id included)."""
+        steps = torch.arange(self.tokens.shape[1], device=self.tokens.device)
+        return steps[None, :] < self.lengths[:, None]
+
+    def token_lists(self, keep_stop: bool = False) -> list[list[int]]:
+        """Each row's generated ids (a host copy), without the final stop id unless ``keep_stop``."""
+        ends = (self.lengths - (self.finished & (not keep_stop)).long()).tolist()
+        return [row[:end] for row, end in zip(self.tokens.tolist(), ends)]
 
 
 def left_pad(
@@ -49,60 +83,106 @@ def check_room(model: nn.Module, longest_prompt: int, max_new_tokens: int) -> No
         )
 
 
-def _cut_at_stop(ids: list[int], stop_ids: set[int]) -> list[int]:
-    for i, token in enumerate(ids):
-        if token in stop_ids:
-            return ids[:i]
-    return ids
+def all_ranks_done(group: dist.ProcessGroup | None, device: torch.device | str) -> Callable[[bool], bool]:
+    """An ``all_done`` for ``generate`` under data parallelism: stop only when every rank of ``group`` is done."""
+
+    def decide(done: bool) -> bool:
+        flag = torch.tensor([0 if done else 1], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return not bool(flag.item())
+
+    return decide
+
+
+@contextmanager
+def _last_position_logits(model: nn.Module) -> Iterator[None]:
+    """During prefill only the last position's logits are needed: hand only it to the final norm.
+
+    The norm and the output projection work position by position, so the result is unchanged, and
+    the prefill never holds a ``[B, L, vocab]`` float32 tensor (20 GB for 64 prompts of 512 tokens
+    with a 150k vocabulary). Models without a final ``norm`` (test stubs) compute every position.
+    """
+    norm = getattr(model, "norm", None)
+    if not isinstance(norm, nn.Module):
+        yield
+        return
+    handle = norm.register_forward_pre_hook(lambda _, args: (args[0][:, -1:], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+def _decode_step(
+    model: nn.Module, token: torch.Tensor, positions: torch.Tensor, document_ids: torch.Tensor, cache: KVCache
+) -> torch.Tensor:
+    """Next-token logits ``[B, V]`` after feeding one token per row."""
+    return model(token, positions=positions, document_ids=document_ids, kv_cache=cache)[:, -1]
+
+
+@functools.cache
+def _compiled_decode_step() -> Callable[..., torch.Tensor]:
+    # One graph for every step (static cache shapes); a new model only adds a guard, not a step-wise recompile.
+    return torch.compile(_decode_step, dynamic=False)
 
 
 @torch.no_grad()
-def greedy_generate(
+def generate(
     model: nn.Module,
     prompts: Sequence[Sequence[int]],
-    max_new_tokens: int,
+    params: SamplingParams,
     stop_ids: set[int],
     pad_id: int,
     *,
+    generator: torch.Generator | None = None,
     device: torch.device | str | None = None,
     all_done: Callable[[bool], bool] | None = None,
-) -> list[list[int]]:
-    """Greedy continuations of ``prompts``: the generated ids only, cut before the first stop id.
+    compile: bool = False,
+) -> Generation:
+    """Continue every prompt by up to ``params.max_new_tokens`` tokens, each row until its first stop id.
 
     One prefill call, then one call per further token: at most ``max_new_tokens`` forwards. Decoding
     ends early once every row has produced a stop id, if ``all_done`` agrees: it turns this rank's
-    "all my rows stopped" into the decision to stop. Under FSDP every forward is a collective, so the
-    ranks must decide together (all-reduce the flag; see ``ExactMatchEvaluator``); the default trusts
-    the local rows, and ``all_done=lambda _: False`` always runs ``max_new_tokens`` steps.
+    "all my rows stopped" into the decision to stop (``all_ranks_done`` under data parallelism; the
+    default trusts the local rows; ``lambda _: False`` always runs ``max_new_tokens`` steps).
+    ``generator`` (on ``device``) makes sampling reproducible. ``compile`` runs the decode step through
+    ``torch.compile`` with a static cache (meant for GPUs; the prefill stays eager).
 
     ``device`` defaults to the device of the model's first parameter. The caller sets ``eval()``.
     """
-    if not prompts:
-        return []
     if any(len(p) == 0 for p in prompts):
-        raise ValueError("greedy_generate needs non-empty prompts (at least a BOS or header token)")
-    if max_new_tokens <= 0:
-        return [[] for _ in prompts]
+        raise ValueError("generate needs non-empty prompts (at least a BOS or header token)")
     if device is None:
         device = next(model.parameters()).device
+    batch, max_new = len(prompts), params.max_new_tokens
+    if batch == 0 or max_new == 0:
+        empty = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        zeros = torch.zeros(batch, dtype=torch.long, device=device)
+        return Generation(empty, empty.float(), zeros, zeros.bool())
     decide = all_done if all_done is not None else (lambda done: done)
 
-    check_room(model, max(len(p) for p in prompts), max_new_tokens)
+    check_room(model, max(len(p) for p in prompts), max_new)
     tokens, positions, document_ids = left_pad(prompts, pad_id, device)
-    cache = KVCache(model.layers.keys(), tokens.shape[1] + max_new_tokens - 1)
-    logits = model(tokens, positions=positions, document_ids=document_ids, kv_cache=cache)
+    cache = (StaticKVCache if compile else KVCache)(model.layers.keys(), tokens.shape[1] + max_new - 1)
+    with _last_position_logits(model):
+        logits = model(tokens, positions=positions, document_ids=document_ids, kv_cache=cache)[:, -1]
+    step_fn = _compiled_decode_step() if compile else _decode_step
     next_positions = positions[:, -1:] + 1
+    next_documents = torch.full_like(next_positions, PROMPT_DOCUMENT)
     stop = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
-    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
-    steps: list[torch.Tensor] = []
-    for step in range(max_new_tokens):
-        token = logits[:, -1].argmax(dim=-1, keepdim=True)
-        steps.append(token)
-        finished |= torch.isin(token[:, 0], stop)
-        if step == max_new_tokens - 1 or decide(bool(finished.all())):
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
+    lengths = torch.zeros(batch, dtype=torch.long, device=device)
+    out_tokens: list[torch.Tensor] = []
+    out_logprobs: list[torch.Tensor] = []
+    for step in range(max_new):
+        token, logprob = sample(logits, params, generator)
+        token, logprob = token.masked_fill(done, pad_id), logprob.masked_fill(done, 0.0)
+        out_tokens.append(token)
+        out_logprobs.append(logprob)
+        lengths += ~done
+        done |= torch.isin(token, stop)
+        if step == max_new - 1 or decide(bool(done.all())):
             break
-        doc = torch.full_like(token, PROMPT_DOCUMENT)
-        logits = model(token, positions=next_positions, document_ids=doc, kv_cache=cache)
+        logits = step_fn(model, token[:, None], next_positions, next_documents, cache)
         next_positions = next_positions + 1
-    generated = torch.cat(steps, dim=1).tolist()
-    return [_cut_at_stop(row, stop_ids) for row in generated]
+    return Generation(torch.stack(out_tokens, 1), torch.stack(out_logprobs, 1), lengths, done)

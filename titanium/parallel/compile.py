@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -15,9 +14,12 @@ def apply_compile(model: nn.Module) -> None:
     Identical blocks share one compiled graph, so compile time does not grow with depth, and
     FSDP's hooks stay outside the graphs (its communication is not traced). Apply after
     activation checkpointing (the wrapper is compiled with the block) and before FSDP.
+    ``nn.Module.compile`` keeps the block itself in the model (no ``_orig_mod`` wrapper), so
+    parameter names, and everything that maps them (checkpoints, Hugging Face, LoRA), do not
+    depend on compilation.
     """
-    for name, block in list(model.layers.items()):
-        model.layers[name] = torch.compile(block, fullgraph=True)
+    for block in model.layers.values():
+        block.compile(fullgraph=True)
 
 
 def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:

@@ -18,7 +18,13 @@ import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
-from titanium.models.common.attention import Attention, document_causal_mask, masked_attention, repeat_kv
+from titanium.models.common.attention import (
+    Attention,
+    AttentionInputs,
+    document_causal_mask,
+    masked_attention,
+    repeat_kv,
+)
 
 
 def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -44,14 +50,8 @@ class _ContextParallelAttend:
 
     cp_group: object
 
-    def attend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        positions: torch.Tensor | None,
-        document_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        positions, document_ids = inputs.positions, inputs.document_ids
         if positions is None:
             raise ValueError("context parallel attention needs the tokens' global positions")
         group = self.cp_group

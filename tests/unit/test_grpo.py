@@ -1,0 +1,174 @@
+"""GRPO math on fixed tensors against values computed independently, scalar by scalar in plain Python;
+and the [grpo] config checks."""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import pytest
+import torch
+
+from tests.helpers import REPO
+from titanium.config import ConfigError, load_config
+from titanium.config.sections import GRPOSection
+from titanium.trainers.grpo import (
+    aggregate,
+    clipped_policy_loss,
+    group_advantages,
+    grpo_loss,
+    k3_kl,
+    loss_mask,
+    token_entropy,
+)
+
+REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 2.0, 0.0, 1.0, 0.0]  # 3 groups of 4; the middle one all equal
+
+
+def _expected_advantages(scale: str) -> list[float]:
+    out = []
+    batch_std = statistics.stdev(REWARDS)
+    for g in range(0, len(REWARDS), 4):
+        group = REWARDS[g : g + 4]
+        mean, std = statistics.fmean(group), statistics.stdev(group)
+        divisor = {"group": std + 1e-4, "batch": batch_std + 1e-4, "none": 1.0}[scale]
+        out += [(r - mean) / divisor for r in group]
+    return out
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
+def test_group_advantages(scale: str) -> None:
+    got = group_advantages(torch.tensor(REWARDS), 4, scale)
+    assert got.tolist() == pytest.approx(_expected_advantages(scale), rel=1e-6, abs=1e-7)
+    assert got[4:8].tolist() == [0.0] * 4  # a group of equal rewards teaches nothing
+
+
+# Two responses of 3 tokens; ratios chosen inside, below and above the clip range of (0.8, 1.28).
+RATIOS = [[1.1, 0.5, 1.5], [0.7, 1.3, 1.0]]
+ADVANTAGES = [2.0, -1.0]
+EPS_LOW, EPS_HIGH = 0.2, 0.28
+
+
+def _fixed() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.2, -1.5]], dtype=torch.float64)
+    return old + torch.tensor(RATIOS, dtype=torch.float64).log(), old, torch.tensor(ADVANTAGES, dtype=torch.float64)
+
+
+def test_clipped_ratio_values_clip_flags_and_gradients() -> None:
+    logprobs, old, adv = _fixed()
+    logprobs.requires_grad_(True)
+    loss, low, high = clipped_policy_loss(logprobs, old, adv, EPS_LOW, EPS_HIGH)
+    expected, grads = [], []
+    for row, a in zip(RATIOS, ADVANTAGES):
+        for r in row:
+            clipped = min(max(r, 1 - EPS_LOW), 1 + EPS_HIGH)
+            expected.append(-min(r * a, clipped * a))
+            # d(-r a)/d logprob = -r a where the unclipped term is the minimum; the clipped term is constant.
+            grads.append(-r * a if r * a <= clipped * a else 0.0)
+    assert loss.flatten().tolist() == pytest.approx(expected, rel=1e-12)
+    # Row 0 (A = 2 > 0): 1.5 is above 1.28 -> clipped high; 0.5 below 0.8 is *not* clipped (min picks r A).
+    # Row 1 (A = -1 < 0): 0.7 below 0.8 -> clipped low; 1.3 above is not.
+    assert high.tolist() == [[False, False, True], [False, False, False]]
+    assert low.tolist() == [[False, False, False], [True, False, False]]
+    loss.sum().backward()
+    assert logprobs.grad.flatten().tolist() == pytest.approx(grads, rel=1e-12)
+
+
+def test_k3_kl() -> None:
+    logprobs = torch.tensor([-1.0, -2.0, -0.3, -4.0], dtype=torch.float64)
+    ref = torch.tensor([-1.0, -1.5, -0.9, -6.0], dtype=torch.float64)
+    expected = [math.exp(r - p) - (r - p) - 1 for p, r in zip(logprobs.tolist(), ref.tolist())]
+    got = k3_kl(logprobs, ref)
+    assert got.tolist() == pytest.approx(expected, rel=1e-12) and got[0] == 0 and (got >= 0).all()
+
+
+PER_TOKEN = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 0.0, 0.0, 0.0]]
+MASK = [[True, True, True, True], [True, True, False, False], [False, False, False, False]]
+
+
+def test_aggregation_modes() -> None:
+    per_token, mask = torch.tensor(PER_TOKEN), torch.tensor(MASK)
+    loss_sum, units = aggregate(per_token, mask, "token")
+    assert (loss_sum.item(), units.item()) == (1 + 2 + 3 + 4 + 5 + 6, 6)
+    loss_sum, units = aggregate(per_token, mask, "sequence")
+    assert loss_sum.item() == pytest.approx((1 + 2 + 3 + 4) / 4 + (5 + 6) / 2)
+    assert units.item() == 2  # the fully masked response is no unit
+
+
+def test_aggregation_over_microbatches_gives_the_whole_batch_mean() -> None:
+    """The loop divides summed losses by summed units: any split of the responses gives the same loss."""
+    g = torch.Generator().manual_seed(0)
+    per_token = torch.rand(6, 5, generator=g)
+    mask = torch.rand(6, 5, generator=g) > 0.3
+    for mode in ("token", "sequence"):
+        whole = aggregate(per_token, mask, mode)
+        parts = [aggregate(per_token[s], mask[s], mode) for s in (slice(0, 1), slice(1, 4), slice(4, 6))]
+        split = sum(p[0] for p in parts) / sum(p[1] for p in parts)
+        assert split.item() == pytest.approx((whole[0] / whole[1]).item(), rel=1e-6)
+    rows = [[v for v, m in zip(pr, mr) if m] for pr, mr in zip(per_token.tolist(), mask.tolist())]
+    token_mean = sum(map(sum, rows)) / sum(map(len, rows))
+    sequence_mean = statistics.fmean(statistics.fmean(r) for r in rows if r)
+    assert (aggregate(per_token, mask, "token")[0] / mask.sum()).item() == pytest.approx(token_mean, rel=1e-6)
+    loss_sum, units = aggregate(per_token, mask, "sequence")
+    assert (loss_sum / units).item() == pytest.approx(sequence_mean, rel=1e-6)
+
+
+def test_truncated_responses_masked_only_when_asked() -> None:
+    generated = torch.tensor([[True, True, False], [True, True, True]])
+    finished = torch.tensor([True, False])
+    assert torch.equal(loss_mask(generated, finished, mask_truncated=False), generated)
+    assert loss_mask(generated, finished, mask_truncated=True).tolist() == [[True, True, False], [False] * 3]
+
+
+def test_grpo_loss_combines_policy_loss_kl_and_metrics() -> None:
+    logprobs, old, adv = _fixed()
+    ref = old - 0.1
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    cfg = GRPOSection(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta=0.04, loss_aggregation="sequence")
+    loss_sum, units, metrics = grpo_loss(logprobs, old, adv, mask, cfg, ref)
+    per_token, _, _ = clipped_policy_loss(logprobs, old, adv, EPS_LOW, EPS_HIGH)
+    kl = [[math.exp(r - p) - (r - p) - 1 for p, r in zip(pr, rr)] for pr, rr in zip(logprobs.tolist(), ref.tolist())]
+    rows = [[per_token[i, t].item() + 0.04 * kl[i][t] for t in range(3) if mask[i, t]] for i in range(2)]
+    assert loss_sum.item() == pytest.approx(sum(statistics.fmean(r) for r in rows), rel=1e-12)
+    assert units.item() == 2
+    assert {k: v.item() for k, v in metrics.items()} == pytest.approx(
+        {"tokens": 5, "clipped_low": 1, "clipped_high": 1, "kl": sum(kl[0]) + kl[1][0] + kl[1][1]}
+    )
+    with pytest.raises(ValueError, match="reference"):
+        grpo_loss(logprobs, old, adv, mask, cfg)
+    _, _, no_kl = grpo_loss(logprobs, old, adv, mask, GRPOSection())
+    assert "kl" not in no_kl
+
+
+def test_token_entropy() -> None:
+    probs = [[0.5, 0.25, 0.25], [1 / 3, 1 / 3, 1 / 3]]
+    logits = torch.tensor(probs).log() * 2.0  # temperature 2 undoes the factor
+    expected = [-sum(p * math.log(p) for p in row) for row in probs]
+    assert token_entropy(logits, temperature=2.0).tolist() == pytest.approx(expected, rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--grpo.group_size", "1"], "--grpo.group_size must be >= 2"),
+        (["--grpo.temperature", "0"], "--grpo.temperature must be > 0"),
+        (["--grpo.top_p", "0"], "--grpo.top_p must be in (0, 1]"),
+        (["--grpo.top_k", "-1"], "--grpo.top_k must be >= 0"),
+        (["--grpo.epsilon_low", "1"], "--grpo.epsilon_low must be in [0, 1)"),
+        (["--grpo.beta", "-0.1"], "--grpo.beta must be >= 0"),
+        (["--grpo.ppo_epochs", "0"], "--grpo.ppo_epochs must be >= 1"),
+        (["--grpo.max_policy_lag", "-1"], "--grpo.max_policy_lag must be >= 0"),
+        (["--grpo.reward_weights", "1", "2"], "has 2 weights for 1 reward functions"),
+    ],
+)
+def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError) as err:
+        load_config(args)
+    assert message in str(err.value)
+
+
+def test_grpo_defaults_follow_the_papers_and_trl() -> None:
+    g = GRPOSection()
+    assert (g.group_size, g.temperature, g.epsilon_low, g.epsilon_high, g.beta) == (8, 1.0, 0.2, 0.2, 0.0)
+    assert (g.scale_rewards, g.loss_aggregation, g.ppo_epochs, g.mask_truncated) == ("group", "token", 1, False)

@@ -1,0 +1,116 @@
+"""GRPO prompt rows: chat / instruct / text prompts with their answers, bad and long rows, the
+data-parallel split and an exact resume."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+from titanium.config.sections import DataSection, GRPOSection
+from titanium.data.chat import Llama3Template, Message
+from titanium.data.prompts import PromptDataset
+from titanium.data.text import DataError
+from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+
+TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TiktokenTokenizer:
+    return TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+
+
+def _write(path: Path, rows: list) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _dataset(tokenizer, path: str, kind: str = "chat", **grpo) -> PromptDataset:
+    data = DataSection(kind=kind, path=path)
+    template = Llama3Template(tokenizer) if kind != "text" else None
+    return PromptDataset(data, GRPOSection(**grpo), tokenizer, template)
+
+
+def test_chat_rows_of_the_task_data(tokenizer) -> None:
+    rows = [json.loads(line) for line in itertools.islice(open(TASKS), 6)]
+    samples = list(itertools.islice(_dataset(tokenizer, TASKS), 6))
+    template = Llama3Template(tokenizer)
+    for sample, row in zip(samples, rows):
+        question = row["messages"][0]["content"]
+        assert sample.prompt == template.prompt([Message("user", question)])  # the answer message is dropped
+        assert sample.answer == row["answer"] and sample.row == row
+
+
+def test_prompt_kinds_answers_and_system_prompt(tmp_path: Path, tokenizer) -> None:
+    chat = _write(
+        tmp_path / "chat.jsonl",
+        [{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"}], "answer": 4}],
+    )
+    (sample,) = itertools.islice(_dataset(tokenizer, chat), 1)
+    assert sample.answer == "4"  # a number becomes a string
+    text = tokenizer.decode(sample.prompt)
+    assert "Be brief." in text and text.endswith("2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
+    data = DataSection(kind="chat", path=chat)
+    override = PromptDataset(data, GRPOSection(), tokenizer, Llama3Template(tokenizer), system_prompt="Think.")
+    assert "Think." in tokenizer.decode(next(iter(override)).prompt)
+
+    instruct = _write(tmp_path / "instruct.jsonl", [{"instruction": "Add", "input": "2 and 2", "answer": "4"}])
+    (sample,) = itertools.islice(_dataset(tokenizer, instruct, kind="instruct"), 1)
+    assert sample.prompt == Llama3Template(tokenizer).prompt([Message("user", "Add\n\n2 and 2")])
+
+    plain = _write(tmp_path / "text.jsonl", [{"text": "Q: 2+2? A:", "solution": "4"}])
+    (sample,) = itertools.islice(_dataset(tokenizer, plain, kind="text", answer_column="solution"), 1)
+    assert sample.prompt == tokenizer.encode("Q: 2+2? A:", bos=True, eos=False) and sample.answer == "4"
+    (sample,) = itertools.islice(_dataset(tokenizer, plain, kind="text", answer_column=""), 1)
+    assert sample.answer is None
+
+
+def test_bad_and_long_rows_are_skipped_and_counted(tmp_path: Path, tokenizer, caplog) -> None:
+    def chat(question: str, answer: object = "1") -> dict:
+        return {"messages": [{"role": "user", "content": question}], "answer": answer}
+
+    rows = [
+        chat("ok 0"),
+        {"messages": [{"role": "assistant", "content": "no question"}], "answer": "1"},
+        chat("no answer", answer=None),
+        chat("list answer", answer=[1]),
+        chat("long " * 200),
+        {"messages": "not a list", "answer": "1"},
+        chat("ok 6"),
+    ]
+    path = _write(tmp_path / "rows.jsonl", rows)
+    dataset = _dataset(tokenizer, path, max_prompt_len=64)
+    samples = list(itertools.islice(dataset, 2))
+    assert [s.row["messages"][0]["content"] for s in samples] == ["ok 0", "ok 6"]
+    assert (dataset.bad_rows, dataset.too_long) == (4, 1)
+    strict = PromptDataset(
+        DataSection(kind="chat", path=path, on_bad_row="fail"), GRPOSection(), tokenizer, Llama3Template(tokenizer)
+    )
+    with pytest.raises(DataError, match=r"rows.jsonl row 1: no user message to answer"):
+        list(itertools.islice(strict, 2))
+    assert "row 2: the answer column 'answer' is missing or null" in caplog.text
+    assert "row 3: the answer column 'answer' is list, not a string or number" in caplog.text
+
+
+def test_data_parallel_split_and_exact_resume(tokenizer) -> None:
+    whole = [s.answer for s in itertools.islice(_dataset(tokenizer, TASKS), 12)]
+    ranks = [
+        PromptDataset(
+            DataSection(kind="chat", path=TASKS), GRPOSection(), tokenizer, Llama3Template(tokenizer), None, r, 2
+        )
+        for r in range(2)
+    ]
+    assert [s.answer for s in itertools.islice(ranks[0], 6)] == whole[0::2]
+    assert [s.answer for s in itertools.islice(ranks[1], 6)] == whole[1::2]
+
+    first = _dataset(tokenizer, TASKS)
+    stream = iter(first)
+    for _ in range(5):
+        next(stream)
+    resumed = _dataset(tokenizer, TASKS)
+    resumed.load_state_dict(first.state_dict())
+    assert [s.answer for s in itertools.islice(resumed, 7)] == whole[5:12]

@@ -1,0 +1,137 @@
+"""Prompts for on-policy RL (GRPO): rows -> prompt tokens, with the reference answer carried along.
+
+Rows are read like fine-tuning rows (``RowReader``: streamed, split over data-parallel ranks by row,
+resumable, malformed rows skipped and counted or fatal per ``--data.on_bad_row``). By ``--data.kind``:
+
+- chat: the row's messages. A final assistant message (the answer in SFT-style data) is dropped; what
+  is left must end with a user message. The prompt is the chat template's generation prompt, the same
+  tokens the SFT data and the evaluation put before an answer.
+- instruct: the instruction (and its input) as the user message.
+- text: the text column as a plain prompt for base models: BOS + text, no template.
+
+The ``--grpo.answer_column`` value (as a string) and the whole row travel with the prompt to the
+reward functions. Prompts longer than ``--grpo.max_prompt_len`` tokens are skipped and counted:
+cutting a question would make its answer wrong.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from titanium.config.sections import DataSection, GRPOSection
+from titanium.data.chat import (
+    ChatTemplate,
+    Message,
+    RowError,
+    _column,
+    instruct_user_message,
+    parse_messages,
+    with_system_prompt,
+)
+from titanium.data.text import DataError, RowReader, Source
+from titanium.data.tokenizer import Tokenizer
+
+_FIX = {
+    "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key at its columns",
+    "instruct": "fix the row, or point --data.instruction_column and --data.input_column at its columns",
+    "text": "fix the row, or set --data.text_column",
+}
+
+
+@dataclass(frozen=True)
+class PromptSample:
+    prompt: list[int]
+    """Token ids the policy continues."""
+    answer: str | None
+    """The row's reference answer (None without ``--grpo.answer_column``)."""
+    row: Mapping[str, Any]
+    """The whole row, for reward functions that use other columns."""
+
+
+def prompt_messages(row: Any, data: DataSection) -> list[Message]:
+    """The conversation to answer: a chat row without its final assistant message, or an instruct row's
+    user turn. Raises ``RowError`` when it does not end with a user message."""
+    if data.kind == "instruct":
+        return [instruct_user_message(row, data)]
+    messages = parse_messages(_column(row, data.messages_column), f"'{data.messages_column}'", data)
+    if messages and messages[-1].role == "assistant":
+        messages = messages[:-1]
+    if not messages or messages[-1].role != "user":
+        raise RowError("no user message to answer (a prompt ends with a user message, or with one and its answer)")
+    if any(m.role == "system" for m in messages[1:]):
+        raise RowError("a system message is only allowed as the first message")
+    return messages
+
+
+class PromptDataset(RowReader):
+    """Infinite, resumable stream of ``PromptSample`` for one data-parallel rank.
+
+    ``template`` formats chat and instruct prompts (None for kind text); ``system_prompt`` replaces or
+    adds their system message. Counters (kept in the state): ``bad_rows`` (skipped), ``too_long``.
+    """
+
+    def __init__(
+        self,
+        data: DataSection,
+        grpo: GRPOSection,
+        tokenizer: Tokenizer,
+        template: ChatTemplate | None,
+        system_prompt: str | None = None,
+        dp_rank: int = 0,
+        dp_world: int = 1,
+    ) -> None:
+        if data.kind not in _FIX:
+            raise DataError(f"--data.kind {data.kind} has no prompts; use chat, instruct or text")
+        if data.kind != "text" and template is None:
+            raise ValueError(f"--data.kind {data.kind} needs a chat template")
+        super().__init__(data, dp_rank, dp_world)
+        self.grpo, self.tokenizer, self.template, self.system_prompt = grpo, tokenizer, template, system_prompt
+        self.too_long = 0
+
+    def _answer(self, item: Any) -> str | None:
+        column = self.grpo.answer_column
+        if not column:
+            return None
+        value = item.get(column) if isinstance(item, dict) else None
+        if isinstance(value, str) or (isinstance(value, numbers.Number) and not isinstance(value, bool)):
+            return str(value)
+        found = "missing or null" if value is None else f"{type(value).__name__}, not a string or number"
+        raise RowError(
+            f"the answer column '{column}' is {found} (set --grpo.answer_column, or '' for rows without answers)"
+        )
+
+    def _sample(self, item: Any, source: Source, row: int) -> PromptSample | None:
+        try:
+            if self.cfg.kind == "text":
+                text = self._text_of(item, source, row)
+                if text is None:
+                    return None
+                prompt = self.tokenizer.encode(text, bos=True, eos=False)
+            else:
+                assert self.template is not None
+                prompt = self.template.prompt(with_system_prompt(prompt_messages(item, self.cfg), self.system_prompt))
+            answer = self._answer(item)
+        except RowError as e:
+            self._bad_row(source, row, str(e), _FIX[self.cfg.kind])
+            return None
+        if len(prompt) > self.grpo.max_prompt_len:
+            self.too_long += 1
+            return None
+        return PromptSample(prompt, answer, item)
+
+    def __iter__(self) -> Iterator[PromptSample]:
+        for source, row, item in self._rows():
+            sample = self._sample(item, source, row)
+            if sample is not None:
+                self._pass_used = True
+                yield sample
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**self._position(), "too_long": self.too_long}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._load_position(state)
+        self.too_long = state["too_long"]

@@ -1,0 +1,187 @@
+"""Reward functions for RL on verifiable tasks: plain Python callables, registered by name or imported by path.
+
+A reward function scores one response:
+
+    def my_reward(completion: str, answer: str | None, row: Mapping[str, Any]) -> float: ...
+
+``completion`` is the decoded response (without its end-of-turn token), ``answer`` the prompt row's
+reference answer (``--grpo.answer_column``; None when there is none) and ``row`` the whole prompt row,
+for any other column. ``--grpo.rewards`` names built-in functions (``exact_match``, ``format``) or
+yours as ``"package.module:function"`` (importable, e.g. on PYTHONPATH); ``register_reward`` adds a
+name from your own code. The total reward is the weighted sum (``--grpo.reward_weights``); each
+function's values are kept for metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from titanium.config.loader import ConfigError
+from titanium.config.sections import GRPOSection
+from titanium.errors import UserError
+
+RewardFn = Callable[[str, str | None, Mapping[str, Any]], float]
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: make ``fn`` available as ``--grpo.rewards name``; a taken name is an error."""
+
+    def add(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ValueError(f"reward function {name!r} is already registered")
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+# ------------------------------------------------------------------------------------------ built in
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}``, braces balanced; None if there is none (or it is unclosed)."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, begin = 0, start + len("\\boxed{")
+    for i in range(begin, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            if depth == 0:
+                return text[begin:i]
+            depth -= 1
+    return None
+
+
+_ANSWER_IS = re.compile(r"(?:answer is|answer:)\s*", re.IGNORECASE)
+
+
+def extract_answer(text: str) -> str:
+    """The final answer of a response, for math-style tasks.
+
+    After any ``<think>...</think>`` block: the content of the last ``\\boxed{...}``; else what follows the
+    last ``####`` (GSM8K style); else what follows the last "answer is" / "answer:"; else the whole text.
+    """
+    text = text.rsplit("</think>", 1)[-1]
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed
+    if "####" in text:
+        return text.rsplit("####", 1)[-1]
+    found = list(_ANSWER_IS.finditer(text))
+    return text[found[-1].end() :] if found else text
+
+
+_NUMBER = re.compile(r"[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?")
+
+
+def normalize_answer(text: str) -> str:
+    """Compare answers on content, not typesetting: outer whitespace, ``$``, a final period and repeated
+    spaces go; a single number loses thousands separators and trailing zeros (``1,000.50`` -> ``1000.5``)."""
+    text = " ".join(text.strip().strip("$").strip().rstrip(".").split())
+    if _NUMBER.fullmatch(text):
+        number = text.replace(",", "").lstrip("+")
+        if "." in number:
+            number = number.rstrip("0").rstrip(".")
+        return "0" if number in ("-0", "") else number
+    return text
+
+
+@register_reward("exact_match")
+def exact_match(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
+    """1.0 when the response's final answer equals the reference's (both extracted, so a GSM8K-style
+    reference "... #### 72" works, and normalized), else 0.0."""
+    if answer is None:
+        raise UserError(
+            "the exact_match reward needs reference answers: point --grpo.answer_column at the rows' answer column"
+        )
+    return float(normalize_answer(extract_answer(completion)) == normalize_answer(extract_answer(answer)))
+
+
+_THINK_FORMAT = re.compile(r"\s*<think>(?:(?!<think>).)+?</think>\s*\S.*", re.DOTALL)
+
+
+@register_reward("format")
+def think_format(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
+    """1.0 for reasoning in one leading ``<think>...</think>`` block followed by an answer, else 0.0."""
+    return 1.0 if _THINK_FORMAT.fullmatch(completion) else 0.0
+
+
+# ---------------------------------------------------------------------------------------- resolution
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """A registered name, or ``"package.module:function"`` imported; errors name ``--grpo.rewards``."""
+    if ":" not in spec:
+        if spec not in _REGISTRY:
+            raise ConfigError(
+                f"--grpo.rewards: unknown reward function {spec!r}; built in: {', '.join(sorted(_REGISTRY))}, "
+                "or give your own as 'package.module:function'"
+            )
+        return _REGISTRY[spec]
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(f"--grpo.rewards {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from e
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"--grpo.rewards {spec!r}: {module_name} has no function {attr!r}")
+    return fn
+
+
+@dataclass(frozen=True)
+class Rewards:
+    total: torch.Tensor
+    """``[N]`` float32: the weighted sum of the functions' values."""
+    per_function: dict[str, torch.Tensor]
+    """Each function's own ``[N]`` values (unweighted), by its name in ``--grpo.rewards``."""
+
+
+class RewardSet:
+    """The configured reward functions and weights; ``reward_set(completions, answers, rows)`` -> ``Rewards``."""
+
+    def __init__(self, names: Sequence[str], weights: Sequence[float] = ()) -> None:
+        if weights and len(weights) != len(names):
+            raise ValueError(f"{len(weights)} weights for {len(names)} reward functions")
+        self.functions = {name: resolve_reward(name) for name in names}
+        self.weights = dict(zip(names, weights or [1.0] * len(names)))
+
+    @classmethod
+    def from_config(cls, cfg: GRPOSection) -> RewardSet:
+        return cls(cfg.rewards, cfg.reward_weights)
+
+    def __call__(
+        self, completions: Sequence[str], answers: Sequence[str | None], rows: Sequence[Mapping[str, Any]]
+    ) -> Rewards:
+        per_function = {
+            name: torch.tensor([self._score(name, fn, *args) for args in zip(completions, answers, rows)])
+            for name, fn in self.functions.items()
+        }
+        total = torch.zeros(len(completions))
+        for name, values in per_function.items():
+            total += self.weights[name] * values
+        return Rewards(total, per_function)
+
+    @staticmethod
+    def _score(name: str, fn: RewardFn, completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
+        try:
+            value = fn(completion, answer, row)
+        except UserError:
+            raise
+        except Exception as e:  # the user's function: say which one and on what, keep its traceback
+            raise RuntimeError(f"reward function {name!r} failed on the response {completion[:80]!r}: {e}") from e
+        if not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise UserError(f"reward function {name!r} returned {value!r}; it must return a finite number")
+        return float(value)

@@ -1,0 +1,186 @@
+"""Generate from a Hugging Face checkpoint folder with titanium's sampler (one process).
+
+    python -m titanium.tools.generate /data/Qwen3-0.6B --prompt "What is 17 * 3?" --max-new-tokens 64
+    python -m titanium.tools.generate outputs/debug_sft/hf --prompts-file questions.jsonl \\
+        --tokenizer assets/tokenizer/titanium_debug.tiktoken --temperature 0.7 --top-p 0.9 --seed 1
+
+Prompts come from --prompt (repeatable) or --prompts-file: a .txt file (one prompt per line) or a
+.jsonl file whose rows hold a "prompt" string or chat "messages" (a final assistant message is
+dropped). With a chat template each prompt is a user message; --chat-template none sends plain text
+after BOS (base models). Each prompt's result is one JSON line on stdout (prompt, completion,
+finish_reason "stop" or "length", tokens); the speed goes to stderr. Bad input exits with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titanium.checkpoint.hf import read_hf_config
+from titanium.config.sections import DataSection, TokenizerSection
+from titanium.data.chat import ChatTemplate, Message, RowError, build_chat_template, with_system_prompt
+from titanium.data.prompts import prompt_messages
+from titanium.data.tokenizer import Tokenizer, build_tokenizer
+from titanium.errors import UserError
+from titanium.generation.generate import check_room, generate
+from titanium.generation.sampling import SamplingParams
+from titanium.model_builder import ModelBuilder
+from titanium.models import get_model_spec, list_models
+
+Prompt = str | list[Message]
+
+
+def model_name_of(folder: Path) -> str:
+    """The registered family whose HF adapter reads this folder's ``config.json`` ``model_type``."""
+    model_type = read_hf_config(folder).get("model_type")
+    for name in list_models():
+        adapter = get_model_spec(name).hf_adapter
+        if adapter is not None and adapter.model_type == model_type:
+            return name
+    raise UserError(f"{folder}/config.json: model_type {model_type!r} is not supported; pass --model")
+
+
+def read_prompts(path: Path) -> list[Prompt]:
+    """Lines of a .txt file, or the "prompt" / "messages" of each row of a .jsonl file."""
+    if not path.is_file():
+        raise UserError(f"--prompts-file {path}: not found")
+    lines = path.read_text().splitlines()
+    if path.suffix != ".jsonl":
+        return [line for line in lines if line.strip()]
+    prompts: list[Prompt] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if isinstance(row, dict) and isinstance(row.get("prompt"), str):
+                prompts.append(row["prompt"])
+            else:
+                prompts.append(prompt_messages(row, DataSection(kind="chat")))
+        except (json.JSONDecodeError, RowError) as e:
+            raise UserError(f"--prompts-file {path} line {number}: {e} (need a 'prompt' string or 'messages')") from e
+    return prompts
+
+
+def encode(prompt: Prompt, tokenizer: Tokenizer, template: ChatTemplate | None, system_prompt: str | None) -> list[int]:
+    if template is None:
+        text = prompt if isinstance(prompt, str) else "\n".join(m.content for m in prompt)
+        return tokenizer.encode(text, bos=True, eos=False)
+    messages = [Message("user", prompt)] if isinstance(prompt, str) else prompt
+    return template.prompt(with_system_prompt(messages, system_prompt))
+
+
+def _tokenizer(args: argparse.Namespace) -> Tokenizer:
+    path = args.tokenizer or args.folder / "tokenizer.json"
+    if not Path(path).is_file():
+        raise UserError(f"tokenizer not found: {path} (pass --tokenizer: a tokenizer.json or .tiktoken file)")
+    return build_tokenizer(TokenizerSection(kind="hf" if str(path).endswith(".json") else "tiktoken", path=str(path)))
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Generate for every prompt; one result dict per prompt."""
+    try:
+        params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
+    except ValueError:
+        raise UserError("--max-new-tokens must be >= 0, --temperature >= 0, --top-p in (0, 1], --top-k >= 0") from None
+    if args.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+    prompts: list[Prompt] = list(args.prompt or [])
+    if args.prompts_file is not None:
+        prompts += read_prompts(args.prompts_file)
+    if not prompts:
+        raise UserError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE")
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model_name = args.model or model_name_of(args.folder)
+    tokenizer = _tokenizer(args)
+    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, model_name)
+    stop_ids = template.stop_ids if template is not None else {tokenizer.eos_id}
+    encoded = [encode(p, tokenizer, template, args.system_prompt) for p in prompts]
+
+    model = ModelBuilder(device).load_hf(get_model_spec(model_name), args.folder).model
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    model = model.to(getattr(torch, dtype)).eval()
+    try:
+        check_room(model, max(map(len, encoded)), args.max_new_tokens)
+    except ValueError as e:
+        raise UserError(f"{e}: lower --max-new-tokens or shorten the prompts") from None
+    generator = torch.Generator(device).manual_seed(args.seed)
+
+    results, generated, start = [], 0, time.perf_counter()
+    for first in range(0, len(encoded), args.batch_size):
+        batch = encoded[first : first + args.batch_size]
+        out = generate(
+            model, batch, params, stop_ids, tokenizer.pad_id, generator=generator, device=device, compile=args.compile
+        )
+        generated += int(out.lengths.sum())
+        for i, ids in enumerate(out.token_lists()):
+            prompt = prompts[first + i]
+            results.append(
+                {
+                    "prompt": prompt if isinstance(prompt, str) else [dataclasses.asdict(m) for m in prompt],
+                    "completion": tokenizer.decode(ids),
+                    "finish_reason": "stop" if out.finished[i] else "length",
+                    "tokens": int(out.lengths[i]),
+                }
+            )
+    seconds = time.perf_counter() - start
+    print(f"{generated} tokens in {seconds:.2f}s ({generated / seconds:,.0f} tokens/s) on {device}", file=sys.stderr)
+    return results
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m titanium.tools.generate",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("folder", type=Path, help="Hugging Face folder: config.json + *.safetensors")
+    p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    p.add_argument("--prompts-file", type=Path, help=".txt (one prompt per line) or .jsonl (prompt / messages)")
+    p.add_argument("--model", choices=list_models(), help="model family (default: from config.json model_type)")
+    p.add_argument("--tokenizer", type=Path, help="tokenizer.json or .tiktoken file (default: FOLDER/tokenizer.json)")
+    p.add_argument(
+        "--chat-template",
+        default="auto",
+        choices=["auto", "llama3", "chatml", "tokenizer", "none"],
+        help="as --sft.chat_template; none: plain text prompts (default: auto)",
+    )
+    p.add_argument("--system-prompt", help="system message for chat prompts")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default) is greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling generator")
+    p.add_argument("--batch-size", type=int, default=16, help="prompts generated together")
+    p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--compile", action="store_true", help="compile the decode step (GPU)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process on purpose
+    try:
+        results = run(args)
+    except UserError as e:
+        print(f"titanium.tools.generate: error: {e}", file=sys.stderr)
+        return 2
+    for result in results:
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
