@@ -296,27 +296,28 @@ class Trainer:
         sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
         for mb in microbatches:
             inputs = self._model_inputs(mb)
-            with sharded_loss(), self.built.autocast():
-                if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
-                    self._pipeline_batch, self._pipeline_metrics = mb, {}
-                    losses = self.pipeline.step(inputs, backward=backward)
-                    if losses:
-                        loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
-                    # (only the losses the schedule kept: it may also call the loss to infer shapes)
-                    for loss in losses:
-                        self._metric_sums += self._pipeline_metrics[id(loss)]
-                    continue
-                if self.objective.loss_input == "hidden":
-                    hidden = self.model(**inputs, project=False)
-                    output = ModelOutput(hidden=hidden, projection=self.model.output)
-                else:
-                    output = ModelOutput(logits=self.model(**inputs))
-                loss_sum, metrics = self._loss(output, mb)
-                if backward:
+            with sharded_loss():
+                with self.built.autocast():
+                    if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
+                        self._pipeline_batch, self._pipeline_metrics = mb, {}
+                        losses = self.pipeline.step(inputs, backward=backward)
+                        if losses:
+                            loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
+                        # (only the losses the schedule kept: it may also call the loss to infer shapes)
+                        for loss in losses:
+                            self._metric_sums += self._pipeline_metrics[id(loss)]
+                        continue
+                    if self.objective.loss_input == "hidden":
+                        output = ModelOutput(hidden=self.model(**inputs, project=False), projection=self.model.output)
+                    else:
+                        output = ModelOutput(logits=self.model(**inputs))
+                    loss_sum, metrics = self._loss(output, mb)
+                del output  # the logits: the backward keeps what it needs of them
+                if backward:  # outside autocast, whose cache of low-precision weight copies is freed on exit
                     (loss_sum / self._divisor).backward()
-                self._metric_sums += metrics
+            self._metric_sums += metrics
             loss_total += loss_sum.detach()
-            del output, loss_sum
+            del loss_sum
         return loss_total, global_count, tokens
 
     def _global_loss_sum(self, local: torch.Tensor) -> torch.Tensor:
