@@ -3,9 +3,10 @@ checks it shares with training (exit 2 on an invalid plan, 1 when the estimate d
 
 Measured (benchmarks/estimator_cpu.py): the real training run under torch.profiler's memory events, the highest
 total of PyTorch's CPU allocator in steps 2-3. The estimate counts every tensor the step makes and nothing else;
-the run also holds a few buffers made outside the dispatcher (gloo's collectives), so the estimate may be lower by
-up to ERROR_BELOW of the measurement and higher by at most ERROR_ABOVE (benchmarks/results/estimator_cpu.md lists
-all cases).
+multi-process runs also hold buffers made below the dispatcher (the collectives'), so the estimate may be lower by
+up to ERROR_BELOW of the measurement; the pipeline's in-flight microbatches are modelled, so it may be higher by up
+to ERROR_ABOVE (measured: 0.0% for one process, +2.4% and -2.2% for the PP ranks; benchmarks/results/estimator_cpu.md
+lists all cases).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tests.helpers import REPO, load_script
 from titanium.tools.dry_run import dry_run, main
 from titanium.tools.memory_estimate import held_microbatches
 
-ERROR_BELOW, ERROR_ABOVE = 0.10, 0.02
+ERROR_BELOW, ERROR_ABOVE = 0.10, 0.05
 
 
 @pytest.fixture
