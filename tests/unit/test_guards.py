@@ -30,6 +30,7 @@ def test_skip_equals_a_run_that_never_applied_that_step(make_trainer, tmp_path, 
         *_args(tmp_path / "guarded", objective, "--training.steps", "5", "--guards.on_nonfinite", "skip")
     )
     guarded.train()
+    guarded.metrics.close()  # (flushes the TensorBoard events)
     assert scalars(tmp_path / "guarded/tb", "guards/skipped_steps") == {3: 1.0, 4: 1.0, 5: 1.0}
     shutdown_distributed()
 

@@ -54,6 +54,7 @@ def test_validation_loss_is_the_held_out_cross_entropy(make_trainer, tmp_path, o
         *tiny_args(tmp_path / "val", *common, "--validation.interval", str(EVERY), "--validation.steps", str(BATCHES))
     )
     validated.train()
+    validated.metrics.close()  # (flushes the TensorBoard events)
     losses = scalars(tmp_path / "val/tb", "validation/loss")
     assert sorted(losses) == [2, 4]
     assert losses[4] == pytest.approx(direct_validation_loss(validated), rel=1e-6)
@@ -64,4 +65,5 @@ def test_validation_loss_is_the_held_out_cross_entropy(make_trainer, tmp_path, o
 
     plain = make_trainer(*tiny_args(tmp_path / "plain", *common))
     plain.train()
+    plain.metrics.close()
     assert scalars(tmp_path / "plain/tb") == scalars(tmp_path / "val/tb")  # same training losses, bit for bit
