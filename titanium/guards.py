@@ -34,10 +34,11 @@ class StepGuard:
         self.cfg, self.optimizer = cfg, optimizer
         # Optimizers that GradScaler can drive read `found_inf` in their step (torch's fused Adam/AdamW).
         self.in_kernel = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
-        if not self.in_kernel:
+        if not self.in_kernel and cfg.on_nonfinite == "skip":
             logger.warning(
-                "guards: %s cannot skip a step on the device; the non-finite flag is read on the host every step "
-                "(one device sync per step; --optimizer.implementation fused avoids it)",
+                "guards: %s cannot skip a step on the device; with --guards.on_nonfinite skip the non-finite flag "
+                "is read on the host every step (one device sync per step; AdamW/Adam with "
+                "--optimizer.implementation fused avoid it)",
                 type(optimizer).__name__,
             )
         self._skip = torch.zeros((), dtype=torch.bool, device=device)
@@ -78,10 +79,12 @@ class StepGuard:
         self._ema_weight = torch.where(bad, self._ema_weight, decay * self._ema_weight + (1 - decay))
 
     def optimizer_step(self) -> None:
-        """The optimizer's step, applied only if ``before_optimizer_step`` allowed it."""
+        """The optimizer's step, applied only if ``before_optimizer_step`` allowed it. (An optimizer that cannot
+        skip on the device is asked on the host in skip mode only: in stop mode nothing after the bad step is
+        ever saved, so its update may as well go through.)"""
         if self.in_kernel:
             self.optimizer.found_inf = self._skip.float()
-        elif self._skip.item():  # (this optimizer cannot skip on the device)
+        elif self.cfg.on_nonfinite == "skip" and self._skip.item():
             return
         self.optimizer.step()
 
@@ -94,10 +97,10 @@ class StepGuard:
             what = f"step {first_step}: the loss is {loss:.4g} and the gradient norm {norm:.4g}"
             hint = "lower --optimizer.lr, raise --lr_scheduler.warmup_steps, or check the data"
             if self.cfg.on_nonfinite == "stop":
+                held = "neither that step nor any later one was applied, and " if self.in_kernel else ""
                 raise NonFiniteError(
-                    f"{what}. Stopped at step {step}: neither that step nor any later one was applied, and no "
-                    f"checkpoint was written after step {first_step - 1}. To go on past such steps set "
-                    f"--guards.on_nonfinite skip; or {hint}"
+                    f"{what}. Stopped at step {step}: {held}no checkpoint was written after step {first_step - 1}. "
+                    f"To go on past such steps set --guards.on_nonfinite skip; or {hint}"
                 )
             limit = self.cfg.max_skipped_steps
             if limit and skipped > limit:

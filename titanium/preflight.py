@@ -3,7 +3,7 @@
 ``titanium.train`` runs them first; ``run_train.sh`` runs them alone before torchrun starts its
 workers, so a bad config costs a second instead of a cluster start-up. Beyond the config's own
 validation: the layout against the world size, the model name and flavor, the LoRA targets, the batch
-sizes, and the checkpoint to start from.
+sizes, the optimizer-in-backward limits, and the checkpoint to start from.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
 from titanium.models import get_model_spec, list_models
+from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
 from titanium.peft.lora import check_lora_config
 
@@ -37,6 +38,7 @@ def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     check_model_name(cfg.model)
     check_lora_config(cfg.lora)
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
+    check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     ck = cfg.checkpoint
     if ck.initial_load_path and not ck.initial_load_in_hf:
         from titanium.checkpoint.manager import check_checkpoint  # (imports DCP: only when there is one to check)

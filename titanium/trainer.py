@@ -110,7 +110,14 @@ class Trainer:
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
-        converters = build_converters(lora=cfg.lora, shard_degree=self.dims.dp_shard * self.dims.cp)
+        converters = build_converters(
+            lora=cfg.lora,
+            float8=cfg.float8,
+            qat=cfg.qat,
+            shard_degree=self.dims.dp_shard * self.dims.cp,
+            fsdp=self.dims.fsdp_enabled,
+            device_type=self.device.type,
+        )
         self.frozen_base = any(c.freezes_base for c in converters)
         self.built = self.builder.build(
             self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
@@ -166,6 +173,7 @@ class Trainer:
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
             seed=self.cfg.debug.seed,
+            loss_chunk_size=t.loss_chunk_size,
             frozen_model=self._frozen_model,
         )
         section = getattr(self.cfg, t.objective, None)
@@ -264,7 +272,7 @@ class Trainer:
         grad_norm = self._clip_grad_norm()
         loss_total = self._global_loss_sum(loss_total)
         self.guard.before_optimizer_step(self.train_state.step + 1, loss_total / global_count.clamp(min=1), grad_norm)
-        self.lr_used = self.optimizer.param_groups[0]["lr"]
+        self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
         self.guard.optimizer_step()  # (not applied if the step's loss or gradient norm is not finite)
         self.optimizer.zero_grad(set_to_none=True)
@@ -459,7 +467,7 @@ class Trainer:
             "loss": loss,
             **guard_scalars,
             "grad_norm": grad_norm.item(),
-            "lr": self.lr_used,
+            "lr": float(self.lr_used),
             "tokens_seen": float(self.train_state.tokens_seen),
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),

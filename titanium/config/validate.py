@@ -145,6 +145,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
+    yield from _validate_quantization_and_loss(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -245,6 +246,11 @@ def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
         yield f"--guards.loss_spike_ratio must be > 1 (or 0 to turn spike logging off), got {g.loss_spike_ratio}"
     if g.loss_spike_window < 1:
         yield f"--guards.loss_spike_window must be >= 1, got {g.loss_spike_window}"
+    if g.on_nonfinite == "skip" and cfg.optimizer.early_step_in_backward:
+        yield (
+            "--guards.on_nonfinite skip cannot undo --optimizer.early_step_in_backward: its steps run inside the "
+            "backward, before the loss and gradient norm are known; use --guards.on_nonfinite stop"
+        )
     if v.interval < 0:
         yield f"--validation.interval must be >= 0 (0 turns validation off), got {v.interval}"
     if v.steps < 1:
@@ -282,6 +288,50 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         yield (
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
+        )
+
+
+def _validate_quantization_and_loss(cfg: JobConfig) -> Iterator[str]:
+    """[float8], [qat] and the chunked cross-entropy: combinations that cannot work."""
+    f8, qat, par = cfg.float8, cfg.qat, cfg.parallelism
+    for name, value in [
+        ("float8.enable_fsdp_float8_all_gather", f8.enable_fsdp_float8_all_gather),
+        ("float8.precompute_float8_dynamic_scale_for_fsdp", f8.precompute_float8_dynamic_scale_for_fsdp),
+        ("float8.auto_filter_small_kn", f8.auto_filter_small_kn),
+        ("float8.emulate", f8.emulate),
+    ]:
+        if value and not f8.enable:
+            yield f"--{name} needs --float8.enable"
+    if f8.enable_fsdp_float8_all_gather and f8.recipe != "tensorwise":
+        yield (
+            f"--float8.enable_fsdp_float8_all_gather needs --float8.recipe tensorwise (one scale per weight); "
+            f"{f8.recipe} scales each row: turn the all-gather off"
+        )
+    if f8.precompute_float8_dynamic_scale_for_fsdp and not f8.enable_fsdp_float8_all_gather:
+        yield "--float8.precompute_float8_dynamic_scale_for_fsdp needs --float8.enable_fsdp_float8_all_gather"
+    if f8.auto_filter_small_kn and f8.recipe == "rowwise_with_gw_hp":
+        yield (
+            "--float8.auto_filter_small_kn has no size table for --float8.recipe rowwise_with_gw_hp; name the layers "
+            "to keep in high precision in --float8.filter_fqns instead"
+        )
+    if f8.enable and qat.enable:
+        yield "--float8.enable and --qat.enable both convert the linear layers; turn one of them off"
+    if qat.group_size < 1:
+        yield f"--qat.group_size must be >= 1, got {qat.group_size}"
+    if qat.enable and par.tensor_parallel_degree > 1:
+        yield (
+            "--qat.enable does not compose with --parallelism.tensor_parallel_degree > 1 (a layer's quantization "
+            "groups and per-token activation scales span the split); use FSDP"
+        )
+    if qat.enable and qat.save_quantized and not qat.quantized_folder.strip():
+        yield "--qat.quantized_folder must name a folder (relative to --job.dump_folder), got an empty string"
+    chunk = cfg.training.loss_chunk_size
+    if chunk < 0:
+        yield f"--training.loss_chunk_size must be >= 0 (0: full logits), got {chunk}"
+    elif chunk > 0 and par.pipeline_parallel_degree > 1:
+        yield (
+            "--training.loss_chunk_size does not work with --parallelism.pipeline_parallel_degree > 1 (the last "
+            "stage computes the full logits); set it to 0"
         )
 
 

@@ -140,7 +140,15 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = 
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
     spec, args = builder.resolve(cfg.model, seq_len=t.seq_len)
-    converters = partial(build_converters, lora=cfg.lora, shard_degree=dims.dp_shard * dims.cp)
+    converters = partial(
+        build_converters,
+        lora=cfg.lora,
+        float8=cfg.float8,
+        qat=cfg.qat,
+        shard_degree=dims.dp_shard * dims.cp,
+        fsdp=dims.fsdp_enabled,
+        device_type=None,
+    )
     built = builder.build(spec, args, converters=converters(), materialize=False)
     stage_ids, stages = None, [(True, True, args.n_layers)]
     if (pipeline := built.pipeline) is not None:

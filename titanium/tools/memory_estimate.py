@@ -3,11 +3,11 @@
 How. This rank's model (or its pipeline stages) is built by the plan training uses (TP with sequence and loss
 parallelism, CP, activation checkpointing, FSDP with its mixed precision) from fake tensors: shapes and dtypes,
 no memory. Two optimizer steps run on it, each one microbatch (two when the step accumulates gradients): the
-forward, the cross-entropy of the logits, the backward, gradient clipping, the optimizer step. A dispatch mode
-sees every tensor the steps make and adds up the bytes of the storages alive at each moment (FSDP resizes its
-gathered parameters outside the dispatcher; those resizes are counted too). The peak of the second step is the
-steady state, with the parameters, gradients and optimizer states in it; what is alive at that moment is the
-breakdown, labelled by the module whose forward made it.
+forward, the cross-entropy (from the logits, or chunked with training.loss_chunk_size), the backward, gradient
+clipping, the optimizer step. A dispatch mode sees every tensor the steps make and adds up the bytes of the
+storages alive at each moment (FSDP resizes its gathered parameters outside the dispatcher; those resizes are
+counted too). The peak of the second step is the steady state, with the parameters, gradients and optimizer
+states in it; what is alive at that moment is the breakdown, labelled by the module whose forward made it.
 
 Depth. All blocks are alike, so the trace builds 3 and then 4 blocks per stage (3N and 4N when every N-th block is
 checkpointed) and extrapolates linearly to the real depth, which keeps a 405B plan to seconds. The step has two
@@ -57,7 +57,8 @@ from titanium.optim import build_optimizer
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, keep_only
-from titanium.trainers.pretrain import cross_entropy_sum
+from titanium.trainers.base import ModelOutput
+from titanium.trainers.cross_entropy import LABEL_INDEX, TokenCrossEntropy
 
 GIB = 2**30
 
@@ -292,6 +293,7 @@ def _microbatch(
     sharded_loss = loss_parallel if dims.loss_parallel_enabled else contextlib.nullcontext
     hidden_dtype = job.plan.param_dtype if dims.fsdp_enabled else torch.float32
     outputs, saved, kept = [], [], []
+    loss = TokenCrossEntropy(job.cfg.training.loss_chunk_size)
     tracker.set_region(REGIONS[0])
 
     def leaving_blocks(module: nn.Module, args: tuple) -> None:
@@ -312,14 +314,20 @@ def _microbatch(
         labels = torch.randint(0, job.args.vocab_size, (job.rows, seq)) if last else None
         tracker.phase = "forward"
         with sharded_loss(), autocast():
-            out = part(x, **kwargs)
-            if last:
+            if not last:
+                out = part(x, **kwargs)
+            else:  # the pretrain/SFT loss: from the logits, or chunk by chunk from the hidden states
+                if loss.loss_input == "hidden":
+                    output = ModelOutput(hidden=part(x, project=False, **kwargs), projection=part.output)
+                else:
+                    output = ModelOutput(logits=part(x, **kwargs))
                 tracker.module = "loss"
                 if job.plan.pipeline:  # a stage keeps its output until its backward (the trainer lets go of it)
-                    kept.append(out)
-                out = cross_entropy_sum(out, labels)
+                    kept.append(output)
+                out = loss(output, {"label": labels, LABEL_INDEX: torch.arange(labels.numel())})  # (all labelled)
                 out = out.full_tensor() if isinstance(out, DTensor) else out
                 tracker.module = None
+                del output
         saved.append(
             float(sum(n for k, (n, label, _) in tracker.live.items() if k not in before and label != GATHERED))
         )

@@ -70,6 +70,8 @@ class ObjectiveContext:
     dp_rank: int
     dp_world: int
     seed: int
+    loss_chunk_size: int = 0
+    """``[training] loss_chunk_size``: tokens per chunk of a chunked cross-entropy (0: from full logits)."""
     frozen_model: Callable[[], FrozenForward] | None = None
     """Asks the loop for a frozen copy of the starting policy, built by the same builder and parallel plan
     (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction."""
