@@ -464,6 +464,40 @@ class EvalSection:
 
 
 @dataclass
+class GuardsSection:
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """What to do when a step's loss or gradient norm is NaN or infinite. It is detected on the device every step,
+    without waiting for the device. stop: the run ends at the next log or checkpoint step with an error naming the
+    first bad step (exit code 2); no checkpoint is written after it, and fused Adam/AdamW hold the weights and their
+    state at the last good step meanwhile. skip: the optimizer leaves the weights and its state untouched for that
+    step (fused Adam/AdamW inside their kernel; other optimizers read the flag every step, one host sync; not with
+    optimizer.early_step_in_backward) and training goes on; the console line counts the skipped steps. A skipped
+    step still uses up its data and its learning-rate step."""
+    max_skipped_steps: int = 10
+    """With on_nonfinite = "skip": stop (as "stop" would) once more than this many steps were skipped in this run,
+    checked at log and checkpoint steps; 0 sets no limit."""
+    loss_spike_ratio: float = 1.5
+    """Log a warning naming the step when a step's loss is more than this multiple of its running mean (the worst
+    spike since the last log line, and how many there were); 0 turns spike logging off."""
+    loss_spike_window: int = 100
+    """The running mean of the loss for spike logging is an exponential average over about this many steps."""
+
+
+@dataclass
+class ValidationSection:
+    interval: int = 0
+    """Every N steps (and after the last), compute the loss and perplexity on held-out data: the training
+    objective's data pipeline on validation.path, its loss, forward only, under the same parallel plan (FSDP, TP,
+    PP, CP). Logged as validation/loss and validation/perplexity. 0 turns validation off."""
+    path: str = "assets/corpus/validation.jsonl"
+    """Held-out data in the training data's format ([data] kind and columns). Every validation reads it from its
+    start, so the numbers are comparable over the run. With data.kind synthetic the windows are drawn from another
+    seed than training's and this path is not read."""
+    steps: int = 10
+    """Microbatches per validation, each of training.local_batch_size sequences on every data-parallel rank."""
+
+
+@dataclass
 class GRPOSection:
     group_size: int = 8
     """Responses sampled per prompt. Each response's advantage compares its reward with the others of
@@ -542,4 +576,6 @@ class JobConfig:
     float8: Float8Section = field(default_factory=Float8Section)
     qat: QATSection = field(default_factory=QATSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    guards: GuardsSection = field(default_factory=GuardsSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)

@@ -143,6 +143,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
     yield from _validate_debugging(cfg)
+    yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_quantization_and_loss(cfg)
 
@@ -241,6 +242,28 @@ def _validate_debugging(cfg: JobConfig) -> Iterator[str]:
     ]:
         if not folder.strip():
             yield f"--{name} must name a folder (relative to --job.dump_folder), got an empty string"
+
+
+def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
+    """[guards] and [validation] ranges, and the validation data."""
+    g, v = cfg.guards, cfg.validation
+    if g.max_skipped_steps < 0:
+        yield f"--guards.max_skipped_steps must be >= 0 (0 sets no limit), got {g.max_skipped_steps}"
+    if g.loss_spike_ratio != 0 and g.loss_spike_ratio <= 1:
+        yield f"--guards.loss_spike_ratio must be > 1 (or 0 to turn spike logging off), got {g.loss_spike_ratio}"
+    if g.loss_spike_window < 1:
+        yield f"--guards.loss_spike_window must be >= 1, got {g.loss_spike_window}"
+    if g.on_nonfinite == "skip" and cfg.optimizer.early_step_in_backward:
+        yield (
+            "--guards.on_nonfinite skip cannot undo --optimizer.early_step_in_backward: its steps run inside the "
+            "backward, before the loss and gradient norm are known; use --guards.on_nonfinite stop"
+        )
+    if v.interval < 0:
+        yield f"--validation.interval must be >= 0 (0 turns validation off), got {v.interval}"
+    if v.steps < 1:
+        yield f"--validation.steps must be >= 1, got {v.steps}"
+    if v.interval > 0 and cfg.data.kind != "synthetic" and looks_local(v.path) and not any(True for _ in _glob(v.path)):
+        yield f"--validation.path: no file matches {v.path} (run from the repository root, or fix the path)"
 
 
 def _validate_grpo(g: GRPOSection) -> Iterator[str]:
