@@ -249,3 +249,17 @@ def test_flex_is_refused_on_cpu_with_the_flag_to_change() -> None:
 
     with pytest.raises(ConfigError, match="--model.attention flex"):
         ModelBuilder(torch.device("cpu"), attention="flex")
+
+
+def test_grouped_heads_go_to_sdpa_only_where_a_fused_kernel_takes_them() -> None:
+    """On CUDA ``enable_gqa`` runs fused only in flash (half precision, no mask); elsewhere K/V are repeated."""
+    from titanium.models.common.attention_kernels import _sdpa_reads_grouped_heads
+
+    def q(device: str, dtype: torch.dtype) -> torch.Tensor:
+        return torch.empty(1, 4, 8, 64, device=device, dtype=dtype)
+
+    mask = torch.ones(1, 1, 8, 8, dtype=torch.bool)
+    assert _sdpa_reads_grouped_heads(q("cpu", torch.float32), mask)
+    assert _sdpa_reads_grouped_heads(q("meta", torch.bfloat16), None)
+    assert not _sdpa_reads_grouped_heads(q("meta", torch.bfloat16), mask)
+    assert not _sdpa_reads_grouped_heads(q("meta", torch.float32), None)

@@ -8,8 +8,9 @@ Which one runs is decided once per forward pass (``Decoder.prepare_attention``),
 - the same masks, ``sdpa``: a dense boolean mask built once per forward. This is the exact CPU path
   (FlexAttention has no backward on CPU) and the reference the flex path is tested against.
 
-Grouped-query attention passes the ``H_kv`` key/value heads straight to the kernel (``enable_gqa``), so
-the keys and values are never repeated to ``H`` heads in memory.
+Grouped-query attention passes the ``H_kv`` key/value heads straight to the kernel (FlexAttention and
+SDPA's ``enable_gqa``), so the keys and values are not repeated to ``H`` heads in memory, except for the
+SDPA inputs no fused CUDA kernel takes grouped (see ``_sdpa_reads_grouped_heads``).
 """
 
 from __future__ import annotations
@@ -40,12 +41,25 @@ def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor |
     ``mask`` is a boolean ``[B, 1, S, S_k]`` (or broadcastable) tensor where True means "may attend".
     """
     q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    gqa = q.shape[1] != k.shape[1]
+    groups = q.shape[1] // k.shape[1]
+    gqa = groups > 1 and _sdpa_reads_grouped_heads(q, mask)
+    if groups > 1 and not gqa:
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     if mask is None:
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
     return out.transpose(1, 2)
+
+
+def _sdpa_reads_grouped_heads(q: torch.Tensor, mask: torch.Tensor | None) -> bool:
+    """Whether an SDPA kernel takes ``H_kv < H`` itself (``enable_gqa``) for these inputs: the CPU kernels
+    do; on CUDA only flash does (half precision, no mask, head_dim <= 256), and anything else would fall back
+    silently to the math kernel (``[S, S_k]`` scores in memory), so K/V heads are repeated for those instead.
+    """
+    if q.device.type == "cpu":
+        return True
+    return mask is None and q.dtype in (torch.float16, torch.bfloat16) and q.shape[-1] <= 256
 
 
 def flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_mask: BlockMask) -> torch.Tensor:
