@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -50,7 +49,8 @@ def packed(seq: int, doc_len: int, device: torch.device) -> tuple[torch.Tensor, 
 
 
 def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float:
-    """Median seconds of ``step`` after one warm-up."""
+    """Fastest of ``repeats`` runs of ``step`` after one warm-up, in seconds (the least disturbed by other
+    work on a shared machine)."""
     step()
     times = []
     for _ in range(repeats):
@@ -61,7 +61,7 @@ def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def mask_memory(seqs: list[int], doc_len: int, device: torch.device) -> list[str]:
