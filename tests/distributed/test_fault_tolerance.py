@@ -1,0 +1,167 @@
+"""torchft on loopback: a replica group dies and comes back while the other trains on.
+
+Two replica groups of the debug model (one process each, separate torchrun jobs of ft_worker.py) under a torchft
+lighthouse on a free loopback port. Group 1 SIGKILLs itself in step 6, after its backward and before the
+cross-group all-reduce, and is restarted as soon as group 0 has committed step 6 alone. Checked:
+
+- group 0 never stops: it exits 0 after all STEPS steps, with 2 groups in steps 1-5, alone from step 6 to the
+  step S at which group 1 healed, with 2 groups again after S (fault_tolerance/replica_groups, logged each step),
+  and exactly one step repeated (step 6, whose all-reduce broke);
+- the restarted group 1 heals from group 0 at S > 0 (weights, optimizer, LR schedule, step) and both end with
+  bitwise equal weights: after the heal they apply the same averaged gradients, so any difference in the copied
+  weights or optimizer moments would persist to the end;
+- group 0's losses in steps 6..S equal, bitwise, those of a reference run of group 0 alone (the same flags, its
+  own lighthouse, group 1 never started) resumed from group 0's checkpoint of step 5. (A run alone from step 1
+  would differ: in steps 1-5 the gradients were averaged with group 1's.) So dropping a group and repeating the
+  step it broke, on the same microbatches, leaves the survivor's training exactly as if it had been alone.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import REPO, env, scalars
+
+pytest.importorskip("torchft")
+
+STEPS = 80
+KILLED_IN_STEP = 6
+STEP_SECONDS = 0.5
+"""Group 0's pace: the restarted group must rejoin before it ends (start-up takes 10-20 s on 2 busy cores)."""
+WORKER = REPO / "tests/distributed/ft_worker.py"
+GROUPS_TAG = "fault_tolerance/replica_groups"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Group:
+    """One replica group: a torchrun job of ft_worker.py, logging to a file the test reads as it goes."""
+
+    def __init__(self, tmp: Path, name: str, replica_id: int, lighthouse: str, *extra: str, **knobs: str) -> None:
+        self.log, self.weights = tmp / f"{name}.log", tmp / f"{name}.pt"
+        args = [
+            "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
+            "--job.dump_folder", str(tmp / name),
+            "--job.no_print_config",
+            "--training.steps", str(STEPS),
+            "--training.seq_len", "32",
+            "--training.local_batch_size", "2",
+            "--training.mixed_precision_param", "float32",
+            "--metrics.log_freq", "1",
+            "--fault_tolerance.enable",
+            "--fault_tolerance.group_size", "2",
+            "--fault_tolerance.replica_id", str(replica_id),
+            "--fault_tolerance.lighthouse", lighthouse,
+            "--fault_tolerance.hostname", "127.0.0.1",
+            "--fault_tolerance.timeout_seconds", "10",
+            *extra,
+        ]  # fmt: skip
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            "--rdzv_endpoint=localhost:0", str(WORKER), *args,
+        ]  # fmt: skip
+        with self.log.open("w") as log:
+            self.proc = subprocess.Popen(
+                cmd, cwd=REPO, env={**env(), "FT_WEIGHTS_OUT": str(self.weights), **knobs}, stdout=log, stderr=log
+            )
+
+    def wait_for(self, pattern: str, after: int = 0, timeout: float = 60) -> re.Match:
+        """The first match of ``pattern`` in the log from offset ``after`` on, waiting for it to appear."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            match = re.compile(pattern).search(self.log.read_text(), after)
+            if match:
+                return match
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError(f"{self.log.name}: no {pattern!r}:\n{self.log.read_text()[-3000:]}")
+
+    def kill(self) -> None:
+        """SIGKILL the worker (torchrun puts it in a session of its own); its torchrun then exits."""
+        pid_file = Path(f"{self.weights}.pid")
+        if pid_file.exists():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        try:
+            self.proc.wait(timeout=30)
+        finally:
+            self.proc.kill()
+
+    def finish(self, timeout: float = 120) -> None:
+        assert self.proc.wait(timeout=timeout) == 0, f"{self.log.name} failed:\n{self.log.read_text()[-3000:]}"
+
+
+def _lighthouse() -> tuple[subprocess.Popen, str]:
+    """A torchft lighthouse on a free loopback port, and its address. It waits up to 5 s for a group that is
+    alive but not yet asking (so both groups start together) and drops one silent for 2 s."""
+    port = _free_port()
+    cmd = [
+        str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "100",
+        "--join_timeout_ms", "5000", "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}",
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}"
+
+
+def test_a_killed_group_rejoins_and_the_survivor_trains_as_if_alone(tmp_path):
+    started: list[Group] = []
+    lighthouses = [_lighthouse(), _lighthouse()]  # the groups' and the reference's: the reference is alone
+
+    def start(name: str, replica_id: int, *extra: str, **knobs: str) -> Group:
+        lighthouse = lighthouses[name == "reference"][1]
+        started.append(Group(tmp_path, name, replica_id, lighthouse, *extra, **knobs))
+        return started[-1]
+
+    checkpoints = ("--checkpoint.enable", "--checkpoint.interval", str(KILLED_IN_STEP - 1))
+    try:
+        survivor = start("group0", 0, *checkpoints, FT_STEP_SECONDS=str(STEP_SECONDS))
+        victim = start("group1", 1, FT_DIE_IN_STEP=str(KILLED_IN_STEP))
+        resume_from = f"step-{KILLED_IN_STEP - 1}"  # copied at once: group 0 keeps only its 2 newest checkpoints
+        survivor.wait_for(f"checkpoint saved: .*{resume_from}\\n")
+        shutil.copytree(tmp_path / "group0/checkpoint" / resume_from, tmp_path / "reference/checkpoint" / resume_from)
+        assert victim.proc.wait(timeout=60) != 0
+        survivor.wait_for(rf"1 replica group\(s\) in step {KILLED_IN_STEP}\b")
+        rejoined = start("group1_restarted", 1)
+        healed_at = int(rejoined.wait_for(r"healed from a live replica group at step (\d+)", timeout=90).group(1))
+        reference = start("reference", 0, "--checkpoint.enable", "--checkpoint.interval", str(STEPS))
+        reference.wait_for(f"resuming at step {KILLED_IN_STEP - 1} ")
+        for group in (survivor, rejoined, reference):
+            group.finish()
+
+        groups = scalars(tmp_path / "group0/tb", GROUPS_TAG)
+        assert sorted(groups) == list(range(1, STEPS + 1))
+        assert {groups[s] for s in range(1, KILLED_IN_STEP)} == {2}, groups
+        assert {groups[s] for s in range(KILLED_IN_STEP, healed_at + 1)} == {1}, (healed_at, groups)
+        assert {groups[s] for s in range(healed_at + 1, STEPS + 1)} == {2}, (healed_at, groups)
+        assert scalars(tmp_path / "group0/tb", "fault_tolerance/retried_steps")[STEPS] == 1
+
+        survivor_weights, rejoined_weights = torch.load(survivor.weights), torch.load(rejoined.weights)
+        assert survivor_weights.keys() == rejoined_weights.keys()
+        for name, tensor in survivor_weights.items():
+            assert torch.equal(tensor, rejoined_weights[name]), name
+
+        losses, reference_losses = scalars(tmp_path / "group0/tb"), scalars(tmp_path / "reference/tb")
+        alone = range(KILLED_IN_STEP, healed_at + 1)
+        assert [losses[s] for s in alone] == [reference_losses[s] for s in alone]
+    finally:
+        for group in started:
+            if group.proc.poll() is None:
+                group.kill()
+        for lighthouse, _ in lighthouses:
+            lighthouse.kill()
