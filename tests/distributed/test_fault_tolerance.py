@@ -53,7 +53,9 @@ def _free_port() -> int:
 class Group:
     """One replica group: a torchrun job of ft_worker.py, logging to a file the test reads as it goes."""
 
-    def __init__(self, tmp: Path, name: str, replica_id: int, lighthouse: str, *extra: str, **knobs: str) -> None:
+    def __init__(
+        self, tmp: Path, name: str, replica_id: int, lighthouse: str, *extra: str, nproc: int = 1, **knobs: str
+    ) -> None:
         self.log, self.weights = tmp / f"{name}.log", tmp / f"{name}.pt"
         args = [
             "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
@@ -73,7 +75,7 @@ class Group:
             *extra,
         ]  # fmt: skip
         cmd = [
-            sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=1", "--rdzv_backend=c10d",
+            sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--rdzv_backend=c10d",
             "--rdzv_endpoint=localhost:0", str(WORKER), *args,
         ]  # fmt: skip
         with self.log.open("w") as log:
@@ -120,12 +122,17 @@ def _lighthouse() -> tuple[subprocess.Popen, str]:
 
 
 def test_a_killed_group_rejoins_and_the_survivor_trains_as_if_alone(tmp_path):
+    kill_and_rejoin(tmp_path, nproc=1)
+
+
+def kill_and_rejoin(tmp_path: Path, nproc: int) -> None:
+    """The scenario of the module docstring, with ``nproc`` processes (FSDP) in each replica group."""
     started: list[Group] = []
     lighthouses = [_lighthouse(), _lighthouse()]  # the groups' and the reference's: the reference is alone
 
     def start(name: str, replica_id: int, *extra: str, **knobs: str) -> Group:
         lighthouse = lighthouses[name == "reference"][1]
-        started.append(Group(tmp_path, name, replica_id, lighthouse, *extra, **knobs))
+        started.append(Group(tmp_path, name, replica_id, lighthouse, *extra, nproc=nproc, **knobs))
         return started[-1]
 
     checkpoints = ("--checkpoint.enable", "--checkpoint.interval", str(KILLED_IN_STEP - 1))
