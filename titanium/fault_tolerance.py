@@ -7,8 +7,9 @@ the model, optimizer, LR schedule and step from a live peer), the trainer runs f
 ``commit_gradients`` averages each rank's local gradient shards over the live groups and votes; a step no group
 could finish (a peer died mid-step) is not applied, and the trainer repeats it on the same microbatches.
 
-Data is sharded over every group: a group's data rank is ``replica_id * dp + dp_rank`` of ``group_size * dp``.
-Only group 0 writes checkpoints; the others are rebuilt from a live peer when they restart.
+Data is sharded over every group: a group's data rank is ``replica_id * dp + dp_rank`` of ``group_size * dp``; a
+group that heals skips its own shard ahead to the step it joins at. Only group 0 writes checkpoints; the others
+are rebuilt from a live peer when they restart.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -24,6 +26,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.utils._pytree import tree_map_only
 
+from titanium.checkpoint.states import TrainState
 from titanium.config.sections import CheckpointSection, FaultToleranceSection
 from titanium.errors import UserError
 
@@ -39,7 +42,9 @@ class NoFaultTolerance:
     def checkpoint_section(self, cfg: CheckpointSection) -> CheckpointSection:
         return cfg
 
-    def share_state(self, states: dict[str, Any], step: int) -> None:
+    def share_state(
+        self, states: dict[str, Any], train_state: TrainState, next_microbatch: Callable[[], Any], per_step: int
+    ) -> None:
         pass
 
     def start_step(self) -> None:
@@ -100,10 +105,14 @@ class FaultTolerance(NoFaultTolerance):
             logger.info("replica group %d writes no checkpoints: group 0 does", self.cfg.replica_id)
         return dataclasses.replace(cfg, enable=False, last_save_in_hf=False)
 
-    def share_state(self, states: dict[str, Any], step: int) -> None:
-        """What a healing peer copies from this group (Stateful objects by name), and the step it resumed at."""
-        self._states = states
-        self.manager.load_state_dict({"step": step, "batches_committed": self.manager.batches_committed()})
+    def share_state(
+        self, states: dict[str, Any], train_state: TrainState, next_microbatch: Callable[[], Any], per_step: int
+    ) -> None:
+        """What a healing group copies from a live peer (Stateful objects by name, ``train_state`` among them).
+        Its data position is not copied (the peer reads another shard): it skips its own shard to the peer's step
+        with ``next_microbatch``, ``per_step`` microbatches a step."""
+        self._states = {"data": _DataPosition(train_state, next_microbatch, per_step), **states}  # (data first)
+        self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
 
     def start_step(self) -> None:
         """Join this step's quorum; a group behind the others loads a live peer's state here."""
@@ -152,6 +161,25 @@ class FaultTolerance(NoFaultTolerance):
         for name, state in self._states.items():
             state.load_state_dict({k: _as_sharded(k, v, specs) for k, v in received[name].items()})
         logger.info("fault tolerance: healed from a live replica group at step %d", self.manager.current_step())
+
+
+class _DataPosition:
+    """A group's data position as the step it reached: each group reads its own shard, one step's microbatches
+    per committed step. A group that heals to a peer's later step skips its shard ahead to that step, so it
+    reads what it would have read had it never stopped, and never repeats a sample."""
+
+    def __init__(self, train_state: TrainState, next_microbatch: Callable[[], Any], per_step: int) -> None:
+        self.train_state, self.next_microbatch, self.per_step = train_state, next_microbatch, per_step
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.train_state.step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:  # (before train_state takes the peer's step)
+        skipped = max(0, state["step"] - self.train_state.step) * self.per_step
+        for _ in range(skipped):
+            self.next_microbatch()
+        if skipped:
+            logger.info("fault tolerance: skipped %d microbatches of this group's data shard to catch up", skipped)
 
 
 def build_fault_tolerance(cfg: FaultToleranceSection, device: torch.device) -> NoFaultTolerance:

@@ -273,7 +273,9 @@ class Trainer:
         if resumed:
             logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
         shared = ("model", "optimizer", "lr_scheduler", "train_state")  # what a rejoining replica group copies
-        self.fault_tolerance.share_state({k: states[k] for k in shared}, self.train_state.step)
+        self.fault_tolerance.share_state(
+            {k: states[k] for k in shared}, self.train_state, self.objective.next_microbatch, self.grad_accum_steps
+        )
 
     def _build_metrics(self) -> None:
         self.metrics = MetricsLogger(
@@ -290,6 +292,7 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """One optimizer step. Returns (global loss sum, global count, grad norm) as device tensors, and tokens."""
+        self.fault_tolerance.start_step()  # (a replica group that rejoins takes a live peer's state and step here)
         data_start = time.perf_counter()
         microbatches = [self.objective.next_microbatch() for _ in range(self.grad_accum_steps)]
         self.throughput.add_data_time(time.perf_counter() - data_start)
@@ -310,11 +313,11 @@ class Trainer:
         """forward_backward, with gradients averaged over the live replica groups under fault tolerance. A step
         the groups do not commit (one died mid-step) is repeated on the same microbatches, so no data is lost."""
         while True:
-            self.fault_tolerance.start_step()  # (a rejoining group takes a live peer's weights and step here)
             result = self.forward_backward(microbatches)
             if self.fault_tolerance.commit_gradients(self.model):
                 return result
             self.optimizer.zero_grad(set_to_none=True)
+            self.fault_tolerance.start_step()  # a new quorum, without the group that failed
 
     def forward_backward(
         self, microbatches: list[Batch], backward: bool = True

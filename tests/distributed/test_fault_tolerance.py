@@ -7,7 +7,8 @@ cross-group all-reduce, and is restarted as soon as group 0 has committed step 6
 - group 0 never stops: it exits 0 after all STEPS steps, with 2 groups in steps 1-5, alone from step 6 to the
   step S at which group 1 healed, with 2 groups again after S (fault_tolerance/replica_groups, logged each step),
   and exactly one step repeated (step 6, whose all-reduce broke);
-- the restarted group 1 heals from group 0 at S > 0 (weights, optimizer, LR schedule, step) and both end with
+- the restarted group 1 heals from group 0 at S > 0 (weights, optimizer, LR schedule, step), skips its own data
+  shard ahead to step S (S microbatches: it reads what it would have read had it never died), and both end with
   bitwise equal weights: after the heal they apply the same averaged gradients, so any difference in the copied
   weights or optimizer moments would persist to the end;
 - group 0's losses in steps 6..S equal, bitwise, those of a reference run of group 0 alone (the same flags, its
@@ -146,6 +147,7 @@ def kill_and_rejoin(tmp_path: Path, nproc: int) -> None:
         survivor.wait_for(rf"1 replica group\(s\) in step {KILLED_IN_STEP}\b")
         rejoined = start("group1_restarted", 1)
         healed_at = int(rejoined.wait_for(r"healed from a live replica group at step (\d+)", timeout=90).group(1))
+        rejoined.wait_for(f"skipped {healed_at} microbatches of this group's data shard")  # its own shard, at S
         reference = start("reference", 0, "--checkpoint.enable", "--checkpoint.interval", str(STEPS))
         reference.wait_for(f"resuming at step {KILLED_IN_STEP - 1} ")
         for group in (survivor, rejoined, reference):

@@ -69,3 +69,18 @@ def test_a_group_must_be_started_by_torchrun(monkeypatch):
     monkeypatch.delenv("MASTER_PORT", raising=False)
     with pytest.raises(UserError, match="launch each replica group with torchrun"):
         FaultTolerance(FaultToleranceSection(enable=True), torch.device("cpu"))
+
+
+def test_a_healing_group_skips_its_own_shard_to_the_peers_step():
+    from titanium.checkpoint.states import TrainState
+    from titanium.fault_tolerance import _DataPosition
+
+    read: list[int] = []
+    own = TrainState()
+    own.step = 3  # (e.g. group 0 resumed from its checkpoint of step 3 while its peer went on to step 10)
+    position = _DataPosition(own, lambda: read.append(len(read)), per_step=2)
+    assert position.state_dict() == {"step": 3}
+    position.load_state_dict({"step": 10})
+    assert len(read) == (10 - 3) * 2
+    position.load_state_dict({"step": 2})  # a peer behind this group: nothing to skip (it would heal from us)
+    assert len(read) == 14
