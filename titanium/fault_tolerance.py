@@ -77,6 +77,7 @@ class FaultTolerance(NoFaultTolerance):
         self._states: dict[str, Any] = {}
         self._participants = 0
         self._retried = 0
+        self._local_sgd: Any = None  # (torchft.local_sgd.LocalSGD, once share_state knows the optimizer)
         timeout = timedelta(seconds=cfg.timeout_seconds)
         pg = torchft.ProcessGroupNCCL(timeout) if device.type == "cuda" else torchft.ProcessGroupGloo(timeout)
         self.manager = torchft.Manager(
@@ -85,6 +86,7 @@ class FaultTolerance(NoFaultTolerance):
             state_dict=self._state_for_peer,
             min_replica_size=cfg.min_replica_size,
             use_async_quorum=False,  # a rejoining group heals before its forward, then takes full part in the step
+            init_sync=cfg.semi_sync_method == "none",  # (local_sgd: the first sync must average, not copy group 0)
             timeout=timeout,
             quorum_timeout=timedelta(seconds=cfg.quorum_timeout_seconds),
             connect_timeout=timeout,
@@ -112,18 +114,31 @@ class FaultTolerance(NoFaultTolerance):
         Its data position is not copied (the peer reads another shard): it skips its own shard to the peer's step
         with ``next_microbatch``, ``per_step`` microbatches a step."""
         self._states = {"data": _DataPosition(train_state, next_microbatch, per_step), **states}  # (data first)
-        self.manager.load_state_dict({"step": train_state.step, "batches_committed": 0})
+        # The manager counts commits (local_sgd: syncs); a group that counts fewer than a peer heals from it.
+        local_sgd = self.cfg.semi_sync_method == "local_sgd"
+        commits = train_state.step // self.cfg.sync_steps if local_sgd else train_state.step
+        self.manager.load_state_dict({"step": commits, "batches_committed": 0})
+        if local_sgd:
+            from torchft.local_sgd import LocalSGD
+
+            optimizer = states["optimizer"]  # (an OptimizerState: the model and its optimizer)
+            self._local_sgd = LocalSGD(self.manager, optimizer.model, optimizer.optimizer, self.cfg.sync_steps)
+            self._local_sgd.__enter__()  # optimizer hooks: average the weights every sync_steps steps
 
     def start_step(self) -> None:
         """Join this step's quorum; a group behind the others loads a live peer's state here."""
-        self.manager.start_quorum()
+        if self._local_sgd is None:  # (local_sgd: the quorum is formed at each sync, inside the optimizer step)
+            self.manager.start_quorum()
 
     def commit_gradients(self, model: nn.Module) -> bool:
         """Average the gradients over the live groups, then vote: True if the optimizer may step.
 
         Each rank all-reduces its local gradient shards with the same rank of the other groups (the groups have
         the same layout, so they hold the same shards). False: a group failed mid-step; the grads are garbage.
+        With local_sgd every step commits: the groups' weights are averaged after some optimizer steps instead.
         """
+        if self._local_sgd is not None:
+            return True
         by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
         for p in model.parameters():
             if p.grad is not None:
@@ -143,11 +158,15 @@ class FaultTolerance(NoFaultTolerance):
 
     def metrics(self) -> dict[str, float]:
         return {
-            "fault_tolerance/replica_groups": float(self._participants),
+            "fault_tolerance/replica_groups": float(
+                self.manager.num_participants() if self._local_sgd is not None else self._participants
+            ),
             "fault_tolerance/retried_steps": float(self._retried),
         }
 
     def close(self) -> None:
+        if self._local_sgd is not None:
+            self._local_sgd.__exit__(None, None, None)
         self.manager.shutdown(wait=False)
 
     # ----- what travels between groups when one heals -----

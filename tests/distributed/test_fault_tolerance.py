@@ -111,13 +111,13 @@ class Group:
         assert self.proc.wait(timeout=timeout) == 0, f"{self.log.name} failed:\n{self.log.read_text()[-3000:]}"
 
 
-def _lighthouse() -> tuple[subprocess.Popen, str]:
-    """A torchft lighthouse on a free loopback port, and its address. It waits up to 5 s for a group that is
-    alive but not yet asking (so both groups start together) and drops one silent for 2 s."""
+def _lighthouse(join_timeout_ms: int = 5000) -> tuple[subprocess.Popen, str]:
+    """A torchft lighthouse on a free loopback port, and its address. It waits up to ``join_timeout_ms`` for a
+    group that is alive but not yet asking (so both groups start together) and drops one silent for 2 s."""
     port = _free_port()
     cmd = [
         str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "100",
-        "--join_timeout_ms", "5000", "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}",
+        "--join_timeout_ms", str(join_timeout_ms), "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}",
     ]  # fmt: skip
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL), f"http://127.0.0.1:{port}"
 
@@ -172,5 +172,36 @@ def kill_and_rejoin(tmp_path: Path, nproc: int) -> None:
         for group in started:
             if group.proc.poll() is None:
                 group.kill()
+        for lighthouse, _ in lighthouses:
+            lighthouse.kill()
+
+
+def test_local_sgd_averages_the_groups_weights_at_each_sync(tmp_path):
+    """semi_sync_method local_sgd, sync_steps 3, 3 steps: each group takes 3 optimizer steps on its own shard,
+    then the groups average their weights once. Reference: each group alone (its own lighthouse, so its "average"
+    is itself) gives its weights P0, P1; the pair must end with (P0 + P1) / 2 in both groups, bitwise (the
+    all-reduce adds two float32 numbers, then divides by 2, as the reference does), and before the sync each
+    group's losses must be those of its lone run."""
+    steps = ("--training.steps", "3", "--fault_tolerance.semi_sync_method", "local_sgd")
+    steps += ("--fault_tolerance.sync_steps", "3")
+    lighthouses = [_lighthouse(join_timeout_ms=30_000) for _ in range(3)]  # the pair's, and one per lone run
+    runs = [Group(tmp_path, f"pair{g}", g, lighthouses[0][1], *steps) for g in (0, 1)] + [
+        Group(tmp_path, f"alone{g}", g, lighthouses[1 + g][1], *steps) for g in (0, 1)
+    ]
+    try:
+        for run in runs:
+            run.finish()
+        pair0, pair1, alone0, alone1 = (torch.load(run.weights) for run in runs)
+        for name, alone in alone0.items():
+            assert not torch.equal(alone, alone1[name]) or alone.dim() == 1, name  # (shards differ: a real test)
+            assert torch.equal(pair0[name], (alone + alone1[name]) / 2), name
+            assert torch.equal(pair1[name], pair0[name]), name
+        for g in (0, 1):
+            assert scalars(tmp_path / f"pair{g}/tb") == scalars(tmp_path / f"alone{g}/tb")
+            assert scalars(tmp_path / f"pair{g}/tb", GROUPS_TAG)[3] == 2
+    finally:
+        for run in runs:
+            if run.proc.poll() is None:
+                run.kill()
         for lighthouse, _ in lighthouses:
             lighthouse.kill()

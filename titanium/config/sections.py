@@ -572,7 +572,13 @@ class FaultToleranceSection:
     timeout_seconds: int = 60
     """Timeout of the cross-group gradient all-reduce, the commit vote and the weight transfer when healing."""
     quorum_timeout_seconds: int = 120
-    """How long a step waits for the lighthouse to form a quorum of replica groups."""
+    """How long a step waits for the lighthouse to form a quorum of replica groups (with local_sgd: a sync)."""
+    semi_sync_method: Literal["none", "local_sgd"] = "none"
+    """none: average the gradients over the groups every step. local_sgd: each group steps on its own gradients
+    and the groups average their weights every sync_steps steps (torchft.local_sgd.LocalSGD); a group that
+    rejoins heals at the next sync."""
+    sync_steps: int = 10
+    """With semi_sync_method = "local_sgd": optimizer steps between weight averages."""
 
 
 @dataclass

@@ -25,6 +25,8 @@ def validate_fault_tolerance(cfg: JobConfig) -> Iterator[str]:
     for key in ("timeout_seconds", "quorum_timeout_seconds"):
         if getattr(ft, key) <= 0:
             yield f"--fault_tolerance.{key} must be > 0, got {getattr(ft, key)}"
+    if ft.sync_steps < 1:
+        yield f"--fault_tolerance.sync_steps must be >= 1, got {ft.sync_steps}"
     if not ft.lighthouse and not os.environ.get("TORCHFT_LIGHTHOUSE"):
         yield (
             "--fault_tolerance.enable needs the lighthouse address: set --fault_tolerance.lighthouse "
