@@ -179,7 +179,7 @@ class FaultTolerance(NoFaultTolerance):
         specs = {k: v for k, v in self._states["model"].state_dict().items() if isinstance(v, DTensor)}
         for name, state in self._states.items():
             state.load_state_dict({k: _as_sharded(k, v, specs) for k, v in received[name].items()})
-        logger.info("fault tolerance: healed from a live replica group at step %d", self.manager.current_step())
+        logger.info("fault tolerance: healed from a live replica group at step %d", self._states["train_state"].step)
 
 
 class _DataPosition:
@@ -216,4 +216,5 @@ def _as_sharded(key: str, value: Any, specs: dict[str, DTensor]) -> Any:
     spec = specs.get(name)
     if spec is None or not isinstance(value, torch.Tensor) or value.dim() != spec.dim() or value.dim() == 0:
         return value
-    return DTensor.from_local(value, spec.device_mesh, spec.placements, shape=spec.shape, stride=spec.stride())
+    local = value.to(spec.to_local().device)  # (torchft's transfer lands on the CPU)
+    return DTensor.from_local(local, spec.device_mesh, spec.placements, shape=spec.shape, stride=spec.stride())
