@@ -6,8 +6,8 @@ FT_WEIGHTS_OUT, so the test can compare the groups bit for bit, and rank 0's pro
 
 Two knobs for the test, read from the environment: FT_DIE_IN_STEP=N makes the group SIGKILL itself in step N,
 after its forward and backward and before the cross-group all-reduce (so the survivor's step N fails at a known
-point); FT_STEP_SECONDS=S makes each step last at least S seconds (sleeping), so a restarted group has time to
-rejoin before the survivor finishes.
+point); FT_ALONE_STEP_SECONDS=S makes each step the group runs alone last at least S seconds (sleeping), so a
+restarted group has time to rejoin before the survivor finishes, while the steps with both groups run at speed.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ def main() -> None:
 
 
 def _add_test_knobs(trainer: Trainer) -> None:
-    die_in_step, step_seconds = int(os.environ.get("FT_DIE_IN_STEP", 0)), float(os.environ.get("FT_STEP_SECONDS", 0))
+    die_in_step = int(os.environ.get("FT_DIE_IN_STEP", 0))
+    alone_step_seconds = float(os.environ.get("FT_ALONE_STEP_SECONDS", 0))
     forward_backward, train_step = trainer.forward_backward, trainer.train_step
 
     def forward_backward_then_maybe_die(*args, **kwargs):
@@ -57,7 +58,8 @@ def _add_test_knobs(trainer: Trainer) -> None:
     def paced_train_step():
         start = time.monotonic()
         result = train_step()
-        time.sleep(max(0.0, start + step_seconds - time.monotonic()))
+        if trainer.fault_tolerance.manager.num_participants() == 1:
+            time.sleep(max(0.0, start + alone_step_seconds - time.monotonic()))
         return result
 
     trainer.forward_backward, trainer.train_step = forward_backward_then_maybe_die, paced_train_step
