@@ -58,7 +58,7 @@ def _add_test_knobs(trainer: Trainer) -> None:
     def paced_train_step():
         start = time.monotonic()
         result = train_step()
-        if trainer.fault_tolerance.manager.num_participants() == 1:
+        if alone_step_seconds and trainer.fault_tolerance.manager.num_participants() == 1:
             time.sleep(max(0.0, start + alone_step_seconds - time.monotonic()))
         return result
 
