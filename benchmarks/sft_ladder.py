@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import attempt, command_line, environment, number, vocab_tokenizer, write  # noqa: E402
 
 QWEN3_VOCAB = 151936
+DEFAULT_DATA = "assets/tasks/arithmetic/train.jsonl"
 LADDER = {  # row -> flags added to the rows above it
     "baseline": (),
     "+ LCE": ("--training.loss_chunk_size", "1024"),
@@ -60,7 +61,7 @@ TORCHTUNE_TABLE3 = {  # torchtune paper, Table 3 (one H100): + Packed 2048, + Pa
 
 
 def base_flags(opts: argparse.Namespace, folder: Path) -> list[str]:
-    vocab = 2256 if opts.smoke else QWEN3_VOCAB  # (the debug model's)
+    vocab = 2256 if opts.smoke else QWEN3_VOCAB  # (the debug flavor's)
     return [
         "--job.config_file", "train_configs/debug_sft.toml", "--checkpoint.no_enable",
         "--checkpoint.initial_load_path", "", "--eval.interval", "0", "--sft.no_packing",
@@ -82,7 +83,7 @@ def row_flags(name: str) -> list[str]:
 
 def rows(flavor: str, opts: argparse.Namespace, folder: Path) -> dict[str, dict[str, float] | str]:
     """The results of each chosen row (or why it has none)."""
-    model = ["--model.flavor", "debugmodel"] if opts.smoke else ["--model.name", "qwen3", "--model.flavor", flavor]
+    model = ["--model.name", "qwen3", "--model.flavor", "debugmodel" if opts.smoke else flavor]
     results: dict[str, dict[str, float] | str] = {}
     for name in opts.rows:
         flags = [*base_flags(opts, folder), *model, *row_flags(name)]
@@ -95,7 +96,7 @@ def rows(flavor: str, opts: argparse.Namespace, folder: Path) -> dict[str, dict[
 def table(flavor: str, results: dict[str, dict[str, float] | str], smoke: bool) -> list[str]:
     papers = dict(zip([*LADDER, *PACKED], [*TORCHTUNE_TABLE2[flavor], *TORCHTUNE_TABLE3[flavor]]))
     lines = [
-        f"## Qwen3 {flavor}" + (" (smoke run: the debug model in its place, rows of 128 tokens)" * smoke),
+        f"## Qwen3 {flavor}" + (" (smoke run: Qwen3's debug flavor in its place, rows of 128 tokens)" * smoke),
         "",
         "| row | tokens/s | padding | useful tokens/s | peak GiB | torchtune (GB, tokens/s) | ratio (useful) |",
         "|---|---:|---:|---:|---:|---|---:|",
@@ -118,10 +119,10 @@ def table(flavor: str, results: dict[str, dict[str, float] | str], smoke: bool) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    parser.add_argument("--smoke", action="store_true", help="the debug model, 2 steps, 2 rows (a CPU check)")
+    parser.add_argument("--smoke", action="store_true", help="Qwen3's debug flavor, 2 steps, 2 rows (a CPU check)")
     parser.add_argument("--models", nargs="+", default=["0.6B", "1.7B", "4B"], choices=list(TORCHTUNE_TABLE2))
     parser.add_argument("--rows", nargs="+", default=[*LADDER, *PACKED], choices=[*LADDER, *PACKED])
-    parser.add_argument("--data-path", default="assets/tasks/arithmetic/train.jsonl")
+    parser.add_argument("--data-path", default=DEFAULT_DATA)
     parser.add_argument("--data-kind", default="chat", choices=["chat", "instruct"])
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--log-freq", type=int, default=3)
@@ -133,7 +134,7 @@ def main() -> None:
     if opts.smoke:
         opts.models, opts.rows, opts.steps, opts.log_freq = ["0.6B"], ["baseline", "+ LCE"], 2, 1
     lines = [
-        "# SFT ladder on one GPU (torchtune paper, Tables 2 and 3)" + (" (smoke run: debug model)" * opts.smoke),
+        "# SFT ladder on one GPU (torchtune paper, Tables 2 and 3)" + (" (smoke run: debug flavor)" * opts.smoke),
         "",
         f"Command: `{command_line()}`. {environment(torch.device(opts.device))}",
         f"Data: `{opts.data_path}` ({opts.data_kind}); {opts.steps} steps per row, means of the windows logged every "

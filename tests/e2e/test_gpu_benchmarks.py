@@ -106,3 +106,27 @@ def test_full_depth_scale_and_the_papers_figure():
     assert len(figure) == 125
     assert figure[(1024, 1024, 1024)] == 0.77 and figure[(4096, 8192, 1024)] == 1.03
     assert figure[(16384, 16384, 16384)] == 1.80
+
+
+def test_every_benchmark_row_is_a_valid_job(tmp_path):
+    """Each row's flags pass the config checks that run before training (a refused combination would cost a GPU
+    run): every variant of pretrain_speed for both models, every row of the SFT ladder (the rows differ by flags
+    alone; their models by flavor, checked for the first and last rows)."""
+    import argparse
+
+    from titanium.config import load_config
+    from titanium.preflight import check_job
+
+    speed, ladder = load_script("benchmarks/pretrain_speed.py"), load_script("benchmarks/sft_ladder.py")
+    tokenizer = REPO / "assets/tokenizer/titanium_debug.tiktoken"  # (the checks only look that it exists)
+    for flavor in ("8B", "1B"):
+        for variant in speed.VARIANTS.values():
+            flags = [*speed.BASE, "--model.flavor", flavor, "--tokenizer.path", str(tokenizer), *variant]
+            check_job(load_config(flags), 1)
+    opts = argparse.Namespace(smoke=False, data_kind="chat", data_path=ladder.DEFAULT_DATA, steps=4, log_freq=2)
+    ladder.vocab_tokenizer = lambda folder, vocab: tokenizer
+    rows = [*ladder.LADDER, *ladder.PACKED]
+    for flavor in ladder.TORCHTUNE_TABLE2:
+        for row in rows if flavor == "0.6B" else [rows[0], rows[-1]]:
+            flags = [*ladder.base_flags(opts, tmp_path), "--model.name", "qwen3", "--model.flavor", flavor]
+            check_job(load_config([*flags, *ladder.row_flags(row)]), 1)
