@@ -12,10 +12,11 @@ same order, same optimizer, LR schedule, batch and steps; tokens/s and held-out 
   10 warmup steps then cosine decay to 0.1 x lr; batch 8; no gradient accumulation.
 - Tokens/s: the conversations' tokens (no padding) of steps 2..N over the wall time between the end of step 1
   and the end of step N (titanium: the wall times of its TensorBoard events for steps 1 and N; the others: a
-  callback at each step's end). All log every 10 steps.
-- Held-out: every run's final weights are exported as a Hugging Face folder and scored by one piece of code on the
-  first ``--eval-samples`` rows of the held-out file: exact match of greedy answers (titanium's evaluator) and
-  the mean cross-entropy of the answer tokens (teacher forcing, transformers' model).
+  callback at each step's end), in ``--rounds`` short runs per trainer, the three taking turns (the machine's
+  load changes over minutes), median. All log every 10 steps.
+- Held-out: the final weights of one ``--steps`` run per trainer are exported as a Hugging Face folder and scored
+  by one piece of code on the first ``--eval-samples`` rows of the held-out file: exact match of greedy answers
+  (titanium's evaluator) and the mean cross-entropy of the answer tokens (teacher forcing, transformers' model).
 
     python benchmarks/hf_comparison.py --out benchmarks/results/hf_comparison_cpu.md
 """
@@ -25,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -197,7 +199,9 @@ def held_out(folder: Path, template: Llama3Template, tokenizer: TiktokenTokenize
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=200, help="steps of the runs that are scored")
+    parser.add_argument("--speed-steps", type=int, default=40, help="steps of each timed run")
+    parser.add_argument("--rounds", type=int, default=3, help="timed runs of each trainer, taking turns")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads of every run")
     parser.add_argument("--eval-samples", type=int, default=200)
     parser.add_argument("--out", type=Path, default=None, help="write the table here (markdown)")
@@ -205,41 +209,51 @@ def main() -> None:
     torch.set_num_threads(opts.threads)
     tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
     template = Llama3Template(tokenizer)
-    data = conversations(TRAIN, opts.steps * BATCH, template)
-    tokens = [len(ids) for ids, _ in data]
-    measured_tokens = sum(tokens[BATCH:])  # steps 2..N
-    seq_len = max(tokens)
-    results = {}
+    data = conversations(TRAIN, max(opts.steps, opts.speed_steps) * BATCH, template)
+    seq_len = max(len(ids) for ids, _ in data)
+    timed_tokens = sum(len(ids) for ids, _ in data[BATCH : opts.speed_steps * BATCH])  # steps 2..N
+    speed: dict[str, list[float]] = {}
+    scores = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = debug_folder(Path(tmp) / "start")
-        runs = {
-            "titanium": lambda out: run_titanium(model, out, opts.steps, seq_len, opts.threads),
-            "transformers Trainer": lambda out: run_hf(model, out, opts.steps, data, word_tokenizer(tokenizer), False),
-            "TRL SFTTrainer": lambda out: run_hf(model, out, opts.steps, data, word_tokenizer(tokenizer), True),
-        }
-        for name, run in runs.items():
-            seconds, folder = run(Path(tmp) / name.split()[0])
-            exact, loss = held_out(folder, template, tokenizer, opts.eval_samples)
-            results[name] = (measured_tokens / seconds, seconds, exact, loss)
+
+        def run(name: str, out: Path, steps: int) -> tuple[float, Path]:
+            if name == "titanium":
+                return run_titanium(model, out, steps, seq_len, opts.threads)
+            trl = name.startswith("TRL")
+            return run_hf(model, out, steps, data[: steps * BATCH], word_tokenizer(tokenizer), trl=trl)
+
+        names = ["titanium", "transformers Trainer", "TRL SFTTrainer"]
+        for r in range(opts.rounds):  # the trainers take turns, so a change in the machine's load hits all alike
+            for name in names:
+                seconds, _ = run(name, Path(tmp) / f"{name.split()[0]}-speed{r}", opts.speed_steps)
+                speed.setdefault(name, []).append(timed_tokens / seconds)
+        for name in names:
+            _, folder = run(name, Path(tmp) / name.split()[0], opts.steps)
+            scores[name] = held_out(folder, template, tokenizer, opts.eval_samples)
     import trl
 
     lines = [
         "# SFT on CPU: titanium vs transformers Trainer vs TRL SFTTrainer",
         "",
         f"Command: `{command_line()}`. {environment(torch.device('cpu'))} transformers {transformers.__version__},"
-        f" trl {trl.__version__}; {opts.threads} thread(s) per run, the runs one after another.",
+        f" trl {trl.__version__}; {opts.threads} thread(s) per run.",
         "",
-        f"Debug Llama (6 blocks, dim 256, 2,256 ids), float32, same seeded start; the first {opts.steps * BATCH} "
-        f"arithmetic conversations in file order, {BATCH} per step, {opts.steps} steps; fused AdamW lr {LR}, betas "
-        f"{BETAS}, no weight decay, clip {MAX_NORM}, {WARMUP} warmup steps, cosine to {MIN_LR_FACTOR} x lr. "
-        f"Tokens/s: the {measured_tokens:,} conversation tokens of steps 2-{opts.steps} (no padding) over their "
-        f"wall time. Held-out: the first {opts.eval_samples} rows of `{TEST}`, scored by the same code for all runs.",
+        f"Debug Llama (6 blocks, dim 256, 2,256 ids), float32, same seeded start; arithmetic conversations in file "
+        f"order, {BATCH} per step; fused AdamW lr {LR}, betas {BETAS}, no weight decay, clip {MAX_NORM}, {WARMUP} "
+        f"warmup steps, cosine to {MIN_LR_FACTOR} x lr; log every {LOG_FREQ} steps. Tokens/s: {opts.rounds} runs of "
+        f"{opts.speed_steps} steps per trainer, the trainers taking turns; each run's {timed_tokens:,} conversation "
+        f"tokens of steps 2-{opts.speed_steps} (no padding) over their wall time; the median (lowest-highest). "
+        f"Held-out: after {opts.steps} steps ({opts.steps * BATCH} conversations), the first {opts.eval_samples} "
+        f"rows of `{TEST}`, scored by the same code for all three.",
         "",
-        "| trainer | tokens/s | seconds (steps 2-N) | held-out exact match | held-out answer loss |",
-        "|---|---:|---:|---:|---:|",
+        "| trainer | tokens/s | held-out exact match | held-out answer loss |",
+        "|---|---:|---:|---:|",
     ]
-    for name, (tps, seconds, exact, loss) in results.items():
-        lines.append(f"| {name} | {tps:,.0f} | {seconds:.1f} | {exact:.1%} | {loss:.4f} |")
+    for name in names:
+        tps, (exact, loss) = speed[name], scores[name]
+        spread = f"{statistics.median(tps):,.0f} ({min(tps):,.0f}-{max(tps):,.0f})"
+        lines.append(f"| {name} | {spread} | {exact:.1%} | {loss:.4f} |")
     write("\n".join(lines) + "\n", opts.out)
 
 
