@@ -6,10 +6,11 @@ logged windows after step 1, so compilation is left out):
 
 - Llama 3 8B-shaped: every dimension of Llama 3.1 8B (dim 4096, 32 heads, 8 KV heads, FFN 14336, vocabulary
   128,256) but ``--layers-8b`` blocks instead of 32, so that weights, gradients and AdamW state fit one 80 GB
-  GPU; local batch 2 (the paper's). The table also gives its tokens/s at full depth: scaled to the 32 blocks of
-  the real 8B by FLOPs per token (x 6N+attention of the cut model / that of 8B, i.e. at the same MFU), the
-  number comparable to the papers' rows.
-- Llama 3.2 1B (16 blocks, tied embeddings), local batch 4 (train_configs/llama3_1b.toml); no paper row.
+  GPU (the dry run estimates 70 GiB for 8 blocks); local batch 2 (the paper's). The table also gives its tokens/s
+  at full depth: scaled to the 32 blocks of the real 8B by FLOPs per token (x 6N+attention of the cut model / that
+  of 8B, i.e. at the same MFU), the number comparable to the papers' rows.
+- Llama 3.2 1B (16 blocks, tied embeddings), local batch 2 (train_configs/llama3_1b.toml's 4 is for 8 GPUs with
+  FSDP; on one, the dry run estimates 91 GiB at 4 and 53 GiB at 2); no paper row.
 
 The vocabulary is a generated tokenizer file of the model's size (no hub download; the data is random tokens).
 The reference rows are the papers' measured numbers, quoted with their table:
@@ -140,7 +141,7 @@ def main() -> None:
         raise SystemExit("no CUDA GPU here; --device cpu --smoke runs the CPU check")
     models = {
         "8B": Model(f"Llama 3 8B-shaped, {opts.layers_8b} of 32 blocks", "8B", 2, opts.layers_8b, paper=True),
-        "1B": Model("Llama 3.2 1B", "1B", 4),
+        "1B": Model("Llama 3.2 1B", "1B", 2),
     }
     variants = list(VARIANTS)
     if opts.smoke:
