@@ -39,24 +39,25 @@ def test_bf16_training_is_close_to_float32(make_trainer, tmp_path):
 
 
 def test_compiled_training_equals_eager(make_trainer, tmp_path):
-    """Per-block torch.compile (inductor's Triton kernels) against eager, float32: losses and grad norms to 1e-4
-    relative (fused kernels reorder reductions; nothing else changes)."""
+    """Per-block torch.compile (inductor's Triton kernels) against eager, float32: losses and grad norms to 1e-3
+    relative over 5 steps (fused kernels reorder reductions, ~1e-6 per step, which AdamW's normalized updates can
+    grow; a wrong kernel would be off by far more)."""
     eager, eager_norms = _train(make_trainer, tmp_path / "eager")
     compiled, norms = _train(make_trainer, tmp_path / "compiled", "--compile.enable")
     for step in eager:
-        assert compiled[step] == pytest.approx(eager[step], rel=1e-4), step
-        assert norms[step] == pytest.approx(eager_norms[step], rel=1e-4), step
+        assert compiled[step] == pytest.approx(eager[step], rel=1e-3), step
+        assert norms[step] == pytest.approx(eager_norms[step], rel=1e-3), step
 
 
 def test_optimizer_in_backward_trains_like_the_step(make_trainer, tmp_path):
     """Fused AdamW stepped inside the backward, per parameter, against the ordinary step after it (no clipping,
-    one microbatch, which in-backward needs): the same losses to 1e-5 (the embedding's backward may add in a
-    different order from run to run on a GPU)."""
-    flags = ("--training.max_norm", "0")
+    one microbatch, which in-backward needs; deterministic kernels, so the gradients are the same bits): the same
+    losses to 1e-6 (the step is elementwise, so it should be bitwise; the CPU test asserts that)."""
+    flags = ("--training.max_norm", "0", "--debug.deterministic")
     plain, _ = _train(make_trainer, tmp_path / "plain", *flags)
     early, _ = _train(make_trainer, tmp_path / "early", *flags, "--optimizer.early_step_in_backward")
     for step in plain:
-        assert early[step] == pytest.approx(plain[step], rel=1e-5), step
+        assert early[step] == pytest.approx(plain[step], rel=1e-6), step
 
 
 def test_peak_memory_is_near_the_dry_run_estimate(make_trainer, tmp_path):
