@@ -6,7 +6,7 @@ compiled (as training compiles each block), and each shape's time is the median 
 forward + backward passes (CUDA events) after warm-up. Speedup = bf16 time / float8 time, beside the paper's.
 The paper does not name the recipe of its figure; torchao's default, tensorwise, is the column compared.
 
-    python benchmarks/float8_linear.py --out benchmarks/results/float8_linear_h100.md     # 9 shapes, ~3 min
+    python benchmarks/float8_linear.py --out benchmarks/results/float8_linear_h100.md     # 9 shapes, one GPU
     python benchmarks/float8_linear.py --all-shapes                                       # the figure's 125
     python benchmarks/float8_linear.py --device cpu --smoke                               # the CPU check
 """

@@ -20,7 +20,7 @@ The reference rows are the papers' measured numbers, quoted with their table:
 - TorchAO paper, Table 3: Llama3-8B, 8 H100s, batch 1, seq 8192, compile, selective AC (tensorwise with a
   Float8 all-gather, which one GPU has no use for; rowwise with a bf16 all-gather).
 
-    python benchmarks/pretrain_speed.py --out benchmarks/results/pretrain_speed_h100.md        # one H100, ~8 min
+    python benchmarks/pretrain_speed.py --out benchmarks/results/pretrain_speed_h100.md        # one GPU (not timed yet)
     python benchmarks/pretrain_speed.py --device cpu --smoke                                    # the CPU check
 """
 

@@ -17,7 +17,7 @@ of Qwen3's vocabulary size (151,936 ids; no hub download), with titanium's Llama
 excludes padding; the paper's tokens/s is beside it (it does not say which tokens it counts) with the ratio.
 Memory is not like for like: titanium on one GPU keeps float32 weights and AdamW state and autocasts to bf16.
 
-    python benchmarks/sft_ladder.py --out benchmarks/results/sft_ladder_h100.md         # one H100, ~8 min
+    python benchmarks/sft_ladder.py --out benchmarks/results/sft_ladder_h100.md         # one GPU (not timed yet)
     python benchmarks/sft_ladder.py --device cpu --smoke                                 # the CPU check
 """
 
