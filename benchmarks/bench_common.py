@@ -23,14 +23,11 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-GIB = 2**30
 TAGS = {
     "tps": "throughput/tps",
     "mfu": "throughput/mfu_pct",
     "memory": "memory/peak_gib",
-    "loss": "loss_metrics/global_avg_loss",
     "padding": "data/padding_pct",
-    "step_s": "time/step_s",
 }
 """The trainer's TensorBoard tags the benchmarks read (titanium/metrics/logger.py)."""
 
