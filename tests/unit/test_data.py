@@ -236,3 +236,35 @@ def test_synthetic_global_batch_is_layout_invariant():
     union = sorted(map(tuple, torch.cat(ranks).tolist()))
     assert union == sorted(map(tuple, single.tolist()))
     assert not torch.equal(ranks[0], ranks[1])
+
+
+def test_a_streamed_parquet_file_resumes_from_its_own_state(tmp_path, monkeypatch):
+    """Sources read through `datasets` resume from the stream's own state_dict (the library passes over whole
+    shards and record batches without making rows of them): the same batches, no earlier row handed to us."""
+    import datasets
+
+    import titanium.data.text as text
+
+    datasets.Dataset.from_list(docs(300)).to_parquet(str(tmp_path / "a.parquet"), batch_size=50)
+    cfg = DataSection(path=str(tmp_path / "a.parquet"))
+    read: list[int] = []
+
+    def counting(source, ds, first_row):
+        for row, item in text_read_stream(source, ds, first_row):
+            read.append(row)
+            yield row, item
+
+    text_read_stream = text.read_stream
+    monkeypatch.setattr(text, "read_stream", counting)
+    ref = BatchLoader(TextDataset(cfg, TOK, seq_len=24, dp_rank=1, dp_world=2), batch_size=3)
+    take(ref, 10)
+    state = json.loads(json.dumps(ref.state_dict()))
+    read.clear()
+    expected = take(ref, 10)
+    read_after_state = list(read)
+    resumed = BatchLoader(TextDataset(cfg, TOK, seq_len=24, dp_rank=1, dp_world=2), batch_size=3)
+    resumed.load_state_dict(state)
+    read.clear()
+    for a, b in zip(expected, take(resumed, 10)):
+        assert torch.equal(a["input"], b["input"])
+    assert read == read_after_state and read[0] > 50  # the rows after the position, and only those

@@ -7,8 +7,8 @@ line is one bad row), JSON arrays, parquet files and hub datasets through the `d
 Each data-parallel rank reads only its share of a line file: the byte ranges of titanium.data.shares,
 read in turn, so it never parses another rank's lines and resumes by seeking to saved byte offsets. A
 JSON array, parquet file or hub dataset is streamed whole by every rank, which keeps row i when
-i % dp_world is its rank (the same rule with one row per range), and resumes by skipping the rows before
-its position. A rank's epoch ends when it has read its share of every source; it then starts again at
+i % dp_world is its rank (the same rule with one row per range), and resumes from the stream's own
+`state_dict` (the `datasets` library passes over earlier shards and record batches without making rows). A rank's epoch ends when it has read its share of every source; it then starts again at
 its share of the first. The position (epoch, source, offsets or row) and the tokens left over from the
 last document are the dataset's state, so a resumed run sees exactly the next windows.
 """
@@ -20,7 +20,7 @@ import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,9 @@ from titanium.data.lines import BadLine, first_character, read_lines, reads_by_l
 from titanium.data.shares import LineShare, owned_ranges
 from titanium.data.tokenizer import Tokenizer
 from titanium.errors import UserError
+
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -92,18 +95,25 @@ def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
         assert source.data_files is not None
         yield from read_lines(Path(source.data_files), start_row)
         return
+    ds = open_stream(source)
+    yield from read_stream(source, ds.skip(start_row) if start_row else ds, start_row)
+
+
+def open_stream(source: Source) -> datasets.IterableDataset:
+    """A source read through the `datasets` library (parquet, a JSON array, a hub dataset), streamed."""
     import datasets  # heavy import, only when such data is used
 
     try:
         if source.data_files is None:
-            ds = datasets.load_dataset(source.builder, name=source.hub_config, split=source.split, streaming=True)
-        else:
-            ds = datasets.load_dataset(source.builder, data_files=source.data_files, split="train", streaming=True)
+            return datasets.load_dataset(source.builder, name=source.hub_config, split=source.split, streaming=True)
+        return datasets.load_dataset(source.builder, data_files=source.data_files, split="train", streaming=True)
     except Exception as e:  # the datasets library raises many types; all mean "cannot open"
         raise DataError(f"{source.flag} {source.label}: cannot open dataset: {e or type(e).__name__}") from e
-    if start_row:
-        ds = ds.skip(start_row)
-    row = start_row
+
+
+def read_stream(source: Source, ds: datasets.IterableDataset, first_row: int) -> Iterator[tuple[int, Any]]:
+    """(row, value) pairs of a stream whose first row is row `first_row` of the source."""
+    row = first_row
     iterator = iter(ds)
     while True:
         try:
@@ -154,6 +164,8 @@ class RowReader:
         self.source_idx = 0
         self.next_row = 0  # next row of sources[source_idx] to read (sources read through `datasets`)
         self.share: LineShare | None = None  # this rank's position in sources[source_idx] (line files)
+        self.stream: datasets.IterableDataset | None = None  # sources[source_idx] when read through `datasets`
+        self._stream_state: dict[str, Any] | None = None  # where a resumed `stream` starts
         self.bad_rows = 0
         self._pass_used = False  # did the current pass give the consumer anything?
 
@@ -170,7 +182,7 @@ class RowReader:
                     else:
                         yield source, row, item
                 self.source_idx += 1
-                self.next_row, self.share = 0, None
+                self.next_row, self.share, self.stream, self._stream_state = 0, None, None, None
             if full_pass and not self._pass_used:  # looping on would never yield anything
                 raise DataError(
                     f"--data.path {self.cfg.path}: a whole pass gave data-parallel rank {self.dp_rank} of "
@@ -190,7 +202,10 @@ class RowReader:
                 self.share = LineShare(Path(source.label), self._ranges(Path(source.label)))
             yield from self.share
             return
-        for row, item in stream_rows(source, self.next_row):
+        self.stream = open_stream(source)
+        if self._stream_state is not None:  # the stream's own position: no earlier row is read again
+            self.stream.load_state_dict(self._stream_state)
+        for row, item in read_stream(source, self.stream, self.next_row):
             self.next_row = row + 1
             if row % self.dp_world == self.dp_rank:
                 yield row, item
@@ -227,8 +242,9 @@ class RowReader:
             "epoch": self.epoch,
             "source_idx": self.source_idx,
             "next_row": self.next_row,
-            # One JSON string: DCP would flatten a nested structure into keys that must match at load.
+            # JSON strings: DCP would flatten a nested structure into keys that must match at load.
             "share": json.dumps(share),
+            "stream": json.dumps(self.stream.state_dict() if self.stream is not None else self._stream_state),
             "bad_rows": self.bad_rows,
             "sources": [s.label for s in self.sources],
             "dp_world": self.dp_world,
@@ -250,6 +266,7 @@ class RowReader:
             )
         self.epoch, self.source_idx, self.next_row = state["epoch"], state["source_idx"], state["next_row"]
         self.bad_rows = state["bad_rows"]
+        self.stream, self._stream_state = None, json.loads(state["stream"])
         share = json.loads(state["share"])
         self.share = None
         if share is not None:
