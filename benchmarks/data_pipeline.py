@@ -4,9 +4,10 @@
    read, tokenized and batched by titanium's loader (one data-parallel rank of one), timed over
    ``--batches`` batches after one warm-up batch. With ``--device cuda`` each batch is also pinned and
    copied to the GPU (non_blocking), as in training.
-2. Share of a step: titanium.train on the debug model at the given shape, with ``--data.prefetch_batches``
-   0 (inline) and 2, reading back ``time/data_loading_pct`` (host time waiting for the next batch, as % of
-   the step) and ``time/step_s`` from TensorBoard, mean over the logged windows after the first.
+2. Share of a step: titanium.train on the debug model at the given shape (pretraining on the corpus, packed
+   SFT on the chat task), with ``--data.prefetch_batches`` 0 (inline) and 2, reading back
+   ``time/data_loading_pct`` (host time waiting for the next batch, as % of the step) and ``time/step_s``
+   from TensorBoard, mean over the logged windows after the first.
 
     python benchmarks/data_pipeline.py --out benchmarks/results/data_pipeline_cpu.md
     python benchmarks/data_pipeline.py --device cuda --out benchmarks/results/data_pipeline_h100.md
@@ -86,7 +87,14 @@ def pipeline_alone(name: str, reader: RowReader, rows, batch_size: int, batches:
     }
 
 
-def run_training(seq_len: int, batch: int, steps: int, prefetch: int, folder: Path) -> dict[str, float]:
+OBJECTIVES = {
+    "pretrain": [],
+    "sft": ["--training.objective", "sft", "--data.kind", "chat", "--data.path", CHAT, "--sft.chat_template", "llama3"],
+}
+"""Training runs: pretraining on the bundled corpus, packed SFT on the bundled chat task."""
+
+
+def run_training(objective: str, seq_len: int, batch: int, steps: int, prefetch: int, folder: Path) -> dict:
     args = [
         sys.executable, "-m", "titanium.train",
         "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
@@ -98,6 +106,7 @@ def run_training(seq_len: int, batch: int, steps: int, prefetch: int, folder: Pa
         "--metrics.log_freq", "5",
         "--checkpoint.no_enable",
         "--data.prefetch_batches", str(prefetch),
+        *OBJECTIVES[objective],
     ]  # fmt: skip
     subprocess.run(args, cwd=REPO, check=True, capture_output=True)
     acc = EventAccumulator(str(folder / "tb"), size_guidance={"scalars": 0})
@@ -116,6 +125,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--batches", type=int, default=20, help="batches timed for the pipeline alone")
     parser.add_argument("--steps", type=int, default=16, help="training steps per run (logged every 5)")
+    parser.add_argument("--objectives", nargs="+", choices=list(OBJECTIVES), default=list(OBJECTIVES))
     parser.add_argument("--out", type=Path, help="write a markdown table here")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -133,8 +143,10 @@ def main() -> None:
     ]
     steps = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for prefetch in (0, 2):
-            steps[prefetch] = run_training(seq, bs, args.steps, prefetch, Path(tmp) / f"prefetch{prefetch}")
+        for objective in args.objectives:
+            for prefetch in (0, 2):
+                folder = Path(tmp) / f"{objective}_prefetch{prefetch}"
+                steps[objective, prefetch] = run_training(objective, seq, bs, args.steps, prefetch, folder)
 
     command = " ".join(["python", "benchmarks/data_pipeline.py", *sys.argv[1:]])
     lines = [
@@ -150,11 +162,11 @@ def main() -> None:
         "|---|---:|---:|---:|",
         *(f"| {r['name']} | {r['rows_s']:,.0f} | {r['tokens_s']:,.0f} | {r['ms_per_batch']:.1f} |" for r in alone),
         "",
-        f"## Share of a training step (debug model, pretraining on the corpus, {args.steps} steps)",
+        f"## Share of a training step (debug model, {args.steps} steps, mean of the logged windows after the first)",
         "",
-        "| --data.prefetch_batches | data wait, % of step | step time (s) | tokens/s |",
-        "|---:|---:|---:|---:|",
-        *(f"| {p} | {s['data_pct']:.2f} | {s['step_s']:.3f} | {s['tps']:,.0f} |" for p, s in steps.items()),
+        "| objective | --data.prefetch_batches | data wait, % of step | step time (s) | tokens/s |",
+        "|---|---:|---:|---:|---:|",
+        *(f"| {o} | {p} | {s['data_pct']:.3f} | {s['step_s']:.3f} | {s['tps']:,.0f} |" for (o, p), s in steps.items()),
     ]
     report = "\n".join(lines) + "\n"
     print(report)

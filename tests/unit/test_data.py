@@ -268,3 +268,27 @@ def test_a_streamed_parquet_file_resumes_from_its_own_state(tmp_path, monkeypatc
     for a, b in zip(expected, take(resumed, 10)):
         assert torch.equal(a["input"], b["input"])
     assert read == read_after_state and read[0] > 50  # the rows after the position, and only those
+
+
+def test_prefetch_hands_on_the_readers_error_at_its_batch(tmp_path):
+    """A bad row met in the prefetch thread stops the run with the same error, after the good batches."""
+    path = jsonl(tmp_path / "a.jsonl", [{"text": "x" * 15}, {"text": None}])
+    loader = BatchLoader(TextDataset(DataSection(path=path, on_bad_row="fail"), TOK, seq_len=8), 2, prefetch=3)
+    first = next(loader)  # 17 tokens: two windows of 8 (+1) before the bad row
+    assert first["input"].shape == (2, 8)
+    for _ in range(2):  # and again on a later call: the loader does not hang
+        with pytest.raises(DataError, match=rf"--data.path {path}: row 1: 'text' is missing or null"):
+            next(loader)
+    loader.close()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+def test_prefetched_batches_are_pinned_on_cuda(tmp_path):
+    cfg = DataSection(path=jsonl(tmp_path / "a.jsonl", docs(20)))
+    loader = BatchLoader(TextDataset(cfg, TOK, seq_len=8), 2, prefetch=2, pin_memory=True)
+    batch = next(loader)
+    assert all(v.is_pinned() for v in batch.values())
+    on_gpu = {k: v.to("cuda", non_blocking=True) for k, v in batch.items()}
+    torch.cuda.synchronize()
+    assert torch.equal(on_gpu["input"].cpu(), batch["input"])
+    loader.close()
