@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import queue
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 _POLL_S = 0.1  # how often a producer blocked on a full queue checks whether it was closed
+_EXIT_JOIN_S = 10.0  # at interpreter exit, how long to wait for the producer to finish its item
 
 
 class Prefetcher(Generic[T]):
@@ -31,6 +33,9 @@ class Prefetcher(Generic[T]):
         self._final: BaseException | None = None  # the StopIteration or error every later get() raises
         self._thread = threading.Thread(target=self._produce, args=(make_items,), daemon=True, name="titanium-data")
         self._thread.start()
+        # Stop the thread at interpreter exit too: a daemon thread still reading or logging while the
+        # interpreter shuts down can take it down with it.
+        self._at_exit = weakref.finalize(self, _stop, self._closed, self._thread, _EXIT_JOIN_S)
 
     def _produce(self, make_items: Callable[[], Iterator[T]]) -> None:
         try:
@@ -62,5 +67,10 @@ class Prefetcher(Generic[T]):
 
     def close(self) -> None:
         """Stop the producer (it finishes the item in hand) and wait for it."""
-        self._closed.set()
-        self._thread.join()
+        self._at_exit.detach()
+        _stop(self._closed, self._thread, None)
+
+
+def _stop(closed: threading.Event, thread: threading.Thread, timeout: float | None) -> None:
+    closed.set()
+    thread.join(timeout)
