@@ -203,7 +203,7 @@ class RowReader:
             yield from self.share
             return
         self.stream = open_stream(source)
-        if self._stream_state is not None:  # the stream's own position: no earlier row is read again
+        if self._stream_state is not None:  # the library passes over earlier shards and record batches
             self.stream.load_state_dict(self._stream_state)
         for row, item in read_stream(source, self.stream, self.next_row):
             self.next_row = row + 1
