@@ -8,8 +8,9 @@ Each data-parallel rank reads only its share of a line file: the byte ranges of 
 read in turn, so it never parses another rank's lines and resumes by seeking to saved byte offsets. A
 JSON array, parquet file or hub dataset is streamed whole by every rank, which keeps row i when
 i % dp_world is its rank (the same rule with one row per range), and resumes from the stream's own
-`state_dict` (the `datasets` library passes over earlier shards and record batches without making rows). A rank's epoch ends when it has read its share of every source; it then starts again at
-its share of the first. The position (epoch, source, offsets or row) and the tokens left over from the
+`state_dict` (the `datasets` library passes over earlier shards and record batches without making
+rows). A rank's epoch ends when it has read its share of every source; it then starts again at its
+share of the first. The position (epoch, source, offsets or row) and the tokens left over from the
 last document are the dataset's state, so a resumed run sees exactly the next windows.
 """
 
