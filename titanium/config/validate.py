@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from titanium.config.sections import GRPOSection, JobConfig
+from titanium.config.validate_ft import validate_fault_tolerance
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -149,6 +150,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_quantization_and_loss(cfg)
+    yield from validate_fault_tolerance(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
