@@ -282,7 +282,7 @@ def test_prefetch_hands_on_the_readers_error_at_its_batch(tmp_path):
     loader.close()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
+@pytest.mark.cuda  # pinned memory needs CUDA
 def test_prefetched_batches_are_pinned_on_cuda(tmp_path):
     cfg = DataSection(path=jsonl(tmp_path / "a.jsonl", docs(20)))
     loader = BatchLoader(TextDataset(cfg, TOK, seq_len=8), 2, prefetch=2, pin_memory=True)
