@@ -2,7 +2,7 @@
 
 The model is the debug Llama (random weights from a seed, the debug tokenizer's vocabulary) written as
 a Hugging Face folder by titanium's exporter, or any Llama / Qwen3 folder given with ``--hf-folder``;
-titanium loads it with ``build_model_from_hf``, transformers with ``from_pretrained``. Every prompt
+titanium loads it with ``ModelBuilder.load_hf``, transformers with ``from_pretrained``. Every prompt
 has the same length (no padding) and both generate exactly ``--new-tokens`` tokens per row (no stop
 token), greedy and sampled (temperature 0.8, top-p 0.95). Tokens/s = batch x new tokens / seconds,
 the median of ``--repeats`` timed runs after one warm-up, the two
@@ -30,10 +30,11 @@ from pathlib import Path
 import torch
 import transformers
 
-from titanium.checkpoint.hf import build_model_from_hf, save_hf_weights
+from titanium.checkpoint.hf import save_hf_weights
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
+from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.models.llama3.hf import LLAMA3_HF_ADAPTER
@@ -99,8 +100,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.hf_folder or debug_folder(Path(tmp) / "hf")
-        ours, model_args, _ = build_model_from_hf(folder, get_model_spec(args.model), device)
-        ours = ours.to(dtype).eval()
+        built = ModelBuilder(device).load_hf(get_model_spec(args.model), folder)
+        ours, model_args = built.model.to(dtype).eval(), built.args
         hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
     vocab = model_args.vocab_size
     pad = 0

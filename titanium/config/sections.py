@@ -86,6 +86,15 @@ class DataSection:
     messages (the answer's turns, or the whole conversation starting with the prompt, as in UltraFeedback)."""
     rejected_column: str = "rejected"
     """kind=preference: column with the dispreferred response, in the same forms as chosen_column."""
+    shards: int = 0
+    """How many byte ranges each local .jsonl/.txt file is cut into; data-parallel rank r of W reads ranges r,
+    r+W, r+2W... in turn and never another rank's lines. 0: one range per rank. A fixed value that every
+    data-parallel degree you use divides makes each step read the same rows at any of those degrees (e.g. 8
+    to compare 1, 2, 4 and 8 ranks). Parquet files, JSON arrays and hub datasets: every rank streams them
+    and keeps every W-th row."""
+    prefetch_batches: int = 2
+    """Batches each rank prepares ahead in a background thread (reading, tokenizing, packing; in pinned memory
+    on CUDA) while the model trains. 0: read inline, in the training loop. Resume stays exact either way."""
 
 
 @dataclass

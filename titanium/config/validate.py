@@ -57,6 +57,9 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
+    for name, value in [("data.shards", cfg.data.shards), ("data.prefetch_batches", cfg.data.prefetch_batches)]:
+        if value < 0:
+            yield f"--{name} must be >= 0, got {value}"
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         yield f"--training.global_batch_size must be -1 (derived) or >= 1, got {t.global_batch_size}"
     if t.max_norm < 0:
