@@ -32,6 +32,7 @@ from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
 from titanium.models import build_model_args, get_model_spec
+from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import Decoder
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable, unconverted
 from titanium.models.spec import ModelSpec
@@ -106,6 +107,12 @@ class ModelBuilder:
     dims: ParallelDims | None = None
     meshes: Meshes | None = None
     plan: PlanConfig | None = None
+    attention: AttentionBackend = "auto"
+    """Kernel for masked attention ([model] attention)."""
+
+    def __post_init__(self) -> None:
+        if self.attention == "flex" and self.device.type == "cpu":
+            raise ConfigError("--model.attention flex: FlexAttention has no backward on CPU; use auto or sdpa")
 
     # ----- 1. spec and args -----
 
@@ -152,6 +159,7 @@ class ModelBuilder:
         converters = list(converters or [])
         with torch.device("meta"):
             model = spec.model_cls(args)
+        model.attention_backend = self.attention
         logger.info("model %s: %.2fM parameters", spec.name, sum(p.numel() for p in model.parameters()) / 1e6)
         apply_converters(converters, model)
         weights = weights or WeightSource()

@@ -109,7 +109,9 @@ class Trainer:
             reduce_dtype=DTYPES[t.mixed_precision_reduce],
             pipeline=self.dims.pp > 1,
         )
-        self.builder = ModelBuilder(self.device, cfg.debug.seed, self.dims, self.meshes, plan)
+        self.builder = ModelBuilder(
+            self.device, cfg.debug.seed, self.dims, self.meshes, plan, attention=cfg.model.attention
+        )
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )

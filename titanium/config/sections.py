@@ -28,6 +28,11 @@ class ModelSection:
     """Model family, a key of the model registry (titanium.models)."""
     flavor: str = "debugmodel"
     """Size preset of the family, e.g. debugmodel, 1B, 8B, 70B, 405B for llama3."""
+    attention: Literal["auto", "sdpa", "flex"] = "auto"
+    """Kernel for masked attention (packed documents, context parallelism); rows without documents always use
+    causal SDPA. flex: FlexAttention with block masks built once per batch, so masked blocks cost nothing (CUDA
+    only: its backward does not run on CPU). sdpa: SDPA with a dense boolean mask (exact, O(seq_len^2) memory).
+    auto: flex on CUDA, sdpa elsewhere."""
 
 
 @dataclass

@@ -7,24 +7,33 @@ incoming gradient is not contiguous). With causal attention the later chunks of 
 so the sequence is cut into 2 x cp chunks and rank r keeps chunks r and 2cp-1-r (head-tail balancing).
 RoPE and the causal mask use the tokens' global positions, which travel with the batch.
 
+Attention computes no fully masked block, so its FLOPs are those of causal attention and balanced
+over the ranks: once per forward (not per layer) the decoder gathers positions and document ids and
+builds the masks of its two query chunks. With the dense (SDPA) kernel each chunk attends only to
+the keys up to its own end (chunk j of 2cp sees (j + 1) / 2cp of the sequence); with FlexAttention one
+block mask over the gathered keys skips the masked blocks. Visible keys never lie after their query
+in the row (packed documents are contiguous and causal), which is what makes the key limit exact.
+
 The model knows nothing of this: ``apply_context_parallel`` swaps the class of each attention module
-for a subclass whose ``attend`` gathers K/V; the parameter names do not change.
+for a subclass whose ``attend`` gathers K/V, and the decoder's for one whose ``prepare_attention``
+gathers positions; the parameter names do not change.
 """
 
 from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
 
 import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.nn.attention.flex_attention import BlockMask
 
-from titanium.models.common.attention import (
-    Attention,
-    AttentionInputs,
-    document_causal_mask,
-    masked_attention,
-    repeat_kv,
-)
+from titanium.models.common.attention import Attention, AttentionInputs, document_causal_mask
+from titanium.models.common.attention_kernels import AttentionBackend, document_block_mask, flex, masked_kernel, sdpa
+from titanium.models.common.decoder import Decoder
 
 
 def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.device | None = None) -> torch.Tensor:
@@ -45,39 +54,136 @@ def shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict[str
     return out
 
 
+@dataclass(frozen=True)
+class ChunkMasks:
+    """What the attention layers of one context-parallel forward share (``AttentionInputs.plan_state``).
+
+    Either a block mask over this rank's queries and the gathered keys in gather (rank-major) order
+    (flex), or, for the dense kernel, the gather order as global positions, the number of keys the head
+    and the tail query chunks can see (a prefix of the sequence in global order) and their masks.
+    """
+
+    block_mask: BlockMask | None = None
+    order: torch.Tensor | None = None
+    """Index into the gathered keys that puts the first ``key_limits[1]`` of them in sequence order."""
+    key_limits: tuple[int, int] = (0, 0)
+    masks: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Local queries ``[B, S / cp, H, D]`` to gathered keys/values ``[B, S, H_kv, D]`` (rank-major)."""
+        if self.block_mask is not None:
+            return flex(q, k, v, self.block_mask)
+        assert self.order is not None and self.masks is not None
+        k, v = k.index_select(1, self.order), v.index_select(1, self.order)
+        chunk, (head_keys, _) = q.shape[1] // 2, self.key_limits
+        head = sdpa(q[:, :chunk], k[:, :head_keys], v[:, :head_keys], self.masks[0])
+        tail = sdpa(q[:, chunk:], k, v, self.masks[1])
+        return torch.cat([head, tail], dim=1)
+
+
+class _ContextParallelDecoder:
+    """Mixin overriding ``Decoder.prepare_attention``: gathers positions and document ids once per forward."""
+
+    cp_group: object
+    cp_size: int
+    cp_rank: int
+    attention_backend: AttentionBackend
+
+    def prepare_attention(self, inputs: AttentionInputs) -> AttentionInputs:
+        positions, documents = inputs.positions, inputs.document_ids
+        if positions is None:
+            raise ValueError("context parallel attention needs the tokens' global positions")
+        if documents is not None:
+            positions = positions.expand_as(documents)
+        elif positions.dim() == 1:
+            positions = positions[None]
+
+        def gather(t: torch.Tensor) -> torch.Tensor:
+            return funcol.all_gather_tensor(t.contiguous(), gather_dim=1, group=self.cp_group)
+
+        state = chunk_masks(
+            positions,
+            gather(positions),
+            documents,
+            None if documents is None else gather(documents),
+            cp_size=self.cp_size,
+            cp_rank=self.cp_rank,
+            kernel=masked_kernel(self.attention_backend, positions.device),
+        )
+        return dataclasses.replace(inputs, plan_state=state)
+
+
+def chunk_masks(
+    positions: torch.Tensor,
+    key_positions: torch.Tensor,
+    documents: torch.Tensor | None,
+    key_documents: torch.Tensor | None,
+    *,
+    cp_size: int,
+    cp_rank: int,
+    kernel: Literal["sdpa", "flex"],
+) -> ChunkMasks:
+    """The masks of ``cp_rank``'s queries (``[B, S / cp]`` positions and document ids) over the gathered keys
+    (``[B, S]``, rank-major as all-gather returns them)."""
+    if kernel == "flex":
+        return ChunkMasks(block_mask=document_block_mask(positions, key_positions, documents, key_documents))
+    seq_len, chunk = key_positions.shape[1], positions.shape[1] // 2
+    gather_order = torch.cat([headtail_indices(seq_len, cp_size, r, positions.device) for r in range(cp_size)])
+    key_limits = ((cp_rank + 1) * chunk, (2 * cp_size - cp_rank) * chunk)
+    order = torch.argsort(gather_order)[: key_limits[1]]
+    key_positions = key_positions.index_select(1, order)
+    key_documents = None if key_documents is None else key_documents.index_select(1, order)
+    q_head, q_tail, k_head = positions[:, :chunk], positions[:, chunk:], key_positions[:, : key_limits[0]]
+    if documents is None or key_documents is None:  # one document per row: causal by position
+        masks = (_causal_mask(q_head, k_head), _causal_mask(q_tail, key_positions))
+    else:
+        d_head, d_tail, dk_head = documents[:, :chunk], documents[:, chunk:], key_documents[:, : key_limits[0]]
+        masks = (
+            document_causal_mask(q_head, k_head, d_head, dk_head),
+            document_causal_mask(q_tail, key_positions, d_tail, key_documents),
+        )
+    return ChunkMasks(order=order, key_limits=key_limits, masks=masks)
+
+
+def _causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, S_q, S_k]``: a query sees the keys at earlier or equal positions."""
+    return (k_positions[:, None, :] <= q_positions[:, :, None]).unsqueeze(1)
+
+
 class _ContextParallelAttend:
     """Mixin overriding ``Attention.attend``: local queries attend to the gathered sequence."""
 
     cp_group: object
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        positions, document_ids = inputs.positions, inputs.document_ids
-        if positions is None:
-            raise ValueError("context parallel attention needs the tokens' global positions")
-        group = self.cp_group
-        k = funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=group)
-        v = funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=group)
-        if positions.dim() == 1:
-            positions = positions.expand(q.shape[0], -1)
-        key_positions = funcol.all_gather_tensor(positions.contiguous(), gather_dim=1, group=group)
-        if document_ids is None:  # one document per row: causal by position
-            mask = (key_positions[:, None, :] <= positions[:, :, None]).unsqueeze(1)
-        else:
-            key_documents = funcol.all_gather_tensor(document_ids.contiguous(), gather_dim=1, group=group)
-            mask = document_causal_mask(positions, key_positions, document_ids, key_documents)
-        return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
+        if not isinstance(inputs.plan_state, ChunkMasks):
+            raise ValueError("context parallel attention runs inside a decoder made context parallel with it")
+        k = funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=self.cp_group)
+        v = funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=self.cp_group)
+        return inputs.plan_state.attend(q, k, v)
 
 
 _CLASSES: dict[type, type] = {}
 
 
+def _swap_class(module: nn.Module, mixin: type) -> None:
+    """Give ``module`` a subclass of its class with ``mixin``'s methods first (one subclass per class)."""
+    cls = type(module)
+    if cls not in _CLASSES:
+        _CLASSES[cls] = type(f"ContextParallel{cls.__name__}", (mixin, cls), {})
+    module.__class__ = _CLASSES[cls]
+
+
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> None:
-    """Make every attention module of ``model`` context-parallel over ``cp_mesh``, in place."""
+    """Make ``model`` (a decoder or a pipeline stage of one) and its attention modules context-parallel
+    over ``cp_mesh``, in place."""
+    if not isinstance(model, Decoder):
+        raise TypeError(f"context parallelism applies to a Decoder, not {type(model).__name__}")
     group = cp_mesh.get_group()
+    if not isinstance(model, _ContextParallelDecoder):
+        _swap_class(model, _ContextParallelDecoder)
+    model.cp_group, model.cp_size, model.cp_rank = group, cp_mesh.size(), cp_mesh.get_local_rank()
     for module in model.modules():
         if isinstance(module, Attention) and not isinstance(module, _ContextParallelAttend):
-            cls = type(module)
-            if cls not in _CLASSES:
-                _CLASSES[cls] = type(f"ContextParallel{cls.__name__}", (_ContextParallelAttend, cls), {})
-            module.__class__ = _CLASSES[cls]
+            _swap_class(module, _ContextParallelAttend)
             module.cp_group = group

@@ -1,6 +1,6 @@
 """Layers shared by the decoder models. Parallelism-agnostic: plain ``nn.Module`` code only."""
 
-from titanium.models.common.attention import Attention, repeat_kv
+from titanium.models.common.attention import Attention
 from titanium.models.common.feed_forward import FeedForward, llama_ffn_hidden_dim
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import (
@@ -18,6 +18,5 @@ __all__ = [
     "apply_rope",
     "llama_ffn_hidden_dim",
     "precompute_rope_tables",
-    "repeat_kv",
     "rope_inv_freq",
 ]

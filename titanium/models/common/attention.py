@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
 
+from titanium.models.common.attention_kernels import flex, sdpa
 from titanium.models.common.kv_cache import LayerKVCache
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import apply_rope
@@ -28,7 +29,12 @@ class AttentionInputs:
     document_ids: torch.Tensor | None = None
     """Packed samples ``[B, S]``: attention stays within a document."""
     mask: torch.Tensor | None = None
-    """The document-causal mask of ``positions``/``document_ids`` over this rank's tokens, if any."""
+    """The dense document-causal mask of ``positions``/``document_ids`` (the SDPA path), if any."""
+    block_mask: BlockMask | None = None
+    """The same mask as a FlexAttention block mask (the flex path), if any."""
+    plan_state: object | None = None
+    """What a parallel plan prepared once per forward for its ``attend`` (context parallelism: the
+    gathered key positions and per-chunk masks)."""
     kv_cache: LayerKVCache | None = None
     """This layer's cache when decoding."""
 
@@ -45,33 +51,6 @@ def document_causal_mask(
     """
     same_document = k_documents[:, None, :] == q_documents[:, :, None]
     return (same_document & (k_positions[:, None, :] <= q_positions[:, :, None])).unsqueeze(1)
-
-
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """SDPA over ``[B, S, H, D]`` tensors (keys/values already repeated to H heads); causal without a mask."""
-    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if mask is None:
-        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.transpose(1, 2)
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """Repeat each KV head ``n_rep`` times along dim 2 of ``[B, S, H_kv, D]``.
-
-    Query head ``h`` then meets KV head ``h // n_rep``, the grouping of the reference Llama
-    code. An explicit expand is used instead of SDPA's ``enable_gqa`` because it works
-    with every SDPA backend, DTensor and ``torch.compile`` on all supported torch versions.
-    """
-    if n_rep == 1:
-        return x
-    bsz, seq_len, n_kv_heads, head_dim = x.shape
-    return (
-        x.unsqueeze(3)
-        .expand(bsz, seq_len, n_kv_heads, n_rep, head_dim)
-        .reshape(bsz, seq_len, n_kv_heads * n_rep, head_dim)
-    )
 
 
 class Attention(nn.Module):
@@ -93,7 +72,6 @@ class Attention(nn.Module):
         super().__init__()
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
-        self.n_rep = n_heads // n_kv_heads
         self.head_dim = head_dim
         self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
         self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
@@ -120,8 +98,7 @@ class Attention(nn.Module):
             if positions is None or document_ids is None:
                 raise ValueError("decoding with a KV cache needs positions and document_ids")
             k, v, k_positions, k_documents = inputs.kv_cache.update(k, v, positions, document_ids)
-            mask = document_causal_mask(positions, k_positions, document_ids, k_documents)
-            out = masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask)
+            out = sdpa(q, k, v, document_causal_mask(positions, k_positions, document_ids, k_documents))
         else:
             out = self.attend(q, k, v, inputs)
         return self.wo(out.reshape(bsz, seq_len, -1))
@@ -129,10 +106,13 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         """Attention of ``[B, S, H, D]`` queries to keys/values ``[B, S, H_kv, D]``; ``[B, S, H, D]``.
 
+        The kernel follows the mask the decoder prepared: a block mask (flex), a dense mask or none (causal SDPA).
         A seam for parallel plans: context parallelism replaces it (on the instance's class) to
         attend to the keys and values of the whole sequence, gathered from the other ranks.
         """
-        return masked_attention(q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), inputs.mask)
+        if inputs.block_mask is not None:
+            return flex(q, k, v, inputs.block_mask)
+        return sdpa(q, k, v, inputs.mask)
 
     def init_weights(
         self, out_init_std: float, in_init_std: float = 0.02, generator: torch.Generator | None = None

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from titanium.models.common.attention import Attention, AttentionInputs, document_causal_mask
+from titanium.models.common.attention_kernels import AttentionBackend, document_block_mask, masked_kernel
 from titanium.models.common.feed_forward import FeedForward
 from titanium.models.common.kv_cache import KVCache
 from titanium.models.common.norm import RMSNorm
@@ -118,6 +119,8 @@ class Decoder(nn.Module):
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
         self._tie_weights()
+        self.attention_backend: AttentionBackend = "auto"
+        """Kernel for masked attention ([model] attention; set by the model builder)."""
 
     def _tie_weights(self) -> None:
         if (
@@ -161,12 +164,8 @@ class Decoder(nn.Module):
         """
         h = self.tok_embeddings(tokens) if self.tok_embeddings is not None else tokens
         inputs = AttentionInputs(self.rope_cos, self.rope_sin, positions, document_ids)
-        if document_ids is not None and kv_cache is None:
-            if positions is None:
-                raise ValueError("document_ids need positions (restarting at 0 in every document)")
-            # Built once per forward, not per layer (context parallelism builds its own from gathered ids).
-            pos = positions.expand_as(document_ids)
-            inputs = dataclasses.replace(inputs, mask=document_causal_mask(pos, pos, document_ids, document_ids))
+        if kv_cache is None:
+            inputs = self.prepare_attention(inputs)
         for key, layer in self.layers.items():
             layer_inputs = inputs if kv_cache is None else dataclasses.replace(inputs, kv_cache=kv_cache.layers[key])
             h = layer(h, layer_inputs)
@@ -175,6 +174,24 @@ class Decoder(nn.Module):
         if self.output is None or not project:
             return h
         return self.output(h).float()
+
+    def prepare_attention(self, inputs: AttentionInputs) -> AttentionInputs:
+        """The masks every layer shares, built once per forward: none for plain causal rows; for packed
+        documents a FlexAttention block mask or a dense SDPA mask (``attention_backend``).
+
+        A seam for parallel plans: context parallelism overrides it to gather positions and document ids once.
+        """
+        positions, document_ids = inputs.positions, inputs.document_ids
+        if document_ids is None:
+            return inputs
+        if positions is None:
+            raise ValueError("document_ids need positions (restarting at 0 in every document)")
+        positions = positions.expand_as(document_ids)
+        if masked_kernel(self.attention_backend, document_ids.device) == "flex":
+            block_mask = document_block_mask(positions, positions, document_ids, document_ids)
+            return dataclasses.replace(inputs, block_mask=block_mask)
+        mask = document_causal_mask(positions, positions, document_ids, document_ids)
+        return dataclasses.replace(inputs, mask=mask)
 
     def init_buffers(self, device: torch.device | str) -> None:
         """Recompute the RoPE tables on ``device`` (they are derived, never loaded)."""
