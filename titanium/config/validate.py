@@ -22,7 +22,7 @@ PIPELINE_SCHEDULES = (
 )
 """torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
 
-OBJECTIVE_NAMES = ("pretrain", "sft")
+OBJECTIVE_NAMES = ("pretrain", "sft", "grpo")
 """The built-in objectives (titanium/trainers/); their config section has the same name."""
 
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
@@ -144,6 +144,8 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_dpo(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_grpo(cfg.grpo)
+    if cfg.training.objective == "grpo":
+        yield from _validate_grpo_job(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -154,8 +156,8 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVE_NAMES)}, "
             "or your own as 'package.module:ClassName'"
         )
-    if kind in ("chat", "instruct") and objective != "sft":
-        yield f"--data.kind {kind} needs --training.objective sft (pretraining reads text windows)"
+    if kind in ("chat", "instruct") and objective not in ("sft", "grpo"):
+        yield f"--data.kind {kind} needs --training.objective sft or grpo (pretraining reads text windows)"
     if objective == "sft" and kind == "synthetic":
         yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
@@ -265,6 +267,35 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
         )
+
+
+def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
+    """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
+    and a layout the sampler runs under (data parallelism only)."""
+    g, t, par = cfg.grpo, cfg.training, cfg.parallelism
+    if cfg.data.kind not in ("chat", "instruct", "text"):
+        yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
+    if t.local_batch_size % g.group_size:
+        yield (
+            f"--training.local_batch_size {t.local_batch_size} (responses per microbatch) must be a multiple of "
+            f"--grpo.group_size {g.group_size}, so that each group of responses stays in one microbatch"
+        )
+    if g.max_prompt_len + g.max_new_tokens > t.seq_len:
+        yield (
+            f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
+            f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
+        )
+    degrees = {
+        "tensor_parallel_degree": par.tensor_parallel_degree,
+        "pipeline_parallel_degree": par.pipeline_parallel_degree,
+        "context_parallel_degree": par.context_parallel_degree,
+    }
+    for name, degree in degrees.items():
+        if degree > 1:
+            yield (
+                f"--parallelism.{name} {degree}: --training.objective grpo generates its rollouts under data "
+                "parallelism (FSDP/HSDP) only; set it to 1"
+            )
 
 
 def _glob(path: str) -> Iterator[Path]:
