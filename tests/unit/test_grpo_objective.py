@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args
 from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
 from titanium.generation.rollout import Rollout, to_rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
+from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainers.base import ModelOutput, ObjectiveContext
 from titanium.trainers.grpo import GRPOObjective
 
@@ -262,3 +263,43 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
     assert metrics["grpo/accuracy"] == metrics["grpo/reward/exact_match"] == 0.5
     assert metrics["grpo/reward/format"] == 0 and metrics["grpo/reward"] == 0.5
     assert microbatch["advantages"][0::2].gt(0).all() and microbatch["advantages"][1::2].lt(0).all()
+
+
+GRPO_JOB = (
+    "--training.objective", "grpo",
+    "--data.kind", "chat", "--data.path", TASKS, "--sft.chat_template", "llama3",
+    "--grpo.group_size", "4", "--grpo.max_new_tokens", "6", "--grpo.max_prompt_len", "40",
+    "--grpo.rewards", f"{__name__}:characters", "--grpo.minibatches", "2",
+    "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
+)  # fmt: skip
+
+
+def test_the_loop_resumes_a_grpo_run_exactly_where_a_rollout_batch_ends(make_trainer, tmp_path) -> None:
+    """6 steps, a rollout batch every 2 (minibatches 2), checkpoints at 2 and 4; a job killed right after its
+    step-4 checkpoint resumes from the prompt position and sampling seed of the batch of steps 5-6 and logs
+    the same losses and rewards as the run that went straight through."""
+    common = (*GRPO_JOB, "--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "2")
+    common = (*common, "--debug.deterministic")
+    make_trainer(*tiny_args(tmp_path / "straight", *common)).train()
+    shutdown_distributed()
+
+    interrupted = make_trainer(*tiny_args(tmp_path / "resumed", *common))
+    save = interrupted.checkpointer.save
+
+    def save_then_die(step: int, **kwargs) -> None:
+        save(step, **kwargs)
+        if step == 4:
+            raise KeyboardInterrupt
+
+    interrupted.checkpointer.save = save_then_die
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    interrupted.close()
+    shutdown_distributed()
+    resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
+    assert resumed.train_state.step == 4 and resumed.objective.batches_made == 2
+    resumed.train()
+    for tag in (LOSS_TAG, "grpo/reward"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
+        assert [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
+    assert len({expected[s] for s in range(1, 7)}) > 1
