@@ -394,6 +394,11 @@ class EvalSection:
     """Tokens generated per answer (greedy); generation stops early at the end-of-turn token."""
     batch_size: int = 32
     """Prompts generated together on each data-parallel rank."""
+    temperature: float = 0.0
+    """0: greedy answers. > 0: answers sampled at this temperature, e.g. the policy GRPO trains (its
+    grpo.temperature), from the same seed at every evaluation; the score is over all samples_per_prompt."""
+    samples_per_prompt: int = 1
+    """Sampled answers per held-out prompt (temperature > 0), for a less noisy score."""
 
 
 @dataclass

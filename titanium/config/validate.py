@@ -183,9 +183,14 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
         ("eval.max_samples", ev.max_samples),
         ("eval.max_new_tokens", ev.max_new_tokens),
         ("eval.batch_size", ev.batch_size),
+        ("eval.samples_per_prompt", ev.samples_per_prompt),
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
+    if ev.temperature < 0:
+        yield f"--eval.temperature must be >= 0 (0: greedy), got {ev.temperature}"
+    elif ev.temperature == 0 and ev.samples_per_prompt > 1:
+        yield "--eval.samples_per_prompt > 1 needs --eval.temperature > 0 (greedy answers are all the same)"
     if ev.interval > 0:
         if max(par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree) > 1:
             yield (

@@ -37,7 +37,7 @@ from titanium.generation.rollout import Rollout, response_logprobs, rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams
 from titanium.rewards import RewardSet, exact_match
-from titanium.trainers.base import Batch, LossResult, ModelOutput, Objective, ObjectiveContext
+from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput, Objective, ObjectiveContext
 
 
 def group_advantages(
@@ -214,9 +214,11 @@ class GRPOObjective(Objective):
         self.rewards = RewardSet.from_config(cfg)
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self.all_done = all_ranks_done(None, ctx.device) if ctx.dp_world > 1 else None  # (data parallelism only)
-        self.reference = ctx.frozen_model() if cfg.beta > 0 and ctx.frozen_model is not None else None
-        if cfg.beta > 0 and self.reference is None:
-            raise ValueError("--grpo.beta > 0 needs a frozen reference model from the loop (ObjectiveContext)")
+        self.reference: FrozenForward | None = None
+        if cfg.beta > 0:  # beta = 0 builds no reference model
+            if ctx.frozen_model is None:
+                raise ValueError("--grpo.beta > 0 needs a frozen reference model from the loop (ObjectiveContext)")
+            self.reference = ctx.frozen_model()
         self.row_metrics = (
             "grpo/reward",
             "grpo/reward_std",
