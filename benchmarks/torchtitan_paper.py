@@ -183,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         from titanium.tools import dry_run
 
-        return max(dry_run.main(r.dry_run_argv()) for r in rows)
+        # The plans only: the dry-run command printed for a row also estimates its memory per rank.
+        return max(dry_run.main([*r.dry_run_argv(), "--no_memory"]) for r in rows)
     for r in rows:
         print(f"# {r.id}: Llama 3.1 {r.model} on {r.gpus} GPUs; paper: {r.paper}")
         if r.float8:

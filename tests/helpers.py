@@ -71,3 +71,23 @@ def load_script(path: str) -> ModuleType:
     sys.modules[name] = module  # dataclasses look their module up while the script runs
     spec.loader.exec_module(module)
     return module
+
+
+def train_until_first_save(make_trainer, *args: str) -> None:
+    """Build a Trainer from ``args`` and let it die right after its first checkpoint, as a killed job would."""
+    import pytest
+
+    from titanium.parallel.distributed import shutdown_distributed
+
+    interrupted = make_trainer(*args)
+    save = interrupted.checkpointer.save
+
+    def save_then_die(step: int, **kwargs) -> None:
+        save(step, **kwargs)
+        raise KeyboardInterrupt
+
+    interrupted.checkpointer.save = save_then_die
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    interrupted.close()
+    shutdown_distributed()

@@ -54,6 +54,16 @@ class WeightSource:
     dcp_folder: str | None = None
     """A titanium checkpoint folder (``step-N``); only its model weights are read."""
 
+    def fingerprint(self) -> str:
+        """The folder with the name, size and modification time of each of its files ("" for none): it
+        changes when the weights do, without reading them."""
+        folder = self.hf_folder or self.dcp_folder
+        if folder is None:
+            return ""
+        files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
+        stats = [f"{p.relative_to(folder)} {p.stat().st_size} {p.stat().st_mtime_ns}" for p in files]
+        return "\n".join([str(Path(folder).resolve()), *stats])
+
 
 @dataclass
 class BuiltModel:

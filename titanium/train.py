@@ -1,4 +1,8 @@
-"""Entry point: `python -m titanium.train` or `torchrun --nproc_per_node N -m titanium.train`."""
+"""Entry point: `python -m titanium.train` or `torchrun --nproc_per_node N -m titanium.train`.
+
+Bad input (a titanium.errors.UserError: config, data, tokenizer, checkpoint) ends the run with one
+message and exit code 2, printed once (rank 0); a bug of ours keeps its traceback (exit code 1).
+"""
 
 from __future__ import annotations
 
@@ -6,11 +10,10 @@ import logging
 import os
 import sys
 
-from titanium.config import ConfigError, load_config
-from titanium.errors import UserError
-from titanium.parallel.dims import ParallelDims
+from titanium.config import load_config
+from titanium.errors import UserError, report
 from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
-from titanium.peft.lora import check_lora_config
+from titanium.preflight import check_job
 
 
 def _setup_logging() -> None:
@@ -27,15 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     _setup_logging()
     try:
         cfg = load_config(argv)
-        world_size = int(os.environ.get("WORLD_SIZE", 1))
-        dims = ParallelDims.from_config(cfg.parallelism, world_size)
-        check_lora_config(cfg.lora)
-    except ConfigError as e:
-        print(f"titanium: config error: {e}", file=sys.stderr)
+        dims = check_job(cfg, int(os.environ.get("WORLD_SIZE", 1)))  # before any process group exists
+    except UserError as e:
+        report(e)
         return 2
 
     from titanium.debug.flight_recorder import FlightRecorder
-    from titanium.trainer import Trainer  # after config checks: torch-heavy imports only for real runs
+    from titanium.trainer import Trainer  # after the checks: the trainer's imports are heavy
 
     trainer = None
     try:
@@ -43,12 +44,9 @@ def main(argv: list[str] | None = None) -> int:
             trainer = Trainer(cfg, dims)
             trainer.train()
             wait_for_all_ranks()
-    except ConfigError as e:  # checks that need the model or the process group (e.g. TP vs. heads)
-        print(f"titanium: config error: {e}", file=sys.stderr)
+    except UserError as e:  # found at run time: tokenizer, data or checkpoint files, TP vs. heads, ...
+        report(e)
         return 2
-    except UserError as e:
-        print(f"titanium: error: {e}", file=sys.stderr)
-        return 1
     finally:
         if trainer is not None:
             trainer.close()

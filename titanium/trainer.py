@@ -8,9 +8,10 @@ accumulation and any DP degree give exactly the full-batch mean gradient (FSDP s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import gc
 import logging
-import math
 import os
 import sys
 import time
@@ -35,6 +36,7 @@ from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
 from titanium.generation.evaluate import ExactMatchEvaluator
+from titanium.guards import StepGuard
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
 from titanium.models.converter import ExportContext
@@ -46,6 +48,7 @@ from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
 from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput
+from titanium.validation import Validator
 
 logger = logging.getLogger("titanium")
 
@@ -66,7 +69,9 @@ class Trainer:
         self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
+        self.guard = StepGuard(cfg.guards, self.optimizer, self.device)
         self._build_objective()
+        self._build_validator()
         self._build_evaluator()
         self._build_checkpointer()
         self._build_metrics()
@@ -107,7 +112,14 @@ class Trainer:
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
-        converters = build_converters(lora=cfg.lora, shard_degree=self.dims.dp_shard * self.dims.cp)
+        converters = build_converters(
+            lora=cfg.lora,
+            float8=cfg.float8,
+            qat=cfg.qat,
+            shard_degree=self.dims.dp_shard * self.dims.cp,
+            fsdp=self.dims.fsdp_enabled,
+            device_type=self.device.type,
+        )
         self.frozen_base = any(c.freezes_base for c in converters)
         self.built = self.builder.build(
             self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
@@ -137,17 +149,28 @@ class Trainer:
             return WeightSource()
         return WeightSource(hf_folder=ck.initial_load_path)
 
+    @functools.cache  # noqa: B019 (one trainer per process; the validation objective gets the same copy)
     def _frozen_model(self) -> FrozenForward:
         """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
         With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy."""
-        ck = self.cfg.checkpoint
-        weights = self._starting_weights(resuming_counts=False)
-        if ck.initial_load_path and not ck.initial_load_in_hf:
-            weights = WeightSource(dcp_folder=ck.initial_load_path)
         frozen = self.builder.frozen(
-            self.built, weights, share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
+            self.built, self._reference_weights(), share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
         )
         return lambda batch: frozen(self._model_inputs(batch))
+
+    def _reference_weights(self) -> WeightSource:
+        """Where the starting policy's weights come from (also a LoRA base's): HF, a titanium checkpoint, or none."""
+        ck = self.cfg.checkpoint
+        if ck.initial_load_path and not ck.initial_load_in_hf:
+            return WeightSource(dcp_folder=ck.initial_load_path)
+        return self._starting_weights(resuming_counts=False)
+
+    def _frozen_model_id(self) -> str:
+        """What the frozen model's outputs depend on, for objectives that cache them (see ObjectiveContext)."""
+        weights = self._reference_weights().fingerprint() or f"initialized with seed {self.cfg.debug.seed}"
+        base = [c.describe() for c in self.built.converters] if self.frozen_base else []  # e.g. an NF4 base
+        parts = [self.model_spec.name, repr(self.model_args), weights, *base, self.cfg.training.mixed_precision_param]
+        return "\n".join(parts)
 
     @contextlib.contextmanager
     def _lend_policy(self) -> Iterator[nn.Module]:
@@ -164,14 +187,7 @@ class Trainer:
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
         t = self.cfg.training
-        per_step = t.local_batch_size * self.dims.dp_degree
-        global_batch = per_step if t.global_batch_size == -1 else t.global_batch_size
-        if global_batch % per_step:
-            raise ValueError(
-                f"--training.global_batch_size {global_batch} must be a multiple of local_batch_size x "
-                f"data-parallel degree = {t.local_batch_size} x {self.dims.dp_degree} = {per_step}"
-            )
-        self.grad_accum_steps = global_batch // per_step
+        self.grad_accum_steps = self.dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
         ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.cfg.model.name,
@@ -181,19 +197,35 @@ class Trainer:
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
             seed=self.cfg.debug.seed,
+            loss_chunk_size=t.loss_chunk_size,
             frozen_model=self._frozen_model,
+            frozen_model_id=self._frozen_model_id(),
             device=self.device,
+            cp_mesh=self.meshes.cp if self.dims.cp > 1 else None,
             chat_template=self.cfg.sft.chat_template,
             system_prompt=self.cfg.sft.system_prompt,
+            dump_folder=self.cfg.job.dump_folder,
             policy=self._lend_policy,
         )
         section = getattr(self.cfg, t.objective, None)
         self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
+        self._objective_ctx = ctx
         par = self.cfg.parallelism
         self.objective.check_layout(par.pipeline_parallel_microbatch_size if self.pipeline is not None else None)
         self._metric_names = tuple(self.objective.metric_names)
         if self.pipeline is not None:
             self.pipeline.build_schedule(par, t.local_batch_size, self.device, loss_fn=self._pipeline_loss)
+
+    def _build_validator(self) -> None:
+        """Held-out loss (validation.interval > 0): the objective's data pipeline on validation.path, its loss."""
+        self.validator: Validator | None = None
+        v, objective = self.cfg.validation, self.cfg.training.objective
+        if v.interval == 0:
+            return
+        data = dataclasses.replace(self.cfg.data, path=v.path)
+        ctx = dataclasses.replace(self._objective_ctx, seed=self._objective_ctx.seed + 1)  # (synthetic windows)
+        held_out = build_objective(objective, ctx, data, getattr(self.cfg, objective, None))
+        self.validator = Validator(v, held_out, self._validation_loss)
 
     def _build_evaluator(self) -> None:
         """Held-out exact match of greedy answers (eval.interval > 0), on every data-parallel rank."""
@@ -263,23 +295,28 @@ class Trainer:
     # ----- the loop -----
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """One optimizer step. Returns (loss sum, global count, grad norm) as device tensors, and tokens."""
+        """One optimizer step. Returns (global loss sum, global count, grad norm) as device tensors, and tokens."""
         data_start = time.perf_counter()
         microbatches = [self.objective.next_microbatch() for _ in range(self.grad_accum_steps)]
         self.throughput.add_data_time(time.perf_counter() - data_start)
         loss_total, global_count, tokens = self.forward_backward(microbatches)
         grad_norm = self._clip_grad_norm()
-        self.lr_used = self.optimizer.param_groups[0]["lr"]
+        loss_total = self._global_loss_sum(loss_total)
+        self.guard.before_optimizer_step(self.train_state.step + 1, loss_total / global_count.clamp(min=1), grad_norm)
+        self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
-        self.optimizer.step()
+        self.guard.optimizer_step()  # (not applied if the step's loss or gradient norm is not finite)
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         for converter in self.built.converters:
             converter.after_optimizer_step(self.built.parts)
         return loss_total, global_count, grad_norm, tokens
 
-    def forward_backward(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync)."""
+    def forward_backward(
+        self, microbatches: list[Batch], backward: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync). Returns
+        this rank's loss sum, the global count and the tokens. ``backward=False``: the losses only (validation)."""
         handed_out = microbatches  # whole sequences, before any CP split: what the throughput counts
         if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
             microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
@@ -299,27 +336,42 @@ class Trainer:
         sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
         for mb in microbatches:
             inputs = self._model_inputs(mb)
-            with sharded_loss(), self.built.autocast():
-                if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
-                    self._pipeline_batch, self._pipeline_metrics = mb, {}
-                    losses = self.pipeline.step(inputs)
-                    if losses:
-                        loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
-                    # (only the losses the schedule kept: it may also call the loss to infer shapes)
-                    for loss in losses:
-                        self._metric_sums += self._pipeline_metrics[id(loss)]
-                    continue
-                if self.objective.loss_input == "hidden":
-                    hidden = self.model(**inputs, project=False)
-                    output = ModelOutput(hidden=hidden, projection=self.model.output)
-                else:
-                    output = ModelOutput(logits=self.model(**inputs))
-                loss_sum, metrics = self._loss(output, mb)
-                (loss_sum / self._divisor).backward()
-                self._metric_sums += metrics
+            with sharded_loss():
+                with self.built.autocast():
+                    if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
+                        self._pipeline_batch, self._pipeline_metrics = mb, {}
+                        losses = self.pipeline.step(inputs, backward=backward)
+                        if losses:
+                            loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
+                        # (only the losses the schedule kept: it may also call the loss to infer shapes)
+                        for loss in losses:
+                            self._metric_sums += self._pipeline_metrics[id(loss)]
+                        continue
+                    if self.objective.loss_input == "hidden":
+                        output = ModelOutput(hidden=self.model(**inputs, project=False), projection=self.model.output)
+                    else:
+                        output = ModelOutput(logits=self.model(**inputs))
+                    loss_sum, metrics = self._loss(output, mb)
+                del output  # the logits: the backward keeps what it needs of them
+                if backward:  # outside autocast, whose cache of low-precision weight copies is freed on exit
+                    (loss_sum / self._divisor).backward()
+            self._metric_sums += metrics
             loss_total += loss_sum.detach()
-            del output, loss_sum
+            del loss_sum
         return loss_total, global_count, tokens
+
+    def _global_loss_sum(self, local: torch.Tensor) -> torch.Tensor:
+        """The loss sum over all ranks, in one all-reduce and without a host sync: tensor-parallel ranks hold
+        copies of one value (only tp rank 0 adds it) and pipeline ranks without the last stage hold zeros."""
+        if self.meshes.tp.get_local_rank() != 0:
+            local = torch.zeros_like(local)
+        return funcol.all_reduce(local, "sum", dist.group.WORLD)
+
+    @torch.no_grad()
+    def _validation_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Global (loss sum, count) of one held-out microbatch: the training forward under the same plan."""
+        loss_total, global_count, _ = self.forward_backward([batch], backward=False)
+        return self._global_loss_sum(loss_total), global_count
 
     def _model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
         inputs = self.objective.model_inputs(batch)
@@ -401,7 +453,10 @@ class Trainer:
                 self._log(step, loss_total, global_count, grad_norm)
             if self.cfg.eval.interval and (step % self.cfg.eval.interval == 0 or step == t.steps):
                 self._evaluate(step)
+            if self.validator is not None and self.validator.due(step, t.steps):
+                self.metrics.log(step, self.validator.run(step))
             if self.checkpointer.should_save(step, t.steps):
+                self.guard.check(step)  # never save a state that follows a non-finite step it must stop on
                 self.checkpointer.save(step, final=step == t.steps)
             self.checkpointer.poll()
             if step % t.gc_freq == 0:
@@ -432,24 +487,19 @@ class Trainer:
                 ck,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
+                pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
             )
 
     def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""
-        dist.all_reduce(loss_total, group=self.loss_group)
-        if self.pipeline is not None:  # only the last stage has the loss
-            dist.all_reduce(loss_total, group=self.pipeline.pp_group)
+        guard_scalars = self.guard.check(step)  # (stops the run here after a non-finite step, if configured)
         loss = (loss_total / global_count.clamp(min=1)).item()
         objective_metrics = self._reduce_metrics()
-        if not math.isfinite(loss):
-            raise FloatingPointError(
-                f"loss is {loss} at step {step}; lower --optimizer.lr, raise --lr_scheduler.warmup_steps, "
-                "or check the data"
-            )
         scalars = {
             "loss": loss,
+            **guard_scalars,
             "grad_norm": grad_norm.item(),
-            "lr": self.lr_used,
+            "lr": float(self.lr_used),
             "tokens_seen": float(self.train_state.tokens_seen),
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),

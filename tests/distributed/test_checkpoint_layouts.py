@@ -81,7 +81,7 @@ def test_changing_dp_degree_needs_data_excluded(tmp_path):
     run_train(args(tmp_path, "--training.steps", "2", "--training.local_batch_size", "2"), nproc=2)
     cmd = [sys.executable, "-m", "titanium.train", *args(tmp_path, "--training.steps", "3")]
     failed = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-    assert failed.returncode == 1
+    assert failed.returncode == 2
     assert "cannot load checkpoint" in failed.stderr and "exclude_from_loading" in failed.stderr
     assert "Traceback" not in failed.stderr
     result = run_train([*args(tmp_path, "--training.steps", "3"), "--checkpoint.exclude_from_loading", "data", "rng"])

@@ -231,45 +231,54 @@ class _ListStream:
         self.next = state["next"]
 
 
-def _responses(batch: dict) -> list[list[tuple[int, int]]]:
-    """Each response's (token, label) pairs in order, found through response_ids."""
-    n = batch["response_lengths"].numel()
-    out: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-    for row_tokens, row_labels, row_ids in zip(batch["input"], batch["label"], batch["response_ids"]):
+def _responses(batch: dict, slots: int) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """(pair slot, side) -> that response's (token, label) pairs in order, found through response_ids."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for r, (row_tokens, row_labels, row_ids) in enumerate(zip(batch["input"], batch["label"], batch["response_ids"])):
         for t, label, rid in zip(row_tokens.tolist(), row_labels.tolist(), row_ids.tolist()):
             if rid >= 0:
-                out[rid].append((t, label))
+                out.setdefault((r // 2 * slots + rid // 2, rid % 2), []).append((t, label))
     return out
 
 
-def _expected_responses(pairs: list[PreferencePair]) -> list[list[tuple[int, int]]]:
-    sides = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    return [[(t, label) for t, label in zip(s["tokens"], s["labels"]) if label != IGNORE_INDEX] for s in sides]
+def _learned(sample: dict) -> list[tuple[int, int]]:
+    return [(t, label) for t, label in zip(sample["tokens"], sample["labels"]) if label != IGNORE_INDEX]
 
 
-def test_padded_batch_puts_chosen_rows_first_then_rejected():
+def test_padded_batch_puts_each_pair_in_a_row_pair():
     pairs = _pairs(3)
-    batch = next(PreferenceBatchLoader(_ListStream(pairs), 3, 32, TOK.pad_id, packing=False))
-    assert batch["input"].shape == (6, 32)
+    loader = PreferenceBatchLoader(_ListStream(pairs), 4, 32, TOK.pad_id, packing=False)
+    batch, placements = loader.next_placed()
+    assert batch["input"].shape == (8, 32)  # 4 row pairs; the stream ends after 3 pairs: the last is padding
+    assert [(g, m) for _, g, m in placements] == [(0, 0), (1, 0), (2, 0)]
     for j, pair in enumerate(pairs):
-        for row, side in ((j, pair.chosen), (3 + j, pair.rejected)):
+        for row, side in ((2 * j, pair.chosen), (2 * j + 1, pair.rejected)):
             n = len(side["tokens"])
             assert batch["input"][row, :n].tolist() == side["tokens"]
             assert batch["label"][row].tolist() == side["labels"] + [IGNORE_INDEX] * (32 - n)
-            ids = batch["response_ids"][row]
-            assert ((ids == row) == (batch["label"][row] != IGNORE_INDEX)).all() and (ids[ids != row] == -1).all()
-    assert batch["response_lengths"].tolist() == [len(r) for r in _expected_responses(pairs)]
-    assert batch["pair_rows"].tolist() == [[0, 0], [0, 1], [0, 2]]
+            ids, side_id = batch["response_ids"][row], row % 2
+            assert ((ids == side_id) == (batch["label"][row] != IGNORE_INDEX)).all() and (
+                ids[ids != side_id] == -1
+            ).all()
+    assert (batch["response_ids"][6:] == -1).all() and (batch["label"][6:] == IGNORE_INDEX).all()
+    assert batch["pairs_per_row"].tolist() == [1, 0, 1, 0, 1, 0, 0, 0]
+    assert "reference_logps" not in batch
 
 
-def test_packed_batches_hold_whole_pairs_with_per_sequence_documents():
+def test_packed_batches_hold_whole_pairs_in_row_pairs_with_per_sequence_documents():
     pairs = _pairs(40)
     loader = PreferenceBatchLoader(_ListStream(pairs), 2, 48, TOK.pad_id, packing=True)
+    assert loader.slots == 24
     seen = 0
     for batch in loader:
-        n = batch["pair_rows"].shape[0]
-        assert batch["input"].shape == (4, 48) and n >= 2  # first fit always places B pairs in 2B rows
-        assert _responses(batch) == _expected_responses(pairs[seen : seen + n])
+        n = int(batch["pairs_per_row"].sum())
+        assert batch["input"].shape == (4, 48) and n >= 2  # a row pair always takes one more pair
+        responses = _responses(batch, loader.slots)
+        expected = [(_learned(p.chosen), _learned(p.rejected)) for p in pairs[seen : seen + n]]
+        found = sorted((slot, side) for slot, side in responses)
+        assert len(found) == 2 * n
+        got = [(responses[(slot, 0)], responses[(slot, 1)]) for slot in sorted({slot for slot, _ in found})]
+        assert sorted(got) == sorted(expected)  # every pair whole, each once, its sides paired in one row pair
         for row in range(4):  # positions restart per document: each sequence starts at 0
             docs, pos = batch["document_ids"][row], batch["positions"][row]
             starts = torch.cat([torch.tensor([True]), docs[1:] != docs[:-1]])
@@ -301,7 +310,7 @@ def test_batches_resume_identically(tmp_path, packing):
 def test_concatenated_forward_equals_separate_forwards():
     """Per-response log-probs of one chosen+rejected batch (padded or packed) = each sequence run alone (fp32)."""
     from titanium.models import build_model_args, get_model_spec
-    from titanium.trainers.dpo import response_logps
+    from titanium.trainers.dpo import response_sums, token_logps
 
     seq_len, pairs = 48, _pairs(6)
     spec = get_model_spec("llama3")
@@ -310,10 +319,13 @@ def test_concatenated_forward_equals_separate_forwards():
     model.init_weights()
 
     def together(packing: bool) -> torch.Tensor:
-        batch = next(PreferenceBatchLoader(_ListStream(pairs), 6, seq_len, TOK.pad_id, packing=packing))
-        assert batch["input"].shape[0] == 12 and batch["pair_rows"].shape[0] == 6
+        loader = PreferenceBatchLoader(_ListStream(pairs), 6, seq_len, TOK.pad_id, packing)
+        batch, placements = loader.next_placed()
+        assert batch["input"].shape[0] == 12 and len(placements) == 6
         logits = model(batch["input"], positions=batch["positions"], document_ids=batch["document_ids"])
-        return response_logps(logits, batch["label"], batch["response_ids"], 12)
+        sums = response_sums(token_logps(logits, batch["label"]), batch["response_ids"], loader.slots)
+        slots = [g * loader.slots + m for _, g, m in placements]
+        return torch.cat([sums[slots, 0], sums[slots, 1]])
 
     def alone(side: dict) -> torch.Tensor:
         """Sum of log_softmax at each label, the sequence forwarded by itself, unpadded."""

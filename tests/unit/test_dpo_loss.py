@@ -15,7 +15,7 @@ from titanium.config.sections import DPOSection
 from titanium.data.preference import PreferencePair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.sft import IGNORE_INDEX
-from titanium.trainers.dpo import dpo_loss, response_logps
+from titanium.trainers.dpo import METRICS, dpo_loss, response_sums, token_logps
 
 # Four pairs of fixed summed log-probs (policy / reference, chosen / rejected) and response lengths.
 PC, PR = [-4.0, -10.0, -2.5, -7.0], [-5.5, -9.0, -9.0, -7.0]  # pair 2: beta h > 1 (hinge inactive)
@@ -75,14 +75,14 @@ def test_rewards_margin_accuracy_are_sums_over_pairs():
     chosen = [0.5 * (pc - rc) for pc, rc in zip(PC, RC)]  # 0.25, -0.25, 0.25, -0.5
     rejected = [0.5 * (pr - rr) for pr, rr in zip(PR, RR)]  # -0.25, 0.25, -2.0, 0.5
     expected = {
-        "rewards/chosen": sum(chosen),
-        "rewards/rejected": sum(rejected),
-        "rewards/margin": sum(c - r for c, r in zip(chosen, rejected)),
-        "rewards/accuracy": 2.0,  # pairs 0 and 2
-        "logps/chosen": sum(PC),
-        "logps/rejected": sum(PR),
+        "reward_chosen": sum(chosen),
+        "reward_rejected": sum(rejected),
+        "margin": sum(c - r for c, r in zip(chosen, rejected)),
+        "accuracy": 2.0,  # pairs 0 and 2
+        "logp_chosen": sum(PC),
+        "logp_rejected": sum(PR),
     }
-    assert out.metrics.keys() == expected.keys()
+    assert tuple(out.metrics) == METRICS == tuple(expected)
     for key, value in expected.items():
         assert not out.metrics[key].requires_grad
         torch.testing.assert_close(out.metrics[key], torch.tensor(value), rtol=1e-6, atol=1e-6, msg=key)
@@ -115,21 +115,40 @@ def test_lengths_are_required_where_they_matter():
         dpo_loss(t, t, t, t, DPOSection(rpo_alpha=1.0))
 
 
-def test_response_logps_equal_a_loop_over_tokens():
+def test_masked_entries_are_no_pairs():
+    """Entries outside ``mask`` (empty slots of a batch layout) add nothing to losses or metrics."""
+    cfg = DPOSection(beta=0.5, rpo_alpha=0.3)
+    pad = torch.zeros(2)
+    full = [torch.tensor([*v, 0.0, 0.0]) for v in (PC, PR, RC, RR)]
+    lengths = torch.tensor([3.0, 1.0, 2.0, 4.0, 0.0, 0.0])
+    mask = torch.tensor([True] * len(PC) + [False, False])
+    masked = dpo_loss(*full, cfg, lengths, lengths, mask=mask)
+    alone = dpo_loss(*(torch.tensor(v) for v in (PC, PR, RC, RR)), cfg, lengths[:4], lengths[:4])
+    torch.testing.assert_close(masked.losses, torch.cat([alone.losses, pad]))
+    for name in METRICS:
+        torch.testing.assert_close(masked.metrics[name], alone.metrics[name], msg=name)
+
+
+def test_response_sums_equal_a_loop_over_tokens():
+    """Row pairs (0, 1) and (2, 3), 3 pair slots each; a label's id 2m + side names slot m and its side."""
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(3, 9, 13, generator=g, dtype=torch.float64).to(torch.bfloat16)
-    labels = torch.randint(0, 13, (3, 9), generator=g)
-    ids = torch.randint(-1, 5, (3, 9), generator=g)
+    rows, seq, slots = 4, 9, 3
+    logits = torch.randn(rows, seq, 13, generator=g, dtype=torch.float64).to(torch.bfloat16)
+    labels = torch.randint(0, 13, (rows, seq), generator=g)
+    ids = torch.randint(-1, 2 * slots, (rows, seq), generator=g)
     labels[ids < 0] = IGNORE_INDEX
-    out = response_logps(logits, labels, ids, 5)
-    assert out.dtype == torch.float32
-    expected = torch.zeros(5, dtype=torch.float64)
+    logps = token_logps(logits, labels)
+    out = response_sums(logps, ids, slots)
+    assert out.dtype == torch.float32 and out.shape == (rows // 2 * slots, 2)
+    expected = torch.zeros(rows // 2 * slots, 2, dtype=torch.float64)
     log_probs = torch.log_softmax(logits.double(), dim=-1)
-    for b in range(3):
-        for s in range(9):
-            if ids[b, s] >= 0:
-                expected[ids[b, s]] += log_probs[b, s, labels[b, s]]
+    for r in range(rows):
+        for s in range(seq):
+            if ids[r, s] >= 0:
+                expected[r // 2 * slots + ids[r, s] // 2, ids[r, s] % 2] += log_probs[r, s, labels[r, s]]
     torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-5)
+    stacked = response_sums(torch.stack([logps, 2 * logps]), ids, slots)  # several values at once
+    torch.testing.assert_close(stacked, torch.stack([out, 2 * out]))
 
 
 # ------------------------------------------------------------------------ a tiny Hugging Face Llama
@@ -177,13 +196,13 @@ def ours(policy, reference, cfg: DPOSection) -> tuple[torch.Tensor, dict[str, to
 
     def logps(model) -> torch.Tensor:
         logits = model(input_ids=batch["input"]).logits
-        return response_logps(logits, batch["label"], batch["response_ids"], 2 * n)
+        return response_sums(token_logps(logits, batch["label"]), batch["response_ids"], 1)
 
     with torch.no_grad():
         ref = logps(reference)
     pol = logps(policy)
-    lengths = batch["response_lengths"]
-    out = dpo_loss(pol[:n], pol[n:], ref[:n], ref[n:], cfg, lengths[:n], lengths[n:])
+    lengths = response_sums((batch["response_ids"] >= 0).float(), batch["response_ids"], 1)
+    out = dpo_loss(*pol.unbind(1), *ref.unbind(1), cfg, *lengths.unbind(1))
     policy.zero_grad()
     (out.losses.sum() / n).backward()
     grads = {name: p.grad.clone() for name, p in policy.named_parameters()}
@@ -222,10 +241,10 @@ def paper(policy, reference, cfg: DPOSection) -> tuple[torch.Tensor, dict[str, t
     policy.zero_grad()
     losses.mean().backward()
     metrics = {
-        "rewards/chosen": chosen.sum(),
-        "rewards/rejected": rejected.sum(),
-        "rewards/margin": (chosen - rejected).sum(),
-        "rewards/accuracy": (chosen > rejected).float().sum(),
+        "reward_chosen": chosen.sum(),
+        "reward_rejected": rejected.sum(),
+        "margin": (chosen - rejected).sum(),
+        "accuracy": (chosen > rejected).float().sum(),
     }
     return losses.detach(), metrics, {name: p.grad.clone() for name, p in policy.named_parameters()}
 
@@ -318,10 +337,10 @@ def trl_run(policy, reference, options: dict) -> tuple[torch.Tensor, dict[str, t
         rejected.append(logged["rewards/rejected"][-1])
         accuracy.append(logged["rewards/accuracies"][-1])
     metrics = {
-        "rewards/chosen": torch.tensor(sum(chosen)),
-        "rewards/rejected": torch.tensor(sum(rejected)),
-        "rewards/margin": torch.tensor(sum(chosen) - sum(rejected)),
-        "rewards/accuracy": torch.tensor(sum(accuracy)),
+        "reward_chosen": torch.tensor(sum(chosen)),
+        "reward_rejected": torch.tensor(sum(rejected)),
+        "margin": torch.tensor(sum(chosen) - sum(rejected)),
+        "accuracy": torch.tensor(sum(accuracy)),
     }
     grads = {name: p.grad.clone() for name, p in model.named_parameters()}
     return torch.stack(losses), metrics, grads
@@ -343,18 +362,22 @@ def test_matches_trl_dpo_trainer(name):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_response_logps_match_cpu_and_repeat_bitwise_in_deterministic_mode():
+def test_cuda_response_sums_match_cpu_and_repeat_bitwise_in_deterministic_mode():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 64, 1000, generator=g).to(torch.bfloat16)
     labels = torch.randint(0, 1000, (4, 64), generator=g)
     ids = torch.randint(-1, 8, (4, 64), generator=g)
     labels[ids < 0] = IGNORE_INDEX
-    expected = response_logps(logits, labels, ids, 8)
+
+    def sums(logits: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return response_sums(token_logps(logits, labels), ids, 4)
+
+    expected = sums(logits, labels, ids)
     cuda = [t.cuda() for t in (logits, labels, ids)]
     previous = torch.are_deterministic_algorithms_enabled()
     torch.use_deterministic_algorithms(True)
     try:
-        first, second = (response_logps(*cuda, 8) for _ in range(2))
+        first, second = (sums(*cuda) for _ in range(2))
     finally:
         torch.use_deterministic_algorithms(previous)
     assert torch.equal(first, second)

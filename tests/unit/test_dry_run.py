@@ -35,17 +35,18 @@ def test_405b_on_512_ranks_fsdp64_tp8(in_repo):
 
 def test_cli_prints_the_plan_and_rejects_bad_layouts(in_repo, capsys):
     args = ["--job.config_file", "train_configs/llama3_8b.toml", "--parallelism.tensor_parallel_degree", "2"]
-    assert main([*args, "--world_size", "16"]) == 0
+    assert main([*args, "--world_size", "16", "--no_memory"]) == 0
     out = capsys.readouterr().out
     assert "world 16 = pp 1 x dp_replicate 1 x dp_shard 8 x cp 1 x tp 2" in out
     assert "layers.0.attention.wk.weight" in out and "layers.1." not in out
-    assert main([*args[:2], "--parallelism.tensor_parallel_degree", "16", "--world_size", "16"]) == 2
+    assert main([*args[:2], "--parallelism.tensor_parallel_degree", "16", "--world_size", "16", "--no_memory"]) == 2
     assert "must divide n_kv_heads=8" in capsys.readouterr().err
 
 
 def test_405b_on_512_ranks_pp16_fsdp4_tp8(in_repo):
     """The layout of the issue: pp 16 x dp 4 x tp 8; the last rank holds the last stage."""
     args = ["--job.config_file", "train_configs/llama3_405b.toml", "--parallelism.pipeline_parallel_degree", "16"]
+    args += ["--training.local_batch_size", "16"]  # (1F1B needs at least one microbatch per stage)
     run = dry_run(args, world_size=512, rank=511)
     d = run.dims
     assert (d.pp, d.dp_shard, d.tp) == (16, 4, 8)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from tests.helpers import scalars, tiny_args
+from tests.helpers import scalars, tiny_args, train_until_first_save
 from titanium.parallel.distributed import shutdown_distributed
 
 SFT = (
@@ -43,18 +42,7 @@ def test_lora_resume_from_adapter_checkpoint(make_trainer, tmp_path):
     straight.close()
     shutdown_distributed()
 
-    interrupted = make_trainer(*tiny_args(tmp_path / "resumed", *lora))
-    save = interrupted.checkpointer.save
-
-    def save_then_die(step: int, **kwargs) -> None:
-        save(step, **kwargs)
-        raise KeyboardInterrupt
-
-    interrupted.checkpointer.save = save_then_die
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.train()
-    interrupted.close()
-    shutdown_distributed()
+    train_until_first_save(make_trainer, *tiny_args(tmp_path / "resumed", *lora))  # dies after its step-3 checkpoint
 
     saved = dcp.FileSystemReader(str(tmp_path / "resumed/checkpoint/step-3")).read_metadata().state_dict_metadata
     model_keys = [k for k in saved if k.startswith("model.")]

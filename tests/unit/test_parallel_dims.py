@@ -86,13 +86,19 @@ def test_config_range_checks(monkeypatch):
         load_config(["--compile.enable_async_tensor_parallel", "--parallelism.tensor_parallel_degree", "2"])
 
 
-def test_async_tp_needs_cuda():
-    from types import SimpleNamespace
+def test_compile_checks_depend_on_the_device():
+    from titanium.config.sections import ActivationCheckpointSection, CompileSection
+    from titanium.parallel.compile import check_compile
 
-    from titanium.parallel.compile import enable_async_tensor_parallel
-
+    async_tp = CompileSection(enable=True, enable_async_tensor_parallel=True)
     with pytest.raises(ConfigError, match="enable_async_tensor_parallel needs CUDA GPUs"):
-        enable_async_tensor_parallel(SimpleNamespace(device_type="cpu"))
+        check_compile(async_tp, ActivationCheckpointSection(), True, "cpu")
+    check_compile(async_tp, ActivationCheckpointSection(), True, "cuda")
+    full_ac = ActivationCheckpointSection(mode="full")
+    with pytest.raises(ConfigError, match="whole-block activation checkpointing fails on CPU"):
+        check_compile(CompileSection(enable=True), full_ac, True, "cpu")
+    check_compile(CompileSection(enable=True), full_ac, True, "cuda")
+    check_compile(CompileSection(enable=True), ActivationCheckpointSection(mode="selective"), True, "cpu")
 
 
 def test_context_parallel_needs_two_chunks_per_rank():

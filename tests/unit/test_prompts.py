@@ -90,7 +90,7 @@ def test_bad_and_long_rows_are_skipped_and_counted(tmp_path: Path, tokenizer, ca
     strict = PromptDataset(
         DataSection(kind="chat", path=path, on_bad_row="fail"), GRPOSection(), tokenizer, Llama3Template(tokenizer)
     )
-    with pytest.raises(DataError, match=r"rows.jsonl row 1: no user message to answer"):
+    with pytest.raises(DataError, match=r"rows.jsonl: row 1: no user message to answer"):
         list(itertools.islice(strict, 2))
     assert "row 2: the answer column 'answer' is missing or null" in caplog.text
     assert "row 3: the answer column 'answer' is list, not a string or number" in caplog.text

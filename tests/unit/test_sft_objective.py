@@ -17,7 +17,7 @@ from titanium.data.sft import SFTDataset
 from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.models import build_model_args, get_model_spec
 from titanium.trainers.base import ObjectiveContext
-from titanium.trainers.pretrain import cross_entropy_sum
+from titanium.trainers.cross_entropy import cross_entropy_sum
 from titanium.trainers.sft import SFTObjective
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))

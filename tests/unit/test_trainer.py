@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import scalars, tiny_args
+from tests.helpers import scalars, tiny_args, train_until_first_save
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainer import Trainer
 
@@ -55,18 +55,7 @@ def test_resume_continues_bitwise(make_trainer, tmp_path):
     expected = scalars(tmp_path / "straight/tb")
     shutdown_distributed()
 
-    interrupted = make_trainer(*tiny_args(tmp_path / "resumed", *common))
-    save = interrupted.checkpointer.save
-
-    def save_then_die(step: int, **kwargs) -> None:
-        save(step, **kwargs)
-        raise KeyboardInterrupt  # the job dies right after its step-3 checkpoint
-
-    interrupted.checkpointer.save = save_then_die
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.train()
-    interrupted.close()
-    shutdown_distributed()
+    train_until_first_save(make_trainer, *tiny_args(tmp_path / "resumed", *common))  # dies after its step-3 checkpoint
     resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
     assert resumed.train_state.step == 3
     resumed.train()

@@ -14,10 +14,12 @@ read the original reads ours. Only safetensors are read: nothing is ever unpickl
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import math
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,14 +31,14 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.files import replace_folder
 from titanium.models.hf_adapter import HFAdapter
-from titanium.peft.lora import has_lora, is_lora_param
+from titanium.peft.lora import is_lora_param
 from titanium.peft.merge import merged_full_state_dict
 
 logger = logging.getLogger(__name__)
@@ -361,20 +363,21 @@ def export_hf(
     dtype: torch.dtype = torch.float32,
     source_folder: str | os.PathLike | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    pp_group: dist.ProcessGroup | None = None,
 ) -> Path | None:
     """Gather ``model`` (any layout; collective when distributed) and save it on rank 0 as HF.
 
-    LoRA adapters are merged into their base weights (a plain model any HF tool loads). Returns the
-    folder on rank 0, None elsewhere.
+    LoRA adapters are merged into their base weights (a plain model any HF tool loads). With pipeline
+    parallelism pass this rank's ``pp_group``: each stage is gathered on its ranks of rank 0's pipeline
+    group, which send their stages to rank 0. Returns the folder on rank 0, None elsewhere.
     """
     source = HFCheckpoint.open(source_folder) if source_folder is not None else None
     rank = dist.get_rank() if dist.is_initialized() else 0
-    if has_lora(model):
-        state = merged_full_state_dict(model)
-    elif dist.is_initialized():
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    else:
-        state = model.state_dict()
+    stage_holder = pp_group is not None and 0 in dist.get_process_group_ranks(pp_group)
+    state = merged_full_state_dict(model, keep=rank == 0 or stage_holder)
+    if stage_holder:
+        assert state is not None
+        state = _gather_stages(state, pp_group)
     path = None
     if rank == 0:
         assert state is not None
@@ -382,6 +385,37 @@ def export_hf(
     if dist.is_initialized():
         dist.barrier()
     return path
+
+
+def _gather_stages(state: dict[str, torch.Tensor], pp_group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
+    """Rank 0 of ``pp_group`` receives the other ranks' stages tensor by tensor (through the GPU with NCCL, on
+    CPU with gloo; one tensor in flight) and returns the whole model on CPU in the order one process holds it
+    (embedding, layers by number, the rest); the others return {}.
+    """
+    me, size = dist.get_rank(pp_group), dist.get_world_size(pp_group)
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    layouts: list[Any] = [None] * size
+    dist.all_gather_object(layouts, {key: (value.shape, value.dtype) for key, value in state.items()}, group=pp_group)
+    first = dist.get_global_rank(pp_group, 0)
+    for sender in range(1, size):
+        for key, (shape, dtype) in layouts[sender].items():
+            if me == sender:
+                dist.send(state[key].to(device).contiguous(), dst=first, group=pp_group)
+            elif me == 0:
+                received = torch.empty(shape, dtype=dtype, device=device)
+                dist.recv(received, src=dist.get_global_rank(pp_group, sender), group=pp_group)
+                state[key] = received.cpu()
+    if me != 0:
+        return {}
+    leading = set(itertools.takewhile(lambda key: not key.startswith("layers."), layouts[0]))  # the embedding
+
+    def model_order(key: str) -> tuple[int, int]:
+        match = re.match(r"layers\.(\d+)\.", key)
+        if match:
+            return 1, int(match.group(1))
+        return (0, 0) if key in leading else (2, 0)
+
+    return {key: state[key] for key in sorted(state, key=model_order)}
 
 
 def shard_size_bytes(text: str) -> int:
@@ -395,7 +429,14 @@ def shard_size_bytes(text: str) -> int:
 
 
 def export_final_hf(
-    model: nn.Module, spec: Any, args: Any, cfg: CheckpointSection, *, dump_folder: str, flavor: str
+    model: nn.Module,
+    spec: Any,
+    args: Any,
+    cfg: CheckpointSection,
+    *,
+    dump_folder: str,
+    flavor: str,
+    pp_group: dist.ProcessGroup | None = None,
 ) -> Path | None:
     """The ``[checkpoint] last_save_in_hf`` export to ``{dump_folder}/{hf_folder}`` in ``export_dtype``:
     in the layout of ``initial_load_path`` when the run started from a Hugging Face folder."""
@@ -410,4 +451,5 @@ def export_final_hf(
         args,
         dtype=EXPORT_DTYPES[cfg.export_dtype],
         source_folder=source,
+        pp_group=pp_group,
     )

@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._traverse import set_element
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
@@ -62,6 +63,53 @@ def complete_steps(folder: Path) -> list[int]:
     return sorted(steps)
 
 
+def checkpoint_problem(path: Path) -> str | None:
+    """Why the DCP checkpoint folder ``path`` cannot be loaded, or None when its files are whole.
+
+    Reads ``.metadata`` and compares each data file's size with the bytes the metadata places in it, so a
+    missing or truncated file is found before loading, the same way on every rank. (DCP keeps no
+    checksums: damaged bytes in a file of the right size show only when loading.)
+    """
+    if not path.is_dir():
+        return "not found" if not path.exists() else "not a folder"
+    if not (path / ".metadata").is_file():
+        inside = complete_steps(path)
+        hint = f" such as {path / f'step-{inside[-1]}'}" if inside else ""
+        return (
+            f"no .metadata, so not a titanium (DCP) checkpoint: point at a step-N folder{hint} (it holds .metadata "
+            "and __*.distcp files), or add --checkpoint.initial_load_in_hf for a Hugging Face folder"
+        )
+    try:
+        storage = dcp.FileSystemReader(str(path)).read_metadata().storage_data
+    except Exception as e:
+        return f".metadata cannot be read ({type(e).__name__}: {e})"
+    needed: dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    for name, size in sorted(needed.items()):
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size < size:
+            return f"{name} is truncated ({file.stat().st_size:,} bytes; .metadata places {size:,} bytes in it)"
+    return None
+
+
+def check_checkpoint(path: Path, flag: str) -> Path:
+    """``path`` if it is a loadable checkpoint, else CheckpointError naming ``flag``, the folder and the problem."""
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise CheckpointError(f"{flag}: checkpoint {path}: {problem}")
+    return path
+
+
+def _root_causes(error: BaseException) -> str:
+    """One line per failing rank instead of DCP's stack traces."""
+    if isinstance(error, CheckpointException):
+        return "; ".join(f"rank {rank}: {type(exc).__name__}: {exc}" for rank, (exc, _) in error.failures.items())
+    return f"{type(error).__name__}: {error}"
+
+
 class CheckpointManager:
     def __init__(
         self, cfg: CheckpointSection, dump_folder: str, states: dict[str, Any], rank: int, base_model: Any = None
@@ -91,13 +139,27 @@ class CheckpointManager:
     def load(self) -> int:
         """Restore the newest (or `load_step`) checkpoint; returns its step, 0 when starting fresh.
 
-        step-0 is a seed checkpoint: it holds only the model, and only the model is restored.
+        step-0 is a seed checkpoint: it holds only the model, and only the model is restored. A newest
+        checkpoint with a missing, truncated or unreadable file is skipped with a warning naming it, and
+        the previous one is loaded. Without a checkpoint of its own (or with checkpointing off) the run
+        starts from initial_load_path, when that is a titanium checkpoint.
         """
-        if not self.cfg.enable:
-            return 0
-        if self.base_model is not None and self.cfg.initial_load_path and not self.cfg.initial_load_in_hf:
-            path = self._initial_path()
+        cfg = self.cfg
+        initial = Path(cfg.initial_load_path) if cfg.initial_load_path and not cfg.initial_load_in_hf else None
+        if self.base_model is not None and initial is not None:
+            path = check_checkpoint(initial, "--checkpoint.initial_load_path")
             self._load(path, [MODEL_KEY], {MODEL_KEY: self.base_model})
+        step = self._resume_step() if cfg.enable else None
+        if step is None:
+            return self._load_initial(initial) if initial is not None else 0
+        keys = [MODEL_KEY] if step == 0 else [k for k in self.states if _kind(k) not in cfg.exclude_from_loading]
+        self._load(self.folder / f"step-{step}", keys)
+        return step
+
+    def _resume_step(self) -> int | None:
+        """The step to resume from: `load_step`, else the newest checkpoint whose files are whole; None if
+        this run has none. Broken checkpoints only: CheckpointError (restarting from step 0 would quietly
+        throw the run away)."""
         steps = complete_steps(self.folder)
         if self.cfg.load_step != -1:
             if self.cfg.load_step not in steps:
@@ -105,29 +167,27 @@ class CheckpointManager:
                     f"--checkpoint.load_step {self.cfg.load_step}: no complete checkpoint "
                     f"{self.folder}/step-{self.cfg.load_step} (available: {steps or 'none'})"
                 )
-            step = self.cfg.load_step
-        elif steps:
-            step = steps[-1]
-        elif self.cfg.initial_load_path and not self.cfg.initial_load_in_hf:
-            return self._load_initial(Path(self.cfg.initial_load_path))
-        else:
-            return 0
-        keys = [MODEL_KEY] if step == 0 else [k for k in self.states if _kind(k) not in self.cfg.exclude_from_loading]
-        self._load(self.folder / f"step-{step}", keys)
-        return step
-
-    def _initial_path(self) -> Path:
-        path = Path(self.cfg.initial_load_path or "")
-        if not (path / ".metadata").is_file():
+            check_checkpoint(self.folder / f"step-{self.cfg.load_step}", "--checkpoint.load_step")
+            return self.cfg.load_step
+        broken = []
+        for step in reversed(steps):
+            path = self.folder / f"step-{step}"
+            problem = checkpoint_problem(path)
+            if problem is None:
+                return step
+            broken.append(f"{path}: {problem}")
+            if self.rank == 0:
+                logger.warning("skipping checkpoint %s: %s; trying the previous one", path, problem)
+        if broken:
             raise CheckpointError(
-                f"--checkpoint.initial_load_path {path} is not a complete titanium checkpoint (a step-N folder "
-                "with .metadata); for a Hugging Face folder add --checkpoint.initial_load_in_hf"
+                f"no usable checkpoint to resume from ({'; '.join(broken)}); move the broken folders out of "
+                f"{self.folder} to start this run over from step 0"
             )
-        return path
+        return None
 
     def _load_initial(self, path: Path) -> int:
         """Start from another run's checkpoint; only its weights unless initial_load_model_only is off."""
-        path = self._initial_path()
+        path = check_checkpoint(path, "--checkpoint.initial_load_path")
         if self.base_model is not None:  # LoRA: the base is loaded; the adapters start fresh
             if self.cfg.initial_load_model_only:
                 return 0
@@ -146,10 +206,11 @@ class CheckpointManager:
         keys = self._keys_in_checkpoint(path, keys)
         try:
             dcp.load({k: states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
-        except Exception as e:  # DCP wraps per-rank failures in CheckpointException
+        except (Exception, CheckpointException) as e:  # (DCP's CheckpointException is a BaseException)
             raise CheckpointError(
-                f"cannot load checkpoint {path} ({', '.join(keys)}): {e}. If the world size or data changed, "
-                "try --checkpoint.exclude_from_loading data rng"
+                f"cannot load checkpoint {path} ({', '.join(keys)}): {_root_causes(e)}. If the world size or data "
+                "changed, try --checkpoint.exclude_from_loading data rng; if its files are damaged, move the "
+                "folder away to resume from the previous checkpoint"
             ) from e
         logger.info("loaded %s from %s in %.2fs", ", ".join(keys), path, time.perf_counter() - start)
 

@@ -29,6 +29,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 class ConfigError(UserError, ValueError):
     """A user mistake in the job config; reported as one line, exit code 2, no traceback."""
 
+    label = "config error"
+
 
 def load_config(argv: list[str]) -> JobConfig:
     """Parse `argv` (without the program name) into a validated JobConfig."""

@@ -86,9 +86,10 @@ class DataSection:
 @dataclass
 class TrainingSection:
     objective: str = "pretrain"
-    """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows)
-    or sft (supervised fine-tuning on chat/instruct/text samples; see [sft]); or your own objective class
-    as 'package.module:ClassName' (see docs/extending.md)."""
+    """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows),
+    sft (supervised fine-tuning on chat/instruct/text samples; see [sft]) or dpo (preference pairs against
+    a frozen reference; see [dpo]); or your own objective class as 'package.module:ClassName' (see
+    docs/extending.md)."""
     steps: int = 1000
     """Number of optimizer steps to train for."""
     local_batch_size: int = 8
@@ -107,12 +108,19 @@ class TrainingSection:
     """Clip the global gradient norm to this value; 0 disables clipping."""
     gc_freq: int = 50
     """Run Python's garbage collector every N steps (automatic GC is disabled during training)."""
+    loss_chunk_size: int = 0
+    """Chunked linear cross-entropy (pretrain and sft objectives): project the final hidden states onto the
+    vocabulary and take the cross-entropy this many tokens at a time, recomputing each chunk's logits in the
+    backward, so the full [tokens, vocab] logits never exist; tokens without a label are dropped before the
+    projection. 0: the model computes all logits at once. Try 1024-4096 for large vocabularies. Not with
+    pipeline parallelism."""
 
 
 @dataclass
 class OptimizerSection:
-    name: Literal["AdamW", "Adam"] = "AdamW"
-    """Optimizer class from torch.optim."""
+    name: Literal["AdamW", "Adam", "AdamW8bit", "AdamW4bit", "AdamWFp8"] = "AdamW"
+    """AdamW or Adam from torch.optim, or AdamW from torchao.optim with its two moments stored in 8-bit,
+    4-bit or FP8 blocks (about 1/4, 1/8 and 1/4 of AdamW's state bytes for tensors of 4096+ values)."""
     lr: float = 8e-4
     """Peak learning rate (reached at the end of warmup)."""
     beta1: float = 0.9
@@ -126,7 +134,18 @@ class OptimizerSection:
     decay_norms_and_embeddings: bool = False
     """Also apply weight decay to norm weights, biases and embeddings (off by default, as is usual)."""
     implementation: Literal["fused", "foreach", "for-loop"] = "fused"
-    """Kernel choice: fused (one kernel, CPU and CUDA), foreach (multi-tensor), or plain for-loop."""
+    """Kernel choice of AdamW/Adam: fused (one kernel, CPU and CUDA), foreach (multi-tensor), or plain for-loop.
+    (The torchao optimizers compile their own step.)"""
+    tensor_lr: bool = False
+    """Keep the LR in a tensor on the parameters' device that the LR schedule updates in place, so a step
+    captured in a CUDA graph or compiled never meets a new Python number (nor syncs). AdamW/Adam with fused on
+    any device, or any implementation on CUDA (foreach/for-loop then run capturable); otherwise the LR stays a
+    float, with a warning. The torchao optimizers always keep their LR in a tensor."""
+    early_step_in_backward: bool = False
+    """Optimizer-in-backward: step each parameter as soon as its gradient is complete in backward and free the
+    gradient at once, so the whole model's gradients never exist together (saves their memory). Needs one
+    microbatch per step (--training.global_batch_size -1), --training.max_norm 0 and no pipeline parallelism.
+    The logged grad_norm is 0 (the gradients are gone before the loop could measure them)."""
 
 
 @dataclass
@@ -311,11 +330,11 @@ class SFTSection:
     chatml: <|im_start|>role ... <|im_end|> (Qwen). qwen3: ChatML as Qwen3's own template renders chats
     without reasoning (the last answer opens with an empty <think></think> block, not learned).
     tokenizer: the HF tokenizer's own Jinja chat_template. auto: the tokenizer's template if it has
-    one, else the model family's format (llama3, qwen3)."""
+    one, else the model family's format (llama3, qwen3). DPO's pairs and the evaluation use it too."""
     train_on_input: bool = False
     """Also put loss on system/user (prompt) tokens. Off by default: only assistant tokens are learned."""
     system_prompt: str | None = None
-    """Replace (or add) the system message of every sample with this text."""
+    """Replace (or add) the system message of every sample (and of DPO's pairs and evaluation prompts)."""
     on_long_sample: Literal["truncate", "drop"] = "truncate"
     """A sample longer than training.seq_len is cut to fit (truncate) or left out (drop); either is
     counted in the log."""
@@ -345,10 +364,11 @@ class DPOSection:
     """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
     RPO; 0 turns it off."""
     precompute_reference: bool = False
-    """Compute the reference policy's log-probs once over the data and cache them on disk; training then
-    never loads the reference model."""
+    """Compute the reference policy's log-probs once over the data (one pass, before training) and cache
+    them on disk; training then never holds or runs the reference model. The cache is keyed by the
+    reference weights, data content, tokenizer, chat template and seq_len: a change computes it again."""
     reference_cache_folder: str = "reference_logps"
-    """Where precompute_reference keeps its cache, relative to job.dump_folder."""
+    """Where precompute_reference keeps its caches (one file per key), relative to job.dump_folder."""
     packing: bool = False
     """Pack the chosen and rejected sequences of several pairs into each training.seq_len row (attention
     masked per sequence), so short pairs waste no padding; a microbatch then holds a varying number of
@@ -381,6 +401,53 @@ class LoRASection:
 
 
 @dataclass
+class Float8Section:
+    enable: bool = False
+    """Train the linear layers in float8 (torchao): each matmul's inputs are scaled and cast to float8 on the
+    fly, while weights, gradients and optimizer state stay in high precision. Needs float8 tensor cores (CUDA
+    compute capability 8.9+, e.g. H100) unless emulate is on."""
+    recipe: Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] = "tensorwise"
+    """torchao's scaling recipe. tensorwise: one scale per tensor (fastest). rowwise: one scale per row, e4m3
+    everywhere (more accurate; needs compute capability 9.0). rowwise_with_gw_hp: rowwise, with the weight
+    gradient computed in high precision (most accurate)."""
+    enable_fsdp_float8_all_gather: bool = False
+    """tensorwise only: FSDP gathers the weights already cast to float8 (half the bytes of bf16)."""
+    precompute_float8_dynamic_scale_for_fsdp: bool = False
+    """With enable_fsdp_float8_all_gather: compute the scales of all float8 weights after each optimizer step
+    in one all-reduce, instead of one small all-reduce per layer in the forward."""
+    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
+    """Layers left in high precision: a linear layer whose name contains any of these strings (e.g. "output",
+    "layers.0."). Layers whose dimensions are not multiples of 16 (a float8 kernel requirement) always are."""
+    auto_filter_small_kn: bool = False
+    """Also leave in high precision the layers torchao's benchmarks show too small to gain from float8 (per
+    recipe; not available for rowwise_with_gw_hp)."""
+    emulate: bool = False
+    """Emulate the float8 matmuls in high precision (values still rounded to float8): runs on CPU and on GPUs
+    without float8 tensor cores, for tests; no speed-up."""
+
+
+@dataclass
+class QATSection:
+    enable: bool = False
+    """Quantization-aware training (torchao): the chosen linear layers fake-quantize their weights (and
+    activations) during training, so the model learns to work quantized; at the end they are quantized for
+    real and saved (save_quantized). Composes with LoRA (the adapters learn around the quantized base)."""
+    scheme: Literal["int8_dynamic_activation_int4_weight", "int4_weight_only"] = "int8_dynamic_activation_int4_weight"
+    """int8_dynamic_activation_int4_weight: int4 weights in groups of group_size along the input (symmetric),
+    activations quantized per token to int8 at run time (the ExecuTorch/XNNPACK "8da4w" scheme).
+    int4_weight_only: the same int4 weights, activations in high precision."""
+    group_size: int = 32
+    """Input features that share one weight scale; must divide the input size of every quantized layer."""
+    filter_fqns: list[str] = field(default_factory=lambda: ["output"])
+    """Layers left in high precision: a linear layer whose name contains any of these strings."""
+    save_quantized: bool = True
+    """At the end of training, write the quantized model to job.dump_folder/quantized_folder
+    (model.safetensors in torchao's tensor-subclass layout, plus quantization.json; see docs/quantization.md)."""
+    quantized_folder: str = "quantized"
+    """Where save_quantized writes, relative to job.dump_folder."""
+
+
+@dataclass
 class EvalSection:
     interval: int = 0
     """Every N steps (and after the last), measure exact-match accuracy of greedy answers on a held-out
@@ -399,6 +466,40 @@ class EvalSection:
     grpo.temperature), from the same seed at every evaluation; the score is over all samples_per_prompt."""
     samples_per_prompt: int = 1
     """Sampled answers per held-out prompt (temperature > 0), for a less noisy score."""
+
+
+@dataclass
+class GuardsSection:
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    """What to do when a step's loss or gradient norm is NaN or infinite. It is detected on the device every step,
+    without waiting for the device. stop: the run ends at the next log or checkpoint step with an error naming the
+    first bad step (exit code 2); no checkpoint is written after it, and fused Adam/AdamW hold the weights and their
+    state at the last good step meanwhile. skip: the optimizer leaves the weights and its state untouched for that
+    step (fused Adam/AdamW inside their kernel; other optimizers read the flag every step, one host sync; not with
+    optimizer.early_step_in_backward) and training goes on; the console line counts the skipped steps. A skipped
+    step still uses up its data and its learning-rate step."""
+    max_skipped_steps: int = 10
+    """With on_nonfinite = "skip": stop (as "stop" would) once more than this many steps were skipped in this run,
+    checked at log and checkpoint steps; 0 sets no limit."""
+    loss_spike_ratio: float = 1.5
+    """Log a warning naming the step when a step's loss is more than this multiple of its running mean (the worst
+    spike since the last log line, and how many there were); 0 turns spike logging off."""
+    loss_spike_window: int = 100
+    """The running mean of the loss for spike logging is an exponential average over about this many steps."""
+
+
+@dataclass
+class ValidationSection:
+    interval: int = 0
+    """Every N steps (and after the last), compute the loss and perplexity on held-out data: the training
+    objective's data pipeline on validation.path, its loss, forward only, under the same parallel plan (FSDP, TP,
+    PP, CP). Logged as validation/loss and validation/perplexity. 0 turns validation off."""
+    path: str = "assets/corpus/validation.jsonl"
+    """Held-out data in the training data's format ([data] kind and columns). Every validation reads it from its
+    start, so the numbers are comparable over the run. With data.kind synthetic the windows are drawn from another
+    seed than training's and this path is not read."""
+    steps: int = 10
+    """Microbatches per validation, each of training.local_batch_size sequences on every data-parallel rank."""
 
 
 @dataclass
@@ -479,5 +580,9 @@ class JobConfig:
     sft: SFTSection = field(default_factory=SFTSection)
     dpo: DPOSection = field(default_factory=DPOSection)
     lora: LoRASection = field(default_factory=LoRASection)
+    float8: Float8Section = field(default_factory=Float8Section)
+    qat: QATSection = field(default_factory=QATSection)
     eval: EvalSection = field(default_factory=EvalSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    guards: GuardsSection = field(default_factory=GuardsSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)

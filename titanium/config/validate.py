@@ -22,7 +22,7 @@ PIPELINE_SCHEDULES = (
 )
 """torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
 
-OBJECTIVE_NAMES = ("pretrain", "sft", "grpo")
+OBJECTIVE_NAMES = ("pretrain", "sft", "dpo", "grpo")
 """The built-in objectives (titanium/trainers/); their config section has the same name."""
 
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
@@ -143,7 +143,9 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
     yield from _validate_debugging(cfg)
+    yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
+    yield from _validate_quantization_and_loss(cfg)
     if cfg.training.objective == "grpo":
         yield from _validate_grpo_job(cfg)
 
@@ -205,6 +207,13 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     """Preference data and the [dpo] ranges."""
     if cfg.data.kind == "preference" and cfg.training.objective != "dpo":
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo"
+    if cfg.training.objective == "dpo" and cfg.data.kind != "preference":
+        yield "--training.objective dpo needs preference pairs: --data.kind preference"
+    if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
+        yield (
+            "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
+            "dpo, whose log-probs come from the full logits; set it to 0"
+        )
     d = cfg.dpo
     if d.beta <= 0:
         yield f"--dpo.beta must be > 0, got {d.beta}"
@@ -240,6 +249,28 @@ def _validate_debugging(cfg: JobConfig) -> Iterator[str]:
     ]:
         if not folder.strip():
             yield f"--{name} must name a folder (relative to --job.dump_folder), got an empty string"
+
+
+def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
+    """[guards] and [validation] ranges, and the validation data."""
+    g, v = cfg.guards, cfg.validation
+    if g.max_skipped_steps < 0:
+        yield f"--guards.max_skipped_steps must be >= 0 (0 sets no limit), got {g.max_skipped_steps}"
+    if g.loss_spike_ratio != 0 and g.loss_spike_ratio <= 1:
+        yield f"--guards.loss_spike_ratio must be > 1 (or 0 to turn spike logging off), got {g.loss_spike_ratio}"
+    if g.loss_spike_window < 1:
+        yield f"--guards.loss_spike_window must be >= 1, got {g.loss_spike_window}"
+    if g.on_nonfinite == "skip" and cfg.optimizer.early_step_in_backward:
+        yield (
+            "--guards.on_nonfinite skip cannot undo --optimizer.early_step_in_backward: its steps run inside the "
+            "backward, before the loss and gradient norm are known; use --guards.on_nonfinite stop"
+        )
+    if v.interval < 0:
+        yield f"--validation.interval must be >= 0 (0 turns validation off), got {v.interval}"
+    if v.steps < 1:
+        yield f"--validation.steps must be >= 1, got {v.steps}"
+    if v.interval > 0 and cfg.data.kind != "synthetic" and looks_local(v.path) and not any(True for _ in _glob(v.path)):
+        yield f"--validation.path: no file matches {v.path} (run from the repository root, or fix the path)"
 
 
 def _validate_grpo(g: GRPOSection) -> Iterator[str]:
@@ -301,6 +332,60 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
                 f"--parallelism.{name} {degree}: --training.objective grpo generates its rollouts under data "
                 "parallelism (FSDP/HSDP) only; set it to 1"
             )
+    if t.loss_chunk_size:
+        yield (
+            "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
+            "grpo, whose log-probs come from the full logits; set it to 0"
+        )
+    if cfg.validation.interval > 0:
+        yield (
+            "--validation.interval: held-out loss has no meaning for --training.objective grpo (its loss needs "
+            "rollouts); set it to 0 and measure held-out accuracy with --eval.interval"
+        )
+
+
+def _validate_quantization_and_loss(cfg: JobConfig) -> Iterator[str]:
+    """[float8], [qat] and the chunked cross-entropy: combinations that cannot work."""
+    f8, qat, par = cfg.float8, cfg.qat, cfg.parallelism
+    for name, value in [
+        ("float8.enable_fsdp_float8_all_gather", f8.enable_fsdp_float8_all_gather),
+        ("float8.precompute_float8_dynamic_scale_for_fsdp", f8.precompute_float8_dynamic_scale_for_fsdp),
+        ("float8.auto_filter_small_kn", f8.auto_filter_small_kn),
+        ("float8.emulate", f8.emulate),
+    ]:
+        if value and not f8.enable:
+            yield f"--{name} needs --float8.enable"
+    if f8.enable_fsdp_float8_all_gather and f8.recipe != "tensorwise":
+        yield (
+            f"--float8.enable_fsdp_float8_all_gather needs --float8.recipe tensorwise (one scale per weight); "
+            f"{f8.recipe} scales each row: turn the all-gather off"
+        )
+    if f8.precompute_float8_dynamic_scale_for_fsdp and not f8.enable_fsdp_float8_all_gather:
+        yield "--float8.precompute_float8_dynamic_scale_for_fsdp needs --float8.enable_fsdp_float8_all_gather"
+    if f8.auto_filter_small_kn and f8.recipe == "rowwise_with_gw_hp":
+        yield (
+            "--float8.auto_filter_small_kn has no size table for --float8.recipe rowwise_with_gw_hp; name the layers "
+            "to keep in high precision in --float8.filter_fqns instead"
+        )
+    if f8.enable and qat.enable:
+        yield "--float8.enable and --qat.enable both convert the linear layers; turn one of them off"
+    if qat.group_size < 1:
+        yield f"--qat.group_size must be >= 1, got {qat.group_size}"
+    if qat.enable and par.tensor_parallel_degree > 1:
+        yield (
+            "--qat.enable does not compose with --parallelism.tensor_parallel_degree > 1 (a layer's quantization "
+            "groups and per-token activation scales span the split); use FSDP"
+        )
+    if qat.enable and qat.save_quantized and not qat.quantized_folder.strip():
+        yield "--qat.quantized_folder must name a folder (relative to --job.dump_folder), got an empty string"
+    chunk = cfg.training.loss_chunk_size
+    if chunk < 0:
+        yield f"--training.loss_chunk_size must be >= 0 (0: full logits), got {chunk}"
+    elif chunk > 0 and par.pipeline_parallel_degree > 1:
+        yield (
+            "--training.loss_chunk_size does not work with --parallelism.pipeline_parallel_degree > 1 (the last "
+            "stage computes the full logits); set it to 0"
+        )
 
 
 def _glob(path: str) -> Iterator[Path]:

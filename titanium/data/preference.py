@@ -48,13 +48,18 @@ class PreferencePair:
     rejected: Sample
     source: int
     row: int
+    reference: tuple[float, float] | None = None
+    """The reference policy's summed log-probs of (chosen, rejected), when read from a precomputed cache."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"chosen": self.chosen, "rejected": self.rejected, "source": self.source, "row": self.row}
+        d = {"chosen": self.chosen, "rejected": self.rejected, "source": self.source, "row": self.row}
+        return d if self.reference is None else {**d, "reference": list(self.reference)}
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> PreferencePair:
-        return PreferencePair(dict(d["chosen"]), dict(d["rejected"]), d["source"], d["row"])
+        ref = d.get("reference")
+        reference = None if ref is None else (float(ref[0]), float(ref[1]))
+        return PreferencePair(dict(d["chosen"]), dict(d["rejected"]), d["source"], d["row"], reference)
 
 
 # ---------------------------------------------------------------------------------------------- rows
@@ -239,3 +244,23 @@ class PreferenceDataset(RowReader):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_position(state)
         self.truncated, self.dropped = state["truncated"], state["dropped"]
+
+
+class OnePass:
+    """The first ``limit`` pairs (all by default) of one pass over a PreferenceDataset, from its start: a
+    pair stream for passes outside training (precomputing reference log-probs, evaluation), never resumed."""
+
+    def __init__(self, pairs: PreferenceDataset, limit: int | None = None) -> None:
+        self.pairs, self.limit = pairs, limit
+
+    def __iter__(self) -> Iterator[PreferencePair]:
+        for n, pair in enumerate(self.pairs):
+            if self.pairs.epoch or n == self.limit:
+                return
+            yield pair
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        raise AssertionError("a single pass is not resumed")

@@ -1,20 +1,24 @@
 """Preference pairs -> microbatches that run chosen and rejected through the model in one forward.
 
-Padded (default): ``pairs_per_batch`` pairs (B) become 2B rows of seq_len, rows 0..B-1 the chosen
-sequences and rows B..2B-1 the rejected ones, right-padded. Packed: the same 2B rows hold as many whole
-pairs as fit (at least B: first fit can always place 2B sequences in 2B rows), each sequence a document
-of its own, with positions restarting and attention kept inside it, as in SFT packing.
+A microbatch of B pairs is 2B rows of seq_len, taken as B *row pairs* (rows 2g and 2g + 1), and every
+preference pair lies whole inside one row pair. So any run of an even number of rows holds whole pairs:
+a pipeline microbatch (a slice of rows) can compute the loss of its pairs with nothing from other rows.
+
+Padded (default): row pair g holds pair g, its chosen sequence in row 2g and its rejected one in row
+2g + 1, right-padded. Packed: pairs go first fit into the first row pair where both sequences fit, each
+in the first of the two rows with room; each sequence is a document of its own, with positions
+restarting and attention kept inside it, as in SFT packing. A row pair always has room for one more pair
+of sequences (each at most seq_len), so a packed microbatch holds at least B pairs.
 
 Besides ``input``, ``label``, ``positions`` and ``document_ids`` (titanium.data.packing.make_row), a
-batch of P pairs carries:
+batch carries, all row-aligned (first dimension 2B):
 
-- ``response_ids`` [rows, seq_len]: the response each label belongs to, pair j's chosen response is j
-  and its rejected one P + j; -1 where there is no label. Summing token log-probs by this id gives the
-  2P per-response log-probs, chosen first, in either layout (titanium.trainers.dpo.response_logps).
-- ``response_lengths`` [2P]: label tokens per response (for length normalization); its shape gives 2P
-  on any device without a sync.
-- ``pair_rows`` [P, 2]: each pair's (source index, row) in the dataset: a key for cached reference
-  log-probs.
+- ``response_ids`` [2B, seq_len]: ``2m + side`` where a label belongs to the m-th pair of its row pair
+  (side 0: chosen, 1: rejected), -1 where there is no label. Summing token log-probs by it gives every
+  pair's two response log-probs in either layout (titanium.trainers.dpo.response_sums).
+- ``pairs_per_row`` [2B]: pairs whose chosen sequence is in the row (they add up to the pairs).
+- ``reference_logps`` [2B, seq_len] float32, only when the pairs carry cached reference log-probs: each
+  response's value at its first label position, 0 elsewhere, so the same sums give the reference's.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ from titanium.data.packing import make_row
 from titanium.data.preference import PreferencePair
 from titanium.data.sft import IGNORE_INDEX, Sample
 
-Row = list[tuple[Sample, int]]
-"""The sequences of one row and the response id of each."""
+Placement = tuple[PreferencePair, int, int]
+"""A pair, its row pair g and its index m among the pairs of that row pair."""
 
 
 class PairStream(Protocol):
@@ -41,42 +45,50 @@ class PairStream(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
+def pair_slots(seq_len: int, packing: bool) -> int:
+    """How many pairs one row pair can hold: 1 padded; packed, seq_len // 2 (a sequence with a label has at
+    least 2 tokens, so a pair takes at least 4 of the row pair's 2 x seq_len)."""
+    return seq_len // 2 if packing else 1
+
+
 def preference_batch(
-    rows: list[Row], pairs: list[PreferencePair], seq_len: int, pad_id: int
+    placements: list[Placement], row_pairs: int, rows_of: list[tuple[int, int]], seq_len: int, pad_id: int
 ) -> dict[str, torch.Tensor]:
-    """Stack rows into one batch with the response bookkeeping described in the module docstring."""
-    made = [make_row([sample for sample, _ in row], seq_len, pad_id) for row in rows]
+    """The batch of ``row_pairs`` row pairs holding ``placements``; ``rows_of[i]`` are the rows (0 or 1 in
+    the row pair) of placement i's chosen and rejected sequences, filled in placement order."""
+    rows: list[list[tuple[Sample, int, float | None]]] = [[] for _ in range(2 * row_pairs)]
+    chosen_rows = [0] * (2 * row_pairs)
+    for (pair, g, m), (chosen_row, rejected_row) in zip(placements, rows_of):
+        reference = pair.reference or (None, None)
+        rows[2 * g + chosen_row].append((pair.chosen, 2 * m, reference[0]))
+        rows[2 * g + rejected_row].append((pair.rejected, 2 * m + 1, reference[1]))
+        chosen_rows[2 * g + chosen_row] += 1
+    made = [make_row([sample for sample, _, _ in row], seq_len, pad_id) for row in rows]
     batch = {key: torch.stack([m[key] for m in made]) for key in made[0]}
-    ids = []
-    for row in rows:
-        row_ids = [rid if label != IGNORE_INDEX else -1 for sample, rid in row for label in sample["labels"]]
-        ids.append(row_ids + [-1] * (seq_len - len(row_ids)))
-    batch["response_ids"] = torch.tensor(ids, dtype=torch.long)
-    sides = [p.chosen for p in pairs] + [p.rejected for p in pairs]
-    lengths = [sum(label != IGNORE_INDEX for label in s["labels"]) for s in sides]
-    batch["response_lengths"] = torch.tensor(lengths, dtype=torch.long)
-    batch["pair_rows"] = torch.tensor([[p.source, p.row] for p in pairs], dtype=torch.long).view(-1, 2)
+    ids = torch.full((2 * row_pairs, seq_len), -1, dtype=torch.long)
+    reference = torch.zeros(2 * row_pairs, seq_len)
+    for r, row in enumerate(rows):
+        start = 0
+        for sample, rid, value in row:
+            labels = torch.tensor(sample["labels"])
+            learned = (labels != IGNORE_INDEX).nonzero().flatten() + start
+            ids[r, learned] = rid
+            if value is not None:
+                reference[r, learned[0]] = value
+            start += len(labels)
+    batch["response_ids"] = ids
+    batch["pairs_per_row"] = torch.tensor(chosen_rows, dtype=torch.long)
+    if placements and all(pair.reference is not None for pair, _, _ in placements):
+        batch["reference_logps"] = reference
     return batch
-
-
-def _first_fit(space: list[int], sizes: tuple[int, int]) -> list[int] | None:
-    """Rows for two sequences, each in the first row with room, or None if either does not fit."""
-    space = list(space)
-    placed = []
-    for size in sizes:
-        row = next((k for k, free in enumerate(space) if free >= size), None)
-        if row is None:
-            return None
-        space[row] -= size
-        placed.append(row)
-    return placed
 
 
 class PreferenceBatchLoader:
     """Microbatches of preference pairs (padded or packed, see the module docstring); checkpointable.
 
     The state is the pair stream's position plus, when packing, the pair read but not placed yet (it
-    opens the next microbatch), so a resumed run builds the very same batches.
+    opens the next microbatch), so a resumed run builds the very same batches. A finite stream ends
+    with a last microbatch of fewer pairs (its other rows padding), then StopIteration.
     """
 
     def __init__(self, pairs: PairStream, pairs_per_batch: int, seq_len: int, pad_id: int, packing: bool) -> None:
@@ -84,6 +96,8 @@ class PreferenceBatchLoader:
             raise ValueError(f"pairs_per_batch must be >= 1, got {pairs_per_batch}")
         self.pairs, self.pairs_per_batch, self.seq_len, self.pad_id = pairs, pairs_per_batch, seq_len, pad_id
         self.packing = packing
+        self.slots = pair_slots(seq_len, packing)
+        """Pairs a row pair can hold: a batch has ``pairs_per_batch x slots`` pair slots."""
         self._stream: Iterator[PreferencePair] | None = None
         self._pending: PreferencePair | None = None
 
@@ -98,38 +112,44 @@ class PreferenceBatchLoader:
             self._stream = iter(self.pairs)
         return next(self._stream, None)
 
-    def _padded(self) -> tuple[list[Row], list[PreferencePair]]:
-        pairs = []
-        while len(pairs) < self.pairs_per_batch and (pair := self._next_pair()) is not None:
-            pairs.append(pair)
-        n = len(pairs)
-        rows = [[(p.chosen, j)] for j, p in enumerate(pairs)] + [[(p.rejected, n + j)] for j, p in enumerate(pairs)]
-        return rows, pairs
-
-    def _packed(self) -> tuple[list[Row], list[PreferencePair]]:
-        n_rows = 2 * self.pairs_per_batch
-        space = [self.seq_len] * n_rows
-        placements: list[tuple[PreferencePair, list[int]]] = []
+    def _place(self) -> tuple[list[Placement], list[tuple[int, int]]]:
+        """This microbatch's pairs, each with its row pair, its index there and the rows of its two sides."""
+        placements: list[Placement] = []
+        rows_of: list[tuple[int, int]] = []
+        if not self.packing:
+            while len(placements) < self.pairs_per_batch and (pair := self._next_pair()) is not None:
+                placements.append((pair, len(placements), 0))
+                rows_of.append((0, 1))
+            return placements, rows_of
+        space = [self.seq_len] * (2 * self.pairs_per_batch)
+        counts = [0] * self.pairs_per_batch
         while (pair := self._next_pair()) is not None:
-            placed = _first_fit(space, (len(pair.chosen["tokens"]), len(pair.rejected["tokens"])))
-            if placed is None:
+            sizes = (len(pair.chosen["tokens"]), len(pair.rejected["tokens"]))
+            fits = (
+                (g, rows) for g in range(self.pairs_per_batch) if (rows := _first_fit(space[2 * g : 2 * g + 2], sizes))
+            )
+            found = next(fits, None)
+            if found is None:
                 self._pending = pair
                 break
-            for row, sample in zip(placed, (pair.chosen, pair.rejected)):
-                space[row] -= len(sample["tokens"])
-            placements.append((pair, placed))
-        n = len(placements)
-        rows: list[Row] = [[] for _ in range(n_rows)]
-        for j, (pair, (chosen_row, rejected_row)) in enumerate(placements):
-            rows[chosen_row].append((pair.chosen, j))
-            rows[rejected_row].append((pair.rejected, n + j))
-        return rows, [pair for pair, _ in placements]
+            g, (chosen_row, rejected_row) = found
+            space[2 * g + chosen_row] -= sizes[0]
+            space[2 * g + rejected_row] -= sizes[1]
+            placements.append((pair, g, counts[g]))
+            rows_of.append((chosen_row, rejected_row))
+            counts[g] += 1
+        return placements, rows_of
+
+    def next_placed(self) -> tuple[dict[str, torch.Tensor], list[Placement]]:
+        """The next microbatch and where each of its pairs is (for results read back per pair)."""
+        placements, rows_of = self._place()
+        if not placements:
+            raise StopIteration  # only a finite stream ends
+        batch = preference_batch(placements, self.pairs_per_batch, rows_of, self.seq_len, self.pad_id)
+        return batch, placements
 
     def __next__(self) -> dict[str, torch.Tensor]:
-        rows, pairs = self._packed() if self.packing else self._padded()
-        if not pairs:
-            raise StopIteration  # only a finite stream ends
-        return preference_batch(rows, pairs, self.seq_len, self.pad_id)
+        return self.next_placed()[0]
 
     def state_dict(self) -> dict[str, Any]:
         # The pending pair as one JSON string: DCP flattens nested containers into keys (see PackedDataset).
@@ -141,3 +161,16 @@ class PreferenceBatchLoader:
         pending = json.loads(state["pending"])
         self._pending = None if pending is None else PreferencePair.from_json(pending)
         self._stream = None  # restart the generator from the restored position
+
+
+def _first_fit(space: list[int], sizes: tuple[int, int]) -> tuple[int, int] | None:
+    """Rows of a row pair with ``space`` free tokens for two sequences, each in the first row with room."""
+    space = list(space)
+    placed = []
+    for size in sizes:
+        row = next((k for k, free in enumerate(space) if free >= size), None)
+        if row is None:
+            return None
+        space[row] -= size
+        placed.append(row)
+    return placed[0], placed[1]

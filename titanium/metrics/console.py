@@ -29,6 +29,7 @@ _COLORS = {
     "data/skipped_rows": "\033[31m",
     "data/truncated_samples": "\033[33m",  # yellow
     "data/dropped_samples": "\033[33m",
+    "guards/skipped_steps": "\033[31m",
 }
 
 _NA = "n/a"
@@ -72,7 +73,8 @@ def format_log_line(
     :class:`~titanium.metrics.MemoryMonitor`: ``loss``, ``grad_norm``, ``lr``, ``tps``,
     ``tflops``, ``mfu_pct``, ``mem_peak_gib`` / ``mem_peak_pct``, ``data_pct``, ``eta_s``, and
     ``mem_alloc_retries`` / ``mem_ooms`` (shown, in red, only when non-zero because they signal
-    memory pressure), and the objectives' data counters ``data/skipped_rows``,
+    memory pressure), ``guards/skipped_steps`` (steps not applied because their loss or gradient norm
+    was not finite; present only when non-zero), and the objectives' data counters ``data/skipped_rows``,
     ``data/truncated_samples`` and ``data/dropped_samples`` (present only when non-zero). A key
     missing from ``scalars`` is omitted; a key present with value None prints ``n/a`` (e.g. MFU on
     CPU), so the reader sees the metric exists but is unavailable. ``extra_keys`` (an objective's
@@ -88,6 +90,7 @@ def format_log_line(
 
     simple: tuple[tuple[str, str, str | Callable[[float], str]], ...] = (
         ("loss", "loss", "7.4f"),
+        ("guards/skipped_steps", "skipped_steps", ",.0f"),
         ("grad_norm", "grad_norm", "6.3f"),
         ("lr", "lr", ".2e"),
         ("tps", "tok/s", ",.0f"),

@@ -20,6 +20,7 @@ def _ops_to_save() -> set:
         (aten, "mm"),
         (aten, "addmm"),
         (aten, "bmm"),
+        (aten, "_scaled_mm"),  # float8 matmuls (the float8 converter), CUDA
         (aten, "_scaled_dot_product_flash_attention"),  # CUDA
         (aten, "_scaled_dot_product_efficient_attention"),  # CUDA
         (aten, "_scaled_dot_product_cudnn_attention"),  # CUDA

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from titanium.config.loader import ConfigError
+from titanium.config.sections import ActivationCheckpointSection, CompileSection
 
 
 def apply_compile(model: nn.Module) -> None:
@@ -15,21 +15,39 @@ def apply_compile(model: nn.Module) -> None:
     Identical blocks share one compiled graph, so compile time does not grow with depth, and
     FSDP's hooks stay outside the graphs (its communication is not traced). Apply after
     activation checkpointing (the wrapper is compiled with the block) and before FSDP.
+    ``nn.Module.compile`` keeps the block itself in the model (no ``_orig_mod`` wrapper), so
+    parameter names, and everything that maps them (checkpoints, Hugging Face, LoRA), do not
+    depend on compilation.
     """
-    for name, block in list(model.layers.items()):
-        model.layers[name] = torch.compile(block, fullgraph=True)
+    for block in model.layers.values():
+        block.compile(fullgraph=True)
+
+
+def check_compile(
+    cfg: CompileSection, ac: ActivationCheckpointSection, tensor_parallel: bool, device_type: str
+) -> None:
+    """The compile settings a plan on ``device_type`` cannot run (the trainer and the dry run check the same)."""
+    if cfg.enable_async_tensor_parallel and device_type != "cuda":
+        raise ConfigError(
+            f"--compile.enable_async_tensor_parallel needs CUDA GPUs (symmetric memory); this run is on "
+            f"{device_type}: drop the flag"
+        )
+    whole_block_ac = ac.mode == "full" or (ac.mode == "selective" and ac.selective_ac_option != "op")
+    if cfg.enable and tensor_parallel and device_type == "cpu" and whole_block_ac:
+        # torch 2.13 on CPU: AOT autograd fails to save a DTensor block input for recomputation
+        # ("expected all tensors_saved_with_vc_check to be Tensors ... DeviceMesh").
+        raise ConfigError(
+            "--compile.enable with tensor parallelism and whole-block activation checkpointing fails on CPU; "
+            "use --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op, "
+            "or turn one of them off"
+        )
 
 
 def enable_async_tensor_parallel(tp_mesh: DeviceMesh) -> None:
     """Let inductor split TP all-gathers / reduce-scatters into chunks that overlap the matmuls.
 
-    Needs CUDA (symmetric memory) and compiled blocks; on other devices this is a config error.
+    Needs CUDA (symmetric memory) and compiled blocks (``check_compile``).
     """
-    if tp_mesh.device_type != "cuda":
-        raise ConfigError(
-            f"--compile.enable_async_tensor_parallel needs CUDA GPUs (symmetric memory); this run is on "
-            f"{tp_mesh.device_type}: drop the flag"
-        )
     import torch._inductor.config as inductor_config
     import torch.distributed._symmetric_memory as symm_mem
 

@@ -102,6 +102,24 @@ class ParallelDims:
                 f"--parallelism.pipeline_parallel_degree {self.pp} is more than the {n_layers} layers of {model}"
             )
 
+    def grad_accum_steps(self, local_batch_size: int, global_batch_size: int) -> int:
+        """Microbatches per optimizer step: global / (local x data-parallel degree); -1 global means one.
+
+        A config check (it runs before any process group exists): a global batch that the data-parallel
+        ranks cannot split evenly into whole microbatches is refused, with the sizes that would work.
+        """
+        per_step = local_batch_size * self.dp_degree
+        if global_batch_size == -1:
+            return 1
+        if global_batch_size % per_step:
+            valid = ", ".join(str(per_step * k) for k in range(1, 4))
+            raise ConfigError(
+                f"--training.global_batch_size {global_batch_size} must be a multiple of --training.local_batch_size "
+                f"x data-parallel degree = {local_batch_size} x {self.dp_degree} = {per_step} (e.g. {valid}, ...), "
+                "or -1 for one microbatch per step"
+            )
+        return global_batch_size // per_step
+
     @property
     def dp_degree(self) -> int:
         """Data-parallel ranks: each reads different data."""

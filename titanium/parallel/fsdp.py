@@ -19,7 +19,9 @@ def apply_fsdp(
     final norm with the output projection, and the root (whatever is left). Each unit's weights are
     gathered only while it runs, so the large embedding and output matrices are never all resident.
     The output unit is not resharded after forward: its backward comes right after. Tied embeddings
-    (one parameter in two modules) stay with the root.
+    (one parameter in two modules) stay with the root, which for the same reason is not resharded after
+    forward either (and so a loss that applies the output projection itself, chunk by chunk, finds its
+    weight gathered).
 
     Gradients are *summed* across ranks: the loss is already divided by the global valid-token
     count, so FSDP's default averaging would divide a second time. Forcing plain SUM collectives
@@ -36,7 +38,7 @@ def apply_fsdp(
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if tail and not tied:
         fully_shard(tail, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
-    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

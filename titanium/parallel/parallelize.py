@@ -16,7 +16,7 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import ActivationCheckpointSection, CompileSection, ParallelismSection
 from titanium.models.spec import TensorParallelPlan
 from titanium.parallel.activation_checkpoint import apply_activation_checkpointing
-from titanium.parallel.compile import apply_compile, enable_async_tensor_parallel
+from titanium.parallel.compile import apply_compile, check_compile, enable_async_tensor_parallel
 from titanium.parallel.context import apply_context_parallel
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.fsdp import apply_fsdp
@@ -45,6 +45,7 @@ def parallelize_decoder(
     tp_plan: TensorParallelPlan | None = None,
 ) -> None:
     """Parallelize a decoder with a ``layers`` ModuleDict of blocks, in place."""
+    check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, meshes.world.device_type)
     if dims.tp_enabled:
         if tp_plan is None:
             raise ConfigError(
@@ -55,17 +56,7 @@ def parallelize_decoder(
             enable_async_tensor_parallel(meshes.tp)
     if dims.cp > 1:
         apply_context_parallel(model, meshes.cp)
-    ac = cfg.activation_checkpoint
-    if cfg.compile.enable and dims.tp_enabled and meshes.tp.device_type == "cpu" and ac.mode != "none":
-        if ac.mode == "full" or ac.selective_ac_option != "op":
-            # torch 2.13 on CPU: AOT autograd fails to save a DTensor block input for recomputation
-            # ("expected all tensors_saved_with_vc_check to be Tensors ... DeviceMesh").
-            raise ConfigError(
-                "--compile.enable with tensor parallelism and whole-block activation checkpointing fails on CPU; "
-                "use --activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op, "
-                "or turn one of them off"
-            )
-    apply_activation_checkpointing(model, ac)
+    apply_activation_checkpointing(model, cfg.activation_checkpoint)
     if cfg.compile.enable:
         apply_compile(model)
     if dims.fsdp_enabled:

@@ -163,14 +163,16 @@ class Pipeline:
         args = (inputs["tokens"],) if self.has_first_stage else ()
         return args, kwargs
 
-    def step(self, inputs: dict[str, torch.Tensor]) -> list[torch.Tensor]:
-        """Forward and backward of one batch through all stages; the last stage's losses (else [])."""
+    def step(self, inputs: dict[str, torch.Tensor], backward: bool = True) -> list[torch.Tensor]:
+        """Forward and backward of one batch through all stages; the last stage's losses (else []).
+        ``backward=False``: the same schedule forward only, still computing the losses (validation)."""
         args, kwargs = self._args(inputs)
         losses: list[torch.Tensor] = []
         if self.has_last_stage:
             rows = torch.arange(inputs["tokens"].shape[0], device=inputs["tokens"].device)
             kwargs.update(target=rows, losses=losses)
-        self.schedule.step(*args, **kwargs)
+        run = self.schedule.step if backward else self.schedule.eval
+        run(*args, return_outputs=False, **kwargs)  # (the last stage keeps no logits of its microbatches)
         return losses
 
     @torch.no_grad()

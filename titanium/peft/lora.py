@@ -17,7 +17,6 @@ import zlib
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
@@ -66,7 +65,7 @@ class LoRALinear(nn.Linear):
             if self.bias is not None:
                 base = base + self.bias
         else:
-            base = F.linear(x, self.weight, self.bias)
+            base = super().forward(x)  # the adapted layer's own forward (nn.Linear's, or see LORA_CLASSES)
         if not self.lora_enabled:
             return base
         return base + self.lora_b(self.lora_a(self.lora_dropout(x))) * self.lora_scale
@@ -74,6 +73,12 @@ class LoRALinear(nn.Linear):
     def extra_repr(self) -> str:
         nf4 = ", base=nf4" if self.base_nf4 else ""
         return f"{super().extra_repr()}, rank={self.lora_a.out_features}, scale={self.lora_scale:g}{nf4}"
+
+
+LORA_CLASSES: dict[type[nn.Module], type[LoRALinear]] = {nn.Linear: LoRALinear}
+"""Layer class -> the LoRA class it becomes. A converter that runs before LoRA registers its own linear class
+here (with a LoRA subclass whose base forward is that layer's: QAT's fake-quantized linear), so LoRA adapts
+the layer as it will run; LoRA refuses any other class."""
 
 
 def is_lora_param(name: str) -> bool:
@@ -155,10 +160,10 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
             raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")
         if not isinstance(module, nn.Linear):
             continue
-        if type(module) is not nn.Linear:
+        if type(module) not in LORA_CLASSES:
             raise LoRAConfigError(
-                f"--lora.target_modules: {name!r} is a {type(module).__name__} (converted by float8/QAT?); LoRA "
-                "adapts plain nn.Linear layers: turn that conversion off for these layers or drop them from the targets"
+                f"--lora.target_modules: {name!r} is a {type(module).__name__} (converted by float8?); LoRA adapts "
+                "nn.Linear and QAT layers: turn that conversion off for these layers or drop them from the targets"
             )
         if id(module.weight) in shared:
             raise LoRAConfigError(
@@ -179,7 +184,7 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
 def _add_adapter(module: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
     weight = module.weight
     factory = {"device": weight.device, "dtype": weight.dtype}
-    module.__class__ = LoRALinear
+    module.__class__ = LORA_CLASSES[type(module)]
     assert isinstance(module, LoRALinear)
     module.lora_a = nn.Linear(module.in_features, rank, bias=False, **factory)
     module.lora_b = nn.Linear(rank, module.out_features, bias=False, **factory)

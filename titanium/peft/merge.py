@@ -51,15 +51,16 @@ def merge_lora(model: nn.Module) -> dict[str, torch.Tensor]:
     return merge_lora_state(model.state_dict(), lora_scales(model))
 
 
-def merged_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
-    """The merged, full state dict of a model in any data-parallel layout: on CPU on rank 0, None elsewhere.
+def merged_full_state_dict(model: nn.Module, keep: bool | None = None) -> dict[str, torch.Tensor] | None:
+    """The merged, full state dict of a model in any data-parallel layout: on CPU where ``keep`` (default:
+    on rank 0), None elsewhere.
 
     Collective when distributed (every rank calls). Sharded NF4 weights are dequantized shard by shard
     (each FSDP shard holds whole NF4 groups) and gathered as dense tensors, so only plain all-gathers run.
     """
     if not dist.is_initialized():
         return merge_lora(model)
-    rank = dist.get_rank()
+    keep = dist.get_rank() == 0 if keep is None else keep
     full: dict[str, torch.Tensor] = {}
     for key, value in get_model_state_dict(model).items():
         if isinstance(value, DTensor):
@@ -67,6 +68,6 @@ def merged_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
             value = DTensor.from_local(
                 local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
             ).full_tensor()
-        if rank == 0:
+        if keep:
             full[key] = dequantize(value).detach().cpu()
-    return merge_lora_state(full, lora_scales(model)) if rank == 0 else None
+    return merge_lora_state(full, lora_scales(model)) if keep else None

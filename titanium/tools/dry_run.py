@@ -1,11 +1,15 @@
-"""Dry run: build a job's parallel plan for any world size on one CPU, without the hardware.
+"""Dry run: build a job's parallel plan for any world size on one CPU, and estimate its peak memory per rank.
 
     python -m titanium.tools.dry_run --job.config_file train_configs/llama3_405b.toml --world_size 512
 
-A fake process group stands in for the cluster, so the mesh, the TP plan and FSDP sharding are
-built exactly as rank ``--rank`` would build them, on the meta device (nothing is allocated). The
-report lists each parameter's placements and local shard shape and the per-rank weight and
-optimizer-state bytes. The tokenizer is not read: the vocabulary is the flavor's.
+A fake process group stands in for the cluster, so the mesh, the TP plan, FSDP sharding and the pipeline
+schedule are built exactly as rank ``--rank`` would build them, on the meta device (nothing is allocated),
+after the checks titanium.train makes before it starts (compile settings checked for ``--device_type``,
+default cuda). The report lists each parameter's placements and local shard shape, then the estimated peak
+memory of the rank and what fills it (titanium/tools/memory_estimate.py says how), against
+``--device_memory_gib`` (default 78: about what PyTorch gets of an 80 GB H100). Exit code 0: the plan is valid
+and fits; 1: it does not fit; 2: the plan is invalid. ``--no_memory`` skips the estimate. The tokenizer is not
+read: the vocabulary is the flavor's.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import re
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -21,11 +26,17 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanium.config import ConfigError, JobConfig, load_config
+from titanium.config.sections import CompileSection
 from titanium.converters import build_converters
+from titanium.errors import UserError
 from titanium.model_builder import DTYPES, ModelBuilder
+from titanium.parallel.compile import check_compile
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.params import clean_fqn
+from titanium.parallel.pipeline import Pipeline
+from titanium.preflight import check_job
+from titanium.tools.memory_estimate import Job, MemoryEstimate, estimate_memory
 
 
 @dataclass(frozen=True)
@@ -46,6 +57,13 @@ class DryRun:
     params: list[ParamPlan]
     stages: tuple[list[int], int] | None = None
     """(this rank's pipeline stages, number of stages), or None without pipeline parallelism."""
+    job: Job | None = None
+    """What the memory estimate traces."""
+    pipeline: Pipeline | None = None
+
+    def estimate_memory(self) -> MemoryEstimate:
+        assert self.job is not None
+        return estimate_memory(self.job, self.pipeline)
 
     @property
     def local_numel(self) -> int:
@@ -75,7 +93,7 @@ class DryRun:
         n = self.local_numel
         yield (
             f"per rank: {n / 1e9:.3f}B parameters = {n * 4 / 2**30:.2f} GiB fp32 weights, "
-            f"{n * 4 / 2**30:.2f} GiB grads, {n * 8 / 2**30:.2f} GiB AdamW states (activations not included)"
+            f"{n * 4 / 2**30:.2f} GiB grads, {n * 8 / 2**30:.2f} GiB AdamW states"
         )
 
 
@@ -98,34 +116,64 @@ def _param_plan(name: str, param: torch.Tensor) -> ParamPlan:
     return ParamPlan(name, tuple(param.shape), tuple(param.shape), "(not distributed)", ())
 
 
-def dry_run(argv: list[str], world_size: int, rank: int = 0) -> DryRun:
+def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = "cuda") -> DryRun:
     """Build the plan of rank ``rank`` of ``world_size`` on a fake process group (created and left
-    initialized; call ``torch.distributed.destroy_process_group()`` when done)."""
+    initialized; call ``torch.distributed.destroy_process_group()`` when done), checking what training
+    checks on ``device_type``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     # The dry run never reads the tokenizer (the flavor gives the vocabulary), so it may be absent.
     cfg = load_config([*argv, "--tokenizer.kind", "byte"])
-    dims = ParallelDims.from_config(cfg.parallelism, world_size)
+    dims = check_job(cfg, world_size)
+    check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     meshes = dims.build_meshes("cpu")
+    t = cfg.training
     plan = PlanConfig(
         parallelism=cfg.parallelism,
         activation_checkpoint=cfg.activation_checkpoint,
-        compile=cfg.compile.__class__(),  # compiling is irrelevant to placements
-        param_dtype=DTYPES[cfg.training.mixed_precision_param],
-        reduce_dtype=DTYPES[cfg.training.mixed_precision_reduce],
+        compile=CompileSection(),  # (checked above; it places nothing, and the memory trace is eager)
+        param_dtype=DTYPES[t.mixed_precision_param],
+        reduce_dtype=DTYPES[t.mixed_precision_reduce],
         pipeline=dims.pp > 1,
     )
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
-    spec, args = builder.resolve(cfg.model, seq_len=cfg.training.seq_len)
-    converters = build_converters(lora=cfg.lora, shard_degree=dims.dp_shard * dims.cp)
-    built = builder.build(spec, args, converters=converters, materialize=False)
-    stage_ids = None
-    if built.pipeline is not None:
-        stage_ids = (built.pipeline.stage_ids, built.pipeline.n_stages)
+    spec, args = builder.resolve(cfg.model, seq_len=t.seq_len)
+    converters = partial(
+        build_converters,
+        lora=cfg.lora,
+        float8=cfg.float8,
+        qat=cfg.qat,
+        shard_degree=dims.dp_shard * dims.cp,
+        fsdp=dims.fsdp_enabled,
+        device_type=None,
+    )
+    built = builder.build(spec, args, converters=converters(), materialize=False)
+    stage_ids, stages = None, [(True, True, args.n_layers)]
+    if (pipeline := built.pipeline) is not None:
+        pipeline.build_schedule(cfg.parallelism, t.local_batch_size, torch.device("cpu"), loss_fn=lambda out, rows: out)
+        stage_ids = (pipeline.stage_ids, pipeline.n_stages)
+        stages = [
+            (sid == 0, sid == pipeline.n_stages - 1, len(part.layers))
+            for part, sid in zip(pipeline.parts, pipeline.stage_ids)
+        ]
+    rows = cfg.parallelism.pipeline_parallel_microbatch_size if pipeline is not None else t.local_batch_size
+    job = Job(
+        cfg=cfg,
+        dims=dims,
+        meshes=meshes,
+        plan=plan,
+        spec=spec,
+        args=args,
+        converters=converters,
+        autocast=builder._autocast,  # (the context the trainer's forward runs in)
+        stages=stages,
+        rows=rows,
+        accumulation=dims.grad_accum_steps(t.local_batch_size, t.global_batch_size) * (t.local_batch_size // rows),
+    )
     params = [_param_plan(clean_fqn(n), p) for n, p in built.model.named_parameters()]
-    return DryRun(cfg=cfg, dims=dims, meshes=meshes, model=built.model, params=params, stages=stage_ids)
+    return DryRun(cfg, dims, meshes, built.model, params, stages=stage_ids, job=job, pipeline=pipeline)
 
 
 def _pop_flag(argv: list[str], name: str, default: str | None = None) -> str | None:
@@ -142,15 +190,19 @@ def _pop_flag(argv: list[str], name: str, default: str | None = None) -> str | N
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    every_block = "--every_block" in argv
-    argv = [a for a in argv if a != "--every_block"]
+    every_block, memory = "--every_block" in argv, "--no_memory" not in argv
+    argv = [a for a in argv if a not in ("--every_block", "--no_memory")]
     try:
         world_size = int(_pop_flag(argv, "--world_size", "8"))
         rank = int(_pop_flag(argv, "--rank", "0"))
+        device_memory_gib = float(_pop_flag(argv, "--device_memory_gib", "78"))
+        device_type = _pop_flag(argv, "--device_type", "cuda")
         if not 0 <= rank < world_size:
             raise ConfigError(f"--rank must be in [0, {world_size}), got {rank}")
-        result = dry_run(argv, world_size, rank)
-    except (ConfigError, ValueError) as e:
+        if device_type not in ("cuda", "cpu"):
+            raise ConfigError(f"--device_type must be cuda or cpu, got {device_type!r}")
+        result = dry_run(argv, world_size, rank, device_type)
+    except (UserError, ValueError) as e:
         print(f"titanium: config error: {e}", file=sys.stderr)
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -158,9 +210,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for line in result.report(every_block):
             print(line)
+        if not memory:
+            return 0
+        estimate = result.estimate_memory()
+        for line in estimate.report(device_memory_gib):
+            print(line)
+        return 0 if estimate.fits(device_memory_gib) else 1
     finally:
         dist.destroy_process_group()
-    return 0
 
 
 if __name__ == "__main__":

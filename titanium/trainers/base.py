@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from titanium.data.tokenizer import Tokenizer
 
@@ -71,16 +72,26 @@ class ObjectiveContext:
     dp_rank: int
     dp_world: int
     seed: int
+    loss_chunk_size: int = 0
+    """``[training] loss_chunk_size``: tokens per chunk of a chunked cross-entropy (0: from full logits)."""
     frozen_model: Callable[[], FrozenForward] | None = None
     """Asks the loop for a frozen copy of the starting policy, built by the same builder and parallel plan
-    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction."""
+    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction or
+    when first needed; the function it returns runs once the objective is built (not in its constructor)."""
+    frozen_model_id: str = ""
+    """What the frozen model's outputs depend on (family, args, starting weights and their files, precision),
+    for objectives that cache those outputs: a different id means the cached outputs are stale."""
     device: torch.device = torch.device("cpu")
-    """Where the models run."""
+    """Where the models run (for work an objective does outside the step, e.g. a precompute pass)."""
+    cp_mesh: DeviceMesh | None = None
+    """The context-parallel mesh when sequences are split over ranks (titanium.parallel.context.shard_batch);
+    a loss that is non-linear in a sequence's sum adds the ranks' parts over its group first."""
     chat_template: str = "auto"
-    """The job's chat format ([sft] chat_template, which the held-out evaluation uses too), for objectives that
-    render conversations."""
+    """The job's chat format ([sft] chat_template), for objectives that render conversations."""
     system_prompt: str | None = None
     """[sft] system_prompt: replaces or adds each conversation's system message."""
+    dump_folder: str = "./outputs"
+    """The job's output folder (job.dump_folder)."""
     policy: Callable[[], contextlib.AbstractContextManager[nn.Module]] | None = None
     """Lends the live policy (the model being trained, sharded as it trains) for generation, e.g. rollouts in
     ``prepare``: inside the context it is in eval mode, without gradients, under the training forward's mixed

@@ -1,4 +1,4 @@
-"""Direct preference optimization: per-response log-probs and the preference losses, as pure functions.
+"""Direct preference optimization: per-response log-probs, the preference losses and the DPO objective.
 
 For a pair (prompt x, chosen y_w, rejected y_l), a policy pi and a frozen reference pi_ref, let
 h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)], log-probs summed over the
@@ -16,35 +16,72 @@ loop divides by the global number of pairs, so every layout and accumulation giv
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.nn.functional import all_reduce as all_reduce_with_grad
+from torch.distributed.tensor import DTensor
 
-from titanium.config.sections import DPOSection
-from titanium.trainers.base import IGNORE_INDEX
+from titanium.config.sections import DataSection, DPOSection
+from titanium.data.chat import build_chat_template
+from titanium.data.meter import DataMeter
+from titanium.data.preference import PreferenceDataset
+from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
+from titanium.parallel.context import shard_batch
+from titanium.trainers.base import (
+    IGNORE_INDEX,
+    Batch,
+    FrozenForward,
+    LossResult,
+    ModelOutput,
+    Objective,
+    ObjectiveContext,
+)
+from titanium.trainers.dpo_reference import (
+    CachedReferencePairs,
+    ReferenceCache,
+    data_identity,
+    load_or_compute,
+    precompute,
+    tokenizer_identity,
+)
+
+METRICS = ("reward_chosen", "reward_rejected", "margin", "accuracy", "logp_chosen", "logp_rejected")
+"""The per-pair metrics (sums over pairs in DPOLoss; ``dpo/<name>`` means on the log line)."""
 
 
 def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(label) at every position in float32, [batch, seq]; 0 where the label is IGNORE_INDEX."""
+    """log p(label) at every position in float32, [batch, seq]; 0 where the label is IGNORE_INDEX.
+
+    Under loss parallel (tensor parallelism) ``logits`` is vocabulary-sharded: the cross-entropy runs on
+    the shards and only the [batch, seq] result is made whole.
+    """
     flat = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="none", ignore_index=IGNORE_INDEX)
+    if isinstance(flat, DTensor):
+        flat = flat.full_tensor()
     return -flat.view(labels.shape)
 
 
-def response_logps(
-    logits: torch.Tensor, labels: torch.Tensor, response_ids: torch.Tensor, n_responses: int
-) -> torch.Tensor:
-    """Summed label log-probs of each response, [n_responses] float32.
+def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) -> torch.Tensor:
+    """Per-pair sums of per-token ``values`` [..., rows, seq] over each response's labels: [..., pairs, 2].
 
-    ``response_ids`` [batch, seq] names the response each label belongs to (-1: none), as the preference
-    batches carry it (titanium.data.preference_batch), so padded and packed rows sum the same way. Under
-    context parallelism each rank sums its part of the sequence; the caller adds the parts over the cp
-    group before any non-linearity.
+    ``response_ids`` [rows, seq] is the batch's (titanium.data.preference_batch): ``2m + side`` for the
+    m-th pair of a row pair, -1 where there is no label. Pair ``g * slots + m`` is the m-th pair of row pair
+    g; column 0 is its chosen response, 1 its rejected one; a slot without a pair sums to 0. Padded and
+    packed rows, and any run of whole row pairs, sum the same way. Under context parallelism each rank
+    sums its part of the sequences; the caller adds the parts over the cp group before any non-linearity.
     """
-    logps = token_logps(logits, labels).flatten()
-    ids = response_ids.flatten()
-    logps = torch.where(ids >= 0, logps, torch.zeros_like(logps))
-    return logps.new_zeros(n_responses).index_add(0, ids.clamp(min=0), logps)
+    rows, seq = response_ids.shape
+    ids = response_ids.reshape(rows // 2, 2 * seq)
+    index = ids.clamp(min=0).expand(*values.shape[:-2], -1, -1)
+    masked = torch.where(ids >= 0, values.reshape(*values.shape[:-2], rows // 2, 2 * seq), 0.0)
+    sums = values.new_zeros(*values.shape[:-2], rows // 2, 2 * slots).scatter_add(-1, index, masked)
+    return sums.view(*values.shape[:-2], rows // 2 * slots, 2)
 
 
 @dataclass
@@ -63,11 +100,13 @@ def dpo_loss(
     cfg: DPOSection,
     chosen_lengths: torch.Tensor | None = None,
     rejected_lengths: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
 ) -> DPOLoss:
     """The loss of every pair from summed response log-probs ([pairs] each; see the module docstring).
 
     ``chosen_lengths``/``rejected_lengths`` (label tokens per response) are needed with length_normalize
-    and with rpo_alpha > 0. The reference log-probs are treated as constants.
+    and with rpo_alpha > 0. The reference log-probs are treated as constants. ``mask`` (bool, [pairs])
+    says which entries are pairs: the others (empty slots of a batch layout) get loss 0 and no metrics.
     """
     if (cfg.length_normalize or cfg.rpo_alpha > 0) and (chosen_lengths is None or rejected_lengths is None):
         raise ValueError("length_normalize and rpo_alpha need the response lengths")
@@ -95,13 +134,149 @@ def dpo_loss(
     if cfg.rpo_alpha > 0:
         assert chosen_nll is not None
         losses = losses + cfg.rpo_alpha * chosen_nll
+    weight = torch.ones_like(h) if mask is None else mask.to(h.dtype)
     chosen_rewards, rejected_rewards = beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
-    metrics = {
-        "rewards/chosen": chosen_rewards.sum(),
-        "rewards/rejected": rejected_rewards.sum(),
-        "rewards/margin": (chosen_rewards - rejected_rewards).sum(),
-        "rewards/accuracy": (chosen_rewards > rejected_rewards).float().sum(),
-        "logps/chosen": policy_chosen.detach().sum(),
-        "logps/rejected": policy_rejected.detach().sum(),
+    per_pair = {
+        "reward_chosen": chosen_rewards,
+        "reward_rejected": rejected_rewards,
+        "margin": chosen_rewards - rejected_rewards,
+        "accuracy": (chosen_rewards > rejected_rewards).to(h.dtype),
+        "logp_chosen": policy_chosen.detach(),
+        "logp_rejected": policy_rejected.detach(),
     }
-    return DPOLoss(losses, metrics)
+    return DPOLoss(losses * weight, {name: (value * weight).sum() for name, value in per_pair.items()})
+
+
+class DPOObjective(Objective):
+    """DPO on preference pairs (``[data] kind = "preference"``), configured by ``[dpo]``.
+
+    The loss unit is a pair: ``training.local_batch_size`` pairs per microbatch (2 x as many rows, see
+    titanium.data.preference_batch). The reference policy's token log-probs come from the loop's frozen
+    model in ``prepare``, or, with ``precompute_reference``, from a cache made once before training (then
+    the reference model is not kept). Every key is row-aligned and each pair lies in one row pair, so a
+    pipeline microbatch computes the loss of its own pairs; under context parallelism each rank sums its
+    part of every response, and the sums are added over the cp group (differentiably) before the loss.
+    """
+
+    metric_names = tuple(f"dpo/{name}" for name in METRICS)
+
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
+        self.cfg, self.ctx, self.data = dpo, ctx, data
+        self.template = build_chat_template(ctx.chat_template, ctx.tokenizer, ctx.model_name)
+        self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
+        self.slots = pair_slots(ctx.seq_len, dpo.packing)
+        self.cp_group = ctx.cp_mesh.get_group() if ctx.cp_mesh is not None else None
+        self.reference: FrozenForward | None = None
+        stream: PairStream = self.pairs
+        if dpo.precompute_reference:
+            stream = CachedReferencePairs(self.pairs, self._reference_cache)
+        else:
+            self.reference = self._frozen_model()
+        self.loader = self._loader(stream)
+        self.meter = DataMeter(self.pairs)
+
+    def _pairs(self, dp_rank: int, dp_world: int) -> PreferenceDataset:
+        ctx, dpo = self.ctx, self.cfg
+        return PreferenceDataset(
+            self.data,
+            self.template,
+            ctx.seq_len,
+            ctx.tokenizer.bos_id,
+            ctx.system_prompt,
+            dpo.on_long_pair,
+            dp_rank,
+            dp_world,
+        )
+
+    def _loader(self, stream: PairStream) -> PreferenceBatchLoader:
+        ctx = self.ctx
+        return PreferenceBatchLoader(stream, ctx.local_batch_size, ctx.seq_len, ctx.tokenizer.pad_id, self.cfg.packing)
+
+    def _frozen_model(self) -> FrozenForward:
+        if self.ctx.frozen_model is None:
+            raise ValueError("the dpo objective needs a reference: ObjectiveContext.frozen_model is not set")
+        return self.ctx.frozen_model()
+
+    def _reference_cache(self) -> ReferenceCache:
+        """The cached reference log-probs, read or computed when the first microbatch is asked for (the loop
+        can run its frozen model only once the objective exists); the reference model is dropped after."""
+        ctx = self.ctx
+        identity = {
+            "reference": ctx.frozen_model_id,
+            "data": data_identity(self.data),
+            "tokenizer": tokenizer_identity(ctx.tokenizer),
+            "template": [ctx.chat_template, type(self.template).__name__, ctx.system_prompt],
+            "seq_len": ctx.seq_len,
+            "on_long_pair": self.cfg.on_long_pair,
+        }
+
+        def compute() -> dict[bytes, tuple[float, float]]:
+            self.reference = self._frozen_model()
+            try:
+                return precompute(self._pairs(0, 1), self._loader, self.reference_sums, ctx.dp_rank, ctx.dp_world)
+            finally:
+                self.reference = None
+
+        cache = load_or_compute(Path(ctx.dump_folder) / self.cfg.reference_cache_folder, identity, compute)
+        gc.collect()
+        return cache
+
+    @torch.no_grad()
+    def reference_sums(self, batch: Batch) -> torch.Tensor | None:
+        """The reference's (chosen, rejected) log-prob sums of each pair slot of a CPU microbatch [slots, 2]
+        (the precompute pass), or None on pipeline ranks without the last stage."""
+        assert self.reference is not None
+        if self.ctx.cp_mesh is not None:
+            batch = shard_batch(batch, self.ctx.cp_mesh)
+        batch = {k: v.to(self.ctx.device) for k, v in batch.items()}
+        logits = self.reference(batch)
+        if logits is None:
+            return None
+        sums = response_sums(token_logps(logits, batch["label"]), batch["response_ids"], self.slots)
+        if self.cp_group is not None:
+            dist.all_reduce(sums, group=self.cp_group)
+        return sums
+
+    def next_microbatch(self) -> Batch:
+        batch = next(self.loader)
+        self.meter.add(batch)
+        return batch
+
+    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+        if self.reference is None:  # cached: the batches carry reference_logps already
+            return microbatches
+        for mb in microbatches:
+            logits = self.reference(mb)
+            if logits is not None:  # (pipeline ranks without the last stage get None)
+                mb["reference_logps"] = token_logps(logits, mb["label"])
+        return microbatches
+
+    def count(self, batch: Batch) -> torch.Tensor:
+        return batch["pairs_per_row"].sum()
+
+    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
+        return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
+
+    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+        assert output.logits is not None
+        ids = batch["response_ids"]
+        per_token = torch.stack(
+            [token_logps(output.logits, batch["label"]), batch["reference_logps"], (ids >= 0).float()]
+        )
+        sums = response_sums(per_token, ids, self.slots)
+        if self.cp_group is not None:  # each rank holds a part of every response: add them before the loss
+            sums = all_reduce_with_grad(sums, group=self.cp_group)
+        policy, reference, lengths = sums.unbind(0)
+        present = lengths[:, 0] > 0  # slots that hold a pair
+        out = dpo_loss(*policy.unbind(1), *reference.unbind(1), self.cfg, *lengths.unbind(1), mask=present)
+        pairs = present.sum()
+        return LossResult(out.losses.sum(), {f"dpo/{name}": (value, pairs) for name, value in out.metrics.items()})
+
+    def log_metrics(self) -> dict[str, float]:
+        return self.meter.metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

@@ -5,22 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from titanium.config.sections import DataSection
 from titanium.data.loader import BatchLoader
 from titanium.data.synthetic import SyntheticDataset
 from titanium.data.text import TextDataset
 from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
-
-
-def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Summed token cross-entropy in float32, skipping IGNORE_INDEX labels."""
-    return F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX)
+from titanium.trainers.cross_entropy import TokenCrossEntropy
 
 
 class PretrainObjective(Objective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, section: None = None) -> None:
+        self.cross_entropy = TokenCrossEntropy(ctx.loss_chunk_size)
+        self.loss_input = self.cross_entropy.loss_input
         if data.kind == "synthetic":
             dataset = SyntheticDataset(ctx.vocab_size, ctx.seq_len, ctx.seed, ctx.dp_rank, ctx.dp_world)
         else:
@@ -31,6 +28,9 @@ class PretrainObjective(Objective):
     def next_microbatch(self) -> Batch:
         return next(self.loader)
 
+    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+        return self.cross_entropy.prepare(microbatches)
+
     def count(self, batch: Batch) -> torch.Tensor:
         return (batch["label"] != IGNORE_INDEX).sum()
 
@@ -38,7 +38,7 @@ class PretrainObjective(Objective):
         return {"tokens": batch["input"]}
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
-        return LossResult(cross_entropy_sum(output.logits, batch["label"]))
+        return LossResult(self.cross_entropy(output, batch))
 
     def log_metrics(self) -> dict[str, float]:
         bad = getattr(self.dataset, "bad_rows", 0)

@@ -16,10 +16,11 @@ import torch
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_chat_template
 from titanium.data.loader import BatchLoader
-from titanium.data.packing import PackedDataset, PaddedDataset, padding_mask
+from titanium.data.meter import DataMeter
+from titanium.data.packing import PackedDataset, PaddedDataset
 from titanium.data.sft import SFTDataset
 from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
-from titanium.trainers.pretrain import cross_entropy_sum
+from titanium.trainers.cross_entropy import TokenCrossEntropy
 
 
 class SFTObjective(Objective):
@@ -32,13 +33,17 @@ class SFTObjective(Objective):
         else:
             rows = PaddedDataset(self.samples, ctx.seq_len, pad_id)
         self.loader = BatchLoader(rows, ctx.local_batch_size)
-        self._padding = self._tokens = 0  # since the last log line
+        self.meter = DataMeter(self.samples)
+        self.cross_entropy = TokenCrossEntropy(ctx.loss_chunk_size)
+        self.loss_input = self.cross_entropy.loss_input
 
     def next_microbatch(self) -> Batch:
         batch = next(self.loader)
-        self._padding += int(padding_mask(batch).sum())  # (CPU tensors: no device sync)
-        self._tokens += batch["input"].numel()
+        self.meter.add(batch)
         return batch
+
+    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+        return self.cross_entropy.prepare(microbatches)
 
     def count(self, batch: Batch) -> torch.Tensor:
         return (batch["label"] != IGNORE_INDEX).sum()
@@ -47,19 +52,10 @@ class SFTObjective(Objective):
         return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
-        return LossResult(cross_entropy_sum(output.logits, batch["label"]))
+        return LossResult(self.cross_entropy(output, batch))
 
     def log_metrics(self) -> dict[str, float]:
-        counters = {
-            "data/skipped_rows": self.samples.bad_rows,
-            "data/truncated_samples": self.samples.truncated,
-            "data/dropped_samples": self.samples.dropped,
-        }
-        metrics = {k: float(v) for k, v in counters.items() if v}
-        if self._tokens:  # share of the rows that is padding: what packing saves
-            metrics["data/padding_pct"] = 100.0 * self._padding / self._tokens
-            self._padding = self._tokens = 0
-        return metrics
+        return self.meter.metrics()
 
     def state_dict(self) -> dict[str, Any]:
         return self.loader.state_dict()

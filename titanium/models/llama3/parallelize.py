@@ -21,6 +21,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from titanium.models.common.parallelize import linear_styles
+
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """Shard a Llama 3 ``Transformer`` (or a pipeline stage of one) over ``tp_mesh`` in place."""
@@ -52,22 +54,29 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
             tp_mesh,
             PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Shard(1), use_local_output=True),
         )
-    # The attention also takes its AttentionInputs (RoPE tables, positions, document ids): left alone (None).
-    block_plan = {
-        "attention_norm": SequenceParallel(),
-        "attention": PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
-        "attention.wq": ColwiseParallel(),
-        "attention.wk": ColwiseParallel(),
-        "attention.wv": ColwiseParallel(),
-        "attention.wo": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-        "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": ColwiseParallel(),
-        "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1), use_local_output=False),
-        "feed_forward.w3": ColwiseParallel(),
-    }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        parallelize_module(block, tp_mesh, _block_plan(block, tp_mesh.device_type))
     # Tied embeddings: both sides are sharded by vocabulary rows (Shard(0)), so one DTensor serves both.
     if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
         model.output.weight = model.tok_embeddings.weight
+
+
+def _block_plan(block: nn.Module, device_type: str) -> dict:
+    """One block's plan; float8 layers get torchao's float8 styles (models/common/parallelize.py)."""
+    attn, ffn = block.attention, block.feed_forward
+    qkv, wo = linear_styles(device_type, attn.wq, attn.wk, attn.wv), linear_styles(device_type, attn.wo)
+    up, down = linear_styles(device_type, ffn.w1, ffn.w3), linear_styles(device_type, ffn.w2)
+    # The attention also takes its AttentionInputs (RoPE tables, positions, document ids): left alone (None).
+    return {
+        "attention_norm": SequenceParallel(),
+        "attention": qkv.prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
+        "attention.wq": qkv.colwise(),
+        "attention.wk": qkv.colwise(),
+        "attention.wv": qkv.colwise(),
+        "attention.wo": wo.rowwise(output_layouts=Shard(1), use_local_output=False),
+        "ffn_norm": SequenceParallel(),
+        "feed_forward": up.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+        "feed_forward.w1": up.colwise(),
+        "feed_forward.w2": down.rowwise(output_layouts=Shard(1), use_local_output=False),
+        "feed_forward.w3": up.colwise(),
+    }

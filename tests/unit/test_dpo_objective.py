@@ -1,0 +1,218 @@
+"""The DPO objective in one process: loss and metrics against each sequence run alone, padded and packed
+microbatches alike; cached reference log-probs equal online ones; what the cache is keyed by."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from tests.helpers import REPO
+from titanium.config.sections import DataSection, DPOSection, JobConfig
+from titanium.config.validate import validate
+from titanium.data.chat import build_chat_template
+from titanium.data.preference import PreferenceDataset, PreferencePair
+from titanium.data.sft import IGNORE_INDEX
+from titanium.data.text import DataError
+from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
+from titanium.model_builder import WeightSource
+from titanium.models import build_model_args, get_model_spec
+from titanium.tools import eval_preference
+from titanium.trainers.base import ModelOutput, ObjectiveContext
+from titanium.trainers.dpo import METRICS, DPOObjective, response_sums, token_logps
+from titanium.trainers.dpo_reference import ReferenceCache
+
+TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
+SEQ_LEN = 64
+PAIRS = 4  # per microbatch
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_process_group():
+    """The cache agrees on hit or miss and gathers results over the default group: one process here."""
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+def debug_model(seed: int) -> torch.nn.Module:
+    spec = get_model_spec("llama3")
+    model = spec.model_cls(build_model_args(spec, "debugmodel", vocab_size=TOKENIZER.vocab_size, max_seq_len=SEQ_LEN))
+    model.init_weights(seed=seed)
+    return model.eval()
+
+
+POLICY, REFERENCE = debug_model(0), debug_model(1)
+
+
+def frozen(model: torch.nn.Module):
+    """What the loop's frozen model does: the model's logits for a microbatch, without gradients."""
+
+    @torch.no_grad()
+    def run(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        return model(batch["input"], positions=batch["positions"], document_ids=batch["document_ids"])
+
+    return run
+
+
+def never_built():
+    raise AssertionError("the reference model must not be built when the cache has the log-probs")
+
+
+@pytest.fixture
+def pairs_file(tmp_path: Path) -> Path:
+    lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines(keepends=True)
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(lines[:24]))
+    return path
+
+
+def objective(
+    tmp_path: Path, path: Path, cfg: DPOSection, frozen_model=lambda: frozen(REFERENCE), **ctx
+) -> DPOObjective:
+    context = dict(
+        tokenizer=TOKENIZER,
+        model_name="llama3",
+        vocab_size=TOKENIZER.vocab_size,
+        seq_len=SEQ_LEN,
+        local_batch_size=PAIRS,
+        dp_rank=0,
+        dp_world=1,
+        seed=0,
+        frozen_model=frozen_model,
+        frozen_model_id="reference A",
+        chat_template="llama3",
+        dump_folder=str(tmp_path / "run"),
+    )
+    context.update(ctx)
+    data = DataSection(kind="preference", path=str(path))
+    return DPOObjective(ObjectiveContext(**context), data, cfg)
+
+
+def alone_logp(model: torch.nn.Module, sample: dict) -> torch.Tensor:
+    """Summed log-prob of a sample's labels, the sequence run by itself, unpadded."""
+    log_probs = F.log_softmax(model(torch.tensor([sample["tokens"]])).float(), dim=-1)[0]
+    return sum(log_probs[i, t] for i, t in enumerate(sample["labels"]) if t != IGNORE_INDEX)
+
+
+def first_pairs(path: Path, n: int) -> list[PreferencePair]:
+    template = build_chat_template("llama3", TOKENIZER, "llama3")
+    it = iter(PreferenceDataset(DataSection(kind="preference", path=str(path)), template, SEQ_LEN, TOKENIZER.bos_id))
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.parametrize("packing", [False, True])
+@torch.no_grad()
+def test_loss_and_metrics_equal_each_sequence_run_alone(tmp_path, pairs_file, packing):
+    beta = 0.5
+    obj = objective(tmp_path, pairs_file, DPOSection(beta=beta, packing=packing))
+    [batch] = obj.prepare([obj.next_microbatch()])
+    n = int(obj.count(batch))
+    assert n == PAIRS if not packing else n > PAIRS  # packed row pairs hold more pairs
+    result = obj.loss(ModelOutput(logits=POLICY(**obj.model_inputs(batch))), batch)
+
+    losses, metrics = [], {name: [] for name in METRICS}
+    for pair in first_pairs(pairs_file, n):
+        pc, pr = alone_logp(POLICY, pair.chosen), alone_logp(POLICY, pair.rejected)
+        rc, rr = alone_logp(REFERENCE, pair.chosen), alone_logp(REFERENCE, pair.rejected)
+        chosen, rejected = beta * (pc - rc), beta * (pr - rr)
+        losses.append(-F.logsigmoid(chosen - rejected))
+        for name, value in zip(METRICS, (chosen, rejected, chosen - rejected, float(chosen > rejected), pc, pr)):
+            metrics[name].append(value)
+    torch.testing.assert_close(result.loss_sum, torch.stack(losses).sum(), rtol=1e-5, atol=1e-5)
+    assert result.metrics.keys() == {f"dpo/{name}" for name in METRICS} == set(obj.metric_names)
+    for name in METRICS:
+        total, count = result.metrics[f"dpo/{name}"]
+        assert int(count) == n
+        expected = torch.tensor([float(v) for v in metrics[name]]).sum()
+        torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-4, msg=name)
+
+
+def reference_sums(batch: dict[str, torch.Tensor], slots: int, online: bool) -> torch.Tensor:
+    per_token = token_logps(frozen(REFERENCE)(batch), batch["label"]) if online else batch["reference_logps"]
+    return response_sums(per_token, batch["response_ids"], slots)
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_cached_reference_logps_equal_online_ones(tmp_path, pairs_file, packing):
+    cfg = DPOSection(packing=packing, precompute_reference=True)
+    cached = objective(tmp_path, pairs_file, cfg)
+    online = objective(tmp_path, pairs_file, DPOSection(packing=packing))
+    for _ in range(4):  # past the end of the 24 pairs: the second epoch reads the cache too
+        a, b = cached.next_microbatch(), online.next_microbatch()
+        assert all(torch.equal(a[k], b[k]) for k in b)  # the same rows
+        assert cached.prepare([a]) == [a] and cached.reference is None  # nothing to run: the model is gone
+        expected = reference_sums(b, cached.slots, online=True)
+        torch.testing.assert_close(reference_sums(a, cached.slots, online=False), expected, rtol=1e-5, atol=1e-5)
+        assert (expected != 0).any()
+
+
+def cache_files(tmp_path: Path) -> list[str]:
+    return sorted(p.name for p in (tmp_path / "run/reference_logps").glob("*.safetensors"))
+
+
+def test_the_cache_is_read_back_and_keyed_by_what_the_values_depend_on(tmp_path, pairs_file):
+    cfg = DPOSection(precompute_reference=True)
+    next(objective(tmp_path, pairs_file, cfg).loader)
+    [first] = cache_files(tmp_path)
+    assert (tmp_path / "run/reference_logps" / first).with_suffix(".json").is_file()  # what the key hashed
+    next(objective(tmp_path, pairs_file, cfg, frozen_model=never_built).loader)  # read, nothing built
+    assert cache_files(tmp_path) == [first]
+
+    changes = [
+        {"frozen_model_id": "reference B"},  # other weights, precision, ...
+        {"seq_len": 48},
+        {"system_prompt": "Be brief."},
+        {"tokenizer": ByteTokenizer()},
+    ]
+    for n, change in enumerate(changes, start=2):
+        next(objective(tmp_path, pairs_file, cfg, **change).loader)
+        assert len(cache_files(tmp_path)) == n, change
+    count = len(cache_files(tmp_path))
+    pairs_file.write_text(pairs_file.read_text().replace('"rejected":"', '"rejected":"0', 1))  # the content
+    next(objective(tmp_path, pairs_file, cfg).loader)
+    assert len(cache_files(tmp_path)) == count + 1
+
+
+def test_a_pair_missing_from_the_cache_is_an_error_naming_it(tmp_path, pairs_file):
+    pair = first_pairs(pairs_file, 1)[0]
+    cache = ReferenceCache({}, tmp_path / "cache.safetensors")
+    with pytest.raises(DataError, match=r"pairs.jsonl: row 0: this pair is not in the reference log-prob cache"):
+        cache.lookup(pair, f"--data.path {pairs_file}: row 0")
+
+
+def test_weight_fingerprint_changes_with_the_files(tmp_path):
+    folder = tmp_path / "step-10"
+    folder.mkdir()
+    (folder / "__0_0.distcp").write_bytes(b"weights")
+    source = WeightSource(dcp_folder=str(folder))
+    before = source.fingerprint()
+    assert before == source.fingerprint() and WeightSource().fingerprint() == ""
+    (folder / "__0_0.distcp").write_bytes(b"weights!")
+    assert source.fingerprint() != before
+    stat = os.stat(folder / "__0_0.distcp")
+    os.utime(folder / "__0_0.distcp", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert len({before, source.fingerprint()}) == 2
+
+
+def test_dpo_needs_preference_data():
+    cfg = JobConfig()
+    cfg.training.objective = "dpo"
+    assert "--training.objective dpo needs preference pairs: --data.kind preference" in list(validate(cfg))
+    cfg.data.kind, cfg.training.loss_chunk_size = "preference", 1024
+    assert any("--training.loss_chunk_size applies to token cross-entropy" in p for p in validate(cfg))
+
+
+def test_eval_preference_refuses_a_folder_without_weights(tmp_path, capsys):
+    code = eval_preference.main(
+        [str(tmp_path), str(tmp_path), "--data", "assets/tasks/arithmetic/preference_test.jsonl"]
+    )
+    assert code == 2
+    assert "neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder" in capsys.readouterr().err

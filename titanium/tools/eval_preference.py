@@ -1,0 +1,129 @@
+"""Held-out preference accuracy of a policy against its reference, on preference pairs (one process).
+
+    python -m titanium.tools.eval_preference outputs/debug_dpo/checkpoint/step-100 \\
+        outputs/debug_sft/checkpoint/step-200 --data assets/tasks/arithmetic/preference_test.jsonl \\
+        --job.config_file train_configs/debug_dpo.toml
+
+POLICY and REFERENCE are titanium checkpoint folders (step-N, with the whole model: not a LoRA run's,
+whose merged Hugging Face export works instead) or Hugging Face folders. The job config (a TOML file and
+--section.key overrides, as for training) gives the model, tokenizer, chat template ([sft]), seq_len,
+the preference columns ([data]) and beta ([dpo]). It prints one JSON line of means over the pairs:
+
+- reward_accuracy: share of pairs whose implicit reward beta x (log pi - log pi_ref) is higher for the
+  chosen response (what DPO's loss raises; a tie counts as wrong, so a policy equal to its reference
+  scores 0);
+- margin: the mean reward margin, chosen minus rejected;
+- policy_prefers_chosen, reference_prefers_chosen: share of pairs where the model alone gives the chosen
+  response the higher summed log-prob.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from titanium.config import load_config
+from titanium.config.sections import DPOSection
+from titanium.data.chat import build_chat_template
+from titanium.data.preference import OnePass, PreferenceDataset
+from titanium.data.preference_batch import PreferenceBatchLoader
+from titanium.data.tokenizer import build_tokenizer
+from titanium.errors import UserError
+from titanium.model_builder import ModelBuilder, WeightSource
+from titanium.trainers.dpo import dpo_loss, response_sums, token_logps
+
+
+def weights_of(folder: Path) -> WeightSource:
+    if (folder / "config.json").is_file():
+        return WeightSource(hf_folder=str(folder))
+    if (folder / ".metadata").is_file():
+        return WeightSource(dcp_folder=str(folder))
+    raise UserError(f"{folder}: neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder")
+
+
+@torch.no_grad()
+def evaluate(
+    policy: nn.Module, reference: nn.Module, loader: PreferenceBatchLoader, cfg: DPOSection
+) -> dict[str, float]:
+    """Means over every pair the loader gives (see the module docstring)."""
+    totals = torch.zeros(5, dtype=torch.float64)  # pairs, reward accuracy, margin, policy / reference prefer chosen
+    device = next(policy.parameters()).device
+    for batch in loader:
+        batch = {k: v.to(device) for k, v in batch.items()}
+        inputs = {"positions": batch["positions"], "document_ids": batch["document_ids"]}
+        ids = batch["response_ids"]
+        pol, ref = (
+            response_sums(token_logps(model(batch["input"], **inputs), batch["label"]), ids, loader.slots)
+            for model in (policy, reference)
+        )
+        lengths = response_sums((ids >= 0).float(), ids, loader.slots)
+        present = lengths[:, 0] > 0
+        out = dpo_loss(*pol.unbind(1), *ref.unbind(1), cfg, *lengths.unbind(1), mask=present)
+        prefers = [((m[:, 0] > m[:, 1]) & present).sum() for m in (pol, ref)]
+        totals += torch.stack([present.sum(), out.metrics["accuracy"], out.metrics["margin"], *prefers]).cpu()
+    n = totals[0].item()
+    if n == 0:
+        raise UserError("no preference pairs to evaluate (check --data and the [data] columns)")
+    names = ("reward_accuracy", "margin", "policy_prefers_chosen", "reference_prefers_chosen")
+    return {"pairs": int(n), **{name: (value / n).item() for name, value in zip(names, totals[1:])}}
+
+
+def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
+    cfg = load_config(overrides)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    tokenizer = build_tokenizer(cfg.tokenizer)
+    template = build_chat_template(cfg.sft.chat_template, tokenizer, cfg.model.name)
+    seq_len = cfg.training.seq_len
+    data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
+    pairs = PreferenceDataset(data, template, seq_len, tokenizer.bos_id, cfg.sft.system_prompt, cfg.dpo.on_long_pair)
+    loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
+    builder = ModelBuilder(device, cfg.debug.seed)
+    spec, model_args = builder.resolve(cfg.model, seq_len=seq_len, vocab_size=tokenizer.vocab_size)
+    policy, reference = (
+        builder.build(spec, model_args, weights=weights_of(folder)).model.eval()
+        for folder in (args.policy, args.reference)
+    )
+    return evaluate(policy, reference, loader, cfg.dpo)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m titanium.tools.eval_preference",
+        description=__doc__.split("\n\n")[0],
+        epilog="\n\n".join(__doc__.split("\n\n")[1:]),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("policy", type=Path, help="the trained policy: a step-N checkpoint or a Hugging Face folder")
+    p.add_argument("reference", type=Path, help="its reference (where DPO started), in the same forms")
+    p.add_argument("--data", required=True, help="preference pairs to score (a file, folder or glob, as --data.path)")
+    p.add_argument("--max-pairs", type=int, default=1000, help="score the first N pairs (default 1000)")
+    p.add_argument("--batch-size", type=int, default=32, help="pairs per forward (default 32)")
+    p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parser().parse_known_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process on purpose
+    try:
+        if args.max_pairs < 1 or args.batch_size < 1:
+            raise UserError("--max-pairs and --batch-size must be >= 1")
+        result = run(args, overrides)
+    except UserError as e:
+        print(f"titanium.tools.eval_preference: error: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
