@@ -2,7 +2,7 @@
 
 The model is the debug Llama (random weights from a seed, the debug tokenizer's vocabulary) written as
 a Hugging Face folder by titanium's exporter, or any Llama / Qwen3 folder given with ``--hf-folder``;
-titanium loads it with its model builder (``ModelBuilder.load_hf``), transformers with ``from_pretrained``. Every prompt
+titanium loads it with ``ModelBuilder.load_hf``, transformers with ``from_pretrained``. Every prompt
 has the same length (no padding) and both generate exactly ``--new-tokens`` tokens per row (no stop
 token), greedy and sampled (temperature 0.8, top-p 0.95). Tokens/s = batch x new tokens / seconds,
 the median of ``--repeats`` timed runs after one warm-up, the two

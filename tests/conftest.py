@@ -30,3 +30,16 @@ def make_trainer(monkeypatch):
     for trainer in made:
         trainer.close()
     shutdown_distributed()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the tests marked ``cuda`` where no CUDA GPU is present. The mark is the one way to say a test is
+    CUDA-only, so ``pytest -m cuda`` (benchmarks/gpu_suite.sh) selects exactly them."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (marked cuda)")
+    for item in items:
+        if item.get_closest_marker("cuda") is not None:
+            item.add_marker(skip)

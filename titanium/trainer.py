@@ -35,6 +35,7 @@ from titanium.converters import build_converters
 from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
+from titanium.fault_tolerance import build_fault_tolerance
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.guards import StepGuard
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
@@ -63,6 +64,8 @@ class Trainer:
         self.dp_group = self.meshes.dp.get_group()
         self.dp_rank = self.meshes.dp.get_local_rank()
         self.loss_group = self.meshes.loss.get_group()  # dp x cp: the ranks whose loss units add up
+        self.fault_tolerance = build_fault_tolerance(cfg.fault_tolerance, self.device)  # (off: a no-op hook)
+        self.data_rank, self.data_world = self.fault_tolerance.data_shard(self.dp_rank, dims.dp_degree)
         self._set_determinism()
         self._save_config()
         self.tokenizer = build_tokenizer(cfg.tokenizer)
@@ -194,8 +197,8 @@ class Trainer:
             vocab_size=self.model_args.vocab_size,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
-            dp_rank=self.dp_rank,
-            dp_world=self.dims.dp_degree,
+            dp_rank=self.data_rank,
+            dp_world=self.data_world,
             seed=self.cfg.debug.seed,
             loss_chunk_size=t.loss_chunk_size,
             frozen_model=self._frozen_model,
@@ -268,18 +271,26 @@ class Trainer:
             "lr_scheduler": self.lr_scheduler,
             "train_state": self.train_state,
             # Per-rank state needs per-rank keys: DCP keeps one copy of identically named values.
-            f"data_dp{self.dp_rank}": self.objective,
+            f"data_dp{self.data_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
         base = ModelState(self.model, part="base") if self.frozen_base else None
         self.checkpointer = CheckpointManager(
-            self.cfg.checkpoint, self.cfg.job.dump_folder, states, self.env.rank, base_model=base
+            self.fault_tolerance.checkpoint_section(self.cfg.checkpoint),
+            self.cfg.job.dump_folder,
+            states,
+            self.env.rank,
+            base_model=base,
         )
         if self.cfg.checkpoint.create_seed_checkpoint:
             return  # a seed checkpoint is made from fresh weights, never from a resumed run
         resumed = self.checkpointer.load()
         if resumed:
             logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
+        shared = ("model", "optimizer", "lr_scheduler", "train_state")  # what a rejoining replica group copies
+        self.fault_tolerance.share_state(
+            {k: states[k] for k in shared}, self.train_state, self.objective.next_microbatch, self.grad_accum_steps
+        )
 
     def _build_metrics(self) -> None:
         self.metrics = MetricsLogger(
@@ -296,10 +307,11 @@ class Trainer:
 
     def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """One optimizer step. Returns (global loss sum, global count, grad norm) as device tensors, and tokens."""
+        self.fault_tolerance.start_step()  # (a replica group that rejoins takes a live peer's state and step here)
         data_start = time.perf_counter()
         microbatches = [self.objective.next_microbatch() for _ in range(self.grad_accum_steps)]
         self.throughput.add_data_time(time.perf_counter() - data_start)
-        loss_total, global_count, tokens = self.forward_backward(microbatches)
+        loss_total, global_count, tokens = self._committed_forward_backward(microbatches)
         grad_norm = self._clip_grad_norm()
         loss_total = self._global_loss_sum(loss_total)
         self.guard.before_optimizer_step(self.train_state.step + 1, loss_total / global_count.clamp(min=1), grad_norm)
@@ -311,6 +323,16 @@ class Trainer:
         for converter in self.built.converters:
             converter.after_optimizer_step(self.built.parts)
         return loss_total, global_count, grad_norm, tokens
+
+    def _committed_forward_backward(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """forward_backward, with gradients averaged over the live replica groups under fault tolerance. A step
+        the groups do not commit (one died mid-step) is repeated on the same microbatches, so no data is lost."""
+        while True:
+            result = self.forward_backward(microbatches)
+            if self.fault_tolerance.commit_gradients(self.model):
+                return result
+            self.optimizer.zero_grad(set_to_none=True)
+            self.fault_tolerance.start_step()  # a new quorum, without the group that failed
 
     def forward_backward(
         self, microbatches: list[Batch], backward: bool = True
@@ -441,9 +463,9 @@ class Trainer:
         self.memory.reset_peak()
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.env.rank, start_step=step).start()
         while step < t.steps:
-            step += 1
             self.throughput.start_step()
             loss_total, global_count, grad_norm, tokens = self.train_step()
+            step = self.train_state.step + 1  # (not step + 1: a replica group that rejoins takes its peer's step)
             self.throughput.end_step(tokens)
             self.train_state.step = step
             self.train_state.tokens_seen += tokens * self.dims.dp_degree
@@ -469,7 +491,7 @@ class Trainer:
 
     def _export(self) -> None:
         """End of training: each converter's own artifacts (LoRA: a PEFT adapter), then the HF export."""
-        ck = self.cfg.checkpoint
+        ck = self.checkpointer.cfg  # (under fault tolerance only replica group 0 exports)
         ctx = ExportContext(
             spec=self.model_spec,
             args=self.model_args,
@@ -505,6 +527,7 @@ class Trainer:
             **self.throughput.summary(step, self.cfg.training.steps),
             **objective_metrics,
             **self.objective.log_metrics(),
+            **self.fault_tolerance.metrics(),
         }
         self.memory.reset_peak()
         self.metrics.log(step, scalars)
@@ -525,4 +548,5 @@ class Trainer:
 
     def close(self) -> None:
         self.checkpointer.close()
+        self.fault_tolerance.close()
         self.metrics.close()

@@ -22,7 +22,10 @@ import pytest
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_run
 from tests.helpers import REPO, scalars
 
-DPO = ("--training.objective", "dpo", "--data.kind", "preference", "--sft.chat_template", "llama3")
+DPO = (
+    "--training.objective", "dpo", "--data.kind", "preference", "--sft.chat_template", "llama3",
+    "--data.shards", "2",  # one process reads the file's 2 byte ranges in turn, 2 DP ranks one each: same pairs
+)  # fmt: skip
 PAIRS = 64
 """The first pairs of the bundled set (5 steps read 20; the precompute pass reads them all)."""
 PACKED = ("--dpo.packing",)

@@ -92,7 +92,7 @@ def test_token_loss_drops_unlabelled_tokens_and_matches_the_logits_path():
 
 @pytest.mark.parametrize(
     "device",
-    ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"))],
+    ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)],
 )
 def test_peak_memory_for_a_large_vocabulary_is_far_lower(device):
     """Forward and backward of 1024 tokens against a 32,768-token vocabulary: the full path holds [1024, 32768]

@@ -48,22 +48,45 @@ def test_loops_over_epochs(tmp_path):
     assert ds.epoch >= 1
 
 
-def test_dp_ranks_read_disjoint_rows_covering_all(tmp_path):
+def _one_pass(ds: TextDataset) -> list[int]:
+    """The document numbers a dataset's rank reads in its first epoch."""
+    texts, seen = ds._documents(), []
+    while True:
+        text = next(texts)
+        if ds.epoch:
+            return seen
+        seen.append(int(text.strip("<>")))
+
+
+def test_dp_ranks_read_disjoint_byte_ranges_covering_all(tmp_path):
+    """Each rank reads a contiguous stretch of the file (one byte range per rank); together, every row once."""
     rows = [{"text": f"<{i}>"} for i in range(12)]
     cfg = DataSection(path=jsonl(tmp_path / "a.jsonl", rows))
-    seen = []
-    for rank in range(3):
-        ds = TextDataset(cfg, TOK, seq_len=4, dp_rank=rank, dp_world=3)
-        seen.append([row for _, row in _rows_read(ds)])
-    assert sorted(sum(seen, [])) == list(range(12))
-    assert all(len(s) == 4 for s in seen)
+    seen = [_one_pass(TextDataset(cfg, TOK, seq_len=4, dp_rank=rank, dp_world=3)) for rank in range(3)]
+    assert sum(seen, []) == list(range(12))
+    assert all(3 <= len(s) <= 5 for s in seen)  # ranges of equal bytes; rows 10 and 11 are one byte longer
 
 
-def _rows_read(ds: TextDataset):
-    texts = ds._documents()
-    for _ in range(4):
-        text = next(texts)
-        yield text, int(text.strip("<>"))
+def test_fixed_shards_give_the_same_rows_per_step_at_any_dp_degree(tmp_path):
+    """--data.shards 4: one process reads the 4 ranges in turn; 2 ranks read 2 each, the same rows per step."""
+    rows = [{"text": f"<{i:02d}>"} for i in range(16)]  # equal lines: 4 per range
+    cfg = DataSection(path=jsonl(tmp_path / "a.jsonl", rows), shards=4)
+    single = _one_pass(TextDataset(cfg, TOK, seq_len=4))
+    assert single == [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15]
+    ranks = [_one_pass(TextDataset(cfg, TOK, seq_len=4, dp_rank=r, dp_world=2)) for r in range(2)]
+    assert ranks == [[0, 8, 1, 9, 2, 10, 3, 11], [4, 12, 5, 13, 6, 14, 7, 15]]
+    for step in range(4):  # 2 rows per rank per step = 4 rows of one process
+        assert sorted(ranks[0][2 * step : 2 * step + 2] + ranks[1][2 * step : 2 * step + 2]) == sorted(
+            single[4 * step : 4 * step + 4]
+        )
+    with pytest.raises(DataError, match="--data.shards 4 must be a multiple of the data-parallel degree 3"):
+        TextDataset(cfg, TOK, seq_len=4, dp_rank=0, dp_world=3)
+
+
+def test_more_ranks_than_rows_leaves_a_rank_without_data(tmp_path):
+    cfg = DataSection(path=jsonl(tmp_path / "a.jsonl", [{"text": "one long document " * 20}, {"text": "b"}]))
+    with pytest.raises(DataError, match="a whole pass gave data-parallel rank 1 of 4 nothing to train on"):
+        next(iter(TextDataset(cfg, TOK, seq_len=4, dp_rank=1, dp_world=4)))
 
 
 @pytest.mark.parametrize("dp_world", [1, 2])
@@ -213,3 +236,59 @@ def test_synthetic_global_batch_is_layout_invariant():
     union = sorted(map(tuple, torch.cat(ranks).tolist()))
     assert union == sorted(map(tuple, single.tolist()))
     assert not torch.equal(ranks[0], ranks[1])
+
+
+def test_a_streamed_parquet_file_resumes_from_its_own_state(tmp_path, monkeypatch):
+    """Sources read through `datasets` resume from the stream's own state_dict (the library passes over whole
+    shards and record batches without making rows of them): the same batches, no earlier row handed to us."""
+    import datasets
+
+    import titanium.data.text as text
+
+    datasets.Dataset.from_list(docs(300)).to_parquet(str(tmp_path / "a.parquet"), batch_size=50)
+    cfg = DataSection(path=str(tmp_path / "a.parquet"))
+    read: list[int] = []
+
+    def counting(source, ds, first_row):
+        for row, item in text_read_stream(source, ds, first_row):
+            read.append(row)
+            yield row, item
+
+    text_read_stream = text.read_stream
+    monkeypatch.setattr(text, "read_stream", counting)
+    ref = BatchLoader(TextDataset(cfg, TOK, seq_len=24, dp_rank=1, dp_world=2), batch_size=3)
+    take(ref, 10)
+    state = json.loads(json.dumps(ref.state_dict()))
+    read.clear()
+    expected = take(ref, 10)
+    read_after_state = list(read)
+    resumed = BatchLoader(TextDataset(cfg, TOK, seq_len=24, dp_rank=1, dp_world=2), batch_size=3)
+    resumed.load_state_dict(state)
+    read.clear()
+    for a, b in zip(expected, take(resumed, 10)):
+        assert torch.equal(a["input"], b["input"])
+    assert read == read_after_state and read[0] > 50  # the rows after the position, and only those
+
+
+def test_prefetch_hands_on_the_readers_error_at_its_batch(tmp_path):
+    """A bad row met in the prefetch thread stops the run with the same error, after the good batches."""
+    path = jsonl(tmp_path / "a.jsonl", [{"text": "x" * 15}, {"text": None}])
+    loader = BatchLoader(TextDataset(DataSection(path=path, on_bad_row="fail"), TOK, seq_len=8), 2, prefetch=3)
+    first = next(loader)  # 17 tokens: two windows of 8 (+1) before the bad row
+    assert first["input"].shape == (2, 8)
+    for _ in range(2):  # and again on a later call: the loader does not hang
+        with pytest.raises(DataError, match=rf"--data.path {path}: row 1: 'text' is missing or null"):
+            next(loader)
+    loader.close()
+
+
+@pytest.mark.cuda  # pinned memory needs CUDA
+def test_prefetched_batches_are_pinned_on_cuda(tmp_path):
+    cfg = DataSection(path=jsonl(tmp_path / "a.jsonl", docs(20)))
+    loader = BatchLoader(TextDataset(cfg, TOK, seq_len=8), 2, prefetch=2, pin_memory=True)
+    batch = next(loader)
+    assert all(v.is_pinned() for v in batch.values())
+    on_gpu = {k: v.to("cuda", non_blocking=True) for k, v in batch.items()}
+    torch.cuda.synchronize()
+    assert torch.equal(on_gpu["input"].cpu(), batch["input"])
+    loader.close()

@@ -15,6 +15,7 @@ from tests.helpers import REPO
 from titanium.config.sections import DataSection, JobConfig
 from titanium.config.validate import validate
 from titanium.data.chat import ChatTemplateError, Llama3Template, Message
+from titanium.data.lines import row_number
 from titanium.data.preference import PreferenceDataset, PreferencePair, fit_pair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.sft import IGNORE_INDEX
@@ -189,8 +190,10 @@ def test_long_pairs_are_truncated_dropped_and_counted(tmp_path):
 def test_dp_ranks_split_rows_and_resume_exactly(tmp_path):
     rows = [{"prompt": f"q{i}", "chosen": f"a{i}", "rejected": f"b{i}"} for i in range(7)]
     path = jsonl(tmp_path / "p.jsonl", rows)
-    rank_rows = [[p.row for p in take(dataset(path, dp_rank=r, dp_world=2), 5)] for r in range(2)]
-    assert rank_rows == [[0, 2, 4, 6, 0], [1, 3, 5, 1, 3]]
+    rank_rows = [
+        [row_number(Path(path), p.row) for p in take(dataset(path, dp_rank=r, dp_world=2), 5)] for r in range(2)
+    ]
+    assert rank_rows == [[0, 1, 2, 3, 0], [4, 5, 6, 4, 5]]  # each rank: half the bytes (a pair's row: its offset)
     ds = dataset(path)
     take(ds, 3)
     state = json.loads(json.dumps(ds.state_dict()))

@@ -361,7 +361,7 @@ def test_matches_trl_dpo_trainer(name):
     assert any(g.abs().max() > 1e-3 for g in grads.values())
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_response_sums_match_cpu_and_repeat_bitwise_in_deterministic_mode():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 64, 1000, generator=g).to(torch.bfloat16)

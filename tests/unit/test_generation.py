@@ -168,8 +168,7 @@ def test_static_cache_gives_the_growing_cache_logits() -> None:
     torch.testing.assert_close(logits[StaticKVCache], logits[KVCache], rtol=0, atol=1e-5)
 
 
-@pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled decode step is for GPUs")
+@pytest.mark.cuda  # the compiled decode step is for GPUs
 def test_compiled_decode_step_equals_eager_on_cuda() -> None:
     model, prompts = _model().cuda(), _prompts()
     results = [

@@ -251,7 +251,7 @@ def test_memory_monitor_cpu() -> None:
     assert "mem_alloc_retries" not in stats
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_memory_monitor_cuda() -> None:
     mon = MemoryMonitor(torch.device("cuda"))
     mon.reset_peak()

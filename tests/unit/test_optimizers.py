@@ -17,7 +17,7 @@ from titanium.parallel.distributed import shutdown_distributed
 from titanium.train import main
 
 STEPS = 6
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = pytest.mark.cuda
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA)]
 SCHEDULE = LRSchedulerSection(warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
 

@@ -74,6 +74,7 @@ def test_sbatch_command_is_the_papers_layout(row):
     args = build_model_args(get_model_spec("llama3"), flavor, max_seq_len=seq)
     dims.check_model(args, model=f"llama3 {flavor}", seq_len=seq)
     assert row.float8 == ("float8" in row.id or row.table >= 3)
+    assert (cfg.float8.enable, cfg.float8.enable_fsdp_float8_all_gather) == (row.float8, row.float8)
     # what each node's launcher would run for this submission: the layout fits nodes x 8 GPUs
     slurm_env = {"SLURM_JOB_NUM_NODES": str(gpus // 8), "SLURM_GPUS_ON_NODE": "8", "SLURM_JOB_NODELIST": "n[1-9]"}
     launch.torchrun_argv({**slurm_env, "CONFIG_FILE": config}, [*overrides, *NO_TOKENIZER])

@@ -21,7 +21,7 @@ def test_windows_end_at_multiples_of_freq_and_start_after_a_resume(tmp_path):
     assert [resumed._action(step) for step in (8, 9, 10)] == [N, R, S]  # steps before the resume never run
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="memory snapshots are CUDA only")
+@pytest.mark.cuda  # memory snapshots are CUDA only
 def test_cuda_snapshots_every_freq_steps_and_on_out_of_memory(tmp_path):
     cfg = ProfilingSection(enable_memory_snapshot=True, profile_freq=2, profiler_warmup=0)
     with Profiler(cfg, tmp_path, rank=0) as profiler:

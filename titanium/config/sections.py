@@ -81,6 +81,15 @@ class DataSection:
     messages (the answer's turns, or the whole conversation starting with the prompt, as in UltraFeedback)."""
     rejected_column: str = "rejected"
     """kind=preference: column with the dispreferred response, in the same forms as chosen_column."""
+    shards: int = 0
+    """How many byte ranges each local .jsonl/.txt file is cut into; data-parallel rank r of W reads ranges r,
+    r+W, r+2W... in turn and never another rank's lines. 0: one range per rank. A fixed value that every
+    data-parallel degree you use divides makes each step read the same rows at any of those degrees (e.g. 8
+    to compare 1, 2, 4 and 8 ranks). Parquet files, JSON arrays and hub datasets: every rank streams them
+    and keeps every W-th row."""
+    prefetch_batches: int = 2
+    """Batches each rank prepares ahead in a background thread (reading, tokenizing, packing; in pinned memory
+    on CUDA) while the model trains. 0: read inline, in the training loop. Resume stays exact either way."""
 
 
 @dataclass
@@ -559,6 +568,36 @@ class GRPOSection:
 
 
 @dataclass
+class FaultToleranceSection:
+    enable: bool = False
+    """Train as one of several replica groups coordinated by a torchft lighthouse (needs the `ft` extra). Each group
+    is its own torchrun job (FSDP/TP inside it); gradients are averaged across the live groups every step, a step
+    commits only when the quorum agrees, a dead group is dropped and a restarted one copies the weights, optimizer
+    and LR schedule from a live peer. See docs/fault_tolerance.md."""
+    replica_id: int = 0
+    """This group's index, 0 .. group_size - 1. It picks the group's data shard; only group 0 writes checkpoints."""
+    group_size: int = 1
+    """Number of replica groups. The data is split group_size x (data-parallel degree) ways."""
+    lighthouse: str = ""
+    """Address of the torchft lighthouse, e.g. http://127.0.0.1:29510; empty: the TORCHFT_LIGHTHOUSE variable."""
+    hostname: str = ""
+    """Host name or IP this group's manager tells its peers to reach it at (they fetch weights from it when they
+    heal); empty: this machine's host name. Use 127.0.0.1 when every group runs on one machine."""
+    min_replica_size: int = 1
+    """A step commits only when at least this many replica groups took part in it; otherwise it is retried."""
+    timeout_seconds: int = 60
+    """Timeout of the cross-group gradient all-reduce, the commit vote and the weight transfer when healing."""
+    quorum_timeout_seconds: int = 120
+    """How long a step waits for the lighthouse to form a quorum of replica groups (with local_sgd: a sync)."""
+    semi_sync_method: Literal["none", "local_sgd"] = "none"
+    """none: average the gradients over the groups every step. local_sgd: each group steps on its own gradients
+    and the groups average their weights every sync_steps steps (torchft.local_sgd.LocalSGD); a group that
+    rejoins heals at the next sync."""
+    sync_steps: int = 10
+    """With semi_sync_method = "local_sgd": optimizer steps between weight averages."""
+
+
+@dataclass
 class JobConfig:
     """The whole job. Built from dataclass defaults < TOML file < CLI flags."""
 
@@ -586,3 +625,4 @@ class JobConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)
+    fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

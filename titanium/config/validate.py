@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from titanium.config.sections import GRPOSection, JobConfig
+from titanium.config.validate_ft import validate_fault_tolerance
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -56,6 +57,9 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
+    for name, value in [("data.shards", cfg.data.shards), ("data.prefetch_batches", cfg.data.prefetch_batches)]:
+        if value < 0:
+            yield f"--{name} must be >= 0, got {value}"
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         yield f"--training.global_batch_size must be -1 (derived) or >= 1, got {t.global_batch_size}"
     if t.max_norm < 0:
@@ -146,6 +150,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_quantization_and_loss(cfg)
+    yield from validate_fault_tolerance(cfg)
     if cfg.training.objective == "grpo":
         yield from _validate_grpo_job(cfg)
 

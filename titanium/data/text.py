@@ -2,27 +2,38 @@
 
 Rows are streamed one source per local file (so a bad row is reported by file and row number) or one
 source for a hub dataset: JSON-lines and text files line by line here (titanium.data.lines, so a broken
-line is one bad row), JSON arrays, parquet files and hub datasets through the `datasets` library. Row i
-of a source belongs to data-parallel rank i % dp_world. The position (source, row, epoch) and the
-tokens left over from the last document are the dataset's state, so a resumed run sees exactly the
-next windows.
+line is one bad row), JSON arrays, parquet files and hub datasets through the `datasets` library.
+
+Each data-parallel rank reads only its share of a line file: the byte ranges of titanium.data.shares,
+read in turn, so it never parses another rank's lines and resumes by seeking to saved byte offsets. A
+JSON array, parquet file or hub dataset is streamed whole by every rank, which keeps row i when
+i % dp_world is its rank (the same rule with one row per range), and resumes from the stream's own
+`state_dict` (the `datasets` library passes over earlier shards and record batches without making
+rows). A rank's epoch ends when it has read its share of every source; it then starts again at its
+share of the first. The position (epoch, source, offsets or row) and the tokens left over from the
+last document are the dataset's state, so a resumed run sees exactly the next windows.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from titanium.config.sections import DataSection
 from titanium.config.validate import looks_local
-from titanium.data.lines import BadLine, first_character, read_lines, reads_by_line
+from titanium.data.lines import BadLine, first_character, read_lines, reads_by_line, row_number
+from titanium.data.shares import LineShare, owned_ranges
 from titanium.data.tokenizer import Tokenizer
 from titanium.errors import UserError
+
+if TYPE_CHECKING:
+    import datasets
 
 logger = logging.getLogger(__name__)
 
@@ -44,7 +55,13 @@ class Source:
     by_line: bool = False  # read line by line here (titanium.data.lines) rather than through `datasets`
 
     def where(self, row: int) -> str:
-        """How messages name a row: ``--data.path file.jsonl: row 12``."""
+        """How messages name a row: ``--data.path file.jsonl: row 12``.
+
+        `row` is a row index, or for a line file the byte offset where the line starts (turned into its row
+        number here, reading the file up to it: messages are rare)."""
+        if self.by_line:
+            assert self.data_files is not None
+            row = row_number(Path(self.data_files), row)
         return f"{self.flag} {self.label}: row {row}"
 
 
@@ -72,23 +89,32 @@ def resolve_sources(cfg: DataSection, flag: str = "--data.path") -> list[Source]
 
 
 def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
-    """(row index, row) pairs of one source from `start_row` on, read lazily; a broken line's row is a BadLine."""
+    """(row, value) pairs of one source from `start_row` on, read lazily; a broken line's value is a BadLine.
+
+    A row is its index, or for a line file the byte offset where the line starts (`start_row` too)."""
     if source.by_line:
         assert source.data_files is not None
         yield from read_lines(Path(source.data_files), start_row)
         return
+    ds = open_stream(source)
+    yield from read_stream(source, ds.skip(start_row) if start_row else ds, start_row)
+
+
+def open_stream(source: Source) -> datasets.IterableDataset:
+    """A source read through the `datasets` library (parquet, a JSON array, a hub dataset), streamed."""
     import datasets  # heavy import, only when such data is used
 
     try:
         if source.data_files is None:
-            ds = datasets.load_dataset(source.builder, name=source.hub_config, split=source.split, streaming=True)
-        else:
-            ds = datasets.load_dataset(source.builder, data_files=source.data_files, split="train", streaming=True)
+            return datasets.load_dataset(source.builder, name=source.hub_config, split=source.split, streaming=True)
+        return datasets.load_dataset(source.builder, data_files=source.data_files, split="train", streaming=True)
     except Exception as e:  # the datasets library raises many types; all mean "cannot open"
         raise DataError(f"{source.flag} {source.label}: cannot open dataset: {e or type(e).__name__}") from e
-    if start_row:
-        ds = ds.skip(start_row)
-    row = start_row
+
+
+def read_stream(source: Source, ds: datasets.IterableDataset, first_row: int) -> Iterator[tuple[int, Any]]:
+    """(row, value) pairs of a stream whose first row is row `first_row` of the source."""
+    row = first_row
     iterator = iter(ds)
     while True:
         try:
@@ -122,36 +148,42 @@ def check_same_dp_world(state: dict[str, Any], dp_world: int) -> None:
 class RowReader:
     """This rank's rows of every source, from a saved position on, looping over epochs.
 
-    The base of the text and SFT datasets: it owns the position (epoch, source, row), the
+    The base of the text and SFT datasets: it owns the position (epoch, source, offsets or row), the
     data-parallel split and the bad-row policy, so both resume and report problems the same way.
     """
 
     def __init__(self, cfg: DataSection, dp_rank: int = 0, dp_world: int = 1) -> None:
         self.cfg, self.dp_rank, self.dp_world = cfg, dp_rank, dp_world
+        self.shards = cfg.shards or dp_world
+        if self.shards % dp_world:
+            raise DataError(
+                f"--data.shards {cfg.shards} must be a multiple of the data-parallel degree {dp_world}; "
+                f"use {dp_world * max(1, cfg.shards // dp_world)}, or 0 (one byte range per rank)"
+            )
         self.sources = resolve_sources(cfg)
         self.epoch = 0
         self.source_idx = 0
-        self.next_row = 0  # next row of sources[source_idx] to read
+        self.next_row = 0  # next row of sources[source_idx] to read (sources read through `datasets`)
+        self.share: LineShare | None = None  # this rank's position in sources[source_idx] (line files)
+        self.stream: datasets.IterableDataset | None = None  # sources[source_idx] when read through `datasets`
+        self._stream_state: dict[str, Any] | None = None  # where a resumed `stream` starts
         self.bad_rows = 0
         self._pass_used = False  # did the current pass give the consumer anything?
 
     def _rows(self) -> Iterator[tuple[Source, int, Any]]:
-        """(source, row index, row) for this rank; a subclass marks `_pass_used` when a row gave it something."""
-        full_pass = self.source_idx == 0 and self.next_row == 0
+        """(source, row, row value) for this rank; a subclass marks `_pass_used` when a row gave it something."""
+        full_pass = self.source_idx == 0 and self.next_row == 0 and self.share is None
         self._pass_used = False
         while True:
             while self.source_idx < len(self.sources):
                 source = self.sources[self.source_idx]
-                for row, item in stream_rows(source, self.next_row):
-                    self.next_row = row + 1
-                    if row % self.dp_world != self.dp_rank:
-                        continue
+                for row, item in self._source_rows(source):
                     if isinstance(item, BadLine):
                         self._bad_row(source, row, item.problem, BROKEN_LINE_FIX)
                     else:
                         yield source, row, item
                 self.source_idx += 1
-                self.next_row = 0
+                self.next_row, self.share, self.stream, self._stream_state = 0, None, None, None
             if full_pass and not self._pass_used:  # looping on would never yield anything
                 raise DataError(
                     f"--data.path {self.cfg.path}: a whole pass gave data-parallel rank {self.dp_rank} of "
@@ -162,6 +194,25 @@ class RowReader:
             self.epoch += 1
             self.source_idx = 0
             logger.info("data: finished pass over %s; starting epoch %d", self.cfg.path, self.epoch)
+
+    def _source_rows(self, source: Source) -> Iterator[tuple[int, Any]]:
+        """This rank's rows of one source from the position on: its byte ranges of a line file, else every
+        dp_world-th row of the stream."""
+        if source.by_line:
+            if self.share is None:
+                self.share = LineShare(Path(source.label), self._ranges(Path(source.label)))
+            yield from self.share
+            return
+        self.stream = open_stream(source)
+        if self._stream_state is not None:  # the library passes over earlier shards and record batches
+            self.stream.load_state_dict(self._stream_state)
+        for row, item in read_stream(source, self.stream, self.next_row):
+            self.next_row = row + 1
+            if row % self.dp_world == self.dp_rank:
+                yield row, item
+
+    def _ranges(self, path: Path) -> list[tuple[int, int]]:
+        return owned_ranges(path.stat().st_size, self.shards, self.dp_rank, self.dp_world)
 
     def _bad_row(self, source: Source, row: int, problem: str, fix: str) -> None:
         """Skip (counted, the first few logged) or stop, per --data.on_bad_row."""
@@ -185,13 +236,20 @@ class RowReader:
         return None
 
     def _position(self) -> dict[str, Any]:
+        share = None
+        if self.share is not None:
+            share = {"offsets": self.share.offsets, "turn": self.share.turn, "size": self.share.path.stat().st_size}
         return {
             "epoch": self.epoch,
             "source_idx": self.source_idx,
             "next_row": self.next_row,
+            # JSON strings: DCP would flatten a nested structure into keys that must match at load.
+            "share": json.dumps(share),
+            "stream": json.dumps(self.stream.state_dict() if self.stream is not None else self._stream_state),
             "bad_rows": self.bad_rows,
             "sources": [s.label for s in self.sources],
             "dp_world": self.dp_world,
+            "shards": self.shards,
         }
 
     def _load_position(self, state: dict[str, Any]) -> None:
@@ -202,8 +260,25 @@ class RowReader:
                 f"({state['sources'][:3]}...) than --data.path {self.cfg.path}; "
                 "resume with the same data, or start without the dataloader state"
             )
+        if state["shards"] != self.shards:
+            raise DataError(
+                f"the saved data position is for --data.shards {state['shards']}, this run has {self.shards}; "
+                "keep --data.shards, or restart the data with --checkpoint.exclude_from_loading data rng"
+            )
         self.epoch, self.source_idx, self.next_row = state["epoch"], state["source_idx"], state["next_row"]
         self.bad_rows = state["bad_rows"]
+        self.stream, self._stream_state = None, json.loads(state["stream"])
+        share = json.loads(state["share"])
+        self.share = None
+        if share is not None:
+            path = Path(self.sources[self.source_idx].label)
+            if path.stat().st_size != share["size"]:
+                raise DataError(
+                    f"--data.path {path}: the file changed size since the checkpoint ({share['size']} -> "
+                    f"{path.stat().st_size} bytes), so the saved byte offsets no longer name its rows; resume with "
+                    "the same data, or restart the data with --checkpoint.exclude_from_loading data rng"
+                )
+            self.share = LineShare(path, self._ranges(path), share["offsets"], share["turn"])
 
 
 class TextDataset(RowReader):

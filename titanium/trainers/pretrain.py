@@ -23,7 +23,8 @@ class PretrainObjective(Objective):
         else:
             dataset = TextDataset(data, ctx.tokenizer, ctx.seq_len, ctx.dp_rank, ctx.dp_world)
         self.dataset = dataset
-        self.loader = BatchLoader(dataset, ctx.local_batch_size)
+        pin = ctx.device.type == "cuda"
+        self.loader = BatchLoader(dataset, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
 
     def next_microbatch(self) -> Batch:
         return next(self.loader)

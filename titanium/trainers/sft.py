@@ -32,7 +32,8 @@ class SFTObjective(Objective):
             rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
         else:
             rows = PaddedDataset(self.samples, ctx.seq_len, pad_id)
-        self.loader = BatchLoader(rows, ctx.local_batch_size)
+        pin = ctx.device.type == "cuda"
+        self.loader = BatchLoader(rows, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
         self.meter = DataMeter(self.samples)
         self.cross_entropy = TokenCrossEntropy(ctx.loss_chunk_size)
         self.loss_input = self.cross_entropy.loss_input

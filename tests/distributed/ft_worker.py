@@ -1,0 +1,69 @@
+"""One replica group of test_fault_tolerance.py: titanium.train's job, then this rank's final weights.
+
+Run under torchrun with titanium.train's arguments; the weights (full tensors, by name) go to the file named by
+FT_WEIGHTS_OUT, so the test can compare the groups bit for bit, and rank 0's process id to FT_WEIGHTS_OUT + ".pid"
+(torchrun starts its workers in their own session: the test kills the worker itself, as a crash would).
+
+Two knobs for the test, read from the environment: FT_DIE_IN_STEP=N makes the group SIGKILL itself in step N,
+after its forward and backward and before the cross-group all-reduce (so the survivor's step N fails at a known
+point); FT_ALONE_STEP_SECONDS=S makes each step the group runs alone last at least S seconds (sleeping), so a
+restarted group has time to rejoin before the survivor finishes, while the steps with both groups run at speed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from titanium.config import load_config
+from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
+from titanium.preflight import check_job
+from titanium.train import _setup_logging
+from titanium.trainer import Trainer
+
+
+def main() -> None:
+    _setup_logging()
+    if os.environ["RANK"] == "0":
+        Path(os.environ["FT_WEIGHTS_OUT"] + ".pid").write_text(str(os.getpid()))
+    cfg = load_config(sys.argv[1:])
+    trainer = Trainer(cfg, check_job(cfg, int(os.environ["WORLD_SIZE"])))
+    _add_test_knobs(trainer)
+    trainer.train()
+    weights = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in trainer.model.state_dict().items()}
+    if trainer.env.rank == 0:
+        torch.save(weights, os.environ["FT_WEIGHTS_OUT"])
+    wait_for_all_ranks()
+    trainer.close()
+    shutdown_distributed()
+
+
+def _add_test_knobs(trainer: Trainer) -> None:
+    die_in_step = int(os.environ.get("FT_DIE_IN_STEP", 0))
+    alone_step_seconds = float(os.environ.get("FT_ALONE_STEP_SECONDS", 0))
+    forward_backward, train_step = trainer.forward_backward, trainer.train_step
+
+    def forward_backward_then_maybe_die(*args, **kwargs):
+        result = forward_backward(*args, **kwargs)
+        if trainer.train_state.step + 1 == die_in_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return result
+
+    def paced_train_step():
+        start = time.monotonic()
+        result = train_step()
+        if alone_step_seconds and trainer.fault_tolerance.manager.num_participants() == 1:
+            time.sleep(max(0.0, start + alone_step_seconds - time.monotonic()))
+        return result
+
+    trainer.forward_backward, trainer.train_step = forward_backward_then_maybe_die, paced_train_step
+
+
+if __name__ == "__main__":
+    main()

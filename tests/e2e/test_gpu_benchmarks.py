@@ -1,0 +1,132 @@
+"""The GPU suite and its benchmarks, checked on a CPU: the suite's commands name scripts and flags that exist and fit
+its time budget; each GPU benchmark runs end to end in its ``--device cpu --smoke`` form and writes its table beside
+the papers' numbers; the helpers they share give what they promise."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, env, load_script
+
+SUITE = REPO / "benchmarks/gpu_suite.sh"
+
+
+def suite_parts() -> list[tuple[str, int, list[str]]]:
+    result = subprocess.run(["bash", str(SUITE), "--dry-run"], capture_output=True, text=True, check=True)
+    parts = [line.split("\t") for line in result.stdout.strip().splitlines()]
+    return [(name, int(budget), shlex.split(cmd)) for name, budget, cmd in parts]
+
+
+def test_gpu_suite_parses_and_its_commands_exist_within_25_minutes():
+    subprocess.run(["bash", "-n", str(SUITE)], check=True)
+    parts = suite_parts()
+    assert sum(budget for _, budget, _ in parts) < 25 * 60
+    names = {name for name, _, _ in parts}
+    assert {"cuda_tests", "pretrain_speed", "sft_ladder", "float8_linear", "generation", "chunked_ce"} <= names
+    assert {"optimizer_memory", "dpo_memory"} <= names
+    for name, _, argv in parts:
+        if name == "cuda_tests":
+            assert argv[1:4] == ["-m", "pytest", "-m"] and argv[4] == "cuda"
+            continue
+        script = REPO / argv[1]
+        source = script.read_text()
+        for flag in (a for a in argv[2:] if a.startswith("--")):
+            assert f'"{flag}"' in source, f"{script.name} has no {flag}"
+        out = argv[argv.index("--out") + 1]
+        assert re.fullmatch(rf"benchmarks/results/{name}_h100\.md", out), out
+
+
+def smoke(script: str, tmp_path: Path) -> str:
+    out = tmp_path / f"{Path(script).stem}.md"
+    cmd = [sys.executable, script, "--device", "cpu", "--smoke", "--out", str(out)]
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out.read_text()
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """First cell -> the other cells, for every data row of the markdown tables in ``text``."""
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and not set(cells[0]) <= set("-:") and cells[0] not in ("variant", "row", "M"):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(tmp_path):
+    """Each variant trained (a number, not 'failed' or 'timed out') and the papers' rows are quoted beside it."""
+    pretrain = smoke("benchmarks/pretrain_speed.py", tmp_path)
+    rows = table_rows(pretrain)
+    assert set(rows) == {"eager", "compile + float8 tensorwise"}
+    for cells in rows.values():
+        assert float(cells[0].replace(",", "")) > 0  # tokens/s
+    assert "6,258 tok/s, 81.9" in rows["eager"] and "9,409 tok/s, 76.8" in rows["compile + float8 tensorwise"]
+    assert "7,689.5 tok/s, 47.77" in rows["compile + float8 tensorwise"]
+
+    ladder = table_rows(smoke("benchmarks/sft_ladder.py", tmp_path))
+    assert set(ladder) == {"baseline", "+ LCE"}
+    for name, paper in (("baseline", "8.6 GB, 5,213 tok/s (Table 2)"), ("+ LCE", "8.41 GB, 5,454 tok/s (Table 2)")):
+        tps, padding, useful = (float(c.rstrip("%").replace(",", "")) for c in ladder[name][:3])
+        assert tps > 0 and useful == pytest.approx(tps * (1 - padding / 100), rel=0.01, abs=1)
+        assert paper in ladder[name]
+
+    linear = table_rows(smoke("benchmarks/float8_linear.py", tmp_path))
+    assert list(linear) == ["64"]
+    bf16_ms, tensorwise_ms, tensorwise_speedup = (float(c) for c in linear["64"][2:5])
+    assert tensorwise_speedup == pytest.approx(bf16_ms / tensorwise_ms, rel=0.05)  # (of the rounded times)
+
+
+def test_vocab_tokenizer_has_the_asked_size_and_encodes_text(tmp_path):
+    common = load_script("benchmarks/bench_common.py")
+    from titanium.data.tokenizer import TiktokenTokenizer
+
+    tokenizer = TiktokenTokenizer(str(common.vocab_tokenizer(tmp_path, 70000)))
+    assert tokenizer.vocab_size == 70000
+    text = "What number comes after 771? 772 ✓"
+    assert tokenizer.decode(tokenizer.encode(text, bos=False, eos=False)) == text
+
+
+def test_full_depth_scale_and_the_papers_figure():
+    """The cut 8B's FLOPs per token against the real 8B's (6N + 12 L H d S, counted by hand here), and the
+    figure's 125 speedups as printed in the TorchAO paper."""
+    speed = load_script("benchmarks/pretrain_speed.py")
+    dim, ffn, vocab, heads, kv, seq = 4096, 14336, 128256, 32, 8, 8192
+    block = 2 * dim * dim + 2 * dim * (dim // heads * kv) + 3 * dim * ffn + 2 * dim  # attention, FFN, 2 norms
+    flops = {layers: 6 * (layers * block + dim + vocab * dim) + 12 * layers * dim * seq for layers in (8, 32)}
+    model = speed.Model("8B cut", "8B", 2, layers=8)
+    assert speed.flops_scale(model, seq) == pytest.approx(flops[8] / flops[32], rel=1e-6)
+    figure = load_script("benchmarks/float8_linear.py").paper_speedups()
+    assert len(figure) == 125
+    assert figure[(1024, 1024, 1024)] == 0.77 and figure[(4096, 8192, 1024)] == 1.03
+    assert figure[(16384, 16384, 16384)] == 1.80
+
+
+def test_every_benchmark_row_is_a_valid_job(tmp_path):
+    """Each row's flags pass the config checks that run before training (a refused combination would cost a GPU
+    run): every variant of pretrain_speed for both models, every row of the SFT ladder (the rows differ by flags
+    alone; their models by flavor, checked for the first and last rows)."""
+    import argparse
+
+    from titanium.config import load_config
+    from titanium.preflight import check_job
+
+    speed, ladder = load_script("benchmarks/pretrain_speed.py"), load_script("benchmarks/sft_ladder.py")
+    tokenizer = REPO / "assets/tokenizer/titanium_debug.tiktoken"  # (the checks only look that it exists)
+    for flavor in ("8B", "1B"):
+        for variant in speed.VARIANTS.values():
+            flags = [*speed.BASE, "--model.flavor", flavor, "--tokenizer.path", str(tokenizer), *variant]
+            check_job(load_config(flags), 1)
+    opts = argparse.Namespace(smoke=False, data_kind="chat", data_path=ladder.DEFAULT_DATA, steps=4, log_freq=2)
+    ladder.vocab_tokenizer = lambda folder, vocab: tokenizer
+    rows = [*ladder.LADDER, *ladder.PACKED]
+    for flavor in ladder.TORCHTUNE_TABLE2:
+        for row in rows if flavor == "0.6B" else [rows[0], rows[-1]]:
+            flags = [*ladder.base_flags(opts, tmp_path), "--model.name", "qwen3", "--model.flavor", flavor]
+            check_job(load_config([*flags, *ladder.row_flags(row)]), 1)
