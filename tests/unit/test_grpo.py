@@ -172,6 +172,8 @@ GRPO_JOB = [
         ([*GRPO_JOB, "--parallelism.tensor_parallel_degree", "2"], "generates its rollouts under data parallelism"),
         ([*GRPO_JOB, "--parallelism.pipeline_parallel_degree", "2"], "--parallelism.pipeline_parallel_degree 2"),
         ([*GRPO_JOB, "--parallelism.context_parallel_degree", "2"], "--parallelism.context_parallel_degree 2"),
+        ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),
+        ([*GRPO_JOB, "--validation.interval", "10"], "held-out loss has no meaning for --training.objective grpo"),
     ],
 )
 def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch) -> None:
