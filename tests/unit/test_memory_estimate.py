@@ -84,3 +84,15 @@ def test_pipeline_stages_hold_what_the_schedule_keeps_in_flight(in_repo, schedul
         run = dry_run([*args, "--parallelism.pipeline_parallel_schedule", schedule], world_size=2, rank=rank)
         assert max(held_microbatches(run.pipeline, rows=1, local_batch_size=8)) == held[rank]
         dist.destroy_process_group()
+
+
+def test_low_bit_optimizer_states_are_traced_at_their_stored_size(in_repo):
+    """torchao's AdamW8bit keeps each moment in one byte per value plus a scale per block of 256; AdamW in four."""
+    debug = ["--job.config_file", "train_configs/debug_model.toml"]
+    states = {}
+    for name in ("AdamW", "AdamW8bit"):
+        parts = dict(dry_run([*debug, "--optimizer.name", name], world_size=1).estimate_memory().parts)
+        states[name] = parts["optimizer states"]
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert states["AdamW8bit"] / states["AdamW"] == pytest.approx((1 + 4 / 256) / 4, rel=0.05), states

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+import unittest.mock
 import weakref
 from collections import defaultdict
 from collections.abc import Callable, Iterator
@@ -54,6 +55,7 @@ from titanium.config.sections import JobConfig
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable
 from titanium.models.spec import ModelSpec
 from titanium.optim import build_optimizer
+from titanium.optim.optimizer import LOW_BIT
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, keep_only
@@ -231,6 +233,8 @@ def held_microbatches(pipeline: Pipeline, rows: int, local_batch_size: int) -> l
 def trace_steps(job: Job, depths: list[int]) -> Trace:
     """Two optimizer steps of this rank's stages, built with ``depths`` blocks each, on fake tensors."""
     parts = _build_parts(job, depths)
+    if job.cfg.optimizer.name in LOW_BIT:
+        _build_low_bit_maps()
     with FakeTensorMode(allow_non_fake_inputs=True):
         for part in parts:
             part.to_empty(device="cpu")
@@ -259,13 +263,32 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
                 trainable = [p for p in params if p.grad is not None]
                 if job.cfg.training.max_norm > 0:
                     torch.nn.utils.clip_grad_norm_(trainable, job.cfg.training.max_norm, foreach=True)
-                optimizer.step()
+                with _eager_low_bit_step(job):
+                    optimizer.step()
                 tracker.learn_roles(params, optimizer)
                 optimizer.zero_grad(set_to_none=True)
                 if step == 0:
                     tracker.reset_peak()
         peaks, parts_at_peaks = tracker.peaks(), tracker.peak_parts()
     return Trace(peaks, parts_at_peaks, saved)
+
+
+def _build_low_bit_maps() -> None:
+    """torchao's 8- and 4-bit optimizer states make their quantization maps on first use, from Python numbers
+    (``.tolist()``), which fake tensors cannot give; making them here first (they are cached) lets the trace run."""
+    from torchao.optim import subclass_4bit, subclass_8bit
+
+    for states in (subclass_8bit, subclass_4bit):
+        states.get_qmap_signed()
+        states.get_qmap_unsigned()
+
+
+def _eager_low_bit_step(job: Job) -> contextlib.AbstractContextManager:
+    """torchao's low-bit AdamW steps each parameter in a compiled function, which cannot trace fake tensors; run it
+    eagerly instead (its per-parameter temporaries are then counted unfused: a slight overestimate)."""
+    if job.cfg.optimizer.name not in LOW_BIT:
+        return contextlib.nullcontext()
+    return unittest.mock.patch.object(torch, "compile", lambda fn, **_: fn)  # torchao compiles at each step call
 
 
 def _build_parts(job: Job, depths: list[int]) -> list[nn.Module]:
