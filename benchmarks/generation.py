@@ -7,7 +7,8 @@ has the same length (no padding) and both generate exactly ``--new-tokens`` toke
 token), greedy and sampled (temperature 0.8, top-p 0.95). Tokens/s = batch x new tokens / seconds,
 the median of ``--repeats`` timed runs after one warm-up, the two
 implementations taking turns. Greedy runs also report how many generated
-tokens the two agree on (both in float32: they should be all).
+tokens the two agree on (both in float32: they should be all). On CUDA titanium's decode step is
+compiled (``torch.compile`` over a static KV cache) unless ``--no-compile``.
 
     python benchmarks/generation.py --threads 1 --out benchmarks/results/generation_cpu.md   # CPU, debug model
     python benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 \\
@@ -17,7 +18,6 @@ tokens the two agree on (both in float32: they should be all).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import platform
 import statistics
@@ -35,9 +35,7 @@ from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
 from titanium.model_builder import ModelBuilder
-from titanium.models import get_model_spec
-from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
-from titanium.models.llama3.hf import LLAMA3_HF_ADAPTER
+from titanium.models import build_model_args, get_model_spec
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLED = {"temperature": 0.8, "top_p": 0.95}
@@ -53,12 +51,12 @@ def device_name(device: torch.device) -> str:
 
 def debug_folder(out: Path) -> Path:
     """The debug model with seeded random weights, exported as a Hugging Face folder."""
-    vocab = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH)).vocab_size
-    args = dataclasses.replace(LLAMA3_FLAVORS["debugmodel"], vocab_size=vocab)
-    model = Transformer(args)
-    torch.manual_seed(0)
-    model.init_weights()
-    return save_hf_weights(model.state_dict(), out, LLAMA3_HF_ADAPTER, args)
+    spec = get_model_spec("llama3")
+    args = build_model_args(
+        spec, "debugmodel", vocab_size=TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH)).vocab_size
+    )
+    model = ModelBuilder(torch.device("cpu"), seed=0).build(spec, args).model
+    return save_hf_weights(model.state_dict(), out, spec.hf_adapter, args)
 
 
 def timed(
@@ -80,7 +78,7 @@ def timed(
     return {name: (statistics.median(times[name]), results[name]) for name in runs}
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hf-folder", type=Path, help="a Llama / Qwen3 HF folder (default: the debug model)")
     parser.add_argument("--model", default="llama3", help="titanium family of --hf-folder")
@@ -90,13 +88,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    parser.add_argument("--compile", action="store_true", help="titanium's compiled decode step (GPU)")
+    parser.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        help="titanium's compiled decode step (default: on for CUDA, off on CPU)",
+    )
     parser.add_argument("--threads", type=int, help="CPU threads (torch.set_num_threads; default: torch's choice)")
     parser.add_argument("--out", type=Path, help="write the markdown table here")
-    args = parser.parse_args()
+    return parser
+
+
+def run(args: argparse.Namespace) -> tuple[list[tuple[int, str, float, float, float | None]], str]:
+    """The rows (batch, decoding, titanium tokens/s, HF tokens/s, share of equal greedy tokens) and the
+    markdown table."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    compile_decode = device.type == "cuda" if args.compile is None else args.compile
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.hf_folder or debug_folder(Path(tmp) / "hf")
@@ -117,7 +125,7 @@ def main() -> None:
             def titanium_run(
                 prompts: torch.Tensor = prompts, params: SamplingParams = params, generator: torch.Generator = generator
             ) -> torch.Tensor:
-                out = generate(ours, prompts.tolist(), params, set(), pad, generator=generator, compile=args.compile)
+                out = generate(ours, prompts.tolist(), params, set(), pad, generator=generator, compile=compile_decode)
                 return out.tokens
 
             hf_kwargs = {"do_sample": False} if mode == "greedy" else {"do_sample": True, "top_k": 0, **SAMPLED}
@@ -149,7 +157,7 @@ def main() -> None:
         f"Model: {args.hf_folder or 'debug Llama (random weights, exported by titanium)'}; prompts of "
         f"{args.prompt_len} tokens, {args.new_tokens} new tokens per row, no stop token; median of "
         f"{args.repeats} runs after a warm-up, titanium and HF taking turns."
-        + (" titanium's decode step compiled." if args.compile else ""),
+        + (" titanium's decode step compiled." if compile_decode else ""),
         f"Command: `python {' '.join(sys.argv)}`",
         "",
         "| batch | decoding | titanium tokens/s | HF generate tokens/s | titanium / HF | greedy tokens equal |",
@@ -158,7 +166,12 @@ def main() -> None:
     for batch, mode, ours_tps, hf_tps, agree in rows:
         equal = f"{100 * agree:.1f}%" if agree is not None else "(sampled)"
         lines.append(f"| {batch} | {mode} | {ours_tps:,.0f} | {hf_tps:,.0f} | {ours_tps / hf_tps:.2f}x | {equal} |")
-    text = "\n".join(lines) + "\n"
+    return rows, "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    args = parser().parse_args()
+    _, text = run(args)
     print(text)
     if args.out:
         args.out.write_text(text)

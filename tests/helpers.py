@@ -34,19 +34,22 @@ def env() -> dict[str, str]:
     return {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
 
 
-def train_cmd(args: list[str], nproc: int = 1) -> list[str]:
-    """titanium.train as a user would run it: plain python for 1 process, torchrun for more."""
+def train_cmd(args: list[str], nproc: int = 1, module: str = "titanium.train") -> list[str]:
+    """titanium.train (or a test's wrapper ``module``) as a user would run it: plain python for 1 process,
+    torchrun for more."""
     if nproc == 1:
-        return [sys.executable, "-m", "titanium.train", *args]
+        return [sys.executable, "-m", module, *args]
     return [
         sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "-m", "titanium.train", *args,
+        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0", "-m", module, *args,
     ]  # fmt: skip
 
 
-def run_train(args: list[str], nproc: int = 1, timeout: int = 300) -> subprocess.CompletedProcess:
+def run_train(
+    args: list[str], nproc: int = 1, timeout: int = 300, module: str = "titanium.train"
+) -> subprocess.CompletedProcess:
     """Run training to completion; fail the test with the end of stderr if it fails."""
-    cmd = train_cmd(args, nproc)
+    cmd = train_cmd(args, nproc, module)
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")

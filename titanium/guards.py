@@ -70,7 +70,8 @@ class StepGuard:
     def _track_spikes(self, step: int, loss: torch.Tensor, bad: torch.Tensor) -> None:
         mean = self._ema / self._ema_weight.clamp(min=1e-12)  # bias-corrected, as Adam's moments
         ratio = loss / mean
-        spike = ~bad & (self._ema_weight > 0) & (loss > self.cfg.loss_spike_ratio * mean)
+        # (a ratio to the running mean only means something for a positive mean: GRPO's loss hovers around 0)
+        spike = ~bad & (self._ema_weight > 0) & (mean > 0) & (loss > self.cfg.loss_spike_ratio * mean)
         worse = spike & (ratio > self._worst[0])
         self._worst = torch.where(worse, torch.stack([ratio, torch.full_like(loss, step), loss, mean]), self._worst)
         self._spikes = self._spikes + spike

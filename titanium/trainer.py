@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import tomli_w
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
+from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -175,6 +177,18 @@ class Trainer:
         parts = [self.model_spec.name, repr(self.model_args), weights, *base, self.cfg.training.mixed_precision_param]
         return "\n".join(parts)
 
+    @contextlib.contextmanager
+    def _lend_policy(self) -> Iterator[nn.Module]:
+        """The live policy for an objective's generation (rollouts): eval mode, no gradients, the training
+        forward's mixed precision; train mode again afterwards."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad(), self.built.autocast():
+                yield self.model
+        finally:
+            self.model.train(was_training)
+
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
         t = self.cfg.training
@@ -196,6 +210,7 @@ class Trainer:
             chat_template=self.cfg.sft.chat_template,
             system_prompt=self.cfg.sft.system_prompt,
             dump_folder=self.cfg.job.dump_folder,
+            policy=self._lend_policy,
         )
         section = getattr(self.cfg, t.objective, None)
         self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
@@ -326,7 +341,7 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync). Returns
         this rank's loss sum, the global count and the tokens. ``backward=False``: the losses only (validation)."""
-        tokens = sum(self.objective.tokens(mb) for mb in microbatches)  # whole sequences, before any CP split
+        handed_out = microbatches  # whole sequences, before any CP split: what the throughput counts
         if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
             microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
         microbatches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()} for mb in microbatches]
@@ -334,6 +349,7 @@ class Trainer:
         with torch.no_grad():
             microbatches = self.objective.prepare(microbatches)
         self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
+        tokens = sum(self.objective.tokens(mb) for mb in handed_out)  # after prepare: it may make them (rollouts)
         local_count = torch.stack([self.objective.count(mb) for mb in microbatches]).sum().to(self.device)
         global_count = funcol.all_reduce(local_count, "sum", self.loss_group)
         self._divisor = global_count.clamp(min=1).float()

@@ -36,13 +36,21 @@ _GLOO_CRASHES = (
 _ATTEMPTS = 4
 
 
-def layout_run(tmp_path: Path, name: str, nproc: int, *extra: str, data: tuple[str, ...] = SYNTHETIC) -> Run:
-    """(losses, grad norms) by step of a STEPS-step run of the tiny debug model (synthetic data by default)."""
+def layout_run(
+    tmp_path: Path,
+    name: str,
+    nproc: int,
+    *extra: str,
+    data: tuple[str, ...] = SYNTHETIC,
+    module: str = "titanium.train",
+) -> Run:
+    """(losses, grad norms) by step of a STEPS-step run of the tiny debug model (synthetic data by default),
+    by ``titanium.train`` or a test's wrapper ``module``."""
     out = tmp_path / name
     args = tiny_args(out, *data, "--training.steps", str(STEPS), *extra)
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            run_train(args, nproc=nproc)
+            run_train(args, nproc=nproc, module=module)
             break
         except AssertionError as e:
             if attempt == _ATTEMPTS or not any(crash in str(e) for crash in _GLOO_CRASHES):

@@ -8,6 +8,7 @@ running one forward more than another would hang, and the ranks' local stopping 
 from __future__ import annotations
 
 import json
+import math
 from datetime import timedelta
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
+from titanium.config import ConfigError, load_config
 from titanium.config.sections import DataSection, EvalSection, SFTSection
 from titanium.data.chat import Llama3Template, Message
 from titanium.data.sft import SFTDataset
@@ -186,3 +188,55 @@ def test_data_parallel_ranks_split_rows_and_run_the_same_forwards(tmp_path: Path
 def test_evaluator_needs_a_usable_row(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="no usable"):
         _evaluator(_write(tmp_path / "t.jsonl", [{"messages": []}]))
+
+
+class TwoAnswerSampler(nn.Module):
+    """After the assistant header: "42" with probability 3/4, "7" with 1/4, each then end-of-turn."""
+
+    def __init__(self, tokenizer: TiktokenTokenizer, template: Llama3Template) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict()
+        four, two = tokenizer.encode("42", bos=False, eos=False)
+        (seven,) = tokenizer.encode("7", bos=False, eos=False)
+        logits = torch.full((tokenizer.vocab_size, tokenizer.vocab_size), -1e4)
+        logits[:, template.eot] = 0.0  # anything else ends the turn
+        header_end = template.prompt([])[-1]
+        logits[header_end] = -1e4
+        logits[header_end, four], logits[header_end, seven] = math.log(0.75), math.log(0.25)
+        logits[four] = -1e4
+        logits[four, two] = 0.0
+        self.register_buffer("logits", logits)
+
+    def forward(self, tokens: torch.Tensor, **_: object) -> torch.Tensor:
+        return self.logits[tokens]
+
+
+def test_sampled_answers_score_their_expected_accuracy(tmp_path: Path) -> None:
+    """--eval.temperature 1 --eval.samples_per_prompt 64: 6 "42" and 2 "7" references against a model that
+    says "42" 3/4 of the time score (6 x 3/4 + 2 x 1/4) / 8 = 0.625 (3 sigma: 0.057); greedy would score
+    0.75. Every evaluation draws from the same seed."""
+    path = _write(tmp_path / "test.jsonl", [_chat_row(f"q{i}", a) for i, a in enumerate(["42"] * 6 + ["7"] * 2)])
+    tokenizer = _tokenizer()
+    template = Llama3Template(tokenizer)
+    cfg = EvalSection(interval=1, path=path, batch_size=128, temperature=1.0, samples_per_prompt=64)
+    evaluator = ExactMatchEvaluator(cfg, DataSection(kind="chat"), template, tokenizer)
+    model = TwoAnswerSampler(tokenizer, template)
+    scores = evaluator(model)
+    assert scores["eval/samples"] == 8 and scores["eval/exact_match"] == pytest.approx(0.625, abs=0.057)
+    assert evaluator(model) == scores
+    greedy = ExactMatchEvaluator(EvalSection(interval=1, path=path), DataSection(kind="chat"), template, tokenizer)
+    assert greedy(model)["eval/exact_match"] == 0.75
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--eval.temperature", "-1"], "--eval.temperature must be >= 0"),
+        (["--eval.samples_per_prompt", "4"], "--eval.samples_per_prompt > 1 needs --eval.temperature > 0"),
+        (["--eval.temperature", "1", "--eval.samples_per_prompt", "0"], "--eval.samples_per_prompt must be >= 1"),
+    ],
+)
+def test_bad_sampling_options_are_reported(args: list[str], message: str, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError, match=message):
+        load_config(args)

@@ -147,6 +147,13 @@ def test_token_entropy() -> None:
     assert token_entropy(logits, temperature=2.0).tolist() == pytest.approx(expected, rel=1e-6)
 
 
+GRPO_JOB = [
+    "--training.objective", "grpo",
+    "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
+    "--training.local_batch_size", "16", "--grpo.max_prompt_len", "64",
+]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "args, message",
     [
@@ -159,6 +166,14 @@ def test_token_entropy() -> None:
         (["--grpo.ppo_epochs", "0"], "--grpo.ppo_epochs must be >= 1"),
         (["--grpo.max_policy_lag", "-1"], "--grpo.max_policy_lag must be >= 0"),
         (["--grpo.reward_weights", "1", "2"], "has 2 weights for 1 reward functions"),
+        ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
+        ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
+        ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
+        ([*GRPO_JOB, "--parallelism.tensor_parallel_degree", "2"], "generates its rollouts under data parallelism"),
+        ([*GRPO_JOB, "--parallelism.pipeline_parallel_degree", "2"], "--parallelism.pipeline_parallel_degree 2"),
+        ([*GRPO_JOB, "--parallelism.context_parallel_degree", "2"], "--parallelism.context_parallel_degree 2"),
+        ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),
+        ([*GRPO_JOB, "--validation.interval", "10"], "held-out loss has no meaning for --training.objective grpo"),
     ],
 )
 def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch) -> None:

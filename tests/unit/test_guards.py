@@ -14,7 +14,8 @@ import torch
 
 from tests.helpers import scalars, tiny_args
 from titanium.checkpoint.manager import complete_steps
-from titanium.guards import NonFiniteError
+from titanium.config.sections import GuardsSection
+from titanium.guards import NonFiniteError, StepGuard
 from titanium.parallel.distributed import shutdown_distributed
 
 
@@ -95,3 +96,15 @@ def test_a_loss_spike_is_logged_with_its_step(make_trainer, tmp_path, caplog):
     assert len(spikes) == 1 and spikes[0].startswith("loss spike at step 3: "), spikes
     ratio = float(spikes[0].split(" is ")[1].split("x")[0])
     assert 15 < ratio < 25  # the loss was multiplied by 20 (the running mean is of nearby losses)
+
+
+def test_no_spike_is_logged_for_a_loss_around_zero(caplog):
+    """GRPO's loss is centered at 0: a running mean <= 0 gives no ratio to compare, so nothing is a spike."""
+    guard = StepGuard(
+        GuardsSection(), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), torch.device("cpu")
+    )
+    for step, loss in enumerate([-0.01, -0.02, 0.0, 0.001, -0.005, 0.002], start=1):
+        guard.before_optimizer_step(step, torch.tensor(loss), torch.tensor(1.0))
+    with caplog.at_level(logging.WARNING, logger="titanium"):
+        guard.check(6)
+    assert not [r for r in caplog.records if "loss spike" in r.getMessage()]

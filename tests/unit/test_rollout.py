@@ -64,7 +64,7 @@ def test_rollout_groups_rewards_and_logprobs_of_a_fresh_forward(setup) -> None:
     assert out.rewards.total.tolist() == [length(c, None, {}) for c in out.completions]
 
     logits = model(**out.model_inputs())
-    fresh = response_logprobs(logits, out, PARAMS.temperature)
+    fresh = response_logprobs(logits, out.tokens, out.old_logprobs.shape[1], PARAMS.temperature)
     mask = out.response_mask
     torch.testing.assert_close(fresh[mask], out.old_logprobs[mask], rtol=0, atol=1e-5)
 

@@ -475,6 +475,11 @@ class EvalSection:
     """Tokens generated per answer (greedy); generation stops early at the end-of-turn token."""
     batch_size: int = 32
     """Prompts generated together on each data-parallel rank."""
+    temperature: float = 0.0
+    """0: greedy answers. > 0: answers sampled at this temperature, e.g. the policy GRPO trains (its
+    grpo.temperature), from the same seed at every evaluation; the score is over all samples_per_prompt."""
+    samples_per_prompt: int = 1
+    """Sampled answers per held-out prompt (temperature > 0), for a less noisy score."""
 
 
 @dataclass
@@ -557,12 +562,14 @@ class GRPOSection:
     """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
     from the second optimizer step on the same rollouts."""
     minibatches: int = 1
-    """Optimizer steps per pass over a batch of rollouts (it is split into this many parts)."""
+    """Optimizer steps per pass over a batch of rollouts: each rank generates this many steps' worth of
+    responses (training.global_batch_size each over all ranks) in one go, then trains on one part per step."""
     mask_truncated: bool = False
     """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
     max_policy_lag: int = 0
-    """Rollouts may come from a policy up to this many optimizer steps older than the one being trained,
-    so generation for the next step can overlap training; older rollouts are dropped. 0: fully on-policy."""
+    """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
+    them: the next batch is generated while the current one is still trained on, as early as this allows; a
+    queued batch that would be older is dropped. 0: fully on-policy (each batch made right before its use)."""
 
 
 @dataclass

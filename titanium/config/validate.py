@@ -23,7 +23,7 @@ PIPELINE_SCHEDULES = (
 )
 """torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
 
-OBJECTIVE_NAMES = ("pretrain", "sft", "dpo")
+OBJECTIVE_NAMES = ("pretrain", "sft", "dpo", "grpo")
 """The built-in objectives (titanium/trainers/); their config section has the same name."""
 
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
@@ -151,6 +151,8 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_quantization_and_loss(cfg)
     yield from validate_fault_tolerance(cfg)
+    if cfg.training.objective == "grpo":
+        yield from _validate_grpo_job(cfg)
 
 
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
@@ -161,8 +163,8 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVE_NAMES)}, "
             "or your own as 'package.module:ClassName'"
         )
-    if kind in ("chat", "instruct") and objective != "sft":
-        yield f"--data.kind {kind} needs --training.objective sft (pretraining reads text windows)"
+    if kind in ("chat", "instruct") and objective not in ("sft", "grpo"):
+        yield f"--data.kind {kind} needs --training.objective sft or grpo (pretraining reads text windows)"
     if objective == "sft" and kind == "synthetic":
         yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
@@ -188,9 +190,14 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
         ("eval.max_samples", ev.max_samples),
         ("eval.max_new_tokens", ev.max_new_tokens),
         ("eval.batch_size", ev.batch_size),
+        ("eval.samples_per_prompt", ev.samples_per_prompt),
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
+    if ev.temperature < 0:
+        yield f"--eval.temperature must be >= 0 (0: greedy), got {ev.temperature}"
+    elif ev.temperature == 0 and ev.samples_per_prompt > 1:
+        yield "--eval.samples_per_prompt > 1 needs --eval.temperature > 0 (greedy answers are all the same)"
     if ev.interval > 0:
         if max(par.tensor_parallel_degree, par.pipeline_parallel_degree, par.context_parallel_degree) > 1:
             yield (
@@ -300,6 +307,45 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         yield (
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
+        )
+
+
+def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
+    """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
+    and a layout the sampler runs under (data parallelism only)."""
+    g, t, par = cfg.grpo, cfg.training, cfg.parallelism
+    if cfg.data.kind not in ("chat", "instruct", "text"):
+        yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
+    if t.local_batch_size % g.group_size:
+        yield (
+            f"--training.local_batch_size {t.local_batch_size} (responses per microbatch) must be a multiple of "
+            f"--grpo.group_size {g.group_size}, so that each group of responses stays in one microbatch"
+        )
+    if g.max_prompt_len + g.max_new_tokens > t.seq_len:
+        yield (
+            f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
+            f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
+        )
+    degrees = {
+        "tensor_parallel_degree": par.tensor_parallel_degree,
+        "pipeline_parallel_degree": par.pipeline_parallel_degree,
+        "context_parallel_degree": par.context_parallel_degree,
+    }
+    for name, degree in degrees.items():
+        if degree > 1:
+            yield (
+                f"--parallelism.{name} {degree}: --training.objective grpo generates its rollouts under data "
+                "parallelism (FSDP/HSDP) only; set it to 1"
+            )
+    if t.loss_chunk_size:
+        yield (
+            "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
+            "grpo, whose log-probs come from the full logits; set it to 0"
+        )
+    if cfg.validation.interval > 0:
+        yield (
+            "--validation.interval: held-out loss has no meaning for --training.objective grpo (its loss needs "
+            "rollouts); set it to 0 and measure held-out accuracy with --eval.interval"
         )
 
 

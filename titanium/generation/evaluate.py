@@ -1,4 +1,4 @@
-"""Exact-match evaluation: greedy answers to held-out chat prompts, compared with the reference answers.
+"""Exact-match evaluation: greedy (or sampled) answers to held-out chat prompts, compared with the references.
 
 A cheap, honest signal that fine-tuning taught the task (loss can fall while answers stay wrong). It
 runs inside training on every data-parallel rank, so it follows one rule for FSDP: every model forward
@@ -118,29 +118,43 @@ class ExactMatchEvaluator:
         self.mine = samples[dp_rank::dp_world]
         # Every rank runs the same number of batches: pad short shares with a dummy (never scored) prompt.
         per_rank = math.ceil(self.total / dp_world)
-        self.prompts = [s.prompt for s in self.mine] + [samples[0].prompt] * (per_rank - len(self.mine))
-        self.greedy = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=0.0)
+        prompts = [s.prompt for s in self.mine] + [samples[0].prompt] * (per_rank - len(self.mine))
+        self.answers_per_prompt = cfg.samples_per_prompt if cfg.temperature > 0 else 1
+        self.prompts = [p for p in prompts for _ in range(self.answers_per_prompt)]
+        self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
+        self.seed = dp_rank  # (tensor/context-parallel peers share a dp_rank: they draw alike)
         self.all_done = all_ranks_done(group, self.device) if dp_world > 1 else None
 
     def __call__(self, model: nn.Module) -> dict[str, float]:
-        """Greedy answers for this rank's share, scored ``decoded.strip() == reference.strip()``."""
+        """Greedy (or sampled) answers for this rank's share, scored ``decoded.strip() == reference.strip()``.
+        Sampling starts from the same seed at every call, so evaluations along a run draw alike."""
         check_room(model, self.longest_prompt, self.cfg.max_new_tokens)  # on every rank alike, before any forward
         was_training = model.training
         model.eval()
         try:
             answers: list[list[int]] = []
             size = self.cfg.batch_size
+            generator = torch.Generator(self.device).manual_seed(self.seed)
             for start in range(0, len(self.prompts), size):
                 batch = self.prompts[start : start + size]
                 generation = generate(
-                    model, batch, self.greedy, self.stop_ids, self.pad_id, device=self.device, all_done=self.all_done
+                    model,
+                    batch,
+                    self.params,
+                    self.stop_ids,
+                    self.pad_id,
+                    generator=generator,
+                    device=self.device,
+                    all_done=self.all_done,
                 )
                 answers += generation.token_lists()
         finally:
             model.train(was_training)
-        correct = sum(self.tokenizer.decode(ids).strip() == s.reference.strip() for ids, s in zip(answers, self.mine))
-        counts = torch.tensor([correct, len(self.mine)], dtype=torch.float64, device=self.device)
+        k = self.answers_per_prompt
+        references = [s.reference.strip() for s in self.mine for _ in range(k)]
+        correct = sum(self.tokenizer.decode(ids).strip() == ref for ids, ref in zip(answers, references))
+        counts = torch.tensor([correct, len(references)], dtype=torch.float64, device=self.device)
         if self.dp_world > 1:
             dist.all_reduce(counts, group=self.group)
         correct_all, n = counts.tolist()
-        return {"eval/exact_match": correct_all / n, "eval/samples": n}
+        return {"eval/exact_match": correct_all / n, "eval/samples": n / k}

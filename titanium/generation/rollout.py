@@ -17,7 +17,7 @@ from torch import nn
 
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
-from titanium.generation.generate import PROMPT_DOCUMENT, generate, left_pad
+from titanium.generation.generate import PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rewards import Rewards, RewardSet
 
@@ -49,12 +49,10 @@ class Rollout:
         return {"tokens": self.tokens, "positions": self.positions, "document_ids": self.document_ids}
 
 
-def response_logprobs(logits: torch.Tensor, rollout: Rollout, temperature: float) -> torch.Tensor:
-    """``[B, T]`` log-probs of the response tokens from the logits ``[B, P + T, V]`` of a forward over
-    ``rollout.model_inputs()`` (the logits at position i predict token i + 1)."""
-    start = rollout.prompt_width
-    targets = rollout.tokens[:, start:]
-    return token_logprobs(logits[:, start - 1 : -1], targets, temperature)
+def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, temperature: float) -> torch.Tensor:
+    """``[B, T]`` log-probs of the last ``width`` (T) tokens of ``tokens`` ``[B, P + T]`` (the responses of a
+    rollout) from the logits ``[B, P + T, V]`` of a forward over them (the logits at i predict token i + 1)."""
+    return token_logprobs(logits[:, -width - 1 : -1], tokens[:, -width:], temperature)
 
 
 @torch.no_grad()
@@ -94,6 +92,15 @@ def rollout(
         )
     finally:
         model.train(was_training)
+    return to_rollout(samples, group_size, out, rewards, tokenizer)
+
+
+def to_rollout(
+    samples: Sequence[PromptSample], group_size: int, out: Generation, rewards: RewardSet, tokenizer: Tokenizer
+) -> Rollout:
+    """The training batch of ``group_size`` generated responses per prompt (rows in ``rollout``'s order),
+    decoded and scored."""
+    prompts = [s.prompt for s in samples for _ in range(group_size)]
     completions = [tokenizer.decode(ids) for ids in out.token_lists()]
     answers = [s.answer for s in samples for _ in range(group_size)]
     rows = [s.row for s in samples for _ in range(group_size)]

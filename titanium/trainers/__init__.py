@@ -17,6 +17,7 @@ OBJECTIVES = {
     "pretrain": "titanium.trainers.pretrain:PretrainObjective",
     "sft": "titanium.trainers.sft:SFTObjective",
     "dpo": "titanium.trainers.dpo:DPOObjective",
+    "grpo": "titanium.trainers.grpo:GRPOObjective",
 }
 """Objective name -> ``module:class``; the class takes ``(ObjectiveContext, DataSection, its own section)``."""
 

@@ -11,6 +11,7 @@ mean gradient of the full batch; it reduces the metric sums and counts over the 
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -91,6 +92,10 @@ class ObjectiveContext:
     """[sft] system_prompt: replaces or adds each conversation's system message."""
     dump_folder: str = "./outputs"
     """The job's output folder (job.dump_folder)."""
+    policy: Callable[[], contextlib.AbstractContextManager[nn.Module]] | None = None
+    """Lends the live policy (the model being trained, sharded as it trains) for generation, e.g. rollouts in
+    ``prepare``: inside the context it is in eval mode, without gradients, under the training forward's mixed
+    precision. Under FSDP every forward is a collective: all data-parallel ranks must generate together."""
 
 
 class Objective(ABC):
@@ -127,7 +132,8 @@ class Objective(ABC):
         return None
 
     def tokens(self, batch: Batch) -> int:
-        """Tokens the model processes for `batch` (for throughput), known without a device sync."""
+        """Tokens the model processes for `batch` (for throughput), known without a device sync. Asked after
+        ``prepare``, of the microbatch as ``next_microbatch`` returned it (whole sequences)."""
         return batch["input"].numel()
 
     def log_metrics(self) -> dict[str, float]:

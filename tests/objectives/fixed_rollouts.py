@@ -1,0 +1,63 @@
+"""``python -m tests.objectives.fixed_rollouts <titanium.train args>``: GRPO with responses fixed in advance.
+
+Sampling differs between data-parallel layouts (each rank draws from its own generator for its own share of
+the prompts), so a layout test replaces it: response j to a prompt is drawn from a generator seeded by the
+prompt's tokens, j and the rollout batch's number, some ending with a stop id and some cut at max_new_tokens.
+Everything else is the real objective: the rewards (``characters`` below tells such responses apart),
+advantages, old log-probs from a forward of the live policy (what sampling returns), reference log-probs,
+the serving schedule and the loss. Any layout then trains on exactly the same rollouts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from titanium.data.prompts import PromptSample
+from titanium.generation.generate import Generation
+from titanium.generation.rollout import Rollout, response_logprobs, to_rollout
+from titanium.trainers.grpo import GRPOObjective
+
+
+def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
+    """A reward that tells the made-up responses apart."""
+    return len(completion) / 10
+
+
+def fixed_sample(self: GRPOObjective, model: nn.Module, samples: list[PromptSample], index: int) -> Rollout:
+    """Stands in for ``GRPOObjective.sample``: responses that depend only on the prompt, j and ``index``."""
+    width, stop, rows = self.cfg.max_new_tokens, min(self.stop_ids), []
+    for sample in samples:
+        for j in range(self.cfg.group_size):
+            g = torch.Generator().manual_seed(hash((tuple(sample.prompt), j, index)) & 0xFFFF_FFFF)
+            length = int(torch.randint(1, width + 1, (1,), generator=g))
+            tokens = torch.randint(200, 2000, (width,), generator=g)
+            finished = bool(torch.rand(1, generator=g) < 0.5)
+            if finished:
+                tokens[length - 1] = stop
+            else:
+                length = width
+            tokens[length:] = self.tokenizer.pad_id
+            rows.append((tokens, length, finished))
+    out = Generation(
+        tokens=torch.stack([t for t, _, _ in rows]).to(self.device),
+        logprobs=torch.zeros(len(rows), width, device=self.device),
+        lengths=torch.tensor([n for _, n, _ in rows], device=self.device),
+        finished=torch.tensor([f for _, _, f in rows], device=self.device),
+    )
+    made = to_rollout(samples, self.cfg.group_size, out, self.rewards, self.tokenizer)
+    logits = model(**made.model_inputs())  # what the sampler's log-probs are: the policy's
+    old = response_logprobs(logits, made.tokens, width, self.cfg.temperature) * made.response_mask
+    return dataclasses.replace(made, old_logprobs=old)
+
+
+if __name__ == "__main__":
+    from titanium.train import main
+
+    GRPOObjective.sample = fixed_sample
+    sys.exit(main())

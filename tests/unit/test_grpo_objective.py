@@ -1,0 +1,305 @@
+"""The GRPO objective on a tiny model in one process: what it serves step by step (ppo_epochs x minibatches,
+policy lag), its loss against values computed independently, its metrics, and its checkpoint state."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import statistics
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+import torch
+
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args
+from titanium.config.sections import DataSection, GRPOSection
+from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+from titanium.generation.generate import Generation
+from titanium.generation.rollout import Rollout, to_rollout
+from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
+from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
+from titanium.parallel.distributed import shutdown_distributed
+from titanium.trainers.base import ModelOutput, ObjectiveContext
+from titanium.trainers.grpo import GRPOObjective
+
+GROUP = 4
+TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
+
+
+def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
+    """A reward that tells responses of a random model apart."""
+    return len(completion) / 10
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TiktokenTokenizer:
+    return TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+
+
+def _model(vocab_size: int) -> Transformer:
+    args = dataclasses.replace(
+        LLAMA3_FLAVORS["debugmodel"], n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=vocab_size, max_seq_len=64
+    )
+    model = Transformer(args)
+    model.init_weights(seed=0)
+    return model.train()
+
+
+def _objective(
+    tokenizer, model: Transformer, local_batch_size: int = 8, stop_every: int = 4, **grpo: Any
+) -> GRPOObjective:
+    """A GRPO objective as the loop builds it, lending ``model`` as the policy and a copy of it as the reference."""
+    reference = copy.deepcopy(model).requires_grad_(False)
+
+    @contextlib.contextmanager
+    def lend() -> Iterator[Transformer]:
+        model.eval()
+        with torch.no_grad():
+            yield model
+        model.train()
+
+    ctx = ObjectiveContext(
+        tokenizer=tokenizer,
+        model_name="llama3",
+        vocab_size=tokenizer.vocab_size,
+        seq_len=64,
+        local_batch_size=local_batch_size,
+        dp_rank=0,
+        dp_world=1,
+        seed=0,
+        frozen_model=lambda: lambda batch: reference(**objective.model_inputs(batch)),
+        chat_template="llama3",
+        policy=lend,
+    )
+    settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
+    objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))
+    objective.stop_ids = set(range(0, tokenizer.vocab_size, stop_every))  # some responses end before max_new_tokens
+    return objective
+
+
+def _steps(objective: GRPOObjective, steps: int, microbatches: int = 1) -> tuple[list[list[dict]], list[int]]:
+    """Serve ``steps`` steps (no training in between): each step's microbatches, and the steps that generated."""
+    served, generated = [], []
+    made = objective.batches_made
+    for step in range(1, steps + 1):
+        served.append(objective.prepare([objective.next_microbatch() for _ in range(microbatches)]))
+        if objective.batches_made != made:
+            generated.append(step)
+            made = objective.batches_made
+    return served, generated
+
+
+def test_a_rollout_batch_serves_ppo_epochs_x_minibatches_steps(tokenizer) -> None:
+    objective = _objective(tokenizer, _model(tokenizer.vocab_size), ppo_epochs=2, minibatches=2)
+    served, generated = _steps(objective, 8, microbatches=2)
+    assert generated == [1, 5]  # one batch per 2 x 2 steps
+    batch = objective.current
+    assert batch is not None and batch.rows["tokens"].shape[0] == 2 * 8 * 2  # microbatches x responses x minibatches
+    first = torch.cat([mb["tokens"] for mb in served[0]])
+    second = torch.cat([mb["tokens"] for mb in served[1]])
+    assert first.shape[0] == second.shape[0] == 16 and not torch.equal(first, second)  # the two minibatches
+    assert torch.equal(torch.cat([mb["tokens"] for mb in served[2]]), first)  # epoch 2: the same again
+    assert torch.equal(torch.cat([mb["tokens"] for mb in served[3]]), second)
+    lags = [float(step[0]["grpo/policy_lag"][0]) for step in served]
+    assert lags == [0, 1, 2, 3, 0, 1, 2, 3]  # each step on the same rollouts is one update further from them
+    assert objective.tokens({}) == served[-1][0]["tokens"].numel()
+    assert "generated_tokens" in served[0][0] and "generated_tokens" not in served[1][0]
+
+
+LAG_CASES = [(1, [0, 1, 1, 2, 1, 2], [1, 2, 4, 6]), (2, [0, 1, 2, 3, 2, 3], [1, 3, 5])]
+
+
+@pytest.mark.parametrize("max_lag, lags, generated", LAG_CASES)
+def test_bounded_policy_lag_makes_the_next_batch_while_this_one_trains(tokenizer, max_lag, lags, generated) -> None:
+    """minibatches 2: a batch serves 2 steps. Its successor is made as early as its lag at first use allows."""
+    objective = _objective(tokenizer, _model(tokenizer.vocab_size), minibatches=2, max_policy_lag=max_lag)
+    served, made_at = _steps(objective, 6)
+    assert [float(step[0]["grpo/policy_lag"][0]) for step in served] == lags
+    assert made_at == generated
+    first_uses = [lag for i, lag in enumerate(lags) if i % 2 == 0][1:]
+    assert max(first_uses) == max_lag and objective.queue.dropped == 0
+
+
+def test_a_queued_batch_older_than_the_lag_is_dropped_and_counted() -> None:
+    queue = RolloutQueue(max_lag=1)
+    rows = {"tokens": torch.zeros(8, 3)}
+    for version in (0, 2, 3):
+        queue.put(RolloutBatch(rows, version=version, minibatches=1, epochs=1))
+    batch = queue.pop_fresh(version=3)  # lags 3 and 1: the first is dropped
+    assert batch is not None and batch.version == 2 and queue.dropped == 8
+    batch = queue.pop_fresh(version=5)
+    assert batch is None and queue.dropped == 16 and len(queue) == 0
+
+
+def _independent_advantages(rewards: list[float]) -> list[float]:
+    out = []
+    for g in range(0, len(rewards), GROUP):
+        group = rewards[g : g + GROUP]
+        out += [(r - statistics.fmean(group)) / (statistics.stdev(group) + 1e-4) for r in group]
+    return out
+
+
+def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) -> None:
+    """Before any update the ratio is 1 and the reference is the policy: the token-mode loss is -sum_i A_i n_i
+    (n_i: response i's tokens), clip fraction and KL are 0, and the metrics are plain means of the rollouts."""
+    model = _model(tokenizer.vocab_size)
+    objective = _objective(tokenizer, model, local_batch_size=8, beta=0.1)
+    (microbatch,) = objective.prepare([objective.next_microbatch()])
+    rows = objective.current.rows
+    rewards = rows["grpo/reward"].tolist()
+    lengths = rows["loss_mask"].sum(dim=1)
+    assert 0 < lengths.min() < lengths.max() == 6, "degenerate test: responses should differ in length"
+    advantages = _independent_advantages(rewards)
+    assert rows["advantages"].tolist() == pytest.approx(advantages, rel=1e-5, abs=1e-6)
+
+    logits = model(**objective.model_inputs(microbatch))
+    result = objective.loss(ModelOutput(logits=logits), microbatch)
+    expected = -sum(a * float(n) for a, n in zip(advantages, lengths))
+    assert result.loss_sum.item() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+    assert objective.count(microbatch).item() == lengths.sum().item()
+    metrics = {name: (total.item() / count.item()) for name, (total, count) in result.metrics.items()}
+    assert metrics["grpo/reward"] == pytest.approx(statistics.fmean(rewards), rel=1e-6)
+    assert metrics["grpo/response_len"] == pytest.approx(lengths.float().mean().item())
+    assert metrics["grpo/clip_frac"] == 0 and metrics["grpo/kl"] == pytest.approx(0, abs=1e-6)
+    group_stds = [statistics.stdev(rewards[g : g + GROUP]) for g in range(0, len(rewards), GROUP)]
+    assert metrics["grpo/reward_std"] == pytest.approx(statistics.fmean(group_stds), rel=1e-5)
+    assert metrics[f"grpo/reward/{__name__}:characters"] == pytest.approx(metrics["grpo/reward"])
+    responses = [row[: int(n)] for row, n in zip(microbatch["tokens"][:, -6:].tolist(), lengths)]
+    truncated = [not any(t in objective.stop_ids for t in response) for response in responses]
+    assert metrics["grpo/truncated"] == pytest.approx(statistics.fmean(truncated))
+    assert 0 < metrics["grpo/entropy"] <= torch.log(torch.tensor(float(tokenizer.vocab_size))).item()
+    assert metrics["grpo/gen_tokens_per_s"] > 0
+    result.loss_sum.backward()
+    assert model.output.weight.grad.abs().sum() > 0
+
+
+def test_after_an_update_the_ratio_clip_and_kl_follow_the_formulas(tokenizer) -> None:
+    """The second epoch on the same rollouts sees the updated policy: the loss equals the clipped objective
+    plus beta x k3 KL, computed here in float64 from the updated model's logits and the stored log-probs."""
+    model = _model(tokenizer.vocab_size)
+    beta, eps = 0.1, 0.05
+    objective = _objective(tokenizer, model, beta=beta, ppo_epochs=2, epsilon_low=eps, epsilon_high=eps)
+    (first,) = objective.prepare([objective.next_microbatch()])
+    objective.loss(ModelOutput(logits=model(**objective.model_inputs(first))), first).loss_sum.backward()
+    with torch.no_grad():
+        for p in model.parameters():
+            p -= 0.5 * p.grad.sign() * 1e-2  # a large enough step that some ratios leave [1 - eps, 1 + eps]
+    (second,) = objective.prepare([objective.next_microbatch()])
+    assert torch.equal(second["tokens"], first["tokens"])
+    logits = model(**objective.model_inputs(second))
+    result = objective.loss(ModelOutput(logits=logits), second)
+
+    width = second["old_logprobs"].shape[1]
+    logp = torch.log_softmax(logits[:, -width - 1 : -1].double(), dim=-1)
+    logp = logp.gather(-1, second["tokens"][:, -width:, None]).squeeze(-1)
+    mask, adv = second["loss_mask"], second["advantages"].double()
+    ratio = torch.exp(logp - second["old_logprobs"].double())
+    policy = -torch.minimum(ratio * adv[:, None], ratio.clamp(1 - eps, 1 + eps) * adv[:, None])
+    log_ref_ratio = second["ref_logprobs"].double() - logp
+    kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
+    expected = ((policy + beta * kl) * mask).sum().item()
+    assert result.loss_sum.item() == pytest.approx(expected, rel=1e-5)
+    clipped = (((ratio < 1 - eps) & (adv[:, None] < 0)) | ((ratio > 1 + eps) & (adv[:, None] > 0))) & mask
+    total, count = result.metrics["grpo/clip_frac"]
+    assert 0 < total.item() == clipped.sum().item() and count.item() == mask.sum().item()
+    assert result.metrics["grpo/kl"][0].item() == pytest.approx((kl * mask).sum().item(), rel=1e-4)
+
+
+def test_truncated_responses_masked_and_sequence_units(tokenizer) -> None:
+    model = _model(tokenizer.vocab_size)
+    objective = _objective(tokenizer, model, stop_every=16, mask_truncated=True, loss_aggregation="sequence")
+    (microbatch,) = objective.prepare([objective.next_microbatch()])
+    finished = microbatch["grpo/truncated"] == 0
+    assert finished.any() and not finished.all(), "degenerate test"
+    mask = microbatch["loss_mask"]
+    assert not mask[~finished].any() and mask[finished].any(dim=1).all()
+    assert objective.count(microbatch).item() == finished.sum().item()  # units: responses left in the loss
+
+
+def test_resume_makes_the_in_flight_batch_again_from_the_same_prompts(tokenizer) -> None:
+    """The checkpoint holds the prompt position before the batch in flight: a resumed objective samples it again
+    with the same seed (the same tokens, as long as the policy is the same); after a used-up batch it goes on."""
+    model = _model(tokenizer.vocab_size)
+    straight = _objective(tokenizer, model, minibatches=2)
+    served, _ = _steps(straight, 4)
+    resumed = _objective(tokenizer, model, minibatches=2)
+    _steps(resumed, 1)
+    state = resumed.state_dict()  # mid-batch: the batch made at step 1 is in flight
+    again = _objective(tokenizer, model, minibatches=2)
+    again.load_state_dict(state)
+    replay, generated = _steps(again, 4)
+    assert generated == [1, 3]
+    for got, want in zip(replay, served):
+        assert torch.equal(got[0]["tokens"], want[0]["tokens"])
+    at_boundary = straight.state_dict()  # after step 4 the second batch is used up
+    assert at_boundary["batches_made"] == 2 and at_boundary["prompts"] == straight.prompts.state_dict()
+
+
+def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
+    """Responses made to order (the reference answer, or not) through the same rollout assembly: exact-match
+    reward and accuracy count the right ones."""
+    model = _model(tokenizer.vocab_size)
+    objective = _objective(tokenizer, model, rewards=["exact_match", "format"], reward_weights=[1.0, 0.5])
+    eot = [tokenizer.special_tokens["<|eot_id|>"]]
+
+    def answer_every_other(model, samples, index) -> Rollout:
+        responses = []
+        for sample in samples:
+            for j in range(GROUP):
+                text = sample.answer if j % 2 == 0 else sample.answer + "0"
+                responses.append(tokenizer.encode(text, bos=False, eos=False) + eot)
+        width = max(len(r) for r in responses)
+        tokens = torch.tensor([r + [tokenizer.pad_id] * (width - len(r)) for r in responses])
+        lengths = torch.tensor([len(r) for r in responses])
+        out = Generation(tokens, torch.zeros(tokens.shape), lengths, torch.ones(len(responses), dtype=torch.bool))
+        return to_rollout(samples, GROUP, out, objective.rewards, tokenizer)
+
+    objective.sample = answer_every_other
+    (microbatch,) = objective.prepare([objective.next_microbatch()])
+    result = objective.loss(ModelOutput(logits=model(**objective.model_inputs(microbatch))), microbatch)
+    metrics = {name: (total.item() / count.item()) for name, (total, count) in result.metrics.items()}
+    assert metrics["grpo/accuracy"] == metrics["grpo/reward/exact_match"] == 0.5
+    assert metrics["grpo/reward/format"] == 0 and metrics["grpo/reward"] == 0.5
+    assert microbatch["advantages"][0::2].gt(0).all() and microbatch["advantages"][1::2].lt(0).all()
+
+
+GRPO_JOB = (
+    "--training.objective", "grpo",
+    "--data.kind", "chat", "--data.path", TASKS, "--sft.chat_template", "llama3",
+    "--grpo.group_size", "4", "--grpo.max_new_tokens", "6", "--grpo.max_prompt_len", "40",
+    "--grpo.rewards", f"{__name__}:characters", "--grpo.minibatches", "2",
+    "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
+)  # fmt: skip
+
+
+def test_the_loop_resumes_a_grpo_run_exactly_where_a_rollout_batch_ends(make_trainer, tmp_path) -> None:
+    """6 steps, a rollout batch every 2 (minibatches 2), checkpoints at 2 and 4; a job killed right after its
+    step-4 checkpoint resumes from the prompt position and sampling seed of the batch of steps 5-6 and logs
+    the same losses and rewards as the run that went straight through."""
+    common = (*GRPO_JOB, "--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "2")
+    common = (*common, "--debug.deterministic")
+    make_trainer(*tiny_args(tmp_path / "straight", *common)).train()
+    shutdown_distributed()
+
+    interrupted = make_trainer(*tiny_args(tmp_path / "resumed", *common))
+    save = interrupted.checkpointer.save
+
+    def save_then_die(step: int, **kwargs) -> None:
+        save(step, **kwargs)
+        if step == 4:
+            raise KeyboardInterrupt
+
+    interrupted.checkpointer.save = save_then_die
+    with pytest.raises(KeyboardInterrupt):
+        interrupted.train()
+    interrupted.close()
+    shutdown_distributed()
+    resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
+    assert resumed.train_state.step == 4 and resumed.objective.batches_made == 2
+    resumed.train()
+    for tag in (LOSS_TAG, "grpo/reward"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
+        assert [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
+    assert len({expected[s] for s in range(1, 7)}) > 1

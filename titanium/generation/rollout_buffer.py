@@ -1,0 +1,81 @@
+"""Rollouts between generation and training: a batch served for ppo_epochs x minibatches optimizer steps, and
+the queue of batches made ahead of use, which bounds how stale the policy that made them may be.
+
+The policy version is the number of optimizer steps taken. A batch made at version v and first trained on
+at version u has a lag of u - v steps at its first use; every later step on the same batch (further
+minibatches, further epochs) adds one more, as in PPO.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+Batch = dict[str, torch.Tensor]
+
+
+@dataclass
+class RolloutBatch:
+    """One rank's rollouts ready to train on, served as ``minibatches`` consecutive parts per epoch, one part
+    per optimizer step, ``epochs`` times over."""
+
+    rows: Batch
+    """Every tensor has the batch's responses as rows (groups contiguous), on the device."""
+    version: int
+    """Optimizer steps the policy that generated it had taken."""
+    minibatches: int
+    epochs: int
+    resume_point: dict[str, Any] = field(default_factory=dict)
+    """Where a resumed run starts over if this batch is in flight at a checkpoint (it is not saved)."""
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    served: int = 0
+    """Optimizer steps served so far."""
+
+    @property
+    def steps_left(self) -> int:
+        return self.minibatches * self.epochs - self.served
+
+    def next_step(self, microbatches: int) -> list[Batch]:
+        """The next step's part of the rows, as ``microbatches`` equal microbatches (views, no copy)."""
+        assert self.steps_left > 0, "rollout batch used up"
+        rows = len(next(iter(self.rows.values())))
+        per_step = rows // self.minibatches
+        size = per_step // microbatches
+        assert size * microbatches * self.minibatches == rows, (rows, self.minibatches, microbatches)
+        start = (self.served % self.minibatches) * per_step
+        self.served += 1
+        return [
+            {k: v[start + i * size : start + (i + 1) * size] for k, v in self.rows.items()} for i in range(microbatches)
+        ]
+
+
+class RolloutQueue:
+    """Rollout batches made ahead of their first use, oldest first. ``pop_fresh(version)`` hands out the
+    oldest batch whose lag would be at most ``max_lag``; older ones are dropped and counted in ``dropped``
+    (rollouts, i.e. responses)."""
+
+    def __init__(self, max_lag: int) -> None:
+        self.max_lag = max_lag
+        self.batches: deque[RolloutBatch] = deque()
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def put(self, batch: RolloutBatch) -> None:
+        self.batches.append(batch)
+
+    def pop_fresh(self, version: int) -> RolloutBatch | None:
+        while self.batches:
+            batch = self.batches.popleft()
+            if version - batch.version <= self.max_lag:
+                return batch
+            self.dropped += len(next(iter(batch.rows.values())))
+        return None
+
+    def clear(self) -> None:
+        self.batches.clear()
