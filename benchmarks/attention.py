@@ -19,27 +19,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from titanium.debug.memory import peak_memory_bytes
-from titanium.models.common.attention import document_causal_mask
-from titanium.models.common.attention_kernels import document_block_mask, flex, sdpa
-from titanium.parallel.context import chunk_masks, headtail_indices
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import device_name, step_times  # noqa: E402
+
+from titanium.debug.memory import peak_memory_bytes  # noqa: E402
+from titanium.models.common.attention import document_causal_mask  # noqa: E402
+from titanium.models.common.attention_kernels import document_block_mask, flex, sdpa  # noqa: E402
+from titanium.parallel.context import chunk_masks, headtail_indices  # noqa: E402
 
 MIB = 2**20
-
-
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    import platform
-
-    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
 
 
 def packed(seq: int, doc_len: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,16 +46,7 @@ def timed(step: Callable[[], None], device: torch.device, repeats: int) -> float
     """Fastest of ``repeats`` runs of ``step`` after one warm-up, in seconds (the least disturbed by other
     work on a shared machine)."""
     step()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return min(times)
+    return min(step_times(step, device, repeats))
 
 
 def mask_memory(seqs: list[int], doc_len: int, device: torch.device) -> list[str]:

@@ -18,6 +18,8 @@ import shlex
 import statistics
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -97,6 +99,20 @@ def attempt(flags: list[str], folder: Path, **kwargs) -> dict[str, float] | str:
         return f"timed out after {e.timeout:.0f} s"
     except subprocess.CalledProcessError as e:
         return f"failed (exit {e.returncode}; its log is above)"
+
+
+def step_times(step: Callable[[], None], device: torch.device, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` runs of ``step`` (the device synchronized around each); warm it up first."""
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
 
 
 def number(value: float, spec: str = ",.0f") -> str:

@@ -17,14 +17,16 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
-from titanium.debug.memory import peak_memory_bytes
-from titanium.trainers.base import IGNORE_INDEX, ModelOutput
-from titanium.trainers.cross_entropy import TokenCrossEntropy
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import step_times  # noqa: E402
+
+from titanium.debug.memory import peak_memory_bytes  # noqa: E402
+from titanium.trainers.base import IGNORE_INDEX, ModelOutput  # noqa: E402
+from titanium.trainers.cross_entropy import TokenCrossEntropy  # noqa: E402
 
 VOCABS = {"Llama 2 (32,000)": 32000, "Llama 3 (128,256)": 128256, "Qwen3 (151,936)": 151936}
 MIB = 2**20
@@ -48,16 +50,7 @@ def measure(loss_fn, hidden, projection, batch, device, repeats: int) -> tuple[f
 
     step()  # warm-up (allocator, kernels)
     peak = peak_memory_bytes(step, device) / MIB
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        start = time.perf_counter()
-        step()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        times.append(time.perf_counter() - start)
-    return peak, statistics.median(times)
+    return peak, statistics.median(step_times(step, device, repeats))
 
 
 def main() -> None:
