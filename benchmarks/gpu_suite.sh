@@ -10,8 +10,8 @@
 # Budget, seconds on one H100 (each part runs under `timeout` of its budget, so the whole stays under 25 minutes;
 # a part stopped by its budget is marked so in the summary, and the benchmarks that train several models write
 # their results file after each model, so what finished is kept):
-#   CUDA tests 200 | float8_linear 150 | pretrain_speed 360 | sft_ladder 440 | generation 150 | chunked_ce 45
-#   | optimizer_memory 60 | dpo_memory 90 | checkpoint_async 45  = 1540 s (25 min 40 s)
+#   CUDA tests 200 | float8_linear 120 | pretrain_speed 360 | sft_ladder 410 | generation 150 | chunked_ce 45
+#   | optimizer_memory 60 | dpo_memory 90 | checkpoint_async 45  = 1480 s (24 min 40 s)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -34,9 +34,9 @@ R=benchmarks/results
 # name | budget (s) | command
 PARTS=(
     "cuda_tests|200|$PY -m pytest -m cuda -q -p no:cacheprovider tests"
-    "float8_linear|150|$PY benchmarks/float8_linear.py --out $R/float8_linear_$TAG.md"
+    "float8_linear|120|$PY benchmarks/float8_linear.py --out $R/float8_linear_$TAG.md"
     "pretrain_speed|360|$PY benchmarks/pretrain_speed.py --steps 12 --log-freq 4 --run-timeout 150 --out $R/pretrain_speed_$TAG.md"
-    "sft_ladder|440|$PY benchmarks/sft_ladder.py --steps 4 --log-freq 2 --run-timeout 90 --out $R/sft_ladder_$TAG.md"
+    "sft_ladder|410|$PY benchmarks/sft_ladder.py --steps 4 --log-freq 2 --run-timeout 90 --out $R/sft_ladder_$TAG.md"
     "generation|150|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --out $R/generation_$TAG.md"
     "chunked_ce|45|$PY benchmarks/chunked_ce.py --device cuda --dtype bfloat16 --tokens 8192 --dim 4096 --out $R/chunked_ce_$TAG.md"
     "optimizer_memory|60|$PY benchmarks/optimizer_memory.py --out $R/optimizer_memory_$TAG.md"
