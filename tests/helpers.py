@@ -73,8 +73,9 @@ def load_script(path: str) -> ModuleType:
     return module
 
 
-def train_until_first_save(make_trainer, *args: str) -> None:
-    """Build a Trainer from ``args`` and let it die right after its first checkpoint, as a killed job would."""
+def train_until_first_save(make_trainer, *args: str, at_step: int | None = None) -> None:
+    """Build a Trainer from ``args`` and let it die right after its first checkpoint (or its checkpoint of
+    ``at_step``), as a killed job would."""
     import pytest
 
     from titanium.parallel.distributed import shutdown_distributed
@@ -84,7 +85,8 @@ def train_until_first_save(make_trainer, *args: str) -> None:
 
     def save_then_die(step: int, **kwargs) -> None:
         save(step, **kwargs)
-        raise KeyboardInterrupt
+        if at_step is None or step == at_step:
+            raise KeyboardInterrupt
 
     interrupted.checkpointer.save = save_then_die
     with pytest.raises(KeyboardInterrupt):

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
 from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
@@ -283,19 +283,7 @@ def test_the_loop_resumes_a_grpo_run_exactly_where_a_rollout_batch_ends(make_tra
     make_trainer(*tiny_args(tmp_path / "straight", *common)).train()
     shutdown_distributed()
 
-    interrupted = make_trainer(*tiny_args(tmp_path / "resumed", *common))
-    save = interrupted.checkpointer.save
-
-    def save_then_die(step: int, **kwargs) -> None:
-        save(step, **kwargs)
-        if step == 4:
-            raise KeyboardInterrupt
-
-    interrupted.checkpointer.save = save_then_die
-    with pytest.raises(KeyboardInterrupt):
-        interrupted.train()
-    interrupted.close()
-    shutdown_distributed()
+    train_until_first_save(make_trainer, *tiny_args(tmp_path / "resumed", *common), at_step=4)
     resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
     assert resumed.train_state.step == 4 and resumed.objective.batches_made == 2
     resumed.train()
