@@ -54,6 +54,12 @@ def command_line() -> str:
     return "python " + shlex.join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
 
 
+def python_path() -> str:
+    """PYTHONPATH for a child process: the repository first, then whatever was set (an install into a target
+    folder, as the GPU suite makes from carried wheels, must stay visible)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+
+
 def vocab_tokenizer(folder: Path, vocab_size: int) -> Path:
     """A tiktoken ranks file giving exactly ``vocab_size`` ids (its ranks plus titanium's 256 special tokens):
     the 256 bytes, then byte pairs, then byte triples. Throughput depends on the vocabulary's size, not on
@@ -80,7 +86,7 @@ def train(
     ``cpu``: hide any GPU (the trainer takes one where it sees it)."""
     entry = ["-m", "titanium.train"] if layers is None else [__file__, "--layers", str(layers), "--"]
     cmd = [sys.executable, *entry, *flags, "--job.dump_folder", str(folder), "--job.no_print_config"]
-    env = {**os.environ, "PYTHONPATH": str(REPO), **({"CUDA_VISIBLE_DEVICES": ""} if cpu else {})}
+    env = {**os.environ, "PYTHONPATH": python_path(), **({"CUDA_VISIBLE_DEVICES": ""} if cpu else {})}
     subprocess.run(cmd, cwd=REPO, check=True, timeout=timeout, env=env)
     out = {}
     for key, tag in TAGS.items():

@@ -34,6 +34,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_common import python_path  # noqa: E402
 
 
 def last_scalar(tb: Path, tag: str) -> float:
@@ -60,7 +62,7 @@ def train(folder: Path, args: argparse.Namespace, pairs: Path, *extra: str) -> t
         "--training.mixed_precision_param", "float32",
         *extra,
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "PYTHONPATH": python_path(), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
     start = time.perf_counter()
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if result.returncode:

@@ -20,6 +20,8 @@ import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+from bench_common import python_path  # noqa: E402
 GIB = 2**30
 
 BASE = (
@@ -65,7 +67,7 @@ def measure(args: list[str], nproc: int) -> list[float]:
                 "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
             ]  # fmt: skip
         cmd = [*launcher, __file__, "--measure", out, *args, "--job.dump_folder", out]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path()}
         result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         if result.returncode:
             raise RuntimeError(f"measured run failed:\n{result.stderr[-3000:]}")

@@ -1,85 +1,137 @@
 #!/usr/bin/env bash
-# The GPU proof in one command: every CUDA test (pytest -m cuda), then every GPU benchmark, on one GPU, in under
-# 25 minutes on an H100. Results go to benchmarks/results/<benchmark>_<device>.md (e.g. pretrain_speed_h100.md),
-# each with the device, the torch / torchao / CUDA versions, its configuration and the command that made it; the
-# summary (every part's command, exit status and minutes) to benchmarks/results/gpu_suite_<device>.md.
+# The GPU proof, cut into parts that each fit one device lease (8 minutes of wall time on one H100, install
+# included). Part 1 is the one to run first: the CUDA tests (compile, FlexAttention on packed documents, float8,
+# compiled decoding, memory) and the headline, a Llama-3-8B-shaped model's tokens/s and MFU beside torchtitan's.
 #
-#   bash benchmarks/gpu_suite.sh             # on the GPU machine, from any folder
-#   bash benchmarks/gpu_suite.sh --dry-run   # print each part's budget and command; run nothing
+#   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands; runs nothing
+#   bash benchmarks/gpu_suite.sh --part 1 --out "$OUT"  # one part; its results and logs into that folder
+#   bash benchmarks/gpu_suite.sh                        # every part, one after another (a machine without a lease)
 #
-# Budget, seconds on one H100 (each part runs under `timeout` of its budget, so the whole stays under 25 minutes;
-# a part stopped by its budget is marked so in the summary, and the benchmarks that train several models write
-# their results file after each model, so what finished is kept):
-#   CUDA tests 200 | float8_linear 120 | pretrain_speed 360 | sft_ladder 410 | generation 150 | chunked_ce 45
-#   | optimizer_memory 60 | dpo_memory 90 | checkpoint_async 45  = 1480 s (24 min 40 s)
+# Install: a GPU machine without registry access gets the wheels the project needs and its image lacks from
+# `.gpu_wheels/` in the working tree (made here by `bash scripts/gpu_wheels.sh`); each part installs them with
+# `pip --no-index --no-deps` into a folder of its own and puts it on PYTHONPATH. Without that folder nothing is
+# installed (a machine where `pip install -e .` ran).
+#
+# Results: each step runs under `timeout` of its budget and writes its file as it goes, so a step or part stopped by
+# its limit keeps what finished. Files are named by the device (pretrain_8b_h100.md) and hold the device, the torch /
+# torchao / CUDA versions, the configuration and the command. With --out DIR they go flat into DIR with the logs in
+# one DIR/logs_part<N>_<device>.tar.gz (at most 6 files a part, for a lease that returns 8); else into
+# benchmarks/results/ and the logs into outputs/gpu_suite_<device>/. The part's summary (each step's command, exit
+# status and seconds, and the test outcome) is gpu_suite_part<N>_<device>.md.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PY=${PYTHON:-python}
-DRY_RUN=0
-[[ "${1:-}" == "--dry-run" ]] && DRY_RUN=1
-
-if (( DRY_RUN )); then
-    TAG=h100
-else
-    # "NVIDIA H100 80GB HBM3" -> h100: the results files are named by the device they ran on.
-    TAG=$($PY -c 'import re, sys, torch
-if not torch.cuda.is_available():
-    sys.exit("no CUDA GPU here: benchmarks/gpu_suite.sh is for a GPU machine (--dry-run prints its commands)")
-name = torch.cuda.get_device_name().replace("NVIDIA", "")
-print(re.search(r"[A-Za-z]+[0-9]+", name).group(0).lower())') || exit 1
-fi
+PY=${PYTHON:-python3}
 R=benchmarks/results
 
-# name | budget (s) | command
-PARTS=(
-    "cuda_tests|200|$PY -m pytest -m cuda -q -p no:cacheprovider tests"
-    "float8_linear|120|$PY benchmarks/float8_linear.py --out $R/float8_linear_$TAG.md"
-    "pretrain_speed|360|$PY benchmarks/pretrain_speed.py --steps 12 --log-freq 4 --run-timeout 150 --out $R/pretrain_speed_$TAG.md"
-    "sft_ladder|410|$PY benchmarks/sft_ladder.py --steps 4 --log-freq 2 --run-timeout 90 --out $R/sft_ladder_$TAG.md"
-    "generation|150|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --out $R/generation_$TAG.md"
-    "chunked_ce|45|$PY benchmarks/chunked_ce.py --device cuda --dtype bfloat16 --tokens 8192 --dim 4096 --out $R/chunked_ce_$TAG.md"
-    "optimizer_memory|60|$PY benchmarks/optimizer_memory.py --out $R/optimizer_memory_$TAG.md"
-    "dpo_memory|90|$PY benchmarks/dpo_memory.py --out $R/dpo_memory_$TAG.md"
-    "checkpoint_async|45|$PY benchmarks/checkpoint_async.py --out $R/checkpoint_async_$TAG.md"
+# part | step | budget (s) | command. Each part's budgets sum to at most 480 s.
+STEPS=(
+    "1|install|20|install_wheels"
+    "1|cuda_tests|180|$PY -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests"
+    "1|pretrain_8b|210|$PY benchmarks/pretrain_speed.py --models 8B --variants eager compile float8_tensorwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_\$TAG.md"
+    "1|generation|60|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --repeats 3 --out \$R/generation_\$TAG.md"
+    "2|install|20|install_wheels"
+    "2|sft_ladder|450|$PY benchmarks/sft_ladder.py --models 0.6B 1.7B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_\$TAG.md"
+    "3|install|20|install_wheels"
+    "3|float8_linear|140|$PY benchmarks/float8_linear.py --out \$R/float8_linear_\$TAG.md"
+    "3|pretrain_1b|200|$PY benchmarks/pretrain_speed.py --models 1B --steps 10 --log-freq 3 --run-timeout 60 --out \$R/pretrain_1b_\$TAG.md"
+    "3|pretrain_8b_rowwise|110|$PY benchmarks/pretrain_speed.py --models 8B --variants float8_rowwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_rowwise_\$TAG.md"
+    "4|install|20|install_wheels"
+    "4|dpo_memory|100|$PY benchmarks/dpo_memory.py --out \$R/dpo_memory_\$TAG.md"
+    "4|chunked_ce|60|$PY benchmarks/chunked_ce.py --device cuda --dtype bfloat16 --tokens 8192 --dim 4096 --out \$R/chunked_ce_\$TAG.md"
+    "4|optimizer_memory|80|$PY benchmarks/optimizer_memory.py --out \$R/optimizer_memory_\$TAG.md"
+    "4|checkpoint_async|60|$PY benchmarks/checkpoint_async.py --out \$R/checkpoint_async_\$TAG.md"
+    "4|sft_ladder_4b|140|$PY benchmarks/sft_ladder.py --models 4B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_4b_\$TAG.md"
 )
+WHEELS=.gpu_wheels
 
-if (( DRY_RUN )); then
-    for part in "${PARTS[@]}"; do
-        IFS='|' read -r name budget cmd <<< "$part"
-        printf '%s\t%s\t%s\n' "$name" "$budget" "$cmd"
+usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+PART=all LIST=0 OUTDIR=
+while (( $# )); do
+    case $1 in
+        --list|--dry-run) LIST=1 ;;
+        --part) PART=${2:?--part needs a number}; shift ;;
+        --out) OUTDIR=${2:?--out needs a folder}; shift ;;
+        -h|--help) usage ;;
+        *) echo "gpu_suite.sh: unknown argument '$1'" >&2; usage ;;
+    esac
+    shift
+done
+
+if (( LIST )); then  # part, step, budget, command (tab-separated)
+    for s in "${STEPS[@]}"; do
+        IFS='|' read -r part name budget cmd <<< "$s"
+        [[ $PART == all || $PART == "$part" ]] && printf '%s\t%s\t%s\t%s\n' "$part" "$name" "$budget" "$cmd"
     done
     exit 0
 fi
 
-SUMMARY=$R/gpu_suite_$TAG.md
-LOGS=outputs/gpu_suite_$TAG  # the full logs (not committed)
+install_wheels() {
+    # Only the carried wheels, without an index or dependencies: the image has the rest (see scripts/gpu_wheels.sh).
+    compgen -G "$WHEELS/*.whl" > /dev/null || { echo "no $WHEELS/: nothing to install"; return 0; }
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+}
+
+# The offline machine: no hub, and one allocator setting that keeps long runs from fragmenting.
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTORCH_ALLOC_CONF=expandable_segments:True PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
+SITE=${TMPDIR:-/tmp}/titanium_gpu_site
+export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+
+# "NVIDIA H100 80GB HBM3" -> h100: the results files are named by the device they ran on.
+TAG=$($PY -c 'import re, sys, torch
+if not torch.cuda.is_available():
+    sys.exit("no CUDA GPU here: benchmarks/gpu_suite.sh is for a GPU machine (--list prints its commands)")
+name = torch.cuda.get_device_name().replace("NVIDIA", "")
+print(re.search(r"[A-Za-z]+[0-9]+", name).group(0).lower())') || exit 1
+if [[ -n $OUTDIR ]]; then
+    mkdir -p "$OUTDIR" && R=$(cd "$OUTDIR" && pwd)
+fi
+LOGS=outputs/gpu_suite_$TAG
 mkdir -p "$R" "$LOGS"
-{
-    echo "# GPU suite on $TAG"
-    echo
-    echo "Command: \`bash benchmarks/gpu_suite.sh\`, started $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)."
-    $PY -c 'import torch, torchao; print(f"Device: {torch.cuda.get_device_name()}; torch {torch.__version__}, torchao {torchao.__version__}, CUDA {torch.version.cuda}.")'
-    echo
-    echo "| part | budget s | seconds | result | command |"
-    echo "|---|---:|---:|---|---|"
-} > "$SUMMARY"
+
+run_part() {  # one part's steps; its summary rewritten after each, so a part stopped by its limit keeps it
+    local want=$1 failed=0 rows="" versions="" started
+    started="$(date -u '+%Y-%m-%d %H:%M UTC'), commit ${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+    for s in "${STEPS[@]}"; do
+        IFS='|' read -r part name budget cmd <<< "$s"
+        [[ $part == "$want" ]] || continue
+        cmd=${cmd//\$R/$R}; cmd=${cmd//\$TAG/$TAG}
+        echo "=== part $part: $name (budget ${budget}s): $cmd"
+        local start=$SECONDS rc result
+        if [[ $name == install ]]; then
+            install_wheels 2>&1 | tee "$LOGS/$name.log"; rc=${PIPESTATUS[0]}
+            versions=$($PY -c 'import torch, torchao; print(f"Device: {torch.cuda.get_device_name()}; torch {torch.__version__}, torchao {torchao.__version__}, CUDA {torch.version.cuda}.")' 2>/dev/null)
+        else
+            timeout --kill-after=15 "$budget" bash -c "$cmd" 2>&1 | tee "$LOGS/$name.log"; rc=${PIPESTATUS[0]}
+        fi
+        case $rc in
+            0) result=ok ;;
+            124|137) result="stopped by its budget (partial results)"; failed=1 ;;
+            *) result="failed (exit $rc; see its log)"; failed=1 ;;
+        esac
+        rows+="| $name | $budget | $((SECONDS - start)) | $result | \`$cmd\` |"$'\n'
+        {
+            echo "# GPU suite part $want on $TAG"
+            echo
+            echo "Command: \`bash benchmarks/gpu_suite.sh --part $want\`, started $started. $versions"
+            echo
+            echo "| step | budget s | seconds | result | command |"
+            echo "|---|---:|---:|---|---|"
+            printf '%s' "$rows"
+            if [[ -f $LOGS/cuda_tests.log && $want == 1 ]]; then
+                echo; echo "CUDA tests (pytest -m cuda), last lines:"; echo; echo '```'; tail -n 40 "$LOGS/cuda_tests.log"; echo '```'
+            fi
+        } > "$R/gpu_suite_part${want}_$TAG.md"
+        [[ -n $OUTDIR ]] && tar -czf "$R/logs_part${want}_$TAG.tar.gz" -C "$LOGS" .
+    done
+    cat "$R/gpu_suite_part${want}_$TAG.md"
+    return $failed
+}
 
 failed=0
-for part in "${PARTS[@]}"; do
-    IFS='|' read -r name budget cmd <<< "$part"
-    echo "=== $name (budget ${budget}s): $cmd"
-    start=$SECONDS
-    timeout --kill-after=20 "$budget" bash -c "$cmd" 2>&1 | tee "$LOGS/$name.log"
-    rc=${PIPESTATUS[0]}
-    case $rc in
-        0) result=ok ;;
-        124|137) result="stopped by its budget (partial results)"; failed=1 ;;
-        *) result="failed (exit $rc; see $LOGS/$name.log)"; failed=1 ;;
-    esac
-    echo "| $name | $budget | $((SECONDS - start)) | $result | \`$cmd\` |" >> "$SUMMARY"
+parts=$(printf '%s\n' "${STEPS[@]}" | cut -d'|' -f1 | uniq)
+[[ $PART == all ]] || parts=$PART
+for p in $parts; do
+    run_part "$p" || failed=1
 done
-# The test outcomes, in the results too.
-{ echo; echo "CUDA tests (pytest -m cuda), last lines:"; echo; echo '```'; tail -n 30 "$LOGS/cuda_tests.log"; echo '```'; } >> "$SUMMARY"
-cat "$SUMMARY"
 exit $failed

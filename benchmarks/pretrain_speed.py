@@ -55,6 +55,9 @@ VARIANTS = {
     "compile + float8 tensorwise": (*COMPILE, "--float8.enable", "--float8.recipe", "tensorwise"),
     "compile + float8 rowwise": (*COMPILE, "--float8.enable", "--float8.recipe", "rowwise"),
 }
+SHORT_NAMES = {"eager": "eager", "compile": "compile", "float8_tensorwise": "compile + float8 tensorwise",
+               "float8_rowwise": "compile + float8 rowwise"}  # fmt: skip
+"""``--variants`` names -> the table's rows."""
 BASE = (
     "--job.config_file", "train_configs/debug_model.toml", "--data.kind", "synthetic", "--checkpoint.no_enable",
     "--training.mixed_precision_param", "bfloat16", "--lr_scheduler.warmup_steps", "2",
@@ -130,6 +133,9 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--smoke", action="store_true", help="the debug model, 2 steps, 2 variants (a CPU check)")
     parser.add_argument("--models", nargs="+", default=["8B", "1B"], choices=["8B", "1B"])
+    parser.add_argument(
+        "--variants", nargs="+", default=list(SHORT_NAMES), choices=list(SHORT_NAMES), help="which rows to train"
+    )
     parser.add_argument("--layers-8b", type=int, default=8, help="blocks of the 8B-shaped model (the real 8B: 32)")
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=15)
@@ -143,7 +149,7 @@ def main() -> None:
         "8B": Model(f"Llama 3 8B-shaped, {opts.layers_8b} of 32 blocks", "8B", 2, opts.layers_8b, paper=True),
         "1B": Model("Llama 3.2 1B", "1B", 2),
     }
-    variants = list(VARIANTS)
+    variants = [SHORT_NAMES[v] for v in opts.variants]
     if opts.smoke:
         models = {"debug": Model("Llama 3 debug model (smoke run)", "debugmodel", 2, 2, paper=True)}
         opts.seq_len, opts.steps, opts.log_freq, variants = 64, 2, 1, ["eager", "compile + float8 tensorwise"]
@@ -159,9 +165,12 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         for model in chosen:
-            results = {v: run(model, v, opts, Path(tmp) / model.flavor / v.replace(" ", "_")) for v in variants}
-            lines += table(model, results, 1 / flops_scale(model, opts.seq_len))
-            write("\n".join(lines), opts.out, echo=False)  # (a suite's time limit may stop the next model)
+            results: dict[str, dict[str, float] | str] = {}
+            for v in variants:  # the file after each row: a suite's time limit may stop the next one
+                results[v] = run(model, v, opts, Path(tmp) / model.flavor / v.replace(" ", "_"))
+                rows = table(model, results, 1 / flops_scale(model, opts.seq_len))
+                write("\n".join(lines + rows), opts.out, echo=False)
+            lines += rows
     write("\n".join(lines), opts.out)
 
 
