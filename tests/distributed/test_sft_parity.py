@@ -9,8 +9,9 @@ losses rel 1e-5, grad norms rel 2e-4.
   process's; padded rows (one sample per row) hold the same samples per step at any DP degree, so the
   FSDP comparison uses them. That packing leaves a sample's loss unchanged is shown in
   tests/unit/test_sft_objective.py. LoRA (only the adapters train) is checked under FSDP, PP and CP on
-  padded rows, QLoRA under FSDP, and one FSDP run also evaluates (generates) every 2 steps, which must
-  not change training.
+  padded rows, QLoRA with DoRA and rsLoRA (QDoRA: NF4 base, magnitude vectors sharded with their
+  layers) under FSDP, and one FSDP run also evaluates (generates) every 2 steps, which must not change
+  training.
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ SFT = (
 )  # fmt: skip
 PADDED = ("--sft.no_packing",)
 LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2")
-ADAPTERS = {"full": (), "lora": LORA, "qlora": (*LORA, "--lora.quantize_base", "nf4")}
+QDORA = (*LORA, "--lora.quantize_base", "nf4", "--lora.use_dora", "--lora.use_rslora")
+ADAPTERS = {"full": (), "lora": LORA, "qdora": QDORA}
 FSDP2 = ("--training.local_batch_size", "2")
 
 
@@ -52,7 +54,7 @@ def test_packed_sft_layouts_match_one_process(tmp_path, packed_reference, name, 
 
 @pytest.fixture(scope="module")
 def padded_reference(tmp_path_factory):
-    """One-process padded runs (full, LoRA, QLoRA), each made once for the module."""
+    """One-process padded runs (full, LoRA, QDoRA), each made once for the module."""
     folder, runs = tmp_path_factory.mktemp("sft_padded"), {}
 
     def get(kind: str) -> Run:
@@ -75,7 +77,7 @@ def padded_reference(tmp_path_factory):
             ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"),
         ),
         ("lora", "cp2", ("--parallelism.context_parallel_degree", "2")),
-        ("qlora", "fsdp2", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
+        ("qdora", "fsdp2", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
     ],
 )
 def test_padded_sft_layouts_match_one_process(tmp_path, padded_reference, kind, name, extra):
