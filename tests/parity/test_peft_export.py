@@ -1,8 +1,10 @@
 """A LoRA adapter exported in PEFT layout, loaded by ``peft`` onto the ``transformers`` base, is the titanium
-model; so is the merged Hugging Face export loaded by ``transformers`` alone.
+model; so is the merged Hugging Face export loaded by ``transformers`` alone. DoRA + rsLoRA adapters too, and
+their gradients and merge are PEFT's.
 
-Random base (every weight, norm scales included) and random non-zero ``lora_B``, so a missing or wrong
-RoPE permutation of q/k adapters, or a swapped name, shows in the logits. Tolerance: max abs diff 1e-5.
+Random base (every weight, norm scales included) and random non-zero ``lora_B`` (and DoRA magnitudes away
+from their starting norms), so a missing or wrong RoPE permutation of q/k adapters, or a swapped name, shows
+in the logits. Tolerance: max abs diff 1e-5 for logits.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from tests.parity.test_parity import VOCAB, llama, qwen3
 from titanium.checkpoint.hf import export_hf, load_hf_weights, read_hf_config
 from titanium.config.sections import LoRASection
 from titanium.models import get_model_spec
-from titanium.peft import apply_lora, export_peft_adapter, init_lora
+from titanium.peft import apply_lora, export_peft_adapter, init_lora, lora_state_dict, peft_state_dict
 
 peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
@@ -32,7 +34,8 @@ CASES = [
 
 
 def _lora_model_from_hf(folder: Path, case: ParityCase, cfg: LoRASection):
-    """Trainer order: meta model -> apply_lora -> to_empty + init -> init_lora -> HF load; then random B."""
+    """Trainer order: meta model -> apply_lora -> to_empty + init -> HF load -> init_lora; then random B and
+    DoRA magnitudes scaled by random factors in [0.8, 1.2]."""
     spec = get_model_spec(case.model)
     args = spec.hf_adapter.from_hf_config(read_hf_config(folder), max_seq_len=64)
     with torch.device("meta"):
@@ -41,13 +44,15 @@ def _lora_model_from_hf(folder: Path, case: ParityCase, cfg: LoRASection):
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device="cpu")
-    init_lora(model, seed=0)
     load_hf_weights(model, folder, spec.hf_adapter, args)
+    init_lora(model, seed=0)
     gen = torch.Generator().manual_seed(7)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("lora_b.weight"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+            elif name.endswith("lora_magnitude"):
+                p.mul_(0.8 + 0.4 * torch.rand(p.shape, generator=gen))
     return model.eval(), args, spec.hf_adapter
 
 
@@ -83,3 +88,59 @@ def test_peft_adapter_and_merged_export_match_titanium(case: ParityCase, targets
     with torch.no_grad():
         diff = (reloaded(input_ids=tokens).logits - ours).abs().max().item()
     assert diff <= ATOL, f"{case.id}: merged export logits differ by {diff:.2e}"
+
+
+def _peft_grads(peft_model) -> dict[str, torch.Tensor]:
+    """PEFT's adapter gradients under the names of its saved adapter file."""
+    grads = {}
+    for name, p in peft_model.named_parameters():
+        if p.requires_grad:
+            key = name.replace(".default", "")
+            grads[key.removesuffix(".weight") if "lora_magnitude_vector" in key else key] = p.grad
+    return grads
+
+
+@pytest.mark.parametrize(("case", "targets"), CASES)
+def test_dora_rslora_adapter_gradients_and_merge_match_peft(
+    case: ParityCase, targets: list[str], tmp_path: Path
+) -> None:
+    """``use_dora`` + ``use_rslora``: logits as PEFT's (1e-5); adapter and magnitude gradients as PEFT's (max
+    difference <= 1e-4 of the largest element; with the norm not detached they differ by 0.1); the merged
+    export gives the DoRA model's logits (1e-5) and equals PEFT's ``merge_and_unload`` weights (1e-6)."""
+    source = tmp_path / "hf"
+    hf_model = make_hf_checkpoint(case, source)
+    cfg = LoRASection(rank=4, alpha=8.0, target_modules=targets, use_dora=True, use_rslora=True)
+    model, args, adapter = _lora_model_from_hf(source, case, cfg)
+    assert model.layers["0"].attention.wq.lora_scale == 8.0 / 2  # alpha / sqrt(rank)
+    tokens = random_tokens(VOCAB, case.seq_len)
+    weights = torch.randn(1, case.seq_len, VOCAB, generator=torch.Generator().manual_seed(3))
+    ours = model(tokens)
+    (ours * weights).sum().backward()
+
+    out = export_peft_adapter(model, adapter, args, cfg, tmp_path / "adapter", base_model_name_or_path=str(source))
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["use_dora"] is True and config["use_rslora"] is True
+    with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as f:
+        keys = set(f.keys())
+    assert "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector" in keys
+
+    with_adapter = peft.PeftModel.from_pretrained(hf_model, out, is_trainable=True)
+    theirs = with_adapter(input_ids=tokens).logits
+    diff = (theirs - ours).abs().max().item()
+    assert diff <= ATOL, f"{case.id}: PEFT DoRA logits differ by {diff:.2e}"
+    (theirs * weights).sum().backward()
+    expected = _peft_grads(with_adapter)
+    grads = peft_state_dict({k: p.grad for k, p in lora_state_dict(model).items()}, adapter, args)
+    assert set(grads) == set(expected) == keys
+    for key, grad in grads.items():
+        error = ((grad - expected[key]).abs().max() / expected[key].abs().max()).item()
+        assert error <= 1e-4, f"{case.id}: {key} gradient differs by {error:.1e} of its largest element"
+
+    merged = export_hf(model, tmp_path / "merged", adapter, args, source_folder=source)
+    reloaded = case.hf_model().from_pretrained(merged).eval()
+    with torch.no_grad():
+        diff = (reloaded(input_ids=tokens).logits - ours).abs().max().item()
+        assert diff <= ATOL, f"{case.id}: merged DoRA export logits differ by {diff:.2e}"
+        peft_merged = with_adapter.merge_and_unload().state_dict()
+        for key, value in reloaded.state_dict().items():
+            torch.testing.assert_close(value, peft_merged[key], rtol=0, atol=1e-6, msg=lambda m, k=key: f"{k}: {m}")

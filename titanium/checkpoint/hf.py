@@ -266,7 +266,7 @@ def _default_layout(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -
     return {key: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, keys in enumerate(shards) for key in keys}
 
 
-def _copy_side_files(source: Path, out: Path) -> list[str]:
+def copy_side_files(source: Path, out: Path) -> list[str]:
     """Tokenizer, generation config, license, README...: small top-level files that are not weights."""
     copied = []
     for path in sorted(source.iterdir()):
@@ -282,6 +282,15 @@ def _copy_side_files(source: Path, out: Path) -> list[str]:
         shutil.copy2(path, out / name)
         copied.append(name)
     return copied
+
+
+def config_with_dtype(config: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """``config.json`` with the weights' dtype, under ``torch_dtype`` and/or ``dtype`` (transformers 5's name)."""
+    out = dict(config)
+    for key in ("torch_dtype", "dtype"):
+        if key in out or (key == "torch_dtype" and "dtype" not in out):
+            out[key] = str(dtype).removeprefix("torch.")
+    return out
 
 
 def save_hf_weights(
@@ -320,10 +329,7 @@ def save_hf_weights(
         layout = _default_layout(tensors, max_shard_bytes)
         with_index = len(set(layout.values())) > 1
         config = adapter.to_hf_config(args)
-    dtype_name = str(dtype).removeprefix("torch.")
-    for key in ("torch_dtype", "dtype"):
-        if key in config or (key == "torch_dtype" and "dtype" not in config):
-            config[key] = dtype_name
+    config = config_with_dtype(config, dtype)
 
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -341,14 +347,14 @@ def save_hf_weights(
         index = {"metadata": metadata, "weight_map": dict(sorted(layout.items()))}
         (partial / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    copied = _copy_side_files(source.folder, partial) if source is not None else []
+    copied = copy_side_files(source.folder, partial) if source is not None else []
     replace_folder(partial, out)
     logger.info(
         "saved Hugging Face checkpoint %s (%d tensors in %d file(s), %s%s)",
         out,
         len(tensors),
         len(by_file),
-        dtype_name,
+        str(dtype).removeprefix("torch."),
         f"; copied {', '.join(copied)}" if copied else "",
     )
     return out

@@ -399,7 +399,8 @@ class LoRASection:
     """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and
     only the low-rank adapters train."""
     alpha: float = 16.0
-    """LoRA scaling numerator: the adapter's update is (alpha / rank) * B @ A."""
+    """LoRA scaling numerator: the adapter's update is (alpha / rank) * B @ A (alpha / sqrt(rank) with
+    use_rslora)."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
     target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
@@ -407,6 +408,12 @@ class LoRASection:
     "attention" and "mlp" stand for their groups."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
+    use_dora: bool = False
+    """DoRA (weight-decomposed LoRA, PEFT's use_dora): each adapted weight becomes a trainable magnitude per
+    output row times the unit-norm direction of W + scale * B @ A. Composes with NF4 (QLoRA), not with QAT."""
+    use_rslora: bool = False
+    """rsLoRA (PEFT's use_rslora): scale the update by alpha / sqrt(rank) instead of alpha / rank, so its size
+    does not shrink as the rank grows."""
     save_adapter: bool = True
     """At the end of training, write the adapter in PEFT layout (adapter_config.json,
     adapter_model.safetensors with Hugging Face key names) to job.dump_folder/adapter_folder."""

@@ -4,8 +4,9 @@
 layout come from the family's Hugging Face adapter (``titanium/models/<family>/hf.py``), the very code that
 converts the base weights, so the two cannot drift apart: ``lora_B`` produces the rows of the layer's
 output and gets whatever row permutation the adapter gives the base weight (the q/k RoPE permutation,
-for every family whose adapter lists them in ``rope_keys``); ``lora_A`` acts on the input side, which no
-adapter permutes, and is only renamed.
+for every family whose adapter lists them in ``rope_keys``); so does DoRA's magnitude vector, one value per
+output row (PEFT's ``lora_magnitude_vector``). ``lora_A`` acts on the input side, which no adapter permutes, and
+is only renamed.
 """
 
 from __future__ import annotations
@@ -27,14 +28,16 @@ from torch.distributed.tensor import DTensor
 from titanium.config.sections import LoRASection
 from titanium.files import replace_folder
 from titanium.models.hf_adapter import HFAdapter
-from titanium.peft.lora import lora_modules, lora_state_dict
+from titanium.peft.lora import adapter_key_parts, lora_modules, lora_scale, lora_state_dict
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model."
-_PEFT_PART = {"lora_a": "lora_A", "lora_b": "lora_B"}
+_PEFT_PART = {"lora_a": "lora_A.weight", "lora_b": "lora_B.weight", "lora_magnitude": "lora_magnitude_vector"}
+_OUTPUT_ROWS = ("lora_b", "lora_magnitude")
+"""Adapter parts indexed by the layer's output rows: they get the base weight's row permutation."""
 
 
 def peft_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapter, args: Any) -> dict[str, torch.Tensor]:
@@ -42,16 +45,16 @@ def peft_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapter, arg
     (``base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight``)."""
     out = {}
     for key, value in tensors.items():
-        layer, part, _ = key.rsplit(".", 2)
+        layer, part = adapter_key_parts(key)
         base_key = f"{layer}.weight"
-        if part == "lora_b":
+        if part in _OUTPUT_ROWS:
             converted = adapter.to_hf({base_key: value}, args)
             if len(converted) != 1:
                 raise ValueError(f"{base_key} has no Hugging Face tensor of its own (tied embeddings?)")
             ((hf_key, value),) = converted.items()
         else:
             hf_key = adapter.hf_key(base_key)
-        out[f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}.{_PEFT_PART[part]}.weight"] = value.contiguous()
+        out[f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}.{_PEFT_PART[part]}"] = value.contiguous()
     return out
 
 
@@ -61,7 +64,7 @@ def hf_target_modules(layers: list[str], adapter: HFAdapter) -> list[str]:
 
 
 def adapter_config(cfg: LoRASection, target_modules: list[str], base_model_name_or_path: str | None) -> dict:
-    """The ``adapter_config.json`` of a plain LoRA adapter for a causal LM (PEFT's ``LoraConfig`` fields)."""
+    """The ``adapter_config.json`` of a LoRA (DoRA, rsLoRA) adapter for a causal LM (PEFT's ``LoraConfig``)."""
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -75,8 +78,8 @@ def adapter_config(cfg: LoRASection, target_modules: list[str], base_model_name_
         "inference_mode": True,
         "init_lora_weights": True,
         "modules_to_save": None,
-        "use_rslora": False,
-        "use_dora": False,
+        "use_rslora": cfg.use_rslora,
+        "use_dora": cfg.use_dora,
         "layers_to_transform": None,
         "layers_pattern": None,
         "rank_pattern": {},
@@ -88,9 +91,11 @@ def _check_matches(model: nn.Module, cfg: LoRASection) -> list[str]:
     """This model's adapted layers, checked against ``cfg`` (a pipeline stage may have none)."""
     layers = []
     for name, module in lora_modules(model):
-        rank = module.lora_a.out_features
-        if rank != cfg.rank or abs(module.lora_scale - cfg.alpha / cfg.rank) > 1e-12 * module.lora_scale:
+        rank, dora = module.lora_a.out_features, module.lora_magnitude is not None
+        if rank != cfg.rank or abs(module.lora_scale - lora_scale(cfg)) > 1e-12 * module.lora_scale:
             raise ValueError(f"{name}: rank {rank}, scale {module.lora_scale} do not match {cfg}")
+        if dora != cfg.use_dora:
+            raise ValueError(f"{name}: {'a' if dora else 'no'} DoRA magnitude, but use_dora={cfg.use_dora}")
         layers.append(name)
     return layers
 

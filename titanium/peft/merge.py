@@ -1,4 +1,5 @@
-"""Fold adapters into their base weights: ``W + scale * B @ A``, the plain model that LoRA trained.
+"""Fold adapters into their base weights: ``W + scale * B @ A``, the plain model that LoRA trained (DoRA: that
+sum with each row rescaled to its trained magnitude, as PEFT's ``merge_and_unload``).
 
 Used for the merged Hugging Face export, which any tool can load without PEFT. NF4 base weights are
 dequantized first.
@@ -14,22 +15,24 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from titanium.peft.lora import is_lora_param, lora_modules
+from titanium.peft.dora import merge_direction
+from titanium.peft.lora import adapter_key_parts, is_lora_param, lora_modules
 from titanium.peft.nf4 import dequantize
 
 
 def lora_scales(model: nn.Module) -> dict[str, float]:
-    """Adapted layer name -> its ``alpha / rank``; empty for a model without adapters."""
+    """Adapted layer name -> its update's scale (``alpha / rank``); empty for a model without adapters."""
     return {name: module.lora_scale for name, module in lora_modules(model)}
 
 
 @torch.no_grad()
 def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, float]) -> dict[str, torch.Tensor]:
-    """``state`` with each adapted ``<layer>.weight`` replaced by ``W + scale * B @ A`` and no adapter keys.
+    """``state`` with each adapted ``<layer>.weight`` replaced by ``W + scale * B @ A`` (rescaled by DoRA's
+    ``<layer>.lora_magnitude`` where there is one) and no adapter keys.
 
-    The product is formed in float32 and the result keeps the base weight's (dequantized) dtype.
+    The merge is computed in float32 and the result keeps the base weight's (dequantized) dtype.
     """
-    orphans = {k for k in state if is_lora_param(k) and k.rsplit(".", 2)[0] not in scales}
+    orphans = {k for k in state if is_lora_param(k) and adapter_key_parts(k)[0] not in scales}
     if orphans:
         raise ValueError(f"merge_lora_state: adapter keys without a scale: {sorted(orphans)[:4]}")
     out: dict[str, torch.Tensor] = {}
@@ -41,7 +44,11 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, flo
             a, b = state[f"{layer}.lora_a.weight"], state[f"{layer}.lora_b.weight"]
             dense = dequantize(value)
             delta = b.to(dense.device, torch.float32) @ a.to(dense.device, torch.float32)
-            value = (dense.float() + scales[layer] * delta).to(dense.dtype)
+            merged = dense.float() + scales[layer] * delta
+            magnitude = state.get(f"{layer}.lora_magnitude")
+            if magnitude is not None:
+                merged = merge_direction(merged, magnitude.to(dense.device))
+            value = merged.to(dense.dtype)
         out[key] = value
     return out
 
