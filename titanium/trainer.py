@@ -47,6 +47,7 @@ from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
 from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.pipeline import clip_grad_norm_pipelined
+from titanium.precision import compute_dtype, dtype_name
 from titanium.trainers import ObjectiveContext, build_objective
 from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput
 from titanium.validation import Validator
@@ -107,7 +108,7 @@ class Trainer:
             parallelism=cfg.parallelism,
             activation_checkpoint=cfg.activation_checkpoint,
             compile=cfg.compile,
-            param_dtype=DTYPES[t.mixed_precision_param],
+            param_dtype=compute_dtype(t.mixed_precision_param, self.device.type, announce=self.env.rank == 0),
             reduce_dtype=DTYPES[t.mixed_precision_reduce],
             pipeline=self.dims.pp > 1,
         )
@@ -174,7 +175,7 @@ class Trainer:
         """What the frozen model's outputs depend on, for objectives that cache them (see ObjectiveContext)."""
         weights = self._reference_weights().fingerprint() or f"initialized with seed {self.cfg.debug.seed}"
         base = [c.describe() for c in self.built.converters] if self.frozen_base else []  # e.g. an NF4 base
-        parts = [self.model_spec.name, repr(self.model_args), weights, *base, self.cfg.training.mixed_precision_param]
+        parts = [self.model_spec.name, repr(self.model_args), weights, *base, dtype_name(self.builder.plan.param_dtype)]
         return "\n".join(parts)
 
     @contextlib.contextmanager

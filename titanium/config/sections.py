@@ -113,9 +113,15 @@ class TrainingSection:
     a larger multiple turns on gradient accumulation."""
     seq_len: int = 2048
     """Tokens per sequence."""
-    mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
-    """Parameter dtype for forward/backward under FSDP (weights are kept in float32 for the optimizer).
-    A single process without FSDP trains in float32."""
+    mixed_precision_param: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Compute dtype of forward and backward. auto: bfloat16 on CUDA and on a CPU with native bf16 (AVX512-BF16
+    or AMX on x86, BF16 on Arm); float32 on other CPUs, which only emulate bf16 (the debug model trained 33x
+    slower in bf16 than in float32 on an AVX2 CPU; an explicit bfloat16 there runs, with a warning). The
+    start-up log names the dtype and why. Weights, optimizer state and the gradients the optimizer sees stay
+    float32 in every layout. With FSDP (data-parallel or context-parallel degree > 1, alone or with TP/PP) each
+    block's weights are all-gathered in this dtype and the block computes in it; without FSDP (one process,
+    TP-only, PP-only) torch.autocast runs matmuls and attention in it on float32 weights (under PP around the
+    whole schedule, backward included)."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the gradient reduce-scatter under FSDP."""
     max_norm: float = 1.0

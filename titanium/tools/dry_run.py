@@ -35,6 +35,7 @@ from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.params import clean_fqn
 from titanium.parallel.pipeline import Pipeline
+from titanium.precision import compute_dtype, dtype_name
 from titanium.preflight import check_job
 from titanium.tools.memory_estimate import Job, MemoryEstimate, estimate_memory
 
@@ -74,6 +75,7 @@ class DryRun:
         yield (
             f"world {d.world_size} = pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x "
             f"cp {d.cp} x tp {d.tp}; model {self.cfg.model.name} {self.cfg.model.flavor}"
+            + (f"; compute dtype {dtype_name(self.job.plan.param_dtype)}" if self.job else "")
         )
         if self.stages is not None:
             ids, n = self.stages
@@ -133,7 +135,7 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = 
         parallelism=cfg.parallelism,
         activation_checkpoint=cfg.activation_checkpoint,
         compile=CompileSection(),  # (checked above; it places nothing, and the memory trace is eager)
-        param_dtype=DTYPES[t.mixed_precision_param],
+        param_dtype=compute_dtype(t.mixed_precision_param, device_type),
         reduce_dtype=DTYPES[t.mixed_precision_reduce],
         pipeline=dims.pp > 1,
     )
