@@ -554,10 +554,25 @@ class GRPOSection:
     beta: float = 0.0
     """Weight of the KL penalty to a frozen reference policy (k3 estimator). 0 (TRL's default) builds no
     reference model; the GRPO paper used 0.04."""
-    loss_aggregation: Literal["token", "sequence"] = "token"
-    """token: the loss summed over the step's response tokens, divided by their count over all ranks
-    (DAPO; every token weighs the same). sequence: each response's mean over its tokens, averaged over
-    the responses (the GRPO paper; every response weighs the same)."""
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "gspo", "cispo"] = "dapo"
+    """The loss variant, each equal to TRL's GRPOTrainer loss_type of the same name. dapo: every token of the step
+    weighs the same (sum over the step's loss tokens / their count over all ranks). grpo: each response's mean over
+    its tokens, averaged over the step's responses (a response masked by mask_truncated still counts, as a 0).
+    dr_grpo: sum over tokens / (responses x max_new_tokens), a constant (Dr. GRPO; pair it with scale_rewards
+    none). bnpo: each microbatch's token mean, averaged over the step's microbatches. gspo: one clipped ratio per
+    response, the geometric mean of its token ratios, normalized as grpo (GSPO). cispo: -sg(min(ratio, cispo_cap))
+    x advantage x log-prob per token, normalized as dapo (CISPO: no token loses its gradient)."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2): the unclipped term's ratio is capped at delta (> 1; TRL recommends more
+    than 1 + epsilon_high), so a negative-advantage token whose ratio ran far above 1 gets a bounded push.
+    Unset: off. Not for cispo."""
+    kl_bias_correction: bool = False
+    """With beta > 0: multiply each token's k3 KL by its importance ratio (DeepSeek-V3.2; TRL's
+    use_bias_correction_kl, on by default there), which makes the KL's gradient the unbiased reverse-KL gradient
+    for rollouts of an older policy. The KL metric stays the plain k3 estimate."""
+    cispo_cap: float = 5.0
+    """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
+    uses 5.0)."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
     from the second optimizer step on the same rollouts."""
@@ -565,7 +580,8 @@ class GRPOSection:
     """Optimizer steps per pass over a batch of rollouts: each rank generates this many steps' worth of
     responses (training.global_batch_size each over all ranks) in one go, then trains on one part per step."""
     mask_truncated: bool = False
-    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
+    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering); they still count
+    as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
     max_policy_lag: int = 0
     """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
     them: the next batch is generated while the current one is still trained on, as early as this allows; a

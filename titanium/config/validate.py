@@ -301,6 +301,15 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
     for name, value in [("epsilon_high", g.epsilon_high), ("beta", g.beta)]:
         if value < 0:
             yield f"--grpo.{name} must be >= 0, got {value}"
+    if g.delta is not None and g.loss_type == "cispo":
+        yield "--grpo.delta caps the clipped objective's ratio; --grpo.loss_type cispo has none (use --grpo.cispo_cap)"
+    elif g.delta is not None and g.delta <= 1:
+        yield (
+            f"--grpo.delta must be > 1 (TRL recommends > 1 + epsilon_high), got {g.delta}: a cap at or below 1 "
+            "takes the gradient from on-policy tokens with a negative advantage"
+        )
+    if g.cispo_cap <= 0:
+        yield f"--grpo.cispo_cap must be > 0 (it caps the importance weight), got {g.cispo_cap}"
     if not g.rewards:
         yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
     if g.reward_weights and len(g.reward_weights) != len(g.rewards):
