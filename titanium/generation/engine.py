@@ -101,7 +101,7 @@ class RolloutEngine(ABC):
         return stats
 
     def close(self) -> None:  # noqa: B027 (most engines hold nothing to free)
-        """Free the engine (before the process group is destroyed: vLLM's finalizer needs it)."""
+        """Free the engine, at the end of the job (vLLM's teardown destroys the default process group)."""
 
 
 def build_engine(

@@ -104,6 +104,10 @@ class VLLMEngine(RolloutEngine):
         self.folder = Path(tempfile.mkdtemp(prefix="titanium_vllm_"))
         config = self.adapter.to_hf_config(args)
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        # A tied output projection is never reloaded by vLLM (its loader skips lm_head, and the CPU build keeps
+        # the projection packed from the start weights): serve the model untied and send lm_head its copy.
+        self.tied = self.adapter.tied(args)
+        config["tie_word_embeddings"] = False
         (self.folder / "config.json").write_text(json.dumps(config))
         launcher_environment(cfg, device_type)
         self.llm = LLM(
@@ -124,6 +128,8 @@ class VLLMEngine(RolloutEngine):
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         hf = self.adapter.to_hf(weights, self.args)
+        if self.tied and self.adapter.embedding_key in weights:
+            hf[self.adapter.hf_key(self.adapter.output_key)] = weights[self.adapter.embedding_key]
         if hf:  # (a tied output projection alone maps to nothing)
             kwargs = {"weights_iterator": list(hf.items()), "is_checkpoint_format": True}
             self.llm.collective_rpc("reload_weights", kwargs=kwargs)
@@ -167,6 +173,8 @@ class VLLMEngine(RolloutEngine):
         return Generation(tokens, logprobs, torch.tensor(lengths), finished)
 
     def close(self) -> None:
+        """Shut vLLM down. Its teardown destroys the torch.distributed default group it shares with training, so
+        close the engine last, at the end of the job (titanium's own shutdown then finds no group left)."""
         self.llm.llm_engine.engine_core.shutdown()
         del self.llm
         gc.collect()
