@@ -13,6 +13,7 @@ from tests.helpers import REPO
 from titanium.config import ConfigError, load_config
 from titanium.config.sections import GRPOSection
 from titanium.trainers.grpo import group_advantages, token_entropy
+from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_loss import (
     aggregate,
     cispo_policy_loss,
@@ -218,6 +219,12 @@ GRPO_JOB = [
         (["--grpo.delta", "1"], "--grpo.delta must be > 1"),
         (["--grpo.delta", "2", "--grpo.loss_type", "cispo"], "--grpo.loss_type cispo has none"),
         (["--grpo.cispo_cap", "0"], "--grpo.cispo_cap must be > 0"),
+        (["--grpo.is_correction", "token_mask"], "it needs --grpo.old_logprobs recompute"),
+        (["--grpo.is_cap_min", "3"], "need 0 <= is_cap_min < is_cap"),
+        (["--grpo.old_logprobs", "recompute"], "GRPO does not recompute old log-probs yet"),
+        (["--rollout.engine", "vllm"], "GRPO does not use the rollout engines yet"),
+        (["--rollout.gpu_memory_utilization", "0"], "--rollout.gpu_memory_utilization must be in (0, 1]"),
+        ([*GRPO_JOB, "--lora.rank", "4", "--lora.dropout", "0.1"], "set --lora.dropout 0"),
         (["--grpo.ppo_epochs", "0"], "--grpo.ppo_epochs must be >= 1"),
         (["--grpo.max_policy_lag", "-1"], "--grpo.max_policy_lag must be >= 0"),
         (["--grpo.reward_weights", "1", "2"], "has 2 weights for 1 reward functions"),
@@ -242,3 +249,23 @@ def test_grpo_defaults_follow_the_papers_and_trl() -> None:
     g = GRPOSection()
     assert (g.group_size, g.temperature, g.epsilon_low, g.epsilon_high, g.beta) == (8, 1.0, 0.2, 0.2, 0.0)
     assert (g.scale_rewards, g.loss_type, g.ppo_epochs, g.mask_truncated, g.delta) == ("group", "dapo", 1, False, None)
+
+
+def test_importance_weights_by_hand_and_unscored_tokens() -> None:
+    """exp(old - sampling) per token, or its product over a response; a NaN engine log-prob counts as no gap."""
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.2, -1.5]], dtype=torch.float64)
+    sampling = old - torch.tensor([[0.5, -0.5, float("nan")], [1.5, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    token = importance_weights(old, sampling, mask, "token_truncate", cap_max=2.0, cap_min=0.7)
+    expected = [[min(math.exp(0.5), 2.0), max(math.exp(-0.5), 0.7), 1.0], [2.0, 1.0, 1.0]]
+    torch.testing.assert_close(token, torch.tensor(expected, dtype=torch.float64))
+    masked = importance_weights(old, sampling, mask, "token_mask", cap_max=2.0, cap_min=0.7)
+    torch.testing.assert_close(masked, torch.tensor([[math.exp(0.5), 0.0, 1.0], [0.0, 1.0, 1.0]], dtype=torch.float64))
+    sequence = importance_weights(old, sampling, mask, "sequence_truncate", cap_max=10.0)
+    torch.testing.assert_close(sequence, torch.tensor([[1.0], [math.exp(1.5)]], dtype=torch.float64))
+    assert importance_weights(old, sampling, mask, "sequence_mask", cap_max=4.0).tolist() == [[1.0], [0.0]]
+    means, maxima, minima = mismatch_metrics(old, sampling, mask, token)
+    assert means["grpo/logprob_mismatch"][0].item() == pytest.approx(0.5 + 0.5 + 1.5)
+    assert means["grpo/logprob_mismatch"][1].item() == 5
+    assert maxima["grpo/logprob_mismatch_max"].item() == 1.5 and minima["grpo/is_weight_min"].item() == 0.7
+    assert means["grpo/is_changed"][0].item() == 2  # the 0.61 raised to 0.7 and the 4.48 cut to 2

@@ -29,6 +29,7 @@ from tests.objectives.tiny_hf import BOS, EOS, tiny_llama, word_tokenizer
 from titanium.config.sections import GRPOSection
 from titanium.generation.sampling import token_logprobs
 from titanium.trainers.grpo import group_advantages
+from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_loss import grpo_loss, loss_mask
 
 GROUP, WIDTH, TEMPERATURE = 4, 6, 0.7
@@ -147,8 +148,8 @@ def trl_processes(trainer: Any, n: int) -> Iterator[None]:
         accelerator.num_processes = original
 
 
-def trl_step(options: dict[str, Any], beta: float, batch: dict[str, torch.Tensor], ranks: int, accumulation: int):
-    """TRL's step loss and gradient: the mean over ranks of each rank's summed micro-batch losses (DDP's average)."""
+def trl_trainer(options: dict[str, Any], ranks: int = 1, accumulation: int = 1, reward: Any = None) -> Any:
+    """A real ``GRPOTrainer`` around the tiny Llama (its dataset is never read: no generation runs)."""
     pytest.importorskip("trl", reason="pip install 'trl>=1.16,<2' (in the dev extra) to compare with TRL")
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
@@ -168,19 +169,25 @@ def trl_step(options: dict[str, Any], beta: float, batch: dict[str, torch.Tensor
         **config,
     )
     data = Dataset.from_dict({"prompt": ["t5 t6"] * GROUP})
-    reward = lambda completions, **_: [0.0] * len(completions)  # noqa: E731 (never called: no generation)
+    reward = reward or (lambda completions, **_: [0.0] * len(completions))
     trainer = GRPOTrainer(
         model=tiny_llama(0), reward_funcs=reward, args=args, train_dataset=data, processing_class=word_tokenizer()
     )
-    trainer.beta = beta
     trainer.current_gradient_accumulation_steps = accumulation  # (set by the training loop)
-    model = trainer.model.train()
+    trainer.model.train()
+    return trainer
+
+
+def trl_step(options: dict[str, Any], beta: float, batch: dict[str, torch.Tensor], ranks: int, accumulation: int):
+    """TRL's step loss and gradient: the mean over ranks of each rank's summed micro-batch losses (DDP's average)."""
+    trainer = trl_trainer(options, ranks, accumulation)
+    trainer.beta = beta
     with trl_processes(trainer, ranks):
-        losses = [trainer.compute_loss(model, part) for part in chunks(batch, ranks * accumulation)]
+        losses = [trainer.compute_loss(trainer.model, part) for part in chunks(batch, ranks * accumulation)]
     loss = torch.stack(losses).sum() / ranks
     loss.backward()
     logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
-    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}, logged
+    return loss.item(), {n: p.grad.clone() for n, p in trainer.model.named_parameters()}, logged
 
 
 def compare(variant: str, case: str, layout: str) -> tuple[float, float, float]:
@@ -227,6 +234,97 @@ def test_the_clips_are_exercised() -> None:
         ratio = torch.exp(forward_logprobs(tiny_llama(0), batch) - batch["old_per_token_logps"])
     live = ratio[batch["completion_mask"].bool()]
     assert (live < 1 - EPS_LOW).any() and (live > 1.5).any() and ((live > 1) & (live < 1 + EPS_HIGH)).any()
+
+
+# ------------------------------------------------------------------- the engine/trainer mismatch correction
+
+IS_CASES = {  # name -> (mode, cap_max, cap_min)
+    "token_truncate": ("token_truncate", 1.5, None),
+    "token_mask": ("token_mask", 1.5, 0.6),
+    "sequence_truncate": ("sequence_truncate", 3.0, 0.5),
+    "sequence_mask": ("sequence_mask", 3.0, 0.5),
+}
+
+
+def characters(completions: list[str], **_: Any) -> list[float]:
+    return [float(len(c)) for c in completions]
+
+
+def engine_rollouts() -> dict[str, torch.Tensor]:
+    """The rollouts with an engine's log-probs of them: the policy's own with noise (an engine that rounds
+    differently, or lags), so ratios spread over about 0.4-2.5 per token and further per response."""
+    batch = rollouts()
+    with torch.no_grad():
+        logprobs = forward_logprobs(tiny_llama(0), batch)
+    noise = 0.3 * torch.randn(logprobs.shape, generator=torch.Generator().manual_seed(3))
+    return {**batch, "sampling": (logprobs + noise) * batch["completion_mask"]}
+
+
+def trl_with_engine(mode: str, cap_max: float, cap_min: float | None, batch: dict[str, torch.Tensor]) -> Any:
+    """TRL's generation step as with vLLM (its ``_generate`` replaced by the fixed rollouts and their engine
+    log-probs): it recomputes the old log-probs with the model, computes rewards, advantages and the importance
+    weights; returns (its training inputs, the trainer)."""
+    options = {
+        "vllm_importance_sampling_correction": True,
+        "vllm_importance_sampling_mode": mode,
+        "vllm_importance_sampling_clip_max": cap_max,
+        "vllm_importance_sampling_clip_min": cap_min,
+    }
+    trainer = trl_trainer(options, reward=characters)
+    tokenizer = word_tokenizer()
+    prompts = [[t for t, m in zip(p, pm) if m] for p, pm in zip(batch["prompt_ids"].tolist(), batch["prompt_mask"])]
+    completions = [c[:n] for c, n in zip(batch["completion_ids"].tolist(), LENGTHS)]
+    sampling = [row[:n] for row, n in zip(batch["sampling"].tolist(), LENGTHS)]
+    texts = [tokenizer.decode(c) for c in completions]
+    trainer.use_vllm = True  # (what its vLLM set-up would set)
+    trainer._generate = lambda _: (prompts, completions, None, texts, sampling, {}, None, None)
+    inputs = trainer._generate_and_score_completions([{"prompt": ""}] * len(LENGTHS))
+    return inputs, trainer
+
+
+@pytest.mark.parametrize("case", IS_CASES)
+def test_importance_correction_equals_trl(case: str) -> None:
+    """Recomputed old log-probs, advantages, importance weights, mismatch metrics, and the corrected loss and its
+    gradients, against TRL's GRPOTrainer with vLLM's importance-sampling correction."""
+    mode, cap_max, cap_min = IS_CASES[case]
+    batch = engine_rollouts()
+    inputs, trainer = trl_with_engine(mode, cap_max, cap_min, batch)
+    mask = batch["completion_mask"].bool()
+    model = tiny_llama(0)
+    with torch.no_grad():
+        old = forward_logprobs(model, batch)  # old_logprobs = "recompute": the trainer's forward, no gradient
+    torch.testing.assert_close(old * mask, inputs["old_per_token_logps"] * mask, rtol=0, atol=1e-6)
+    texts = [word_tokenizer().decode(c[:n]) for c, n in zip(batch["completion_ids"].tolist(), LENGTHS)]
+    advantages = group_advantages(torch.tensor(characters(texts)), GROUP)
+    torch.testing.assert_close(advantages, inputs["advantages"], rtol=0, atol=1e-6)
+
+    weights = importance_weights(old, batch["sampling"], mask, mode, cap_max, cap_min)
+    torch.testing.assert_close(weights, inputs["importance_sampling_ratio"], rtol=0, atol=1e-6)
+    changed = weights != importance_weights(old, batch["sampling"], mask, mode, float("inf"), None)
+    assert changed.any() and not changed.all(), "degenerate test: the caps should bite on some, not all"
+
+    means, maxima, minima = mismatch_metrics(old, batch["sampling"], mask, weights)
+    logged = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    mean = {k: (total / count).item() for k, (total, count) in means.items()}
+    assert mean["grpo/logprob_mismatch"] == pytest.approx(logged["sampling/sampling_logp_difference/mean"], abs=1e-6)
+    assert maxima["grpo/logprob_mismatch_max"].item() == pytest.approx(
+        logged["sampling/sampling_logp_difference/max"], abs=1e-6
+    )
+    assert mean["grpo/is_weight"] == pytest.approx(logged["sampling/importance_sampling_ratio/mean"], abs=1e-6)
+    assert maxima["grpo/is_weight_max"].item() == pytest.approx(logged["sampling/importance_sampling_ratio/max"])
+    assert minima["grpo/is_weight_min"].item() == pytest.approx(logged["sampling/importance_sampling_ratio/min"])
+    units = mask if mode.startswith("token") else mask.any(dim=1, keepdim=True)
+    assert mean["grpo/is_changed"] == pytest.approx(((changed & units).sum() / units.sum()).item())
+
+    cfg = GRPOSection(max_new_tokens=WIDTH, temperature=TEMPERATURE, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
+    loss_sum, units, _ = grpo_loss(forward_logprobs(model, batch), old, advantages, mask, cfg, is_weights=weights)
+    (loss_sum / units).backward()
+    trl_loss = trainer.compute_loss(trainer.model, inputs)
+    trl_loss.backward()
+    assert (loss_sum / units).item() == pytest.approx(trl_loss.item(), abs=TOLERANCE)
+    trl_grads = dict(trainer.model.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, trl_grads[name].grad, rtol=0, atol=TOLERANCE, msg=name)
 
 
 def main() -> None:

@@ -573,6 +573,19 @@ class GRPOSection:
     cispo_cap: float = 5.0
     """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
     uses 5.0)."""
+    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    """The old policy's log-probs in the ratio. sampler: those the rollout engine reported for its tokens.
+    recompute: a no-grad forward of the trained policy over the rollouts before their first step (TRL's
+    default), so the ratio is exactly 1 there; the engine's log-probs are kept for is_correction."""
+    is_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
+    """Importance weights for the engine/trainer mismatch (needs old_logprobs recompute), as TRL's
+    vllm_importance_sampling_mode: the ratio exp(recomputed - engine log-prob) per token, or its product over a
+    response (sequence), truncated to [is_cap_min, is_cap] or masked to 0 outside it; it multiplies the policy
+    loss."""
+    is_cap: float = 3.0
+    """Upper bound of the importance weight (TRL's vllm_importance_sampling_clip_max)."""
+    is_cap_min: float | None = None
+    """Lower bound of the importance weight (TRL's vllm_importance_sampling_clip_min); unset: none."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
     from the second optimizer step on the same rollouts."""

@@ -151,6 +151,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_rollout(cfg.rollout)
+    yield from _validate_grpo_not_wired(cfg.grpo)
     yield from _validate_quantization_and_loss(cfg)
     yield from validate_fault_tolerance(cfg)
     if cfg.training.objective == "grpo":
@@ -312,6 +313,13 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         )
     if g.cispo_cap <= 0:
         yield f"--grpo.cispo_cap must be > 0 (it caps the importance weight), got {g.cispo_cap}"
+    if g.is_correction != "none" and g.old_logprobs != "recompute":
+        yield (
+            f"--grpo.is_correction {g.is_correction} weighs by exp(recomputed - engine log-prob): it needs "
+            "--grpo.old_logprobs recompute (with the engine's own log-probs as the old ones every weight is 1)"
+        )
+    if g.is_cap <= 0 or (g.is_cap_min is not None and not 0 <= g.is_cap_min < g.is_cap):
+        yield f"--grpo.is_cap_min {g.is_cap_min} / --grpo.is_cap {g.is_cap}: need 0 <= is_cap_min < is_cap"
     if not g.rewards:
         yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
     if g.reward_weights and len(g.reward_weights) != len(g.rewards):
@@ -338,6 +346,14 @@ def _validate_rollout(r: RolloutSection) -> Iterator[str]:
             f"--rollout.{changed[0]}: GRPO does not use the rollout engines yet (it samples from the training "
             "model); leave [rollout] at its defaults"
         )
+
+
+def _validate_grpo_not_wired(g: GRPOSection) -> Iterator[str]:
+    """Options whose components exist (titanium/trainers/grpo_correction.py) but that GRPO does not call yet: until
+    it does, they would be silently ignored."""
+    for name, default in (("old_logprobs", "sampler"), ("is_correction", "none")):
+        if getattr(g, name) != default:
+            yield f"--grpo.{name}: GRPO does not recompute old log-probs yet (it uses the sampler's); leave {default}"
 
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
@@ -376,6 +392,12 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
         yield (
             "--validation.interval: held-out loss has no meaning for --training.objective grpo (its loss needs "
             "rollouts); set it to 0 and measure held-out accuracy with --eval.interval"
+        )
+    if cfg.lora.rank > 0 and cfg.lora.dropout > 0:
+        yield (
+            f"--lora.dropout {cfg.lora.dropout}: --training.objective grpo compares the training forward with the "
+            "forward that gave the old log-probs (rollouts run without dropout), so dropout would move every ratio "
+            "away from 1 by noise; set --lora.dropout 0"
         )
 
 

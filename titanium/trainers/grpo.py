@@ -26,7 +26,7 @@ from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.generate import all_ranks_done
-from titanium.generation.rollout import Rollout, response_logprobs, rollout
+from titanium.generation.rollout import Rollout, batch_logprobs, response_logprobs, rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams
 from titanium.rewards import RewardSet, exact_match
@@ -251,13 +251,8 @@ class GRPOObjective(Objective):
     def _reference_logprobs(self, rows: Batch) -> torch.Tensor:
         """The frozen reference's log-probs of the response tokens, a microbatch of rows at a time."""
         assert self.reference is not None
-        width, parts = rows["old_logprobs"].shape[1], []
-        for start in range(0, rows["tokens"].shape[0], self.local_batch_size):
-            part = {k: rows[k][start : start + self.local_batch_size] for k in ("tokens", "positions", "document_ids")}
-            logits = self.reference(part)
-            assert logits is not None  # (no pipeline parallelism: generation needs the whole model)
-            parts.append(response_logprobs(logits, part["tokens"], width, self.cfg.temperature))
-        return torch.cat(parts)
+        width = rows["old_logprobs"].shape[1]
+        return batch_logprobs(self.reference, rows, width, self.cfg.temperature, self.local_batch_size)
 
     # ----- the loss -----
 
