@@ -9,7 +9,7 @@ touches the training model. The two calls:
 - ``sync_from(model, version, pp_group)`` after each optimizer step: the training model's weights gathered one
   block at a time from whatever layout it trains in (``weight_sync.full_blocks``), pushed into the engine without
   touching disk, then the engine's caches of the old weights are dropped (``finish_sync``). Every rank of the
-  training job calls it (the gathers are collectives); it returns the seconds it took.
+  training job calls it (the gathers are collectives); it returns its seconds, blocks and bytes.
 
 ``load_weights`` takes any subset of the policy's weights under their one-process titanium names (a block), so a
 sync is a sequence of them; an engine that speaks Hugging Face names translates with the family's adapter.
@@ -32,9 +32,8 @@ from titanium.config.sections import RolloutSection
 from titanium.generation.generate import Generation
 from titanium.generation.sampling import SamplingParams
 from titanium.generation.weight_sync import full_blocks
+from titanium.model_builder import DTYPES
 from titanium.models.spec import ModelSpec
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +52,8 @@ class Rollouts:
 
 @dataclass(frozen=True)
 class SyncStats:
+    """What one ``sync_from`` moved, and how long it took (to log per sync)."""
+
     seconds: float
     blocks: int
     bytes: int
@@ -93,6 +94,7 @@ class RolloutEngine(ABC):
             self.load_weights(block)
             blocks += 1
             size += sum(t.numel() * t.element_size() for t in block.values())
+            del block  # before the next one is gathered
         self.finish_sync(version)
         stats = SyncStats(time.perf_counter() - start, blocks, size)
         logger.info(

@@ -83,3 +83,4 @@ def full_blocks(model: nn.Module, pp_group: dist.ProcessGroup | None = None) -> 
                 dist.broadcast(tensor, src=source, group=pp_group)
                 out[key] = tensor
             yield out
+            del block, out  # before the next block is gathered: one block at a time
