@@ -29,9 +29,9 @@ INSTALL="$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir 
 # part | step | budget (s) | command. Each part starts with the install; its budgets sum to at most 480 s.
 STEPS=(
     "1|install|20|$INSTALL"
-    "1|cuda_tests|180|$PY -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests"
-    "1|pretrain_8b|210|$PY benchmarks/pretrain_speed.py --models 8B --variants eager compile float8_tensorwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_\$TAG.md"
-    "1|generation|60|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --repeats 3 --out \$R/generation_\$TAG.md"
+    "1|cuda_tests|150|$PY -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests"
+    "1|pretrain_8b|180|$PY benchmarks/pretrain_speed.py --models 8B --variants eager compile float8_tensorwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_\$TAG.md"
+    "1|generation|120|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --repeats 3 --out \$R/generation_\$TAG.md"
     "2|install|20|$INSTALL"
     "2|sft_ladder|450|$PY benchmarks/sft_ladder.py --models 0.6B 1.7B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_\$TAG.md"
     "3|install|20|$INSTALL"

@@ -3,7 +3,7 @@
 # generation, compile, DCP checkpoints, float8) on a torch other than the main install's: above all the GPU
 # machine's 2.11, whose CUDA build runs on a CPU.
 #
-#   bash scripts/test_torch_version.sh 2.11.0                 # makes .venvs/torch-2.11.0 on first use (~4 GB)
+#   bash scripts/test_torch_version.sh 2.11.0                 # makes .venvs/torch-2.11.0 on first use (~4.5 GB)
 #   TORCH_VENV_BASE=/work/venv211 bash scripts/test_torch_version.sh 2.11.0   # on top of a venv with that torch
 #   bash scripts/test_torch_version.sh 2.11.0 -x -k pp_parity # pytest options after the version
 #
