@@ -432,6 +432,8 @@ class Trainer:
         max_norm = self.cfg.training.max_norm
         if self.pipeline is not None:
             return clip_grad_norm_pipelined(params, max_norm, self.pipeline.pp_group)
+        if not params:  # optimizer-in-backward stepped and freed them all (torch's norm of nothing is on the CPU)
+            return torch.zeros((), device=self.device)
         if max_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
         else:

@@ -45,7 +45,7 @@ def _qkv(seq: int, grad: bool = True, seed: int = 0) -> tuple[torch.Tensor, torc
 
 
 def _values_and_grads(out: torch.Tensor, *inputs: torch.Tensor) -> list[torch.Tensor]:
-    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.device, out.dtype)
     return [out, *torch.autograd.grad(out, inputs, cotangent)]
 
 
@@ -220,7 +220,13 @@ def test_flex_forward_and_backward_on_cuda_equal_the_masked_reference() -> None:
 @CUDA
 def test_packed_sft_forward_backward_with_flex_equals_sdpa_on_cuda() -> None:
     """A packed SFT microbatch (loss over response tokens, backward) through the model with flex and with
-    dense SDPA: the same loss and gradients (float32; rtol 1e-3, atol 1e-5)."""
+    dense SDPA: the same loss and gradients, float32. Two float32 kernels that sum in different orders differ by
+    rounding of the size of the terms they add, not of the result: an element near 0 of a gradient whose other
+    elements are ~100 (the loss is a sum over ~1,000 tokens) may differ by 1e-5 absolutely and 5% relatively (the
+    H200 run: 2 of 76,800 embedding-gradient elements, 2.0e-5 apart). So the absolute tolerance is 1e-5 of the
+    gradient's largest element: on CPU every float32 gradient of this model is within 8.5e-7 of its largest
+    element from the float64 model's, so two float32 kernels are within about 1.7e-6 of it; a mask that lets a
+    token see another document changes gradients by percents."""
     from titanium.models import build_model_args, get_model_spec
     from titanium.trainers.cross_entropy import cross_entropy_sum
 
@@ -240,7 +246,7 @@ def test_packed_sft_forward_backward_with_flex_equals_sdpa_on_cuda() -> None:
     (loss_sdpa, grads_sdpa), (loss_flex, grads_flex) = results
     torch.testing.assert_close(loss_flex, loss_sdpa, rtol=1e-5, atol=1e-5)
     for a, b in zip(grads_flex, grads_sdpa, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5 * b.abs().max().item())
 
 
 def test_flex_is_refused_on_cpu_with_the_flag_to_change() -> None:

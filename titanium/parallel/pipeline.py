@@ -29,6 +29,16 @@ V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 """Two stages per rank placed as a V: rank r holds stages r and 2*pp-1-r."""
 
 
+class _Stage(PipelineStage):
+    """torch's PipelineStage without the links to its own rank. torch 2.11's schedules open the links between
+    neighbouring stages with a dummy send and receive to each neighbour's rank, also where that is this rank (the
+    V placements keep two neighbouring stages on one rank), which gloo cannot do ("Pair is not connected"); the
+    tensors between two stages of one rank never travel anyway. (torch 2.13 opens the links another way.)"""
+
+    def _get_init_p2p_neighbors_ops(self) -> list[dist.P2POp]:
+        return [op for op in super()._get_init_p2p_neighbors_ops() if op.group_peer != self.group_rank]
+
+
 def is_multi_stage(schedule: str) -> bool:
     return not issubclass(get_schedule_class(schedule), PipelineScheduleSingle)
 
@@ -135,7 +145,7 @@ class Pipeline:
                 f"--parallelism.pipeline_parallel_microbatch_size {mbs}"
             )
         stages = [
-            PipelineStage(part, sid, self.n_stages, device, group=self.pp_group)
+            _Stage(part, sid, self.n_stages, device, group=self.pp_group)
             for part, sid in zip(self.parts, self.stage_ids)
         ]
         cls = get_schedule_class(cfg.pipeline_parallel_schedule)

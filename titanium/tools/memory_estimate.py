@@ -246,7 +246,13 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
         for t in [*params, *container.buffers()]:
             tracker.add(t, PARAMETERS)
         saved: list[float] = []
-        with tracker, _module_labels(tracker, parts), _resizes_counted(tracker):
+        with (
+            tracker,
+            _module_labels(tracker, parts),
+            _resizes_counted(tracker),
+            _sharding_propagation_uncounted(tracker),
+            _eager_low_bit_step(job),  # (with early_step_in_backward the steps run inside the backward)
+        ):
             # As in the trainer: autocast (mixed precision without FSDP) around each forward, or, under PP, around
             # the whole schedule, backward included (its cache of low-precision weights lives that long).
             pipelined = job.plan.pipeline
@@ -263,8 +269,7 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
                 trainable = [p for p in params if p.grad is not None]
                 if job.cfg.training.max_norm > 0:
                     torch.nn.utils.clip_grad_norm_(trainable, job.cfg.training.max_norm, foreach=True)
-                with _eager_low_bit_step(job):
-                    optimizer.step()
+                optimizer.step()
                 tracker.learn_roles(params, optimizer)
                 optimizer.zero_grad(set_to_none=True)
                 if step == 0:
@@ -404,6 +409,8 @@ class _LiveStorages(TorchDispatchMode):
         self.roles: dict[int, str] = {}  # serial -> role
         self.phase = "inputs"
         self.module: str | None = None
+        self.paused = 0
+        """Above 0: tensors made now are not the rank's (DTensor's sharding propagation), and are not counted."""
 
     @property
     def label(self) -> str:
@@ -487,6 +494,8 @@ class _LiveStorages(TorchDispatchMode):
             # included) come back here one by one; their outputs are what the DTensor holds.
             return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.add(t, self.label)
@@ -545,3 +554,24 @@ def _resizes_counted(tracker: _LiveStorages) -> Iterator[None]:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _sharding_propagation_uncounted(tracker: _LiveStorages) -> Iterator[None]:
+    """DTensor finds an op's output shape by running the op on fake tensors of the *global* shapes. torch 2.13
+    caches that per op and input layout, so it runs in the first step only; torch 2.11 runs it at every op (under
+    a fake mode it does not cache), and a 70B plan's global-shape temporaries would count as this rank's memory
+    (1,040 GiB instead of 60). Those tensors are never the rank's: stop counting while they exist."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def uncounted(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
+        tracker.paused += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            tracker.paused -= 1
+
+    with unittest.mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached", uncounted):
+        yield
