@@ -37,7 +37,8 @@ from torch.distributed.tensor import DTensor
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.files import replace_folder
-from titanium.models.hf_adapter import HFAdapter
+from titanium.models import hf_family, list_models
+from titanium.models.hf_adapter import HFAdapter, HFConfigError
 from titanium.peft.lora import is_lora_param
 from titanium.peft.merge import merged_full_state_dict
 
@@ -157,35 +158,54 @@ class HFCheckpoint:
         return out
 
 
-def hf_model_args(spec: Any, args: Any, cfg: CheckpointSection, *, flavor: str, tokenizer_vocab: int) -> Any:
-    """The trainer's model args, checked against the ``[checkpoint]`` Hugging Face settings.
-
-    Without ``initial_load_in_hf`` only checks that an export is possible. With it, the flavor must
-    match ``config.json`` field by field (the error lists each mismatch) and the vocabulary becomes
-    the checkpoint's, since its embedding table is loaded as is; the tokenizer may have fewer ids
-    (Qwen pads its table) but never more.
-    """
+def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
+    """Refuse ``[checkpoint]`` Hugging Face settings for a family without an adapter."""
     if spec.hf_adapter is None and (cfg.initial_load_in_hf or cfg.last_save_in_hf):
         raise HFCheckpointError(
             f"--model.name {spec.name} has no Hugging Face adapter; unset --checkpoint.initial_load_in_hf "
             "and --checkpoint.last_save_in_hf"
         )
-    if not cfg.initial_load_in_hf or cfg.initial_load_path is None:
-        return args
-    folder = cfg.initial_load_path
-    config = read_hf_config(folder)
+
+
+def hf_model_args(spec: Any, folder: str | os.PathLike, *, tokenizer_vocab: int | None = None, **overrides: Any) -> Any:
+    """The family args that a Hugging Face folder's ``config.json`` describes: the one way the trainer, the dry
+    run and every tool learn the architecture of an HF model (a flavor is a preset for fresh models, never a
+    requirement, so a fine-tuned, pruned or unlisted size loads as it is).
+
+    ``overrides`` replace args (the trainer's ``max_seq_len``). With ``tokenizer_vocab`` the tokenizer must fit
+    the checkpoint's embedding table: it may have fewer ids (Qwen pads its table) but never more. Errors name
+    the file and the field: another family's checkpoint, a feature the family does not implement, a shape its
+    args refuse.
+    """
+    source = Path(folder) / CONFIG_FILE
     adapter = spec.hf_adapter
-    adapter.check_hf_config(config, args, source=str(Path(folder) / CONFIG_FILE), flavor=flavor)
-    vocab = int(config["vocab_size"])
-    if tokenizer_vocab > vocab:
-        raise HFCheckpointError(
-            f"the tokenizer has {tokenizer_vocab} ids but {Path(folder) / CONFIG_FILE} has vocab_size {vocab}: "
-            "ids past the embedding table cannot be trained; use the checkpoint's own tokenizer "
-            f"(--tokenizer.kind hf --tokenizer.path {Path(folder) / 'tokenizer.json'})"
+    if adapter is None:
+        raise HFCheckpointError(f"model {spec.name!r} has no Hugging Face adapter")
+    config = read_hf_config(folder)
+    model_type = config.get("model_type")
+    if model_type != adapter.model_type:
+        hint = hf_family(model_type)
+        raise HFConfigError(
+            f"{source}: model_type {model_type!r} is not a --model.name {spec.name} checkpoint "
+            f"({adapter.model_type!r}); "
+            + (f"use --model.name {hint}" if hint else f"supported families: {', '.join(list_models())}")
         )
-    if tokenizer_vocab < vocab:
-        logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
-    return dataclasses.replace(args, vocab_size=vocab)
+    try:
+        args = adapter.from_hf_config(config, **overrides)
+    except (ValueError, KeyError) as e:  # (HFConfigError is a ValueError)
+        what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise HFConfigError(f"{source}: {what}") from None
+    if tokenizer_vocab is not None:
+        vocab = args.vocab_size
+        if tokenizer_vocab > vocab:
+            raise HFCheckpointError(
+                f"the tokenizer has {tokenizer_vocab} ids but {source} has vocab_size {vocab}: ids past the "
+                "embedding table cannot be trained; use the checkpoint's own tokenizer "
+                f"(--tokenizer.kind hf --tokenizer.path {Path(folder) / 'tokenizer.json'})"
+            )
+        if tokenizer_vocab < vocab:
+            logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
+    return args
 
 
 def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: Mapping[str, tuple[int, ...]]) -> None:

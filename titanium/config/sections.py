@@ -27,7 +27,8 @@ class ModelSection:
     name: str = "llama3"
     """Model family, a key of the model registry (titanium.models)."""
     flavor: str = "debugmodel"
-    """Size preset of the family, e.g. debugmodel, 1B, 8B, 70B, 405B for llama3."""
+    """Size preset of the family, e.g. debugmodel, 1B, 8B, 70B, 405B for llama3. Not used when the run starts
+    from a Hugging Face folder (checkpoint.initial_load_in_hf): its config.json gives the shape."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Kernel for masked attention (packed documents, context parallelism); rows without documents always use
     causal SDPA. flex: FlexAttention with block masks built once per batch, so masked blocks cost nothing (CUDA
@@ -262,9 +263,9 @@ class CheckpointSection:
     """With initial_load_path (a titanium step-N folder): load only the model weights, not the
     optimizer, schedule and data position (fine-tuning from a pretrained run)."""
     initial_load_in_hf: bool = False
-    """initial_load_path is a Hugging Face checkpoint folder. Its config.json must match [model]
-    flavor (the error lists each mismatching field); the model takes the checkpoint's vocabulary
-    size (the tokenizer may have fewer ids, never more). Only safetensors are read."""
+    """initial_load_path is a Hugging Face checkpoint folder of the [model] name family. Its config.json
+    gives the architecture and vocabulary size ([model] flavor is not used; the tokenizer may have fewer
+    ids, never more). Only safetensors are read."""
     last_save_in_hf: bool = False
     """At the end of training, also write the model as a Hugging Face checkpoint to hf_folder. A run
     that started from a Hugging Face folder is written with its keys, files, index and config.json,

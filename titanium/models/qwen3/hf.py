@@ -35,7 +35,7 @@ class Qwen3HFAdapter(HFAdapter):
         if scaling is not None:
             problems.append(f"RoPE scaling {scaling} is not supported")
         if problems:
-            raise HFConfigError("config.json: " + "; ".join(problems))
+            raise HFConfigError("; ".join(problems))
         args = Qwen3Args(
             dim=config["hidden_size"],
             n_layers=config["num_hidden_layers"],
