@@ -209,21 +209,21 @@ def hf_model_args(spec: Any, folder: str | os.PathLike, *, tokenizer_vocab: int 
 
 
 def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: Mapping[str, tuple[int, ...]]) -> None:
-    """Fail, naming keys, unless ``ckpt`` holds exactly the weights ``expected`` (ours -> shape)."""
-    tied = adapter.tied(args)
-    unknown, mapped = [], {}
-    for hf_key in ckpt.shapes:
-        ours = adapter.our_key(hf_key)
-        if ours is None or ours not in expected:
-            unknown.append(hf_key)
-        elif not (tied and ours == adapter.output_key):
-            mapped[ours] = hf_key
-    needed = {k for k in expected if not (tied and k == adapter.output_key)}
-    missing = [adapter.hf_key(k) for k in needed - set(mapped)]
+    """Fail, naming keys, unless ``ckpt`` holds exactly the weights ``expected`` (ours -> shape).
+
+    The expected Hugging Face keys and shapes are what the adapter makes of empty (meta) tensors of ours, so
+    renamed, permuted and fused tensors (Phi-3's ``qkv_proj``) are checked alike. A tied checkpoint may hold
+    ``lm_head`` anyway (some exporters store it); it is ignored.
+    """
+    meta = {key: torch.empty(shape, device="meta") for key, shape in expected.items()}
+    wanted = {key: tuple(value.shape) for key, value in adapter.to_hf(meta, args).items()}
+    tolerated = {adapter.hf_key(adapter.output_key)} if adapter.tied(args) and adapter.output_key in expected else set()
+    missing = set(wanted) - set(ckpt.shapes)
+    unknown = set(ckpt.shapes) - set(wanted) - tolerated
     wrong = [
-        f"{hf} {list(ckpt.shapes[hf])} (model expects {list(expected[ours])})"
-        for ours, hf in mapped.items()
-        if tuple(ckpt.shapes[hf]) != tuple(expected[ours])
+        f"{key} {list(ckpt.shapes[key])} (model expects {list(shape)})"
+        for key, shape in wanted.items()
+        if key in ckpt.shapes and tuple(ckpt.shapes[key]) != shape
     ]
     problems = []
     if missing:
@@ -326,7 +326,7 @@ def save_hf_weights(
         layout = dict(source.weight_map)
         # A tied checkpoint that stored lm_head anyway gets it back (the same values, its own storage).
         for hf_key in set(layout) - set(tensors):
-            if adapter.our_key(hf_key) == adapter.output_key and adapter.tied(args):
+            if adapter.tied(args) and hf_key == adapter.hf_key(adapter.output_key):
                 tensors[hf_key] = tensors[adapter.hf_key(adapter.embedding_key)].clone()
         missing, extra = set(layout) - set(tensors), set(tensors) - set(layout)
         if missing or extra:

@@ -70,6 +70,9 @@ def build_model_args(spec: ModelSpec, flavor: str, **overrides: Any) -> Any:
 
 # Imported last: the family packages call register_model, defined above.
 import titanium.models.llama3  # noqa: E402, F401
+import titanium.models.mistral  # noqa: E402, F401
+import titanium.models.phi3  # noqa: E402, F401
+import titanium.models.qwen2  # noqa: E402, F401
 import titanium.models.qwen3  # noqa: E402, F401
 
 __all__ = ["ModelSpec", "build_model_args", "get_model_spec", "hf_family", "list_models", "register_model"]

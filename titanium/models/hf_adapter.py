@@ -43,6 +43,12 @@ def rope_rows_from_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
+def split_layer_key(key: str) -> tuple[str, str] | None:
+    """``layers.3.attention.wq.weight`` -> ``("3", "attention.wq.weight")``; None outside the blocks."""
+    match = _OURS_LAYER.match(key)
+    return None if match is None else (match.group(1), match.group(2))
+
+
 def scaling_to_hf(scaling: RopeScaling | None) -> dict[str, Any] | None:
     if scaling is None:
         return None
