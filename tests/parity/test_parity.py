@@ -173,6 +173,42 @@ def phi3(window: int | None, kv_heads: int) -> ParityCase:
     )
 
 
+def gemma2(softcaps: tuple[float, float], window: int, layer_types: list[str] | None, tied: bool) -> ParityCase:
+    """Gemma 2: (1 + w) norms before and after attention and MLP, GeGLU, sqrt(dim)-scaled embeddings, queries
+    scaled by query_pre_attn_scalar (!= head_dim), soft-capped attention and output logits (the published 50/30,
+    and small caps that bite harder on these random weights), sliding-window layers (6 or 8 of the 24 tokens)
+    in Gemma 2's alternation (None) or another order (``layer_types``). The reference runs transformers' eager
+    attention, its only soft-capping one."""
+
+    def config():
+        return transformers.Gemma2Config(
+            hidden_size=64,
+            intermediate_size=96,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=24,
+            vocab_size=VOCAB,
+            max_position_embeddings=8192,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=tied,
+            query_pre_attn_scalar=20,
+            attn_logit_softcapping=softcaps[0],
+            final_logit_softcapping=softcaps[1],
+            sliding_window=window,
+            layer_types=layer_types,
+            attn_implementation="eager",
+            **_rope(10_000.0, None),
+        )
+
+    return ParityCase(
+        id=f"gemma2-caps{softcaps[0]:g}-{softcaps[1]:g}-{'global-first' if layer_types else 'window-first'}",
+        model="gemma2",
+        hf_model=lambda: transformers.Gemma2ForCausalLM,
+        hf_config=config,
+    )
+
+
 CASES = [
     llama(n_kv_heads=2, tied=False),
     llama(n_kv_heads=4, tied=False),
@@ -186,6 +222,8 @@ CASES = [
     mistral(window=8, head_dim=24),
     phi3(window=8, kv_heads=4),
     phi3(window=None, kv_heads=2),
+    gemma2(softcaps=(1.5, 2.0), window=8, layer_types=None, tied=True),
+    gemma2(softcaps=(50.0, 30.0), window=6, layer_types=["full_attention", "sliding_attention"], tied=False),
 ]
 
 

@@ -69,6 +69,7 @@ def build_model_args(spec: ModelSpec, flavor: str, **overrides: Any) -> Any:
 
 
 # Imported last: the family packages call register_model, defined above.
+import titanium.models.gemma2  # noqa: E402, F401
 import titanium.models.llama3  # noqa: E402, F401
 import titanium.models.mistral  # noqa: E402, F401
 import titanium.models.phi3  # noqa: E402, F401

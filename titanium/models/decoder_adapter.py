@@ -21,9 +21,9 @@ class DecoderHFAdapter(HFAdapter):
 
     architecture: str = ""
     """``architectures[0]`` of the ``config.json`` written for a fresh model, e.g. ``Qwen2ForCausalLM``."""
-    defaults: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    """``rope_theta``, ``norm_eps`` and ``max_seq_len`` for a ``config.json`` that leaves them out (as
-    ``transformers`` would read the same file)."""
+    defaults: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    """``rope_theta``, ``norm_eps``, ``max_seq_len`` and optionally ``tie_word_embeddings`` (else False) for a
+    ``config.json`` that leaves them out (as ``transformers`` reads the same file)."""
 
     def args_from_config(self, config: Mapping[str, Any]) -> dict[str, Any]:
         """The family's own ``DecoderArgs`` fields, read from ``config`` (already checked by ``unsupported``)."""
@@ -56,7 +56,9 @@ class DecoderHFAdapter(HFAdapter):
             norm_eps=float(config.get("rms_norm_eps", self.defaults["norm_eps"])),
             rope_theta=self.defaults["rope_theta"] if theta is None else theta,
             max_seq_len=config.get("max_position_embeddings", self.defaults["max_seq_len"]),
-            tie_word_embeddings=hf_config_value(config, "tie_word_embeddings"),
+            tie_word_embeddings=bool(
+                config.get("tie_word_embeddings", self.defaults.get("tie_word_embeddings", False))
+            ),
             **self.args_from_config(config),
         )
         return dataclasses.replace(args, **overrides)

@@ -137,14 +137,17 @@ def document_block_mask(
 ) -> BlockMask:
     """The FlexAttention form of ``document_causal_mask``: a query sees a key of its own document (any key
     when there are no document ids) at an earlier or equal position, and with ``window`` fewer than ``window``
-    positions back. ``[B, S_q]`` and ``[B, S_k]`` inputs.
+    positions back. ``[B, S_q]`` and ``[B, S_k]`` inputs; positions of batch 1 (without documents) give a mask
+    that broadcasts over the batch.
 
     Built once per forward and shared by all layers; on CUDA the construction is compiled, so the
     ``[S_q, S_k]`` mask is evaluated block by block and never stored.
     """
+    row = 0 if q_positions.shape[0] == 1 and k_positions.shape[0] == 1 else None  # (the one row of a broadcast)
 
     def mask_mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
-        q_position, k_position = q_positions[b, q_idx], k_positions[b, kv_idx]
+        at = b if row is None else row
+        q_position, k_position = q_positions[at, q_idx], k_positions[at, kv_idx]
         visible = k_position <= q_position
         if window is not None:
             visible = visible & (q_position - k_position < window)

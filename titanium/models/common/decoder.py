@@ -85,8 +85,6 @@ class DecoderArgs:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive (or None), got {value}")
-        if not set(self.global_layers) <= set(range(self.n_layers)):
-            raise ValueError(f"global_layers {self.global_layers} must be layer ids below n_layers ({self.n_layers})")
 
     def decoder_args(self) -> DecoderArgs:
         """Itself: families without an argument dataclass of their own use ``DecoderArgs`` directly."""
