@@ -109,6 +109,7 @@ class Phi3HFAdapter(WindowedHFAdapter):
             "original_max_position_embeddings": args.max_seq_len,
             "resid_pdrop": 0.0,
             "embd_pdrop": 0.0,
+            "pad_token_id": None,  # (transformers' default, 32000, is outside a small vocabulary)
         }
 
 
