@@ -1,6 +1,7 @@
 """Any Hugging Face model of a supported family trains: the shape comes from its config.json, never a flavor.
 
-Three random shapes per family, each made and saved by ``transformers`` (every weight random), are trained for
+Three random shapes per family (each family's own features drawn too: sliding windows, soft-capping caps,
+Gemma 2's layer order), each made and saved by ``transformers`` (every weight random), are trained for
 two steps by titanium from the folder (``--model.flavor`` left at ``debugmodel``, which none of them is),
 exported with ``last_save_in_hf`` and reloaded by ``transformers``: its logits equal those of titanium's trained
 model to 1e-5 (fp32). The dry run and ``tools.eval_preference`` take the same shape from the same file.
@@ -24,7 +25,15 @@ from titanium.tools.dry_run import dry_run
 transformers = pytest.importorskip("transformers")
 
 TOKENIZER_VOCAB = 2256  # assets/tokenizer/titanium_debug.tiktoken (the debug config's tokenizer)
-HF_CLASSES = {"llama3": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+HF_CLASSES = {
+    "llama3": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+}
+HEAD_DIM_IS_WIDTH_OVER_HEADS = ("llama3", "qwen2", "phi3")
 
 
 def _rope(theta: float) -> dict:
@@ -43,7 +52,7 @@ def random_config(family: str, seed: int):
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        hidden_size=heads * head_dim if family == "llama3" else rng.choice([40, 64, 96]),
+        hidden_size=heads * (head_dim if family in HEAD_DIM_IS_WIDTH_OVER_HEADS else rng.choice([6, 12, 20])),
         intermediate_size=rng.randrange(40, 200, 8),
         num_hidden_layers=rng.randint(1, 3),
         vocab_size=TOKENIZER_VOCAB + rng.randrange(0, 64),  # the embedding may have spare rows
@@ -52,6 +61,19 @@ def random_config(family: str, seed: int):
         max_position_embeddings=rng.choice([2048, 4096]),
         **_rope(rng.choice([10_000.0, 500_000.0, 1_000_000.0])),
     )
+    if family in ("mistral", "phi3"):
+        fields.update(sliding_window=rng.choice([None, 8, 20]), pad_token_id=0)
+    if family == "gemma2":
+        fields.update(
+            sliding_window=rng.choice([8, 20]),
+            layer_types=[
+                rng.choice(["sliding_attention", "full_attention"]) for _ in range(fields["num_hidden_layers"])
+            ],
+            query_pre_attn_scalar=rng.choice([16, 24, 32]),
+            attn_logit_softcapping=rng.choice([5.0, 50.0]),
+            final_logit_softcapping=rng.choice([3.0, 30.0]),
+            attn_implementation="eager",  # (transformers' only soft-capping attention)
+        )
     return getattr(transformers, HF_CLASSES[family]).config_class(**fields)
 
 
@@ -92,7 +114,8 @@ def test_random_shape_trains_exports_and_reloads(make_trainer, tmp_path: Path, f
         assert (trainer.model(tokens) - hf_model(input_ids=tokens).logits).abs().max() <= 1e-5
 
     trainer.train()
-    reloaded = getattr(transformers, HF_CLASSES[family]).from_pretrained(tmp_path / "run/hf").eval()
+    hf_cls = getattr(transformers, HF_CLASSES[family])
+    reloaded = hf_cls.from_pretrained(tmp_path / "run/hf", attn_implementation="eager").eval()
     with torch.no_grad():
         ours = trainer.model.eval()(tokens)
         assert (ours - hf_model(input_ids=tokens).logits).abs().max() > 1e-3, "training changed nothing"
@@ -147,3 +170,42 @@ def test_other_family_or_unsupported_feature_fails_before_training(tmp_path: Pat
     assert code == 2 and "Traceback" not in err
     assert f"titanium: error: {source / 'config.json'}: use_sliding_window = true is not supported" in err
     assert not (tmp_path / "run/hf").exists()
+
+
+LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [4.0] * 16, "factor": 32.0}
+
+
+@pytest.mark.parametrize(
+    "family,changes,message",
+    [
+        (
+            "gemma2",
+            {"attn_logit_softcapping": None},
+            "attn_logit_softcapping is missing or null: Gemma 2 caps its attention logits (50.0 in the published "
+            "checkpoints); state it in config.json",
+        ),
+        (
+            "phi3",
+            {"rope_scaling": LONGROPE, "max_position_embeddings": 131072},
+            "rope_scaling type 'longrope' (LongRoPE, the 128k-context Phi-3 variants) is not supported; use a "
+            "4k-context variant",
+        ),
+    ],
+)
+def test_unsupported_feature_exits_2_naming_the_field(tmp_path: Path, capsys, monkeypatch, family, changes, message):
+    """A checkpoint of a family with a feature titanium does not implement: one line naming the file and the
+    field, exit code 2, before any weight is read (the folder has no weights at all)."""
+    from titanium.models import get_model_spec
+    from titanium.train import main
+
+    monkeypatch.chdir(REPO)
+    spec = get_model_spec(family)
+    source = tmp_path / "source"
+    source.mkdir()
+    config = {**spec.hf_adapter.to_hf_config(spec.flavors["debugmodel"]), **changes}
+    (source / "config.json").write_text(json.dumps(config))
+    start = ["--checkpoint.initial_load_path", str(source), "--checkpoint.initial_load_in_hf"]
+    code = main(tiny_args(tmp_path / "run", "--model.name", family, *start))
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    assert f"titanium: error: {source / 'config.json'}: {message}\n" in err, err
