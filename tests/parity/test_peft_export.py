@@ -3,6 +3,8 @@ model; so is the merged Hugging Face export loaded by ``transformers`` alone.
 
 Random base (every weight, norm scales included) and random non-zero ``lora_B``, so a missing or wrong
 RoPE permutation of q/k adapters, or a swapped name, shows in the logits. Tolerance: max abs diff 1e-5.
+Every family; Phi-3's fused ``qkv_proj``/``gate_up_proj`` get one stacked adapter each (rank and alpha times the
+parts, in ``rank_pattern``/``alpha_pattern``), with all or only some of the parts adapted.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import torch
 from safetensors import safe_open
 
 from tests.parity.harness import ParityCase, make_hf_checkpoint, random_tokens
-from tests.parity.test_parity import VOCAB, llama, qwen3
+from tests.parity.test_parity import VOCAB, gemma2, llama, mistral, phi3, qwen2, qwen3
 from titanium.checkpoint.hf import export_hf, load_hf_weights, read_hf_config
 from titanium.config.sections import LoRASection
 from titanium.models import get_model_spec
@@ -25,10 +27,28 @@ peft = pytest.importorskip("peft")
 transformers = pytest.importorskip("transformers")
 
 ATOL = 1e-5
-CASES = [
-    pytest.param(llama(n_kv_heads=2, tied=False), ["attention", "mlp", "output"], id="llama3-gqa-untied"),
-    pytest.param(qwen3(tied=True), ["attention", "mlp"], id="qwen3-tied"),
-]
+LLAMA_NAMES = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
+CASES = [  # (case, our targets, PEFT target_modules, PEFT modules per layer)
+    pytest.param(
+        llama(n_kv_heads=2, tied=False), ["attention", "mlp", "output"], LLAMA_NAMES | {"lm_head"}, 7,
+        id="llama3-gqa-untied",
+    ),
+    pytest.param(qwen3(tied=True), ["attention", "mlp"], LLAMA_NAMES, 7, id="qwen3-tied"),
+    pytest.param(qwen2(tied=False, kv_heads=1), ["attention", "mlp"], LLAMA_NAMES, 7, id="qwen2-biases"),
+    pytest.param(
+        mistral(window=8, head_dim=24), ["attention"], {"q_proj", "k_proj", "v_proj", "o_proj"}, 4, id="mistral"
+    ),
+    # Phi-3's fused tensors: one stacked adapter per fused module, all of its parts or some of them.
+    pytest.param(
+        phi3(window=8, kv_heads=4), ["attention", "mlp"], {"qkv_proj", "o_proj", "gate_up_proj", "down_proj"}, 4,
+        id="phi3-fused",
+    ),
+    pytest.param(phi3(window=None, kv_heads=2), ["wk", "w3"], {"qkv_proj", "gate_up_proj"}, 2, id="phi3-fused-parts"),
+    pytest.param(
+        gemma2(softcaps=(1.5, 2.0), window=8, layer_types=None, tied=True), ["attention", "mlp"], LLAMA_NAMES, 7,
+        id="gemma2",
+    ),
+]  # fmt: skip
 
 
 def _lora_model_from_hf(folder: Path, case: ParityCase, cfg: LoRASection):
@@ -51,8 +71,10 @@ def _lora_model_from_hf(folder: Path, case: ParityCase, cfg: LoRASection):
     return model.eval(), args, spec.hf_adapter
 
 
-@pytest.mark.parametrize(("case", "targets"), CASES)
-def test_peft_adapter_and_merged_export_match_titanium(case: ParityCase, targets: list[str], tmp_path: Path) -> None:
+@pytest.mark.parametrize(("case", "targets", "peft_targets", "per_layer"), CASES)
+def test_peft_adapter_and_merged_export_match_titanium(
+    case: ParityCase, targets: list[str], peft_targets: set[str], per_layer: int, tmp_path: Path
+) -> None:
     source = tmp_path / "hf"
     hf_model = make_hf_checkpoint(case, source)
     cfg = LoRASection(rank=4, alpha=8.0, target_modules=targets)
@@ -65,14 +87,16 @@ def test_peft_adapter_and_merged_export_match_titanium(case: ParityCase, targets
     out = export_peft_adapter(model, adapter, args, cfg, tmp_path / "adapter", base_model_name_or_path=str(source))
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["peft_type"] == "LORA" and config["r"] == 4 and config["lora_alpha"] == 8.0
-    expected_targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
-    assert set(config["target_modules"]) == expected_targets | ({"lm_head"} if "output" in targets else set())
+    assert set(config["target_modules"]) == peft_targets
     with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as f:
         keys = set(f.keys())
-    assert "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight" in keys
-    assert len(keys) == 2 * len(expected_targets) * 2 + (2 if "output" in targets else 0)
+    assert {key.split(".")[-3] for key in keys} == peft_targets  # (..., q_proj, lora_B, weight)
+    assert len(keys) == 2 * per_layer * 2 + (2 if "output" in targets else 0)
     assert not (tmp_path / ".adapter.partial").exists()
 
+    if case.model == "phi3" and targets == ["attention", "mlp"]:  # 3 (q, k, v) and 2 (gate, up) adapters stacked
+        assert config["rank_pattern"] == {"qkv_proj": 12, "gate_up_proj": 8}
+        assert config["alpha_pattern"] == {"qkv_proj": 24.0, "gate_up_proj": 16.0}
     with_adapter = peft.PeftModel.from_pretrained(hf_model, out).eval()
     with torch.no_grad():
         diff = (with_adapter(input_ids=tokens).logits - ours).abs().max().item()

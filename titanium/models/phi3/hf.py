@@ -4,7 +4,8 @@ Phi-3 stores each block's query, key and value projections as one ``qkv_proj`` (
 and the SwiGLU gate and up projections as one ``gate_up_proj`` (rows: gate, then up). titanium keeps them apart
 (so tensor parallelism shards whole heads and LoRA targets each projection): loading splits the fused tensors
 by the model's head counts and widths, saving concatenates them again, so the round trip is exact. The q/k
-rows get the RoPE permutation before fusing, as Llama's ``wq``/``wk`` do.
+rows get the RoPE permutation before fusing, as Llama's ``wq``/``wk`` do. Saving some parts alone (a LoRA
+``B`` of ``wq`` only, for a PEFT adapter) fills the other parts' rows with zeros.
 
 LongRoPE (``rope_scaling`` of type ``longrope``/``su``, the 128k-context variants) and partial rotary
 embeddings (Phi-4-mini) are refused.
@@ -68,10 +69,13 @@ class Phi3HFAdapter(WindowedHFAdapter):
                 rest[key] = value
         out = super().to_hf(rest, args)
         for hf, tensors in parts.items():
-            order = FUSED[hf.split(".", 3)[3]]  # (model.layers.N.<name>)
-            if set(tensors) != set(order):
-                raise ValueError(f"{hf} fuses {', '.join(order)}; got only {', '.join(sorted(tensors))}")
-            out[hf] = torch.cat([tensors[part] for part in order])
+            name = hf.split(".", 3)[3]  # (model.layers.N.<name>)
+            like = next(iter(tensors.values()))  # a part absent here (a LoRA B of wq alone) is rows of zeros
+            pieces = [
+                tensors[part] if part in tensors else like.new_zeros(size, *like.shape[1:])
+                for part, size in zip(FUSED[name], _split_sizes(args, name), strict=True)
+            ]
+            out[hf] = torch.cat(pieces)
         return out
 
     def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
