@@ -13,8 +13,11 @@ import json
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
+import torch.distributed as dist
 
+from tests.helpers import REPO
 from titanium.checkpoint.hf import hf_model_args
 from titanium.config.reference import render_reference
 from titanium.generation.generate import generate
@@ -23,6 +26,7 @@ from titanium.models import get_model_spec, list_models
 from titanium.models.common.decoder import Decoder, DecoderArgs
 from titanium.models.flops import count_params_on_meta
 from titanium.models.hf_adapter import HFConfigError
+from titanium.tools.dry_run import dry_run
 from titanium.trainers.base import ModelOutput
 from titanium.trainers.cross_entropy import TokenCrossEntropy, cross_entropy_sum
 
@@ -229,3 +233,31 @@ def test_gemma2_meta_init_and_window_rules() -> None:
     assert [model.layers[str(i)].attention.window for i in range(6)] == [512, None] * 3
     # A window as long as the rows hides nothing: those layers take the plain causal path.
     assert dataclasses.replace(args, max_seq_len=512).window(0) is None
+
+
+# ----- shipped configs -----
+
+CONFIGS = {  # each family's SFT and LoRA configs, Llama 3.2 / 3.3's SFT ones: the world size their header gives
+    "qwen2_7b_sft": 8, "qwen2_7b_lora": 1, "mistral_7b_sft": 8, "mistral_7b_lora": 1, "phi3_mini_sft": 8,
+    "phi3_mini_lora": 1, "phi4_14b_sft": 8, "gemma2_2b_sft": 8, "gemma2_9b_sft": 8, "gemma2_9b_lora": 1,
+    "llama3_1b_sft": 8, "llama3_3b_sft": 8, "llama3_70b_sft": 64,
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_shipped_config_plans_from_the_published_config_json(name: str, tmp_path: Path, monkeypatch) -> None:
+    """Each config's parallel plan builds (the dry run, on a fake process group) with the architecture read from
+    a stand-in of the published checkpoint's config.json, as training would read it. The memory estimate of the
+    tightest one (Gemma 2 9B, 8 GPUs) fits an 80 GB GPU; the others' were measured to fit (docs/models.md)."""
+    monkeypatch.chdir(REPO)
+    path = REPO / "train_configs" / f"{name}.toml"
+    model = tomllib.loads(path.read_text())["model"]
+    spec = get_model_spec(model["name"])
+    (tmp_path / "config.json").write_text(json.dumps(spec.hf_adapter.to_hf_config(spec.flavors[model["flavor"]])))
+    try:
+        run = dry_run(["--job.config_file", str(path), "--checkpoint.initial_load_path", str(tmp_path)], CONFIGS[name])
+        assert run.model is not None
+        if name == "gemma2_9b_sft":
+            assert run.estimate_memory().fits(78)
+    finally:
+        dist.destroy_process_group()
