@@ -1,4 +1,5 @@
-"""Every family on the shared decoder trains under FSDP + TP (dp_shard 2 x tp 2, gloo) like one process.
+"""Every family on the shared decoder trains under FSDP + TP (dp_shard 2 x tp 2, gloo) like one process; Gemma 2
+also under CP + TP (cp 2 x tp 2).
 
 Each family's debug shape, saved by ``transformers`` with random weights and a sliding window shorter than the
 rows (Mistral, Phi-3, Gemma 2), trains 3 steps on synthetic data from that folder, once in one process and
@@ -7,7 +8,7 @@ tests' tolerances, tests/distributed/parity.py), and every exported weight to 1e
 tensor moved by 1.9e-5 or more). This checks each family's TP plan: Qwen2's biases sharded with their
 projections, Phi-3's fused tensors split from and fused back into a sharded model, Gemma 2's post-norms
 (sequence parallel), its soft-capped logits under loss parallelism and, with ``loss_chunk_size``, in the
-chunked vocabulary-parallel loss.
+chunked vocabulary-parallel loss, and its soft-capped attention over the keys context parallelism gathers.
 
 All jobs of a layout run in one launch (tests/distributed/jobs_worker.py): one torchrun start for the lot.
 """
@@ -40,19 +41,29 @@ OPTIMIZER = ["--optimizer.eps", "0.1"]
 rounding-level gradient differences (on entries whose gradient is zero in exact arithmetic, such as the key
 bias, which shifts every score of a query alike) stay rounding-level, instead of becoming lr-sized steps of
 either sign as they do with eps 1e-8."""
-JOBS = {  # name: (family, extra arguments)
-    **{family: (family, ()) for family in HF_CLASSES},
-    "gemma2-chunked": ("gemma2", ("--training.loss_chunk_size", "48")),
+FSDP_TP = ("--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "2")
+"""dp_shard 2 x tp 2: the same global batch as one process (2 data-parallel ranks of 2 rows against 4 rows)."""
+CP_TP = ("--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2")
+"""cp 2 x tp 2: each sequence split over 2 ranks, the same 4 rows."""
+CHUNKED = ("--training.loss_chunk_size", "48")
+JOBS = {  # name: (source, arguments in one process, arguments on 4 ranks)
+    **{family: (family, (), FSDP_TP) for family in ("qwen2", "mistral", "phi3", "gemma2")},
+    "gemma2-chunked": ("gemma2", CHUNKED, CHUNKED + FSDP_TP),
+    # Context parallelism runs Gemma 2's soft-capped attention over the gathered keys (its window must cover the
+    # rows: this source's 4096 tokens do; a shorter window is refused).
+    "gemma2-cp": ("gemma2-window4096", (), CP_TP),
 }
 
 
-def make_source(folder: Path, family: str) -> None:
-    """The family's debugmodel shape (2 layers, window 16 where the family has one) as transformers saves it."""
+def make_source(folder: Path, source: str) -> None:
+    """A family's debugmodel shape (2 layers; a window of 16, or of the 4096 the source's name gives, where the
+    family has one) as transformers saves it."""
+    family, _, window = source.partition("-window")
     spec = get_model_spec(family)
     config = spec.hf_adapter.to_hf_config(spec.flavors["debugmodel"])
     config.update(num_hidden_layers=2, max_position_embeddings=4096)
     if family != "qwen2":  # (Qwen2's window stays off, as in its checkpoints)
-        config["sliding_window"] = 16
+        config["sliding_window"] = int(window or 16)
     if family == "gemma2":
         config.update(layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=5.0)
     hf_cls = getattr(transformers, HF_CLASSES[family])
@@ -61,20 +72,19 @@ def make_source(folder: Path, family: str) -> None:
     model.save_pretrained(folder, max_shard_size="2MB")
 
 
-def run_jobs(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path], *extra: str) -> None:
-    """Every job of JOBS in one launch of ``nproc`` processes, into ``tmp_path / layout / <job>``."""
+def run_jobs(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path]) -> None:
+    """Every job of JOBS in one launch of ``nproc`` processes (1 or 4), into ``tmp_path / layout / <job>``."""
     common = ["--data.kind", "synthetic", "--training.steps", str(STEPS), "--checkpoint.last_save_in_hf"]
     common += OPTIMIZER
     jobs = [
         tiny_args(
             tmp_path / layout / name,
             *common,
-            *("--model.name", family),
-            *("--checkpoint.initial_load_path", str(sources[family]), "--checkpoint.initial_load_in_hf"),
-            *job_extra,
-            *extra,
+            *("--model.name", source.partition("-")[0]),
+            *("--checkpoint.initial_load_path", str(sources[source]), "--checkpoint.initial_load_in_hf"),
+            *(single if nproc == 1 else parallel),
         )
-        for name, (family, job_extra) in JOBS.items()
+        for name, (source, single, parallel) in JOBS.items()
     ]
     jobs_file = tmp_path / f"{layout}.json"
     jobs_file.write_text(json.dumps(jobs))
@@ -83,18 +93,14 @@ def run_jobs(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path], 
     assert result.returncode == 0, f"{layout} failed:\n{result.stderr[-4000:]}"
 
 
-def test_fsdp_tp_matches_one_process_for_every_family(tmp_path: Path) -> None:
-    sources = {family: tmp_path / f"source-{family}" for family in HF_CLASSES}
-    for family, folder in sources.items():
-        make_source(folder, family)
+def test_parallel_layouts_match_one_process_for_every_family(tmp_path: Path) -> None:
+    sources = {source: tmp_path / f"source-{source}" for source, _, _ in JOBS.values()}
+    for source, folder in sources.items():
+        make_source(folder, source)
     run_jobs(tmp_path, "single", 1, sources)
-    # (the same global batch: 2 data-parallel ranks of 2 rows each against 4 rows in one process)
-    run_jobs(
-        tmp_path, "fsdp2_tp2", 4, sources, "--parallelism.tensor_parallel_degree", "2",
-        "--training.local_batch_size", "2",
-    )  # fmt: skip
+    run_jobs(tmp_path, "parallel", 4, sources)
     for name in JOBS:
-        ref, run = tmp_path / "single" / name, tmp_path / "fsdp2_tp2" / name
+        ref, run = tmp_path / "single" / name, tmp_path / "parallel" / name
         losses, ref_losses = scalars(run / "tb"), scalars(ref / "tb")
         norms, ref_norms = scalars(run / "tb", "optim/grad_norm"), scalars(ref / "tb", "optim/grad_norm")
         assert sorted(losses) == list(range(1, STEPS + 1)), name
@@ -108,6 +114,6 @@ def test_fsdp_tp_matches_one_process_for_every_family(tmp_path: Path) -> None:
             torch.testing.assert_close(weights[key], value, atol=1e-6, rtol=0, msg=f"{name}: {key}")
             assert (value - start[key]).abs().max() > 1e-5, f"{name}: {key} did not move 10x the tolerance"
     # The chunked loss is the same loss: the same numbers as the full logits, in either layout.
-    for layout in ("single", "fsdp2_tp2"):
+    for layout in ("single", "parallel"):
         full, chunked = (scalars(tmp_path / layout / name / "tb") for name in ("gemma2", "gemma2-chunked"))
         assert full == pytest.approx(chunked, rel=1e-5), layout
