@@ -44,43 +44,54 @@ class DecoderHFAdapter(HFAdapter):
         problems = self.unsupported(config)
         if problems:
             raise HFConfigError("; ".join(problems))
-        theta = rope_config(config)[0]
-        args = DecoderArgs(
-            dim=config["hidden_size"],
-            n_layers=config["num_hidden_layers"],
-            n_heads=config["num_attention_heads"],
-            n_kv_heads=hf_config_value(config, "num_key_value_heads"),
-            head_dim=hf_config_value(config, "head_dim"),
-            ffn_dim=config["intermediate_size"],
-            vocab_size=config["vocab_size"],
-            norm_eps=float(config.get("rms_norm_eps", self.defaults["norm_eps"])),
-            rope_theta=self.defaults["rope_theta"] if theta is None else theta,
-            max_seq_len=config.get("max_position_embeddings", self.defaults["max_seq_len"]),
-            tie_word_embeddings=bool(
-                config.get("tie_word_embeddings", self.defaults.get("tie_word_embeddings", False))
-            ),
-            **self.args_from_config(config),
-        )
+        args = DecoderArgs(**decoder_fields(config, self.defaults), **self.args_from_config(config))
         return dataclasses.replace(args, **overrides)
 
     def to_hf_config(self, args: DecoderArgs) -> dict[str, Any]:
         return {
             "architectures": [self.architecture],
             "model_type": self.model_type,
-            "hidden_size": args.dim,
-            "intermediate_size": args.ffn_dim,
-            "num_hidden_layers": args.n_layers,
-            "num_attention_heads": args.n_heads,
-            "num_key_value_heads": args.n_kv_heads,
-            "head_dim": args.head_dim,
-            "vocab_size": args.vocab_size,
-            "max_position_embeddings": args.max_seq_len,
-            "rms_norm_eps": args.norm_eps,
-            "rope_theta": args.rope_theta,
-            "rope_scaling": None,
-            "tie_word_embeddings": args.tie_word_embeddings,
-            "attention_dropout": 0.0,
-            "initializer_range": 0.02,
-            "use_cache": True,
+            **decoder_config(args),
             **self.config_from_args(args),
         }
+
+
+def decoder_fields(config: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """The shape fields (``DecoderArgs``' names) that every family's ``config.json`` states alike; ``defaults``
+    (``rope_theta``, ``norm_eps``, ``max_seq_len``, optionally ``tie_word_embeddings``) fill what it leaves out.
+    ``KeyError`` names a missing shape field."""
+    theta = rope_config(config)[0]
+    return {
+        "dim": config["hidden_size"],
+        "n_layers": config["num_hidden_layers"],
+        "n_heads": config["num_attention_heads"],
+        "n_kv_heads": hf_config_value(config, "num_key_value_heads"),
+        "head_dim": hf_config_value(config, "head_dim"),
+        "ffn_dim": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "norm_eps": float(config.get("rms_norm_eps", defaults["norm_eps"])),
+        "rope_theta": defaults["rope_theta"] if theta is None else theta,
+        "max_seq_len": config.get("max_position_embeddings", defaults["max_seq_len"]),
+        "tie_word_embeddings": bool(config.get("tie_word_embeddings", defaults.get("tie_word_embeddings", False))),
+    }
+
+
+def decoder_config(args: DecoderArgs) -> dict[str, Any]:
+    """The ``config.json`` fields every family writes alike for a fresh model (no RoPE scaling, no dropout)."""
+    return {
+        "hidden_size": args.dim,
+        "intermediate_size": args.ffn_dim,
+        "num_hidden_layers": args.n_layers,
+        "num_attention_heads": args.n_heads,
+        "num_key_value_heads": args.n_kv_heads,
+        "head_dim": args.head_dim,
+        "vocab_size": args.vocab_size,
+        "max_position_embeddings": args.max_seq_len,
+        "rms_norm_eps": args.norm_eps,
+        "rope_theta": args.rope_theta,
+        "rope_scaling": None,
+        "tie_word_embeddings": args.tie_word_embeddings,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+    }
