@@ -245,6 +245,6 @@ def test_matches_transformers(case: ParityCase, tmp_path: Path) -> None:
 
     assert_round_trip(case, source, tmp_path / "out", model, args, ckpt)
     # What we wrote is a checkpoint transformers itself loads, with the same outputs.
-    reloaded = case.hf_model().from_pretrained(tmp_path / "out").eval()
+    reloaded = case.hf_model().from_pretrained(tmp_path / "out", attn_implementation="eager").eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=tokens).logits, hf_model.eval()(input_ids=tokens).logits)
