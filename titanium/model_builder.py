@@ -275,7 +275,11 @@ class ModelBuilder:
         if weights.hf_folder is not None:
             if built.spec.hf_adapter is None:
                 raise ConfigError(f"model {built.spec.name!r} has no Hugging Face adapter")
-            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args)
+            whole = None
+            if built.pipeline is not None:  # this rank holds some stages: check the file against the whole model
+                with torch.device("meta"):
+                    whole = {k: tuple(v.shape) for k, v in built.spec.model_cls(built.args).state_dict().items()}
+            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args, whole)
         elif weights.dcp_folder is not None:
             dcp.load({"model": ModelState(built.model)}, checkpoint_id=weights.dcp_folder)
             logger.info("loaded model weights from %s", weights.dcp_folder)

@@ -1,5 +1,5 @@
 """Every family on the shared decoder trains under FSDP + TP (dp_shard 2 x tp 2, gloo) like one process; Gemma 2
-also under CP + TP (cp 2 x tp 2).
+also under CP + TP (cp 2 x tp 2) and PP + TP (pp 2 x tp 2).
 
 Each family's debug shape, saved by ``transformers`` with random weights and a sliding window shorter than the
 rows (Mistral, Phi-3, Gemma 2), trains 3 steps on synthetic data from that folder, once in one process and
@@ -8,7 +8,9 @@ tests' tolerances, tests/distributed/parity.py), and every exported weight to 1e
 tensor moved by 1.9e-5 or more). This checks each family's TP plan: Qwen2's biases sharded with their
 projections, Phi-3's fused tensors split from and fused back into a sharded model, Gemma 2's post-norms
 (sequence parallel), its soft-capped logits under loss parallelism and, with ``loss_chunk_size``, in the
-chunked vocabulary-parallel loss, and its soft-capped attention over the keys context parallelism gathers.
+chunked vocabulary-parallel loss, its soft-capped attention over the keys context parallelism gathers, and
+pipeline stages holding only windowed or only global layers (the first scales the embeddings, the last caps the
+logits).
 
 All jobs of a layout run in one launch (tests/distributed/jobs_worker.py): one torchrun start for the lot.
 """
@@ -45,27 +47,34 @@ FSDP_TP = ("--parallelism.tensor_parallel_degree", "2", "--training.local_batch_
 """dp_shard 2 x tp 2: the same global batch as one process (2 data-parallel ranks of 2 rows against 4 rows)."""
 CP_TP = ("--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2")
 """cp 2 x tp 2: each sequence split over 2 ranks, the same 4 rows."""
+PP_TP = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2")
+"""pp 2 x tp 2: one block per stage (Gemma 2's windowed layer 0, its global layer 1), the same 4 rows."""
 CHUNKED = ("--training.loss_chunk_size", "48")
+GEMMA2 = {"layer_types": ["sliding_attention", "full_attention"], "attn_logit_softcapping": 5.0}
+SOURCES = {  # name: (family, config.json changes to the debugmodel shape with 2 layers)
+    "qwen2": ("qwen2", {}),  # (its window stays off, as in its checkpoints)
+    "mistral": ("mistral", {"sliding_window": 16}),
+    "phi3": ("phi3", {"sliding_window": 16}),
+    "gemma2": ("gemma2", {**GEMMA2, "sliding_window": 16}),
+    # Context parallelism needs the window to cover the rows (a shorter one is refused).
+    "gemma2-window4096": ("gemma2", {**GEMMA2, "sliding_window": 4096}),
+    # Pipeline stages cannot share a tied embedding (refused for every family), so this Gemma 2 is untied.
+    "gemma2-untied": ("gemma2", {**GEMMA2, "sliding_window": 16, "tie_word_embeddings": False}),
+}
 JOBS = {  # name: (source, arguments in one process, arguments on 4 ranks)
     **{family: (family, (), FSDP_TP) for family in ("qwen2", "mistral", "phi3", "gemma2")},
     "gemma2-chunked": ("gemma2", CHUNKED, CHUNKED + FSDP_TP),
-    # Context parallelism runs Gemma 2's soft-capped attention over the gathered keys (its window must cover the
-    # rows: this source's 4096 tokens do; a shorter window is refused).
     "gemma2-cp": ("gemma2-window4096", (), CP_TP),
+    "gemma2-pp": ("gemma2-untied", (), PP_TP),
 }
 
 
 def make_source(folder: Path, source: str) -> None:
-    """A family's debugmodel shape (2 layers; a window of 16, or of the 4096 the source's name gives, where the
-    family has one) as transformers saves it."""
-    family, _, window = source.partition("-window")
+    """A source of SOURCES as transformers saves it, every weight random."""
+    family, changes = SOURCES[source]
     spec = get_model_spec(family)
     config = spec.hf_adapter.to_hf_config(spec.flavors["debugmodel"])
-    config.update(num_hidden_layers=2, max_position_embeddings=4096)
-    if family != "qwen2":  # (Qwen2's window stays off, as in its checkpoints)
-        config["sliding_window"] = int(window or 16)
-    if family == "gemma2":
-        config.update(layer_types=["sliding_attention", "full_attention"], attn_logit_softcapping=5.0)
+    config.update(num_hidden_layers=2, max_position_embeddings=4096, **changes)
     hf_cls = getattr(transformers, HF_CLASSES[family])
     model = hf_cls(hf_cls.config_class(**config))
     randomize_(model, seed=0)
@@ -80,7 +89,7 @@ def run_jobs(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path]) 
         tiny_args(
             tmp_path / layout / name,
             *common,
-            *("--model.name", source.partition("-")[0]),
+            *("--model.name", SOURCES[source][0]),
             *("--checkpoint.initial_load_path", str(sources[source]), "--checkpoint.initial_load_in_hf"),
             *(single if nproc == 1 else parallel),
         )

@@ -236,26 +236,39 @@ def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: M
         raise HFCheckpointError(f"{ckpt.folder} does not fit the model: " + "; ".join(problems))
 
 
-def load_hf_weights(model: nn.Module, folder: str | os.PathLike, adapter: HFAdapter, args: Any) -> HFCheckpoint:
+def load_hf_weights(
+    model: nn.Module,
+    folder: str | os.PathLike,
+    adapter: HFAdapter,
+    args: Any,
+    whole: Mapping[str, tuple[int, ...]] | None = None,
+) -> HFCheckpoint:
     """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded); returns its description.
 
     Collective when the model is sharded: every rank must call it. The checks run on every rank from
     the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
     adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values.
+
+    ``whole`` (ours -> shape): the whole model's weights, when ``model`` holds only some of them (this rank's
+    pipeline stages). The checkpoint is checked against the whole model, and every rank reads the tensors of its
+    own stages (rank 0 has not got the others' to send).
     """
     ckpt = HFCheckpoint.open(folder)
     model_state = model.state_dict()
     base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k)}
-    check_hf_keys(ckpt, adapter, args, base)
+    check_hf_keys(ckpt, adapter, args, base if whole is None else whole)
     strict = len(base) == len(model_state)
     sharded = any(isinstance(v, DTensor) for v in model_state.values())
+    partial = whole is not None and set(base) != set(whole)
     rank = dist.get_rank() if dist.is_initialized() else 0
     full: dict[str, torch.Tensor] = {}
-    if rank == 0 or not sharded:
-        full = adapter.from_hf(ckpt.read(), args)
-        full = {k: v.to(model_state[k].dtype) for k, v in full.items()}
+    if rank == 0 or not sharded or partial:
+        meta = {key: torch.empty(shape, device="meta") for key, shape in base.items()}
+        mine = [key for key in adapter.to_hf(meta, args) if key in ckpt.shapes]  # (a tied lm_head is not needed)
+        full = adapter.from_hf(ckpt.read(mine), args)
+        full = {k: v.to(model_state[k].dtype) for k, v in full.items() if k in base}
     if sharded:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=not partial, strict=strict)
         set_model_state_dict(model, full, options=options)
     else:
         with torch.no_grad():
