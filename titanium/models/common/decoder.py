@@ -118,6 +118,9 @@ class FamilyArgs(Protocol):
     def decoder_args(self) -> DecoderArgs: ...
 
 
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
 def unit_generator(seed: int, name: str, device: torch.device | str) -> torch.Generator:
     """A generator for the weights of the module called ``name``, seeded by the run seed and the name.
 
@@ -195,6 +198,13 @@ class Decoder(nn.Module):
         rope_cos, rope_sin = self._rope_tables(device=None)
         self.register_buffer("rope_cos", rope_cos, persistent=False)
         self.register_buffer("rope_sin", rope_sin, persistent=False)
+        # Gemma multiplies the embeddings by sqrt(dim) as a tensor of the activations' dtype: the value rounded so,
+        # per dtype (plain floats: no tensor, host sync or graph break in the forward).
+        self.embedding_scale = (
+            {dt: torch.tensor(args.dim**0.5, dtype=dt, device="cpu").item() for dt in _FLOAT_DTYPES}
+            if args.scale_embeddings
+            else None
+        )
         self.layers = nn.ModuleDict({str(layer_id): DecoderBlock(layer_id, args) for layer_id in range(args.n_layers)})
         self.norm: RMSNorm | None = RMSNorm(args.dim, eps=args.norm_eps, unit_offset=args.norm_unit_offset)
         self.output: nn.Linear | None = nn.Linear(args.dim, args.vocab_size, bias=False)
@@ -247,8 +257,8 @@ class Decoder(nn.Module):
         h = tokens
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens)
-            if self.args.scale_embeddings:  # by sqrt(dim) rounded to the activations' dtype, as Gemma does
-                h = h * torch.tensor(self.args.dim**0.5, dtype=h.dtype).item()
+            if self.embedding_scale is not None:
+                h = h * self.embedding_scale[h.dtype]
         if positions is None and kv_cache is None and self._masked_windows(h.device, document_ids is not None):
             positions = torch.arange(h.shape[1], device=h.device)  # (the masks are built from positions)
         inputs = AttentionInputs(self.rope_cos, self.rope_sin, positions, document_ids)
