@@ -25,9 +25,16 @@ class JobSection:
 @dataclass
 class ModelSection:
     name: str = "llama3"
-    """Model family, a key of the model registry (titanium.models)."""
+    """Model family, a key of the model registry (titanium.models): llama3 (Llama 3.1/3.2/3.3), qwen3 (Qwen3
+    dense), qwen2 (Qwen2/2.5), mistral (Mistral 7B, NeMo), phi3 (Phi-3, Phi-4), gemma2 (Gemma 2)."""
     flavor: str = "debugmodel"
-    """Size preset of the family, e.g. debugmodel, 1B, 8B, 70B, 405B for llama3."""
+    """Size preset of the family, with its parameter count: llama3: debugmodel (5.68M), 1B (1.24B), 3B (3.21B),
+    8B (8.03B), 70B (70.6B), 405B (406B); qwen3: debugmodel (6.48M), 0.6B (596M), 1.7B (1.72B), 4B (4.02B),
+    8B (8.19B), 14B (14.8B), 32B (32.8B); qwen2: debugmodel (5.11M), 0.5B (494M), 1.5B (1.54B), 3B (3.09B),
+    7B (7.62B), 14B (14.8B), 32B (32.8B), 72B (72.7B); mistral: debugmodel (5.68M), 7B (7.25B), NeMo-12B (12.2B);
+    phi3: debugmodel (5.88M), mini (3.82B), medium (14B), phi4-14B (14.7B); gemma2: debugmodel (5.3M), 2B (2.61B),
+    9B (9.24B), 27B (27.2B). Not used when the run starts from a Hugging Face folder
+    (checkpoint.initial_load_in_hf): its config.json gives the shape."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Kernel for masked attention (packed documents, context parallelism); rows without documents always use
     causal SDPA. flex: FlexAttention with block masks built once per batch, so masked blocks cost nothing (CUDA
@@ -268,9 +275,9 @@ class CheckpointSection:
     """With initial_load_path (a titanium step-N folder): load only the model weights, not the
     optimizer, schedule and data position (fine-tuning from a pretrained run)."""
     initial_load_in_hf: bool = False
-    """initial_load_path is a Hugging Face checkpoint folder. Its config.json must match [model]
-    flavor (the error lists each mismatching field); the model takes the checkpoint's vocabulary
-    size (the tokenizer may have fewer ids, never more). Only safetensors are read."""
+    """initial_load_path is a Hugging Face checkpoint folder of the [model] name family. Its config.json
+    gives the architecture and vocabulary size ([model] flavor is not used; the tokenizer may have fewer
+    ids, never more). Only safetensors are read."""
     last_save_in_hf: bool = False
     """At the end of training, also write the model as a Hugging Face checkpoint to hf_folder. A run
     that started from a Hugging Face folder is written with its keys, files, index and config.json,

@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from titanium.models.common.decoder import Decoder
+
 
 def count_params(model: nn.Module, exclude_embedding: bool = False) -> int:
     """Number of distinct parameters; works on meta-device models (reads shapes only).
@@ -53,3 +55,11 @@ def count_params_on_meta(model_cls: Callable[[Any], nn.Module], args: Any, exclu
     with torch.device("meta"):
         model = model_cls(args)
     return count_params(model, exclude_embedding=exclude_embedding)
+
+
+def dense_flops_per_token(args: Any, seq_len: int) -> float:
+    """Training FLOPs per token of the shared ``Decoder`` built from ``args`` (any family's; see
+    ``decoder_flops_per_token``). Sliding-window layers are counted as global ones, as MFU conventions do."""
+    d = args.decoder_args()
+    num_params = count_params_on_meta(Decoder, d, exclude_embedding=True)
+    return decoder_flops_per_token(num_params, d.n_layers, d.n_heads, d.head_dim, seq_len)

@@ -43,6 +43,12 @@ def rope_rows_from_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
+def split_layer_key(key: str) -> tuple[str, str] | None:
+    """``layers.3.attention.wq.weight`` -> ``("3", "attention.wq.weight")``; None outside the blocks."""
+    match = _OURS_LAYER.match(key)
+    return None if match is None else (match.group(1), match.group(2))
+
+
 def scaling_to_hf(scaling: RopeScaling | None) -> dict[str, Any] | None:
     if scaling is None:
         return None
@@ -152,7 +158,7 @@ class HFAdapter:
     def config_fields(self, args: Any) -> dict[str, tuple[str, Any]]:
         """The architecture as ``config.json`` states it: HF field -> (our field name, value).
 
-        Used to check a checkpoint against a flavor; ``vocab_size`` and the maximum length are
+        Used to say how a checkpoint differs from a flavor; ``vocab_size`` and the maximum length are
         left out on purpose (the vocabulary comes from the checkpoint, the length from training).
         Read from the family's decoder arguments, which every family here has.
         """
@@ -178,21 +184,13 @@ class HFAdapter:
         """A ``config.json`` dict that ``transformers`` loads as this architecture."""
         raise NotImplementedError
 
-    def check_hf_config(self, config: Mapping[str, Any], args: Any, *, source: str, flavor: str) -> None:
-        """Raise ``HFConfigError`` listing every field of ``config`` that disagrees with ``args``."""
-        problems = []
-        model_type = config.get("model_type")
-        if model_type != self.model_type:
-            problems.append(f"model_type {model_type!r} != {self.model_type!r}")
-        for hf_name, (our_name, expected) in self.config_fields(args).items():
-            actual = hf_config_value(config, hf_name)
-            if not _same(actual, expected):
-                problems.append(f"{hf_name} {actual!r} != flavor {flavor} {our_name} {expected!r}")
-        problems.extend(self.unsupported(config))
-        if problems:
-            raise HFConfigError(
-                f"{source} does not match --model.flavor {flavor} ({self.model_type}): " + "; ".join(problems)
-            )
+    def differences(self, config: Mapping[str, Any], args: Any) -> list[str]:
+        """The architecture fields of ``config`` that differ from ``args``, e.g. ``hidden_size 128 != dim 256``."""
+        return [
+            f"{hf_name} {actual!r} != {our_name} {expected!r}"
+            for hf_name, (our_name, expected) in self.config_fields(args).items()
+            if not _same(actual := hf_config_value(config, hf_name), expected)
+        ]
 
     def unsupported(self, config: Mapping[str, Any]) -> list[str]:
         """Features in ``config`` that this implementation does not have (each one a message)."""

@@ -34,3 +34,6 @@ class ModelSpec(Generic[A]):
     """The family's tensor-parallel plan (``models/<family>/parallelize.py``); None: no tensor parallelism."""
     hf_adapter: HFAdapter | None = None
     """Converts weights and config.json to and from the Hugging Face format; None if absent."""
+    chat_template: str | None = None
+    """The built-in chat format (``--sft.chat_template`` value) of the family's instruct models, used by ``auto``
+    when the tokenizer brings no template of its own; None: the tokenizer's template is required."""

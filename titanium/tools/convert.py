@@ -28,7 +28,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, read_hf_config, save_hf_weights, shard_size_bytes
+from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, hf_model_args, save_hf_weights, shard_size_bytes
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
@@ -68,7 +68,7 @@ def dcp_to_hf(
         raise UserError(f"model {model!r} has no Hugging Face adapter")
     shapes = _checkpoint_shapes(checkpoint)
     if source is not None:
-        args = spec.hf_adapter.from_hf_config(read_hf_config(source))
+        args = hf_model_args(spec, source)
     elif flavor is not None:
         if flavor not in spec.flavors:
             raise UserError(f"unknown flavor {flavor!r} for {model}; valid: {', '.join(spec.flavors)}")

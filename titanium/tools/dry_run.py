@@ -9,7 +9,8 @@ default cuda). The report lists each parameter's placements and local shard shap
 memory of the rank and what fills it (titanium/tools/memory_estimate.py says how), against
 ``--device_memory_gib`` (default 78: about what PyTorch gets of an 80 GB H100). Exit code 0: the plan is valid
 and fits; 1: it does not fit; 2: the plan is invalid. ``--no_memory`` skips the estimate. The tokenizer is not
-read: the vocabulary is the flavor's.
+read: the vocabulary is the flavor's, or, for a run that starts from a Hugging Face folder
+(``--checkpoint.initial_load_in_hf``), the architecture and vocabulary are its config.json's (no weights are read).
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = 
     checks on ``device_type``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    # The dry run never reads the tokenizer (the flavor gives the vocabulary), so it may be absent.
+    # The dry run never reads the tokenizer (the flavor or config.json gives the vocabulary), so it may be absent.
     cfg = load_config([*argv, "--tokenizer.kind", "byte"])
     dims = check_job(cfg, world_size)
     check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
@@ -141,7 +142,7 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = 
     )
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
-    spec, args = builder.resolve(cfg.model, seq_len=t.seq_len)
+    spec, args = builder.resolve(cfg.model, seq_len=t.seq_len, checkpoint=cfg.checkpoint)
     converters = partial(
         build_converters,
         lora=cfg.lora,
