@@ -151,7 +151,11 @@ def test_dora_rslora_adapter_gradients_and_merge_match_peft(
     assert config["use_dora"] is True and config["use_rslora"] is True
     with safe_open(str(out / "adapter_model.safetensors"), framework="pt") as f:
         keys = set(f.keys())
-    assert {key.removesuffix(".weight").rsplit(".", 1)[-1] for key in keys} == {"lora_A", "lora_B", "lora_magnitude_vector"}
+    assert {key.removesuffix(".weight").rsplit(".", 1)[-1] for key in keys} == {
+        "lora_A",
+        "lora_B",
+        "lora_magnitude_vector",
+    }
 
     with_adapter = peft.PeftModel.from_pretrained(hf_model, out, is_trainable=True)
     theirs = with_adapter(input_ids=tokens).logits
