@@ -163,7 +163,8 @@ def hf_model_args(spec: Any, args: Any, cfg: CheckpointSection, *, flavor: str, 
     Without ``initial_load_in_hf`` only checks that an export is possible. With it, the flavor must
     match ``config.json`` field by field (the error lists each mismatch) and the vocabulary becomes
     the checkpoint's, since its embedding table is loaded as is; the tokenizer may have fewer ids
-    (Qwen pads its table) but never more.
+    (Qwen pads its table) but never more. What the adapter lets the checkpoint decide (an MoE model's
+    dense layers, its router settings) is taken from ``config.json`` too.
     """
     if spec.hf_adapter is None and (cfg.initial_load_in_hf or cfg.last_save_in_hf):
         raise HFCheckpointError(
@@ -185,25 +186,20 @@ def hf_model_args(spec: Any, args: Any, cfg: CheckpointSection, *, flavor: str, 
         )
     if tokenizer_vocab < vocab:
         logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
-    return dataclasses.replace(args, vocab_size=vocab)
+    return dataclasses.replace(args, vocab_size=vocab, **adapter.checkpoint_overrides(config))
 
 
 def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: Mapping[str, tuple[int, ...]]) -> None:
     """Fail, naming keys, unless ``ckpt`` holds exactly the weights ``expected`` (ours -> shape)."""
+    wanted = adapter.hf_shapes(expected, args)
     tied = adapter.tied(args)
-    unknown, mapped = [], {}
-    for hf_key in ckpt.shapes:
-        ours = adapter.our_key(hf_key)
-        if ours is None or ours not in expected:
-            unknown.append(hf_key)
-        elif not (tied and ours == adapter.output_key):
-            mapped[ours] = hf_key
-    needed = {k for k in expected if not (tied and k == adapter.output_key)}
-    missing = [adapter.hf_key(k) for k in needed - set(mapped)]
+    # A tied checkpoint may store lm_head anyway (it is ignored on load).
+    unknown = [k for k in ckpt.shapes if k not in wanted and not (tied and adapter.our_key(k) == adapter.output_key)]
+    missing = [k for k in wanted if k not in ckpt.shapes]
     wrong = [
-        f"{hf} {list(ckpt.shapes[hf])} (model expects {list(expected[ours])})"
-        for ours, hf in mapped.items()
-        if tuple(ckpt.shapes[hf]) != tuple(expected[ours])
+        f"{k} {list(ckpt.shapes[k])} (model expects {list(shape)})"
+        for k, shape in wanted.items()
+        if k in ckpt.shapes and tuple(ckpt.shapes[k]) != tuple(shape)
     ]
     problems = []
     if missing:
@@ -221,11 +217,12 @@ def load_hf_weights(model: nn.Module, folder: str | os.PathLike, adapter: HFAdap
 
     Collective when the model is sharded: every rank must call it. The checks run on every rank from
     the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
-    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values.
+    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format
+    has no slot for (an MoE's routing bias).
     """
     ckpt = HFCheckpoint.open(folder)
     model_state = model.state_dict()
-    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k)}
+    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
     check_hf_keys(ckpt, adapter, args, base)
     strict = len(base) == len(model_state)
     sharded = any(isinstance(v, DTensor) for v in model_state.values())

@@ -62,5 +62,6 @@ def build_model_args(spec: ModelSpec, flavor: str, **overrides: Any) -> Any:
 # Imported last: the family packages call register_model, defined above.
 import titanium.models.llama3  # noqa: E402, F401
 import titanium.models.qwen3  # noqa: E402, F401
+import titanium.models.qwen3_moe  # noqa: E402, F401
 
 __all__ = ["ModelSpec", "build_model_args", "get_model_spec", "list_models", "register_model"]

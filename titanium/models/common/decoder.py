@@ -22,6 +22,7 @@ from titanium.models.common.attention import Attention, AttentionInputs, documen
 from titanium.models.common.attention_kernels import AttentionBackend, document_block_mask, masked_kernel
 from titanium.models.common.feed_forward import FeedForward
 from titanium.models.common.kv_cache import KVCache
+from titanium.models.common.moe import MoE, MoEArgs
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import RopeScaling, precompute_rope_tables
 
@@ -48,6 +49,14 @@ class DecoderArgs:
     """Per-head RMSNorm of queries and keys before RoPE (Qwen3); None for none (Llama)."""
     tie_word_embeddings: bool = False
     """Share the input embedding matrix with the output projection."""
+    moe: MoEArgs | None = None
+    """The Mixture-of-Experts feed-forward of the layers in ``moe_layers``; None for a dense model."""
+    moe_layers: frozenset[int] = frozenset()
+    """Layers whose feed-forward is ``moe`` instead of a SwiGLU of width ``ffn_dim``."""
+
+    def __post_init__(self) -> None:
+        if self.moe_layers and self.moe is None:
+            raise ValueError("moe_layers are set but moe is None")
 
 
 class FamilyArgs(Protocol):
@@ -75,26 +84,31 @@ def _trunc_normal(weight: torch.Tensor, std: float, generator: torch.Generator) 
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``."""
+    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``, where ``ffn`` is a SwiGLU
+    (``feed_forward``) or, in the ``moe_layers`` of an MoE model, a Mixture of Experts (``moe``)."""
 
     def __init__(self, layer_id: int, args: DecoderArgs) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(args.dim, eps=args.norm_eps)
         self.attention = Attention(args.dim, args.n_heads, args.n_kv_heads, args.head_dim, args.qk_norm_eps)
         self.ffn_norm = RMSNorm(args.dim, eps=args.norm_eps)
-        self.feed_forward = FeedForward(args.dim, args.ffn_dim)
+        sparse = args.moe is not None and layer_id in args.moe_layers
+        self.feed_forward = None if sparse else FeedForward(args.dim, args.ffn_dim)
+        self.moe = MoE(args.dim, args.moe) if sparse and args.moe is not None else None
         # Depth-scaled init for the matrices writing into the residual stream.
         self.out_init_std = 0.02 / math.sqrt(2 * (layer_id + 1))
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), inputs)
-        return h + self.feed_forward(self.ffn_norm(h))
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        return h + ffn(self.ffn_norm(h))
 
     def init_weights(self, generator: torch.Generator) -> None:
         self.attention_norm.reset_parameters()
         self.attention.init_weights(self.out_init_std, generator=generator)
         self.ffn_norm.reset_parameters()
-        self.feed_forward.init_weights(self.out_init_std, generator=generator)
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        ffn.init_weights(self.out_init_std, generator=generator)
 
 
 class Decoder(nn.Module):
