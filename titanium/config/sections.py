@@ -209,6 +209,28 @@ class ParallelismSection:
     context_parallel_degree: int = 1
     """Context parallel degree: each sequence is split over this many ranks (head-tail load balanced);
     attention all-gathers keys and values. For long sequences; training.seq_len must divide by 2 x this."""
+    expert_parallel_degree: int = 1
+    """Expert parallel degree (MoE models): each MoE layer's experts are divided over this many ranks, which
+    send every token to the ranks holding its experts and back (two all-to-alls per layer). The ranks are
+    borrowed from the data-parallel shard dimension (data_parallel_shard_degree x context_parallel_degree
+    must be a multiple of it), so it needs no extra GPUs; FSDP shards the experts over what is left."""
+
+
+@dataclass
+class MoESection:
+    load_balance: Literal["aux_loss", "bias", "none"] = "aux_loss"
+    """How an MoE model keeps its experts evenly loaded (dense models ignore [moe]). aux_loss: the Switch-style
+    auxiliary loss transformers trains Qwen3-MoE with, weighted by aux_loss_coef and added to the objective's
+    loss (its statistics are summed over the data-parallel ranks first, so any layout gives one process's value;
+    not with pipeline parallelism). bias: DeepSeek-V3's aux-loss-free balancing, a per-expert bias added to the
+    router scores only to choose experts, moved after every optimizer step towards an even load (Qwen3-MoE's
+    Hugging Face format has no slot for it, so such a model cannot be exported there). none: neither."""
+    aux_loss_coef: float | None = None
+    """Weight of the auxiliary loss; unset: the model's own (router_aux_loss_coef of its config.json, 0.001
+    for the Qwen3-MoE flavors)."""
+    bias_update_rate: float = 0.001
+    """Step of the aux-loss-free bias update, per layer: bias += rate x sign(mean load - expert load), from the
+    tokens each expert received in the optimizer step (summed over all ranks)."""
 
 
 @dataclass
@@ -614,6 +636,7 @@ class JobConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
     parallelism: ParallelismSection = field(default_factory=ParallelismSection)
+    moe: MoESection = field(default_factory=MoESection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     activation_checkpoint: ActivationCheckpointSection = field(default_factory=ActivationCheckpointSection)
     compile: CompileSection = field(default_factory=CompileSection)

@@ -14,13 +14,15 @@ Load balancing has two hooks here, used by ``titanium/moe_balance.py``:
 - ``expert_bias`` (a persistent buffer, zero unless aux-loss-free balancing trains it) is added to the scores
   only to *choose* the experts; the gate weights come from the unbiased scores (DeepSeek-V3);
 - ``tokens_per_expert`` accumulates the choices of each training forward (not again when activation
-  checkpointing recomputes it), and with ``keep_routing_stats`` the last forward's counts and score sums stay
-  in ``routing_stats`` for the Switch-style auxiliary loss (``switch_aux_loss``).
+  checkpointing recomputes it, nor inside ``uncounted``), and with ``keep_routing_stats`` the last forward's
+  counts and score sums stay in ``routing_stats`` for the Switch-style auxiliary loss (``switch_aux_loss``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -109,7 +111,7 @@ def expert_swiglu(
     starts = counts.cumsum(0) - counts
     expert = torch.repeat_interleave(torch.arange(len(sizes), device=x.device), counts, output_size=x.shape[0])
     slot = expert * width + torch.arange(x.shape[0], device=x.device) - starts[expert]
-    padded = x.new_zeros(len(sizes) * width, x.shape[1]).index_copy(0, slot, x).view(len(sizes), width, -1)
+    padded = x.new_zeros(len(sizes) * width, x.shape[1]).index_copy(0, slot, x).view(len(sizes), width, x.shape[1])
     hidden = F.silu(torch.bmm(padded, w1.transpose(-2, -1))) * torch.bmm(padded, w3.transpose(-2, -1))
     return torch.bmm(hidden, w2.transpose(-2, -1)).flatten(0, 1).index_select(0, slot)
 
@@ -176,6 +178,8 @@ class MoE(nn.Module):
         self.keep_routing_stats = False
         """Keep ``routing_stats`` of each forward (the auxiliary loss); set by the load balancer."""
         self.routing_stats: RoutingStats | None = None
+        self.counting = True
+        """Whether training forwards count (see ``uncounted``)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., D]`` -> ``[..., D]``."""
@@ -195,7 +199,8 @@ class MoE(nn.Module):
 
     def _record(self, counts: torch.Tensor, scores: torch.Tensor, tokens: int) -> None:
         # The first run of a training forward only: activation checkpointing repeats it inside the backward.
-        if not (self.training and torch.is_grad_enabled()) or torch._C._current_graph_task_id() != -1:
+        recomputing = torch._C._current_graph_task_id() != -1
+        if not (self.counting and self.training and torch.is_grad_enabled()) or recomputing:
             return
         self.tokens_per_expert += counts
         if self.keep_routing_stats:
@@ -233,3 +238,18 @@ def moe_layers(model: nn.Module) -> dict[int, MoE]:
             assert match, f"an MoE outside a numbered block: {name}"
             found[int(match.group(1))] = module
     return dict(sorted(found.items()))
+
+
+@contextlib.contextmanager
+def uncounted(model: nn.Module) -> Iterator[None]:
+    """Forwards of ``model`` inside do not count towards load balancing: runs that are not training steps but
+    look like them (torch 2.13's pipeline stages infer their shapes with a training forward on their first
+    step)."""
+    layers = list(moe_layers(model).values())
+    for layer in layers:
+        layer.counting = False
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.counting = True
