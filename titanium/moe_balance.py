@@ -115,6 +115,31 @@ class LoadBalancer:
         return out
 
 
+def check_moe_config(cfg: MoESection, args: FamilyArgs, *, pipeline: bool, hf_export_adapter: HFAdapter | None) -> None:
+    """``[moe]`` against the model and the job (a preflight check too): the aux loss needs all layers in one
+    backward (no pipeline stages) and a coefficient; a bias needs a slot in the format the run exports to."""
+    if args.decoder_args().moe is None:
+        return
+    if cfg.load_balance == "aux_loss" and pipeline:
+        raise ConfigError(
+            "--moe.load_balance aux_loss sums router statistics over all layers before the backward, which pipeline "
+            "stages cannot; use --moe.load_balance bias (or none) with --parallelism.pipeline_parallel_degree > 1"
+        )
+    if cfg.load_balance == "aux_loss" and cfg.aux_loss_coef is None and _model_aux_coef(args) is None:
+        raise ConfigError("--moe.aux_loss_coef: this model family has no default; set it (e.g. 0.001)")
+    if cfg.load_balance == "bias" and hf_export_adapter is not None:
+        if not hf_export_adapter.has_hf_slot("layers.0.moe.expert_bias"):
+            raise ConfigError(
+                "--moe.load_balance bias trains a routing bias that the Hugging Face "
+                f"{hf_export_adapter.model_type} format has no slot for, so --checkpoint.last_save_in_hf could "
+                "not export the model; use --moe.load_balance aux_loss, or unset --checkpoint.last_save_in_hf"
+            )
+
+
+def _model_aux_coef(args: FamilyArgs) -> float | None:
+    return getattr(args, "router_aux_loss_coef", None)
+
+
 def build_load_balancer(
     cfg: MoESection,
     model: nn.Module,
@@ -126,27 +151,13 @@ def build_load_balancer(
     hf_export_adapter: HFAdapter | None,
 ) -> LoadBalancer | None:
     """The balancer of an MoE model (``args`` are the family's; ``model`` this rank's parameters), None for a dense
-    one. ``hf_export_adapter``: the family's HF adapter when the run ends with an HF export (refused up front if
-    the bias would have no slot there)."""
+    one. ``hf_export_adapter``: the family's HF adapter when the run ends with an HF export."""
     if args.decoder_args().moe is None:
         if cfg != MoESection():
             logger.warning("[moe] settings are ignored: %s is a dense model", type(model).__name__)
         return None
-    if cfg.load_balance == "aux_loss" and pp_group is not None:
-        raise ConfigError(
-            "--moe.load_balance aux_loss sums router statistics over all layers before the backward, which pipeline "
-            "stages cannot; use --moe.load_balance bias (or none) with --parallelism.pipeline_parallel_degree > 1"
-        )
-    if cfg.load_balance == "bias" and hf_export_adapter is not None:
-        if not hf_export_adapter.has_hf_slot("layers.0.moe.expert_bias"):
-            raise ConfigError(
-                "--moe.load_balance bias trains a routing bias that the Hugging Face "
-                f"{hf_export_adapter.model_type} format has no slot for, so --checkpoint.last_save_in_hf could "
-                "not export the model; use --moe.load_balance aux_loss, or unset --checkpoint.last_save_in_hf"
-            )
-    coef = cfg.aux_loss_coef if cfg.aux_loss_coef is not None else getattr(args, "router_aux_loss_coef", None)
-    if cfg.load_balance == "aux_loss" and coef is None:
-        raise ConfigError("--moe.aux_loss_coef: this model family has no default; set it (e.g. 0.001)")
+    check_moe_config(cfg, args, pipeline=pp_group is not None, hf_export_adapter=hf_export_adapter)
+    coef = cfg.aux_loss_coef if cfg.aux_loss_coef is not None else _model_aux_coef(args)
     return LoadBalancer(
         cfg,
         moe_layers(model),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ParallelismSection
 from titanium.models.common.decoder import DecoderArgs
+from titanium.models.common.moe import MoEArgs
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -111,20 +112,25 @@ class ParallelDims:
                     f"--parallelism.tensor_parallel_degree {self.tp} must divide the per-rank sequence "
                     f"seq_len / context_parallel_degree = {seq_len // self.cp}"
                 )
-        if self.ep > 1:
-            ep_flag = f"--parallelism.expert_parallel_degree {self.ep}"
-            if args.moe is None:
-                raise ConfigError(f"{ep_flag}: {model} is a dense model, it has no experts to divide; use 1")
-            experts = args.moe.num_experts
-            if experts % self.ep:
-                valid = [d for d in range(1, experts + 1) if experts % d == 0 and (self.dp_shard * self.cp) % d == 0]
-                raise ConfigError(
-                    f"{ep_flag} must divide the {experts} experts of {model}; valid degrees with this layout: "
-                    + ", ".join(map(str, valid))
-                )
+        self.check_experts(args.moe, model=model)
         if self.pp > n_layers:
             raise ConfigError(
                 f"--parallelism.pipeline_parallel_degree {self.pp} is more than the {n_layers} layers of {model}"
+            )
+
+    def check_experts(self, moe: MoEArgs | None, *, model: str) -> None:
+        """Expert parallelism needs experts, as many as a multiple of its degree (also a preflight check)."""
+        if self.ep == 1:
+            return
+        ep_flag = f"--parallelism.expert_parallel_degree {self.ep}"
+        if moe is None:
+            raise ConfigError(f"{ep_flag}: {model} is a dense model, it has no experts to divide; use 1")
+        experts = moe.num_experts
+        if experts % self.ep:
+            valid = [d for d in range(1, experts + 1) if experts % d == 0 and (self.dp_shard * self.cp) % d == 0]
+            raise ConfigError(
+                f"{ep_flag} must divide the {experts} experts of {model}; valid degrees with this layout: "
+                + ", ".join(map(str, valid))
             )
 
     def grad_accum_steps(self, local_batch_size: int, global_batch_size: int) -> int:

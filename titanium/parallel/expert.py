@@ -21,6 +21,7 @@ subclass whose ``forward`` wraps the local computation in the exchange; the para
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -30,7 +31,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from titanium.models.common.moe import GroupedExperts, expert_swiglu, moe_layers
+from titanium.models.common.moe import GroupedExperts, moe_layers
 
 
 @dataclass(frozen=True)
@@ -46,16 +47,23 @@ class Exchange:
 
 
 def dispatch(
-    x: torch.Tensor, counts: torch.Tensor, group: dist.ProcessGroup
+    x: torch.Tensor, counts: torch.Tensor, group: dist.ProcessGroup, assumed_imbalance: float | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, Exchange]:
     """Send rows ``x`` (sorted by expert; ``counts[e]`` for each of the ``E`` global experts) to the ranks holding
-    their experts. Returns this rank's rows sorted by its local expert, their counts ``[E / ep]``, the exchange."""
+    their experts. Returns this rank's rows sorted by its local expert, their counts ``[E / ep]``, the exchange.
+
+    ``assumed_imbalance`` (the memory estimate, on fake tensors that hold no counts): instead of the real split
+    sizes, assume balanced routing in which this rank receives ``assumed_imbalance`` times its even share."""
     ep = dist.get_world_size(group)
     local_experts = counts.numel() // ep
     # incoming[r, e]: rows that rank r routed to this rank's local expert e.
     incoming = funcol.all_to_all_single(counts, None, None, group).view(ep, local_experts)
-    splits = torch.stack([counts.view(ep, local_experts).sum(1), incoming.sum(1)]).tolist()
-    sent, received = splits
+    if assumed_imbalance is None:
+        sent, received = torch.stack([counts.view(ep, local_experts).sum(1), incoming.sum(1)]).tolist()
+    else:
+        n = x.shape[0]
+        sent = [n // ep + (1 if r < n % ep else 0) for r in range(ep)]
+        received = [math.ceil(n / ep * assumed_imbalance)] * ep
     rows = funcol.all_to_all_single_autograd(x, received, sent, group)
     experts = torch.arange(local_experts, device=x.device).repeat(ep)
     expert_of_row = experts.repeat_interleave(incoming.flatten(), output_size=sum(received))
@@ -73,11 +81,13 @@ class ExpertParallelExperts(GroupedExperts):
     """``GroupedExperts`` whose weights are ``Shard(0)`` on the ep mesh: tokens travel to their experts and back."""
 
     ep_group: dist.ProcessGroup
+    assumed_imbalance: float | None = None
+    """Set by the memory estimate only (see ``dispatch``)."""
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        rows, local_counts, exchange = dispatch(x, counts, self.ep_group)
+        rows, local_counts, exchange = dispatch(x, counts, self.ep_group, self.assumed_imbalance)
         weights = [w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3)]
-        return combine(expert_swiglu(rows, local_counts, *weights), exchange, self.ep_group)
+        return combine(self.compute(rows, local_counts, *weights), exchange, self.ep_group)
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:

@@ -70,15 +70,16 @@ class RoutingStats:
     tokens: int
 
 
-def grouped_gemm_kind(x: torch.Tensor, w1: torch.Tensor) -> GroupedGemm:
+def grouped_gemm_kind(x: torch.Tensor, w1: torch.Tensor, device_type: str | None = None) -> GroupedGemm:
     """The fastest exact grouped GEMM for ``x``'s device and dtype (benchmarks/moe_layer.py measures them).
 
     ``torch._grouped_mm`` is CUDA's fast path in bfloat16, where it needs rows of a multiple of 16 bytes (both
     widths of ``w1`` ``[E, F, D]`` a multiple of 8); it also runs (exactly) on CPU, but there padding every
-    group to the largest and one ``bmm`` was faster in both float32 and bfloat16.
+    group to the largest and one ``bmm`` was faster in both float32 and bfloat16. ``device_type`` overrides
+    ``x``'s (the memory estimate traces a GPU's choice on CPU fake tensors).
     """
     aligned = all(n * x.element_size() % 16 == 0 for n in w1.shape[1:])
-    if x.device.type == "cuda" and x.dtype == torch.bfloat16 and aligned:
+    if (device_type or x.device.type) == "cuda" and x.dtype == torch.bfloat16 and aligned:
         return "grouped_mm"
     return "padded_bmm"
 
@@ -90,8 +91,12 @@ def expert_swiglu(
     w2: torch.Tensor,
     w3: torch.Tensor,
     kind: GroupedGemm | None = None,
+    sizes: list[int] | None = None,
 ) -> torch.Tensor:
-    """``w2[e](silu(w1[e] x) * w3[e] x)`` for rows ``x`` ``[N, D]`` sorted by expert, ``counts[e]`` rows each."""
+    """``w2[e](silu(w1[e] x) * w3[e] x)`` for rows ``x`` ``[N, D]`` sorted by expert, ``counts[e]`` rows each.
+
+    ``sizes``: the counts as Python numbers when the caller knows them (saves a device-to-host sync; the memory
+    estimate assumes them, since its fake tensors hold no values)."""
     kind = kind or grouped_gemm_kind(x, w1)
     if kind == "grouped_mm":
         offsets = counts.cumsum(0).to(torch.int32)
@@ -100,7 +105,8 @@ def expert_swiglu(
             return torch._grouped_mm(a, w.transpose(-2, -1), offs=offsets)
 
         return gemm(F.silu(gemm(x, w1)) * gemm(x, w3), w2)
-    sizes = counts.tolist()  # (a host sync: the loop and the padding need the group sizes)
+    if sizes is None:
+        sizes = counts.tolist()  # (a host sync: the loop and the padding need the group sizes)
     if kind == "loop":
         outs = [
             F.linear(F.silu(F.linear(rows, w1[e])) * F.linear(rows, w3[e]), w2[e])
@@ -130,7 +136,14 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x`` ``[N, D]`` sorted by expert, ``counts`` ``[E]`` -> ``[N, D]``."""
-        return expert_swiglu(x, counts, self.w1, self.w2, self.w3)
+        return self.compute(x, counts, self.w1, self.w2, self.w3)
+
+    def compute(
+        self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts' arithmetic on rows sorted by expert, with the weights they hold here. A seam: the memory
+        estimate replaces it (on the instance) with a routing assumption of static shapes."""
+        return expert_swiglu(x, counts, w1, w2, w3)
 
     def init_weights(self, out_init_std: float, in_init_std: float, generator: torch.Generator | None) -> None:
         """As ``FeedForward``: ``w1`` gets ``in_init_std``, ``w2``/``w3`` the depth-scaled ``out_init_std``."""
