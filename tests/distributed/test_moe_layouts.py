@@ -1,4 +1,5 @@
-"""Expert parallelism trains Qwen3-MoE like one process, alone and with FSDP, HSDP, TP and PP (fp32, gloo).
+"""Expert parallelism trains Qwen3-MoE like one process, alone and with FSDP (+ full activation checkpointing, whose
+recomputed forwards must not count routed tokens twice), HSDP, TP, CP and PP (fp32, gloo).
 
 All layouts run in one 4-process launch (``moe_worker``), the references in one single-process launch, each job
 5 steps of ``debugmodel_moe`` from the seeded initialization on the same synthetic windows. Per step: losses to
@@ -23,7 +24,16 @@ STEPS = 5
 BIAS = ("--moe.load_balance", "bias", "--moe.bias_update_rate", "0.05")
 LAYOUTS = {
     "ep4": (False, ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "4")),
-    "ep2_fsdp2": (False, ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2")),
+    "ep2_fsdp2_ac": (
+        False,
+        ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2",
+         "--activation_checkpoint.mode", "full"),
+    ),
+    "ep2_cp2": (
+        False,
+        ("--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2",
+         "--parallelism.context_parallel_degree", "2"),
+    ),
     "ep2_tp2": (
         False,
         ("--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2",

@@ -7,13 +7,17 @@ import dataclasses
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from titanium.config.sections import MoESection
 from titanium.models import get_model_spec
 from titanium.models.common.moe import MoE, MoEArgs, expert_swiglu, moe_layers, switch_aux_loss
 from titanium.models.flops import count_params_on_meta
+from titanium.models.hf_adapter import HFExportError
 from titanium.models.qwen3_moe import QWEN3_MOE_FLAVORS, Qwen3MoeArgs, Qwen3MoeTransformer
+from titanium.moe_balance import LoadBalancer
 
 
 def _experts(e: int, d: int, f: int, dtype: torch.dtype, seed: int = 0) -> list[torch.Tensor]:
@@ -149,3 +153,39 @@ def test_moe_layer_placement():
     with pytest.raises(ValueError, match="top_k"):
         Qwen3MoeArgs(dim=8, n_layers=1, n_heads=1, n_kv_heads=1, head_dim=8, ffn_dim=8, num_experts=2, top_k=3)
     assert get_model_spec("qwen3_moe").flavors is QWEN3_MOE_FLAVORS
+
+
+def test_export_refuses_a_trained_routing_bias():
+    """Qwen3-MoE's HF format has no slot for the bias: zero is skipped, anything else is refused by name."""
+    args = QWEN3_MOE_FLAVORS["debugmodel_moe"]
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in Qwen3MoeTransformer(args).state_dict().items()}
+    adapter = get_model_spec("qwen3_moe").hf_adapter
+    state = {k: torch.zeros(s) for k, s in shapes.items() if k.startswith("layers.0.moe.")}
+    hf = adapter.to_hf(state, args)
+    assert sorted(hf) == sorted(adapter.hf_shapes({k: shapes[k] for k in state}, args))
+    assert len(hf) == 1 + 3 * args.num_experts and "model.layers.0.mlp.experts.7.up_proj.weight" in hf
+    state["layers.0.moe.expert_bias"][3] = 0.01
+    with pytest.raises(HFExportError, match=r"layers\.0\.moe\.expert_bias is not zero.*--moe.load_balance aux_loss"):
+        adapter.to_hf(state, args)
+
+
+def test_bias_update_moves_towards_the_mean_load():
+    """After a step, each layer's bias rises for its underloaded experts and falls for the overloaded ones."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        moe = MoE(16, MoEArgs(num_experts=4, top_k=1, expert_dim=8))
+        moe.init_weights(0.2, 0.2)
+        cfg = MoESection(load_balance="bias", bias_update_rate=0.01)
+        balancer = LoadBalancer(cfg, {0: moe}, aux_loss_coef=0.0, microbatches=1, loss_group=dist.group.WORLD)
+        assert moe.bias_routing and not moe.keep_routing_stats
+        moe(torch.randn(40, 16))
+        load = moe.tokens_per_expert.clone()
+        balancer.after_optimizer_step()
+        step = 0.01 * torch.sign(load.mean() - load)
+        torch.testing.assert_close(moe.expert_bias, step - step.mean())
+        assert moe.tokens_per_expert.sum() == 0
+        assert balancer.metrics()["moe/max_load/layer_0"] == pytest.approx((load.max() / load.mean()).item())
+    finally:
+        dist.destroy_process_group()
