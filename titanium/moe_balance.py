@@ -87,7 +87,7 @@ class LoadBalancer:
         if not self.layers:
             return
         counts = torch.stack([layer.tokens_per_expert for layer in self.layers.values()])
-        loads = funcol.wait_tensor(funcol.all_reduce(counts, "sum", self.loss_group))
+        loads = funcol.wait_tensor(funcol.all_reduce(counts, "sum", self.loss_group)).float()
         if self.mode == "bias":
             for layer, load in zip(self.layers.values(), loads):
                 layer.expert_bias += self.rate * torch.sign(load.mean() - load)

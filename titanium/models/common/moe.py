@@ -185,7 +185,8 @@ class MoE(nn.Module):
         self.experts = GroupedExperts(dim, args.expert_dim, args.num_experts)
         self.shared_experts = FeedForward(dim, args.shared_expert_dim) if args.shared_expert_dim else None
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
-        self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts), persistent=False)
+        # Integer counts: a whole-model cast to bfloat16 (generation) must not round them.
+        self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts, dtype=torch.long), persistent=False)
         self.bias_routing = False
         """Choose experts on ``scores + expert_bias`` (aux-loss-free balancing); set by the load balancer."""
         self.keep_routing_stats = False
@@ -199,11 +200,10 @@ class MoE(nn.Module):
         tokens = x.reshape(-1, x.shape[-1])
         weights, chosen, scores = self.router(tokens, self.expert_bias if self.bias_routing else None)
         flat = chosen.flatten()
-        ones = torch.ones_like(flat, dtype=self.tokens_per_expert.dtype)
-        counts = torch.zeros_like(self.tokens_per_expert).scatter_add_(0, flat, ones)
+        counts = torch.zeros_like(self.tokens_per_expert).scatter_add_(0, flat, torch.ones_like(flat))
         self._record(counts, scores, tokens.shape[0])
         order = flat.argsort(stable=True)
-        routed = self.experts(tokens.index_select(0, order // self.args.top_k), counts.long())
+        routed = self.experts(tokens.index_select(0, order // self.args.top_k), counts)
         by_slot = torch.empty_like(routed).index_copy(0, order, routed).view(*chosen.shape, -1)
         out = (by_slot.float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
         if self.shared_experts is not None:
@@ -217,7 +217,7 @@ class MoE(nn.Module):
             return
         self.tokens_per_expert += counts
         if self.keep_routing_stats:
-            self.routing_stats = RoutingStats(counts, scores.sum(dim=0), tokens)
+            self.routing_stats = RoutingStats(counts.float(), scores.sum(dim=0), tokens)
 
     def init_buffers(self) -> None:
         """No routing bias, no counts (what a fresh model starts from)."""
