@@ -259,6 +259,7 @@ class ModelBuilder:
             part.to_empty(device=self.device)
             part.init_buffers(self.device)
         params = {clean_fqn(name): p for name, p in built.model.named_parameters()}
+        buffers = {clean_fqn(name): b for name, b in built.model.named_buffers()}
         units = [([key], False, False) for key in one_process_model.layers] + [([], True, True)]
         for layers, first, last in units:
             unit = keep_only(one_process_model, layers, first, last)
@@ -270,6 +271,10 @@ class ModelBuilder:
             full = dict(unit.named_parameters())
             for name in names:
                 copy_full_into(params[name], full[name])
+            with torch.no_grad():  # the blocks' buffers (an MoE's routing bias and counts; never sharded)
+                for name, value in unit.named_buffers():
+                    if name.startswith("layers.") and name in buffers:
+                        buffers[name].copy_(value)
 
     def _load(self, built: BuiltModel, weights: WeightSource) -> None:
         if weights.hf_folder is not None:

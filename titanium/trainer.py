@@ -41,12 +41,13 @@ from titanium.guards import StepGuard
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
 from titanium.models.converter import ExportContext
+from titanium.moe_balance import build_load_balancer
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import shard_batch
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.parallel.parallelize import PlanConfig
-from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.precision import compute_dtype, dtype_name
 from titanium.trainers import ObjectiveContext, build_objective
 from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput
@@ -75,6 +76,7 @@ class Trainer:
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self.guard = StepGuard(cfg.guards, self.optimizer, self.device)
         self._build_objective()
+        self._build_load_balancer()
         self._build_validator()
         self._build_evaluator()
         self._build_checkpointer()
@@ -222,6 +224,19 @@ class Trainer:
         if self.pipeline is not None:
             self.pipeline.build_schedule(par, t.local_batch_size, self.device, loss_fn=self._pipeline_loss)
 
+    def _build_load_balancer(self) -> None:
+        """MoE models: the [moe] load balancing (an aux loss term per microbatch, a bias update per step)."""
+        ck = self.cfg.checkpoint
+        self.load_balancer = build_load_balancer(
+            self.cfg.moe,
+            self.model,
+            self.model_args,
+            microbatches=self.grad_accum_steps,
+            loss_group=self.loss_group,
+            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+            hf_export_adapter=self.model_spec.hf_adapter if ck.last_save_in_hf else None,
+        )
+
     def _build_validator(self) -> None:
         """Held-out loss (validation.interval > 0): the objective's data pipeline on validation.path, its loss."""
         self.validator: Validator | None = None
@@ -325,6 +340,8 @@ class Trainer:
         self.lr_scheduler.step()
         for converter in self.built.converters:
             converter.after_optimizer_step(self.built.parts)
+        if self.load_balancer is not None:
+            self.load_balancer.after_optimizer_step()
         return loss_total, global_count, grad_norm, tokens
 
     def _committed_forward_backward(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -379,11 +396,16 @@ class Trainer:
                     loss_sum, metrics = self._loss(output, mb)
                 del output  # the logits: the backward keeps what it needs of them
                 if backward:  # outside autocast, whose cache of low-precision weight copies is freed on exit
-                    (loss_sum / self._divisor).backward()
+                    (loss_sum / self._divisor + self._aux_loss()).backward()
             self._metric_sums += metrics
             loss_total += loss_sum.detach()
             del loss_sum
         return loss_total, global_count, tokens
+
+    def _aux_loss(self) -> torch.Tensor | float:
+        """A term the model adds to the microbatch's loss (an MoE model's load-balancing loss), or 0."""
+        aux = self.load_balancer.aux_loss() if self.load_balancer is not None else None
+        return 0.0 if aux is None else aux
 
     def _global_loss_sum(self, local: torch.Tensor) -> torch.Tensor:
         """The loss sum over all ranks, in one all-reduce and without a host sync: tensor-parallel ranks hold
@@ -429,16 +451,8 @@ class Trainer:
 
     def _clip_grad_norm(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.cfg.training.max_norm
-        if self.pipeline is not None:
-            return clip_grad_norm_pipelined(params, max_norm, self.pipeline.pp_group)
-        if not params:  # optimizer-in-backward stepped and freed them all (torch's norm of nothing is on the CPU)
-            return torch.zeros((), device=self.device)
-        if max_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        pp_group = self.pipeline.pp_group if self.pipeline is not None else None
+        return clip_grad_norm(params, self.cfg.training.max_norm, pp_group, device=self.device)
 
     def train(self) -> None:
         t = self.cfg.training
@@ -533,6 +547,7 @@ class Trainer:
             **objective_metrics,
             **self.objective.log_metrics(),
             **self.fault_tolerance.metrics(),
+            **(self.load_balancer.metrics() if self.load_balancer is not None else {}),
         }
         self.memory.reset_peak()
         self.metrics.log(step, scalars)

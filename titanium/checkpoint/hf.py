@@ -247,7 +247,8 @@ def load_hf_weights(
 
     Collective when the model is sharded: every rank must call it. The checks run on every rank from
     the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
-    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values.
+    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format
+    has no slot for (an MoE's routing bias).
 
     ``whole`` (ours -> shape): the whole model's weights, when ``model`` holds only some of them (this rank's
     pipeline stages). The checkpoint is checked against the whole model, and every rank reads the tensors of its
@@ -255,7 +256,7 @@ def load_hf_weights(
     """
     ckpt = HFCheckpoint.open(folder)
     model_state = model.state_dict()
-    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k)}
+    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
     check_hf_keys(ckpt, adapter, args, base if whole is None else whole)
     strict = len(base) == len(model_state)
     sharded = any(isinstance(v, DTensor) for v in model_state.values())

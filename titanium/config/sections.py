@@ -26,11 +26,13 @@ class JobSection:
 class ModelSection:
     name: str = "llama3"
     """Model family, a key of the model registry (titanium.models): llama3 (Llama 3.1/3.2/3.3), qwen3 (Qwen3
-    dense), qwen2 (Qwen2/2.5), mistral (Mistral 7B, NeMo), phi3 (Phi-3, Phi-4), gemma2 (Gemma 2)."""
+    dense), qwen3_moe (Qwen3-MoE), qwen2 (Qwen2/2.5), mistral (Mistral 7B, NeMo), phi3 (Phi-3, Phi-4), gemma2
+    (Gemma 2)."""
     flavor: str = "debugmodel"
     """Size preset of the family, with its parameter count: llama3: debugmodel (5.68M), 1B (1.24B), 3B (3.21B),
     8B (8.03B), 70B (70.6B), 405B (406B); qwen3: debugmodel (6.48M), 0.6B (596M), 1.7B (1.72B), 4B (4.02B),
-    8B (8.19B), 14B (14.8B), 32B (32.8B); qwen2: debugmodel (5.11M), 0.5B (494M), 1.5B (1.54B), 3B (3.09B),
+    8B (8.19B), 14B (14.8B), 32B (32.8B); qwen3_moe: debugmodel_moe (9.03M), 30B-A3B (30.5B), 235B-A22B (235B);
+    qwen2: debugmodel (5.11M), 0.5B (494M), 1.5B (1.54B), 3B (3.09B),
     7B (7.62B), 14B (14.8B), 32B (32.8B), 72B (72.7B); mistral: debugmodel (5.68M), 7B (7.25B), NeMo-12B (12.2B);
     phi3: debugmodel (5.88M), mini (3.82B), medium (14B), phi4-14B (14.7B); gemma2: debugmodel (5.3M), 2B (2.61B),
     9B (9.24B), 27B (27.2B). Not used when the run starts from a Hugging Face folder
@@ -222,6 +224,28 @@ class ParallelismSection:
     context_parallel_degree: int = 1
     """Context parallel degree: each sequence is split over this many ranks (head-tail load balanced);
     attention all-gathers keys and values. For long sequences; training.seq_len must divide by 2 x this."""
+    expert_parallel_degree: int = 1
+    """Expert parallel degree (MoE models): each MoE layer's experts are divided over this many ranks, which
+    send every token to the ranks holding its experts and back (two all-to-alls per layer). The ranks are
+    borrowed from the data-parallel shard dimension (data_parallel_shard_degree x context_parallel_degree
+    must be a multiple of it), so it needs no extra GPUs; FSDP shards the experts over what is left."""
+
+
+@dataclass
+class MoESection:
+    load_balance: Literal["aux_loss", "bias", "none"] = "aux_loss"
+    """How an MoE model keeps its experts evenly loaded (dense models ignore [moe]). aux_loss: the Switch-style
+    auxiliary loss transformers trains Qwen3-MoE with, weighted by aux_loss_coef and added to the objective's
+    loss (its statistics are summed over the data-parallel ranks first, so any layout gives one process's value;
+    not with pipeline parallelism). bias: DeepSeek-V3's aux-loss-free balancing, a per-expert bias added to the
+    router scores only to choose experts, moved after every optimizer step towards an even load (Qwen3-MoE's
+    Hugging Face format has no slot for it, so such a model cannot be exported there). none: neither."""
+    aux_loss_coef: float | None = None
+    """Weight of the auxiliary loss; unset: the model's own (router_aux_loss_coef of its config.json, 0.001
+    for the Qwen3-MoE flavors)."""
+    bias_update_rate: float = 0.001
+    """Step of the aux-loss-free bias update, per layer: bias += rate x sign(mean load - expert load), from the
+    tokens each expert received in the optimizer step (summed over all ranks)."""
 
 
 @dataclass
@@ -690,6 +714,7 @@ class JobConfig:
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
     parallelism: ParallelismSection = field(default_factory=ParallelismSection)
+    moe: MoESection = field(default_factory=MoESection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     activation_checkpoint: ActivationCheckpointSection = field(default_factory=ActivationCheckpointSection)
     compile: CompileSection = field(default_factory=CompileSection)

@@ -55,6 +55,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         ("parallelism.tensor_parallel_degree", cfg.parallelism.tensor_parallel_degree),
         ("parallelism.pipeline_parallel_degree", cfg.parallelism.pipeline_parallel_degree),
         ("parallelism.context_parallel_degree", cfg.parallelism.context_parallel_degree),
+        ("parallelism.expert_parallel_degree", cfg.parallelism.expert_parallel_degree),
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
@@ -63,6 +64,10 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             yield f"--{name} must be >= 0, got {value}"
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         yield f"--training.global_batch_size must be -1 (derived) or >= 1, got {t.global_batch_size}"
+    if cfg.moe.aux_loss_coef is not None and cfg.moe.aux_loss_coef < 0:
+        yield f"--moe.aux_loss_coef must be >= 0 (or unset: the model's own), got {cfg.moe.aux_loss_coef}"
+    if cfg.moe.bias_update_rate < 0:
+        yield f"--moe.bias_update_rate must be >= 0, got {cfg.moe.bias_update_rate}"
     if t.max_norm < 0:
         yield f"--training.max_norm must be >= 0 (0 disables clipping), got {t.max_norm}"
     if o.lr < 0:

@@ -20,6 +20,11 @@ Pipelines. The trace runs one microbatch through each of this rank's stages and 
 forward leaves alive for its backward. Torch's own action list of the configured schedule then says how many
 microbatches each stage holds at once, and the extra ones are added at the worst moment.
 
+MoE models. Routing decides how many rows each expert (and, under expert parallelism, each rank) gets, which fake
+tensors cannot know and a trace must not depend on: the experts run as if routing were balanced (every expert the
+same number of rows, the GPU's grouped GEMM), and under expert parallelism this rank receives ``moe_imbalance``
+times its even share of the routed rows (the busiest rank; dry_run's ``--moe_imbalance``).
+
 Not modelled: torch.compile (compiled blocks usually save less), the allocator's caching and fragmentation and the
 CUDA context (PyTorch reserves more than it allocates: keep some headroom), kernels' internal workspaces and NCCL's
 buffers, a frozen reference model (DPO), and what an objective adds beyond a cross-entropy on the logits. The
@@ -52,11 +57,14 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 
 from titanium.config.sections import JobConfig
+from titanium.models.common.moe import expert_swiglu, grouped_gemm_kind, moe_layers
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable
 from titanium.models.spec import ModelSpec
 from titanium.optim import build_optimizer
 from titanium.optim.optimizer import LOW_BIT
 from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.expert import ExpertParallelExperts
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, keep_only
 from titanium.trainers.base import ModelOutput
@@ -93,6 +101,10 @@ class Job:
     """Sequences per microbatch that one forward sees (the pipeline microbatch under PP)."""
     accumulation: int
     """Microbatches per optimizer step (pipeline microbatches included)."""
+    device_type: str = "cuda"
+    """The device whose kernels the trace assumes where it matters (the MoE experts' grouped GEMM)."""
+    moe_imbalance: float = 1.25
+    """MoE under expert parallelism: rows this rank receives, over its share under perfectly balanced routing."""
 
 
 REGIONS = ("blocks", "after blocks")
@@ -267,8 +279,7 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
                 tracker.phase = "optimizer step"
                 tracker.set_region(REGIONS[1])
                 trainable = [p for p in params if p.grad is not None]
-                if job.cfg.training.max_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(trainable, job.cfg.training.max_norm, foreach=True)
+                clip_grad_norm(trainable, job.cfg.training.max_norm)  # (per mesh: experts may have their own)
                 optimizer.step()
                 tracker.learn_roles(params, optimizer)
                 optimizer.zero_grad(set_to_none=True)
@@ -306,10 +317,27 @@ def _build_parts(job: Job, depths: list[int]) -> list[nn.Module]:
         apply_converters(converters, model)
         part = keep_only(model, list(model.layers), first, last)
         parallelize_decoder(part, job.dims, job.meshes, job.plan, tp_plan=job.spec.tp_plan)
+        _assume_balanced_routing(part, job)
         set_trainable(converters, part)
         part.train()
         parts.append(part)
     return parts
+
+
+def _assume_balanced_routing(part: nn.Module, job: Job) -> None:
+    """MoE layers: the experts get equal numbers of rows (and, under expert parallelism, this rank receives
+    ``job.moe_imbalance`` times its share), so no shape depends on routing decisions fake tensors do not make."""
+
+    def balanced(x: torch.Tensor, counts: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        n, experts = x.shape[0], weights[0].shape[0]
+        sizes = [n // experts + (1 if e < n % experts else 0) for e in range(experts)]
+        kind = grouped_gemm_kind(x, weights[0], job.device_type)
+        return expert_swiglu(x, counts, *weights, kind=kind, sizes=sizes)
+
+    for moe in moe_layers(part).values():
+        moe.experts.compute = balanced  # type: ignore[method-assign]
+        if isinstance(moe.experts, ExpertParallelExperts):
+            moe.experts.assumed_imbalance = job.moe_imbalance
 
 
 def _microbatch(

@@ -26,6 +26,7 @@ from titanium.models.common.attention import Attention, AttentionInputs, documen
 from titanium.models.common.attention_kernels import AttentionBackend, Scores, document_block_mask, masked_kernel
 from titanium.models.common.feed_forward import Activation, FeedForward
 from titanium.models.common.kv_cache import KVCache
+from titanium.models.common.moe import MoE, MoEArgs
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import RopeScaling, precompute_rope_tables
 
@@ -72,6 +73,10 @@ class DecoderArgs:
     """Sliding-window layers see only the last ``sliding_window`` positions (the query's own included)."""
     global_layers: tuple[int, ...] = ()
     """With ``sliding_window``: the layers that still attend globally (Gemma 2: every second one)."""
+    moe: MoEArgs | None = None
+    """The Mixture-of-Experts feed-forward of the layers in ``moe_layers``; None for a dense model."""
+    moe_layers: frozenset[int] = frozenset()
+    """Layers whose feed-forward is ``moe`` instead of a gated MLP of width ``ffn_dim``."""
 
     def __post_init__(self) -> None:
         if self.head_dim % 2 != 0:
@@ -85,6 +90,8 @@ class DecoderArgs:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be positive (or None), got {value}")
+        if self.moe_layers and self.moe is None:
+            raise ValueError("moe_layers are set but moe is None")
 
     def decoder_args(self) -> DecoderArgs:
         """Itself: families without an argument dataclass of their own use ``DecoderArgs`` directly."""
@@ -135,8 +142,10 @@ def _trunc_normal(weight: torch.Tensor, std: float, generator: torch.Generator) 
 
 
 class DecoderBlock(nn.Module):
-    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``; with ``post_norms`` (Gemma 2) the
-    attention and MLP outputs are normalised too before they join the residual stream."""
+    """Pre-norm block: ``h = x + attn(norm(x)); out = h + ffn(norm(h))``, where ``ffn`` is a gated MLP
+    (``feed_forward``) or, in the ``moe_layers`` of an MoE model, a Mixture of Experts (``moe``); with
+    ``post_norms`` (Gemma 2) the attention and MLP outputs are normalised too before they join the residual
+    stream."""
 
     def __init__(self, layer_id: int, args: DecoderArgs) -> None:
         super().__init__()
@@ -157,7 +166,9 @@ class DecoderBlock(nn.Module):
         )
         self.post_attention_norm = norm() if args.post_norms else None
         self.ffn_norm = norm()
-        self.feed_forward = FeedForward(args.dim, args.ffn_dim, args.activation)
+        sparse = args.moe is not None and layer_id in args.moe_layers
+        self.feed_forward = None if sparse else FeedForward(args.dim, args.ffn_dim, args.activation)
+        self.moe = MoE(args.dim, args.moe) if sparse and args.moe is not None else None
         self.post_ffn_norm = norm() if args.post_norms else None
         # Depth-scaled init for the matrices writing into the residual stream.
         self.out_init_std = 0.02 / math.sqrt(2 * (layer_id + 1))
@@ -167,7 +178,8 @@ class DecoderBlock(nn.Module):
         if self.post_attention_norm is not None:
             out = self.post_attention_norm(out)
         h = x + out
-        out = self.feed_forward(self.ffn_norm(h))
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        out = ffn(self.ffn_norm(h))
         if self.post_ffn_norm is not None:
             out = self.post_ffn_norm(out)
         return h + out
@@ -177,7 +189,8 @@ class DecoderBlock(nn.Module):
             if norm is not None:
                 norm.reset_parameters()
         self.attention.init_weights(self.out_init_std, generator=generator)
-        self.feed_forward.init_weights(self.out_init_std, generator=generator)
+        ffn = self.moe if self.moe is not None else self.feed_forward
+        ffn.init_weights(self.out_init_std, generator=generator)
 
 
 class Decoder(nn.Module):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
-from titanium.models.flops import dense_flops_per_token
+from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.gemma2.args import GEMMA2_FLAVORS
 from titanium.models.gemma2.hf import GEMMA2_HF_ADAPTER
 from titanium.models.gemma2.parallelize import apply_tensor_parallel
@@ -16,7 +16,7 @@ GEMMA2_SPEC = register_model(
         name="gemma2",
         model_cls=Decoder,
         flavors=GEMMA2_FLAVORS,
-        flops_per_token=dense_flops_per_token,
+        flops_per_token=decoder_model_flops_per_token,
         tp_plan=apply_tensor_parallel,
         hf_adapter=GEMMA2_HF_ADAPTER,
     )

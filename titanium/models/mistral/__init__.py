@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
-from titanium.models.flops import dense_flops_per_token
+from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.mistral.args import MISTRAL_FLAVORS
 from titanium.models.mistral.hf import MISTRAL_HF_ADAPTER
@@ -18,7 +18,7 @@ MISTRAL_SPEC = register_model(
         name="mistral",
         model_cls=Decoder,
         flavors=MISTRAL_FLAVORS,
-        flops_per_token=dense_flops_per_token,
+        flops_per_token=decoder_model_flops_per_token,
         tp_plan=apply_tensor_parallel,
         hf_adapter=MISTRAL_HF_ADAPTER,
     )

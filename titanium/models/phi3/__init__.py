@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
-from titanium.models.flops import dense_flops_per_token
+from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.phi3.args import PHI3_FLAVORS
 from titanium.models.phi3.hf import PHI3_HF_ADAPTER
@@ -19,7 +19,7 @@ PHI3_SPEC = register_model(
         name="phi3",
         model_cls=Decoder,
         flavors=PHI3_FLAVORS,
-        flops_per_token=dense_flops_per_token,
+        flops_per_token=decoder_model_flops_per_token,
         tp_plan=apply_tensor_parallel,
         hf_adapter=PHI3_HF_ADAPTER,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
-from titanium.models.flops import dense_flops_per_token
+from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.qwen2.args import QWEN2_FLAVORS
 from titanium.models.qwen2.hf import QWEN2_HF_ADAPTER
@@ -18,7 +18,7 @@ QWEN2_SPEC = register_model(
         name="qwen2",
         model_cls=Decoder,
         flavors=QWEN2_FLAVORS,
-        flops_per_token=dense_flops_per_token,
+        flops_per_token=decoder_model_flops_per_token,
         tp_plan=apply_tensor_parallel,
         hf_adapter=QWEN2_HF_ADAPTER,
         chat_template="chatml",
