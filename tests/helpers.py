@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -53,6 +54,18 @@ def run_train(
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
+def run_jobs(jobs: list[list[str]], nproc: int, jobs_file: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run several ``titanium.train`` argument lists one after the other in ONE launch of ``nproc`` processes
+    (tests/distributed/jobs_worker.py): one interpreter and torchrun start for the lot instead of one per job.
+    ``jobs_file`` is where the list is written. Fails the test with the end of stderr if a job fails."""
+    jobs_file.write_text(json.dumps(jobs))
+    cmd = train_cmd([str(jobs_file)], nproc, module="tests.distributed.jobs_worker")
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"jobs {jobs_file.name} failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
 
 
