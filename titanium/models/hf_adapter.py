@@ -15,7 +15,7 @@ are permuted within each head: our row ``2i + j`` is HF row ``j * D/2 + i``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -149,6 +149,11 @@ class HFAdapter:
         """Whether our ``key`` is stored in HF checkpoints (tied output matrices count: as the embedding)."""
         part = self._layer_part(key)
         return part is None or part[1] not in self.no_hf_slot
+
+    def ignored_hf_keys(self, args: Any, ours: Collection[str]) -> set[str]:
+        """Keys a checkpoint may hold that loading a model with the keys ``ours`` skips: a tied model's
+        ``lm_head`` (some exporters store it anyway)."""
+        return {self.hf_key(self.output_key)} if self.tied(args) and self.output_key in ours else set()
 
     def hf_shapes(self, shapes: Mapping[str, tuple[int, ...]], args: Any) -> dict[str, tuple[int, ...]]:
         """The keys and shapes an HF checkpoint of a model with ``shapes`` (ours) holds: no ``lm_head`` when
