@@ -27,6 +27,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
 from titanium.checkpoint.manager import complete_steps
@@ -48,7 +49,7 @@ from titanium.parallel.distributed import init_distributed, set_collective_timeo
 from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
-from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput
+from titanium.trainers.base import FrozenForward, LossResult, Metrics, ModelOutput
 from titanium.validation import Validator
 
 logger = logging.getLogger("titanium")
@@ -161,7 +162,7 @@ class Trainer:
         frozen = self.builder.frozen(
             self.built, self._reference_weights(), share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
         )
-        return lambda batch: frozen(self._model_inputs(batch))
+        return lambda batch: frozen(batch.model_inputs())
 
     def _reference_weights(self) -> WeightSource:
         """Where the starting policy's weights come from (also a LoRA base's): HF, a titanium checkpoint, or none."""
@@ -341,25 +342,27 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync). Returns
         this rank's loss sum, the global count and the tokens. ``backward=False``: the losses only (validation)."""
-        handed_out = microbatches  # whole sequences, before any CP split: what the throughput counts
         if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
             microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
-        microbatches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()} for mb in microbatches]
+        microbatches = [mb.to(self.device, non_blocking=True) for mb in microbatches]
         prepare_start = time.perf_counter()
         with torch.no_grad():
-            microbatches = self.objective.prepare(microbatches)
+            prepared = self.objective.prepare(microbatches)
+        microbatches = prepared.batches
         self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
-        tokens = sum(self.objective.tokens(mb) for mb in handed_out)  # after prepare: it may make them (rollouts)
-        local_count = torch.stack([self.objective.count(mb) for mb in microbatches]).sum().to(self.device)
+        tokens = sum(mb.tokens.numel() for mb in microbatches) * self.dims.cp  # whole sequences
+        local_count = torch.stack([mb.units() for mb in microbatches]).sum().to(self.device)
         global_count = funcol.all_reduce(local_count, "sum", self.loss_group)
         self._divisor = global_count.clamp(min=1).float()
         self._metric_sums = torch.zeros(2 * len(self._metric_names), device=self.device)
+        if self.pipeline is None or self.pipeline.has_last_stage:  # (the ranks that compute the loss)
+            self._metric_sums += self._metric_vector(prepared.metrics)
         loss_total = torch.zeros((), device=self.device)
         # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
         # (forward and backward) work on the shards.
         sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
         for mb in microbatches:
-            inputs = self._model_inputs(mb)
+            inputs = mb.model_inputs()
             with sharded_loss():
                 with self.built.autocast():
                     if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
@@ -397,31 +400,28 @@ class Trainer:
         loss_total, global_count, _ = self.forward_backward([batch], backward=False)
         return self._global_loss_sum(loss_total), global_count
 
-    def _model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        inputs = self.objective.model_inputs(batch)
-        if "positions" in batch:  # context parallelism: the global positions of this rank's tokens
-            inputs["positions"] = batch["positions"]
-        return inputs
-
     def _loss(self, output: ModelOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """The objective's loss sum (a plain tensor) and its metrics as [sum, count, sum, count, ...]."""
         result: LossResult = self.objective.loss(output, batch)
-        metrics = torch.zeros(2 * len(self._metric_names), device=self.device)
-        for i, name in enumerate(self._metric_names):
-            if name in result.metrics:
-                total, count = result.metrics[name]
-                metrics[2 * i] = total.detach().float()
-                metrics[2 * i + 1] = count.detach().float()
         loss_sum = result.loss_sum
-        return (loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum), metrics
+        return (loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum), self._metric_vector(
+            result.metrics
+        )
+
+    def _metric_vector(self, metrics: Metrics) -> torch.Tensor:
+        """``metrics`` as [sum, count, sum, count, ...] in the order of the objective's metric names."""
+        vector = torch.zeros(2 * len(self._metric_names), device=self.device)
+        for i, name in enumerate(self._metric_names):
+            if name in metrics:
+                total, count = metrics[name]
+                vector[2 * i] = total.detach().float()
+                vector[2 * i + 1] = count.detach().float()
+        return vector
 
     def _pipeline_loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The last stage's loss: the objective sees every key of its microbatch, for this pipeline
         microbatch's rows."""
-        batch = self._pipeline_batch
-        n_rows = batch["input"].shape[0]
-        sliced = {k: v[rows] if v.dim() and v.shape[0] == n_rows else v for k, v in batch.items()}
-        loss_sum, metrics = self._loss(ModelOutput(logits=output), sliced)
+        loss_sum, metrics = self._loss(ModelOutput(logits=output), self._pipeline_batch.select_rows(rows))
         loss = loss_sum / self._divisor
         self._pipeline_metrics[id(loss)] = metrics
         return loss

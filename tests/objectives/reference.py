@@ -8,18 +8,29 @@ as (sum, count). Under pipeline parallelism its loss checks that it receives eve
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from titanium.batch import Batch, per_row, per_token
 from titanium.config.sections import DataSection
-from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
+from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.cross_entropy import TokenFields
 from titanium.trainers.pretrain import PretrainObjective
 
 PENALTY = 10.0
-KEYS = {"input", "label", "row_id", "ref_logp"}
+
+
+@dataclass
+class ReferenceFields(TokenFields):
+    """The pretraining labels plus two fields of this objective's own: a row id made with the batch and the
+    reference's log-probs filled in ``prepare``."""
+
+    row_id: torch.Tensor | None = per_row(default=None)
+    ref_logp: torch.Tensor | None = per_token(default=None)
 
 
 def token_logp(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -38,35 +49,29 @@ class ReferenceObjective(Objective):
         self.inner = PretrainObjective(ctx, data)
         self.reference = ctx.frozen_model()
 
-    def next_microbatch(self) -> Batch:
+    def next_microbatch(self) -> Batch[ReferenceFields]:
         batch = self.inner.next_microbatch()
-        batch["row_id"] = torch.arange(batch["input"].shape[0])
-        return batch
+        rows = torch.arange(batch.rows)
+        return Batch(batch.tokens, ReferenceFields(batch.fields.labels, row_id=rows), batch.positions)
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+    def prepare(self, microbatches: list[Batch[ReferenceFields]]) -> Prepared:
         for mb in microbatches:
             logits = self.reference(mb)
             if logits is not None:  # (pipeline ranks without the last stage get None)
-                mb["ref_logp"] = token_logp(logits, mb["label"])
-        return microbatches
+                mb.fields.ref_logp = token_logp(logits, mb.fields.labels)
+        return Prepared(microbatches)
 
-    def count(self, batch: Batch) -> torch.Tensor:
-        return self.inner.count(batch)
-
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return self.inner.model_inputs(batch)
-
-    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
-        missing = KEYS - set(batch)
-        if missing:
-            raise AssertionError(f"the loss did not get the whole microbatch: missing {sorted(missing)}")
-        rows = batch["input"].shape[0]
-        if any(batch[k].shape[0] != rows for k in KEYS):
-            raise AssertionError({k: tuple(batch[k].shape) for k in KEYS})
-        mask = batch["label"] != IGNORE_INDEX
-        logp = token_logp(output.logits, batch["label"])
-        loss = -logp.sum() + PENALTY * ((logp - batch["ref_logp"]) ** 2 * mask).sum()
-        return LossResult(loss, {"test/ref_nll": (-batch["ref_logp"].sum(), mask.sum())})
+    def loss(self, output: ModelOutput, batch: Batch[ReferenceFields]) -> LossResult:
+        fields = batch.fields
+        if fields.row_id is None or fields.ref_logp is None:
+            raise AssertionError("the loss did not get the whole microbatch: a field is missing")
+        shapes = {"labels": fields.labels.shape, "row_id": fields.row_id.shape, "ref_logp": fields.ref_logp.shape}
+        if any(shape[0] != batch.rows for shape in shapes.values()):
+            raise AssertionError(shapes)
+        mask = fields.labels != IGNORE_INDEX
+        logp = token_logp(output.logits, fields.labels)
+        loss = -logp.sum() + PENALTY * ((logp - fields.ref_logp) ** 2 * mask).sum()
+        return LossResult(loss, {"test/ref_nll": (-fields.ref_logp.sum(), mask.sum())})
 
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()

@@ -38,8 +38,8 @@ def direct_validation_loss(trainer) -> float:
     with torch.no_grad():
         for _ in range(BATCHES):
             batch = held_out.next_microbatch()
-            logits = trainer.model(**held_out.model_inputs(batch))
-            labels = batch["label"]
+            logits = trainer.model(**batch.model_inputs())
+            labels = batch.fields.labels
             total += F.cross_entropy(
                 logits.flatten(0, 1), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
             ).item()

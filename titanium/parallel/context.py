@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.nn.attention.flex_attention import BlockMask
 
+from titanium.batch import Batch
 from titanium.models.common.attention import Attention, AttentionInputs, document_causal_mask
 from titanium.models.common.attention_kernels import AttentionBackend, document_block_mask, flex, masked_kernel, sdpa
 from titanium.models.common.decoder import Decoder
@@ -44,14 +45,11 @@ def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.dev
     return torch.cat([head, torch.arange(tail_start, tail_start + chunk, device=device)])
 
 
-def shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict[str, torch.Tensor]:
-    """This rank's part of every ``[B, S]`` tensor of ``batch``, plus ``positions`` ``[B, S / cp]``."""
-    seq_len = batch["input"].shape[1]
-    index = headtail_indices(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), batch["input"].device)
-    out = {k: v[:, index] if v.dim() >= 2 and v.shape[1] == seq_len else v for k, v in batch.items()}
-    if "positions" not in batch:  # packed samples bring their own (restarting) positions
-        out["positions"] = index.expand(batch["input"].shape[0], -1)
-    return out
+def shard_batch(batch: Batch, cp_mesh: DeviceMesh) -> Batch:
+    """This rank's part of every sequence of ``batch`` (the core and the objective's per-token fields), with the
+    tokens' global positions."""
+    index = headtail_indices(batch.tokens.shape[1], cp_mesh.size(), cp_mesh.get_local_rank(), batch.tokens.device)
+    return batch.split_sequence(index)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """The objective interface: what to optimize. The loop in titanium/trainer.py owns everything else.
 
 An objective owns its data pipeline, its config section and any extra frozen models (a reference policy),
-which it asks the loop for. Each step it may run a no-grad ``prepare`` phase over the step's microbatches
-(reference log-probs; later rollouts). For each microbatch it says how many loss units it holds (valid
-tokens for cross-entropy, pairs for DPO) and returns the *sum* of the per-unit losses, plus metrics as
-(sum, count) pairs. The loop divides the loss by the global unit count of the whole step, all-reduced once
-before the forward, so gradient accumulation, any data-parallel degree and padding all give the exact
-mean gradient of the full batch; it reduces the metric sums and counts over the ranks the same way.
+which it asks the loop for. Its microbatches are typed (titanium/trainers/batch.py): a core the loop owns
+(tokens, positions, document ids) plus the objective's own fields, which say how many loss units the batch
+holds (valid tokens for cross-entropy, pairs for DPO). Each step it may run a no-grad ``prepare`` phase over
+the step's microbatches (reference log-probs, rollouts). For each microbatch it returns the *sum* of the
+per-unit losses, plus metrics as (sum, count) pairs. The loop divides the loss by the global unit count of the
+whole step, all-reduced once before the forward, so gradient accumulation, any data-parallel degree and padding
+all give the exact mean gradient of the full batch; it reduces the metric sums and counts over the ranks the
+same way.
 """
 
 from __future__ import annotations
@@ -21,12 +23,11 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
+from titanium.batch import Batch
 from titanium.data.tokenizer import Tokenizer
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
-
-Batch = dict[str, torch.Tensor]
 
 Metrics = dict[str, tuple[torch.Tensor, torch.Tensor]]
 """name -> (sum, count) over this microbatch's units, as device tensors; shown as sum / count after the
@@ -48,6 +49,15 @@ class ModelOutput:
 
 
 @dataclass
+class Prepared:
+    """What ``prepare`` hands the loop: the step's microbatches, ready for the forward, and metrics of the
+    step it measured on the way (as (sum, count); added once per step, e.g. rollout rewards)."""
+
+    batches: list[Batch]
+    metrics: Metrics = field(default_factory=dict)
+
+
+@dataclass
 class LossResult:
     loss_sum: torch.Tensor
     """Sum (not mean) of the per-unit losses of the microbatch."""
@@ -56,7 +66,7 @@ class LossResult:
 
 FrozenForward = Callable[[Batch], "torch.Tensor | None"]
 """A frozen model run without gradients on a microbatch (as ``prepare`` receives it): its logits
-``[B, S, vocab]`` (float32, full vocabulary), or None on ranks without the last pipeline stage."""
+``[rows, seq, vocab]`` (float32, full vocabulary), or None on ranks without the last pipeline stage."""
 
 
 @dataclass(frozen=True)
@@ -109,32 +119,20 @@ class Objective(ABC):
     def next_microbatch(self) -> Batch:
         """The next microbatch for this data-parallel rank, as CPU tensors."""
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+    def prepare(self, microbatches: list[Batch]) -> Prepared:
         """No-grad work on the step's microbatches (on the device, after any context-parallel split) before
-        the forward: e.g. add reference log-probs as extra keys. Timed apart from data loading."""
-        return microbatches
-
-    @abstractmethod
-    def count(self, batch: Batch) -> torch.Tensor:
-        """Number of loss units in `batch` (an integer tensor); known before the forward pass."""
-
-    @abstractmethod
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward (``tokens`` first; ``positions``, ``document_ids``)."""
+        the forward: e.g. fill reference log-probs into their fields. Runs once per step (a step retried under
+        fault tolerance reuses it) and is timed apart from data loading."""
+        return Prepared(microbatches)
 
     @abstractmethod
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
         """The loss sum of `batch` and its metrics. Under pipeline parallelism `batch` is this pipeline
-        microbatch's rows of the objective's microbatch, with every key it carries."""
+        microbatch's rows of the objective's microbatch, with every field it carries."""
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
         """Raise ``ConfigError`` for a parallel layout this objective cannot run under (None: no pipeline)."""
         return None
-
-    def tokens(self, batch: Batch) -> int:
-        """Tokens the model processes for `batch` (for throughput), known without a device sync. Asked after
-        ``prepare``, of the microbatch as ``next_microbatch`` returned it (whole sequences)."""
-        return batch["input"].numel()
 
     def log_metrics(self) -> dict[str, float]:
         """Host-side numbers for the log line (e.g. skipped rows); no device sync."""

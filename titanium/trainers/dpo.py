@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch.distributed.nn.functional import all_reduce as all_reduce_with_grad
 from torch.distributed.tensor import DTensor
 
+from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
@@ -35,12 +36,12 @@ from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pa
 from titanium.parallel.context import shard_batch
 from titanium.trainers.base import (
     IGNORE_INDEX,
-    Batch,
     FrozenForward,
     LossResult,
     ModelOutput,
     Objective,
     ObjectiveContext,
+    Prepared,
 )
 from titanium.trainers.dpo_reference import (
     CachedReferencePairs,
@@ -82,6 +83,29 @@ def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) 
     masked = torch.where(ids >= 0, values.reshape(*values.shape[:-2], rows // 2, 2 * seq), 0.0)
     sums = values.new_zeros(*values.shape[:-2], rows // 2, 2 * slots).scatter_add(-1, index, masked)
     return sums.view(*values.shape[:-2], rows // 2 * slots, 2)
+
+
+@dataclass
+class PreferenceFields(Fields):
+    """A preference microbatch's own fields (titanium/data/preference_batch.py says how pairs lie in rows)."""
+
+    labels: torch.Tensor = per_token()
+    response_ids: torch.Tensor = per_token()
+    """``2m + side`` where a label belongs to the m-th pair of its row pair, -1 elsewhere."""
+    pairs_per_row: torch.Tensor = per_row()
+    reference_logps: torch.Tensor | None = per_token(default=None)
+    """The reference's token log-probs: from the cache (precompute_reference), else filled in ``prepare``."""
+
+    def units(self) -> torch.Tensor:
+        return self.pairs_per_row.sum()
+
+
+def pair_batch(rows: dict[str, torch.Tensor]) -> Batch[PreferenceFields]:
+    """The typed batch of a PreferenceBatchLoader's rows."""
+    fields = PreferenceFields(
+        rows["label"], rows["response_ids"], rows["pairs_per_row"], reference_logps=rows.get("reference_logps")
+    )
+    return Batch(rows["input"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
 
 
 @dataclass
@@ -222,47 +246,42 @@ class DPOObjective(Objective):
         return cache
 
     @torch.no_grad()
-    def reference_sums(self, batch: Batch) -> torch.Tensor | None:
+    def reference_sums(self, rows: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The reference's (chosen, rejected) log-prob sums of each pair slot of a CPU microbatch [slots, 2]
         (the precompute pass), or None on pipeline ranks without the last stage."""
         assert self.reference is not None
+        batch = pair_batch(rows)
         if self.ctx.cp_mesh is not None:
             batch = shard_batch(batch, self.ctx.cp_mesh)
-        batch = {k: v.to(self.ctx.device) for k, v in batch.items()}
+        batch = batch.to(self.ctx.device)
         logits = self.reference(batch)
         if logits is None:
             return None
-        sums = response_sums(token_logps(logits, batch["label"]), batch["response_ids"], self.slots)
+        fields = batch.fields
+        sums = response_sums(token_logps(logits, fields.labels), fields.response_ids, self.slots)
         if self.cp_group is not None:
             dist.all_reduce(sums, group=self.cp_group)
         return sums
 
-    def next_microbatch(self) -> Batch:
-        batch = next(self.loader)
-        self.meter.add(batch)
-        return batch
+    def next_microbatch(self) -> Batch[PreferenceFields]:
+        rows = next(self.loader)
+        self.meter.add(rows)
+        return pair_batch(rows)
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
-        if self.reference is None:  # cached: the batches carry reference_logps already
-            return microbatches
-        for mb in microbatches:
-            logits = self.reference(mb)
-            if logits is not None:  # (pipeline ranks without the last stage get None)
-                mb["reference_logps"] = token_logps(logits, mb["label"])
-        return microbatches
+    def prepare(self, microbatches: list[Batch[PreferenceFields]]) -> Prepared:
+        if self.reference is not None:  # (cached: the batches carry reference_logps already)
+            for mb in microbatches:
+                logits = self.reference(mb)
+                if logits is not None:  # (pipeline ranks without the last stage get None)
+                    mb.fields.reference_logps = token_logps(logits, mb.fields.labels)
+        return Prepared(microbatches)
 
-    def count(self, batch: Batch) -> torch.Tensor:
-        return batch["pairs_per_row"].sum()
-
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
-
-    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+    def loss(self, output: ModelOutput, batch: Batch[PreferenceFields]) -> LossResult:
         assert output.logits is not None
-        ids = batch["response_ids"]
-        per_token = torch.stack(
-            [token_logps(output.logits, batch["label"]), batch["reference_logps"], (ids >= 0).float()]
-        )
+        fields = batch.fields
+        ids = fields.response_ids
+        assert fields.reference_logps is not None
+        per_token = torch.stack([token_logps(output.logits, fields.labels), fields.reference_logps, (ids >= 0).float()])
         sums = response_sums(per_token, ids, self.slots)
         if self.cp_group is not None:  # each rank holds a part of every response: add them before the loss
             sums = all_reduce_with_grad(sums, group=self.cp_group)
