@@ -116,3 +116,23 @@ class Batch(Generic[F]):
 def empty_batch() -> Batch[Fields]:
     """A microbatch with no rows yet, for objectives that make their rows in ``prepare`` (rollouts)."""
     return Batch(torch.empty(0, 0, dtype=torch.long), Fields())
+
+
+class Placement:
+    """Where a microbatch runs: on ``device``, its sequences whole. Under context parallelism the loop hands
+    objectives a subclass (titanium.parallel.context) whose ranks each hold a part of every sequence."""
+
+    split = False
+    """True when each rank holds only a part of every sequence."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device or torch.device("cpu")
+
+    def place(self, batch: Batch[F]) -> Batch[F]:
+        """This rank's part of ``batch`` (a CPU microbatch as the data pipeline made it), on the device."""
+        return batch.to(self.device, non_blocking=True)
+
+    def add_parts(self, values: torch.Tensor) -> torch.Tensor:
+        """Sums over each sequence (e.g. a response's log-prob) completed from every rank's part of it, with
+        their gradient (a loss non-linear in such a sum needs the whole sum first)."""
+        return values

@@ -66,6 +66,15 @@ class WeightSource:
         return "\n".join([str(Path(folder).resolve()), *stats])
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """A model to build: its family, args and the weights it starts from."""
+
+    spec: ModelSpec
+    args: Any
+    weights: WeightSource = WeightSource()
+
+
 @dataclass
 class BuiltModel:
     """A model as built for this rank."""
@@ -189,23 +198,33 @@ class ModelBuilder:
         args = self.resolve_hf(spec, str(folder), **overrides)
         return self.build(spec, args, weights=WeightSource(hf_folder=str(folder)))
 
-    def frozen(self, policy: BuiltModel, weights: WeightSource, *, share: bool, batch_size: int) -> FrozenModel:
-        """A no-grad copy of ``policy`` as it started (from ``weights``), built by the same plan; with ``share``
-        (a converter froze the base, e.g. LoRA) the policy itself with its conversion switched off instead."""
-        if share:
-            frozen = dataclasses.replace(policy)  # the same modules (a pipeline gets its own schedule below)
-            context: Callable[[], contextlib.AbstractContextManager] = lambda: unconverted(  # noqa: E731
-                policy.converters, policy.model
-            )
-        else:
-            frozen = self.build(policy.spec, policy.args, weights=weights)
-            for p in frozen.model.parameters():
-                p.requires_grad_(False)
-            context = contextlib.nullcontext
-        if frozen.pipeline is not None and self.plan is not None:  # a forward-only schedule over its stages
-            frozen.pipeline = dataclasses.replace(frozen.pipeline, schedule=None)
-            frozen.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
-        return FrozenModel(frozen, context)
+    def frozen_copy(
+        self,
+        spec: ModelSpec,
+        args: Any,
+        weights: WeightSource,
+        *,
+        converters: list[ModelConverter],
+        batch_size: int,
+    ) -> FrozenModel:
+        """A no-grad model of its own, built by the same plan with ``converters`` from ``weights``."""
+        built = self.build(spec, args, converters=converters, weights=weights)
+        for p in built.model.parameters():
+            p.requires_grad_(False)
+        return FrozenModel(self._forward_only(built, batch_size), contextlib.nullcontext)
+
+    def switched_off(self, policy: BuiltModel, converters: list[ModelConverter], *, batch_size: int) -> FrozenModel:
+        """``policy``'s own modules run without gradients and with ``converters`` switched off in place (each must
+        offer ``without_conversion``): no second copy."""
+        same = dataclasses.replace(policy)  # the same modules (a pipeline gets its own schedule)
+        return FrozenModel(self._forward_only(same, batch_size), lambda: unconverted(converters, policy.model))
+
+    def _forward_only(self, built: BuiltModel, batch_size: int) -> BuiltModel:
+        """``built`` with a forward-only schedule over its pipeline stages, if it has any."""
+        if built.pipeline is not None and self.plan is not None:
+            built.pipeline = dataclasses.replace(built.pipeline, schedule=None)
+            built.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
+        return built
 
     def _parallelize(self, built: BuiltModel) -> None:
         """Pipeline split, then per stage TP -> CP -> AC -> compile -> FSDP (nothing without a plan)."""

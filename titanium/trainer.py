@@ -9,13 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import gc
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,7 +21,6 @@ import tomli_w
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch import nn
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -40,16 +37,17 @@ from titanium.fault_tolerance import build_fault_tolerance
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.guards import StepGuard
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
+from titanium.model_builder import DTYPES, ModelBuilder, ModelSource, WeightSource
+from titanium.model_handles import ModelHandles
 from titanium.models.converter import ExportContext
 from titanium.optim import build_lr_scheduler, build_optimizer
-from titanium.parallel.context import shard_batch
+from titanium.parallel.context import sequence_placement
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
 from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
-from titanium.trainers.base import FrozenForward, LossResult, Metrics, ModelOutput
+from titanium.trainers.base import LossResult, Metrics, ModelOutput
 from titanium.validation import Validator
 
 logger = logging.getLogger("titanium")
@@ -131,6 +129,9 @@ class Trainer:
             self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
         )
         self.model, self.pipeline = self.built.model, self.built.pipeline
+        start = ModelSource(self.model_spec, self.model_args, self._reference_weights())
+        self.models = ModelHandles(self.builder, self.built, start, batch_size=t.local_batch_size)
+        self.placement = sequence_placement(self.device, self.meshes.cp if self.dims.cp > 1 else None)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # (global, DTensors too)
         total = sum(p.numel() for p in self.model.parameters())
         if trainable < total:
@@ -155,40 +156,12 @@ class Trainer:
             return WeightSource()
         return WeightSource(hf_folder=ck.initial_load_path)
 
-    @functools.cache  # noqa: B019 (one trainer per process; the validation objective gets the same copy)
-    def _frozen_model(self) -> FrozenForward:
-        """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
-        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy."""
-        frozen = self.builder.frozen(
-            self.built, self._reference_weights(), share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
-        )
-        return lambda batch: frozen(batch.model_inputs())
-
     def _reference_weights(self) -> WeightSource:
         """Where the starting policy's weights come from (also a LoRA base's): HF, a titanium checkpoint, or none."""
         ck = self.cfg.checkpoint
         if ck.initial_load_path and not ck.initial_load_in_hf:
             return WeightSource(dcp_folder=ck.initial_load_path)
         return self._starting_weights(resuming_counts=False)
-
-    def _frozen_model_id(self) -> str:
-        """What the frozen model's outputs depend on, for objectives that cache them (see ObjectiveContext)."""
-        weights = self._reference_weights().fingerprint() or f"initialized with seed {self.cfg.debug.seed}"
-        base = [c.describe() for c in self.built.converters] if self.frozen_base else []  # e.g. an NF4 base
-        parts = [self.model_spec.name, repr(self.model_args), weights, *base, self.cfg.training.mixed_precision_param]
-        return "\n".join(parts)
-
-    @contextlib.contextmanager
-    def _lend_policy(self) -> Iterator[nn.Module]:
-        """The live policy for an objective's generation (rollouts): eval mode, no gradients, the training
-        forward's mixed precision; train mode again afterwards."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), self.built.autocast():
-                yield self.model
-        finally:
-            self.model.train(was_training)
 
     def _build_objective(self) -> None:
         """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
@@ -204,14 +177,12 @@ class Trainer:
             dp_world=self.data_world,
             seed=self.cfg.debug.seed,
             loss_chunk_size=t.loss_chunk_size,
-            frozen_model=self._frozen_model,
-            frozen_model_id=self._frozen_model_id(),
+            models=self.models,
             device=self.device,
-            cp_mesh=self.meshes.cp if self.dims.cp > 1 else None,
+            placement=self.placement,
             chat_template=self.cfg.sft.chat_template,
             system_prompt=self.cfg.sft.system_prompt,
             dump_folder=self.cfg.job.dump_folder,
-            policy=self._lend_policy,
         )
         section = getattr(self.cfg, t.objective, None)
         self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
@@ -342,9 +313,7 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync). Returns
         this rank's loss sum, the global count and the tokens. ``backward=False``: the losses only (validation)."""
-        if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
-            microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
-        microbatches = [mb.to(self.device, non_blocking=True) for mb in microbatches]
+        microbatches = [self.placement.place(mb) for mb in microbatches]  # (CP: this rank's part of each sequence)
         prepare_start = time.perf_counter()
         with torch.no_grad():
             prepared = self.objective.prepare(microbatches)

@@ -45,9 +45,9 @@ class ReferenceObjective(Objective):
     metric_names = ("test/ref_nll",)
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, section: None = None) -> None:
-        assert ctx.frozen_model is not None
+        assert ctx.models is not None
         self.inner = PretrainObjective(ctx, data)
-        self.reference = ctx.frozen_model()
+        self.reference = ctx.models.frozen()  # (the policy as it started; with LoRA: adapters off, no copy)
 
     def next_microbatch(self) -> Batch[ReferenceFields]:
         batch = self.inner.next_microbatch()

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.helpers import REPO
+from tests.helpers import REPO, LocalModels
 from titanium.batch import Batch
 from titanium.config.sections import DataSection, DPOSection, JobConfig
 from titanium.config.validate import validate
@@ -67,6 +67,10 @@ def never_built():
     raise AssertionError("the reference model must not be built when the cache has the log-probs")
 
 
+def local_models(reference=lambda: REFERENCE, identity: str = "reference A") -> LocalModels:
+    return LocalModels(reference, identity=identity)
+
+
 @pytest.fixture
 def pairs_file(tmp_path: Path) -> Path:
     lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines(keepends=True)
@@ -75,9 +79,7 @@ def pairs_file(tmp_path: Path) -> Path:
     return path
 
 
-def objective(
-    tmp_path: Path, path: Path, cfg: DPOSection, frozen_model=lambda: frozen(REFERENCE), **ctx
-) -> DPOObjective:
+def objective(tmp_path: Path, path: Path, cfg: DPOSection, models=None, **ctx) -> DPOObjective:
     context = dict(
         tokenizer=TOKENIZER,
         model_name="llama3",
@@ -87,8 +89,7 @@ def objective(
         dp_rank=0,
         dp_world=1,
         seed=0,
-        frozen_model=frozen_model,
-        frozen_model_id="reference A",
+        models=models or local_models(),
         chat_template="llama3",
         dump_folder=str(tmp_path / "run"),
     )
@@ -167,11 +168,12 @@ def test_the_cache_is_read_back_and_keyed_by_what_the_values_depend_on(tmp_path,
     next(objective(tmp_path, pairs_file, cfg).loader)
     [first] = cache_files(tmp_path)
     assert (tmp_path / "run/reference_logps" / first).with_suffix(".json").is_file()  # what the key hashed
-    next(objective(tmp_path, pairs_file, cfg, frozen_model=never_built).loader)  # read, nothing built
-    assert cache_files(tmp_path) == [first]
+    models = local_models(never_built)
+    next(objective(tmp_path, pairs_file, cfg, models=models).loader)  # read, nothing built
+    assert cache_files(tmp_path) == [first] and models.released == 1  # the handle was let go at once
 
     changes = [
-        {"frozen_model_id": "reference B"},  # other weights, precision, ...
+        {"models": local_models(identity="reference B")},  # other weights, precision, ...
         {"seq_len": 48},
         {"system_prompt": "Be brief."},
         {"tokenizer": ByteTokenizer()},

@@ -3,17 +3,16 @@ policy lag), its loss against values computed independently, its metrics, and it
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
+from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, tiny_args, train_until_first_save
 from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
@@ -52,14 +51,6 @@ def _objective(
 ) -> GRPOObjective:
     """A GRPO objective as the loop builds it, lending ``model`` as the policy and a copy of it as the reference."""
     reference = copy.deepcopy(model).requires_grad_(False)
-
-    @contextlib.contextmanager
-    def lend() -> Iterator[Transformer]:
-        model.eval()
-        with torch.no_grad():
-            yield model
-        model.train()
-
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
         model_name="llama3",
@@ -69,9 +60,8 @@ def _objective(
         dp_rank=0,
         dp_world=1,
         seed=0,
-        frozen_model=lambda: lambda batch: reference(**batch.model_inputs()),
+        models=LocalModels(lambda: reference, policy=model),
         chat_template="llama3",
-        policy=lend,
     )
     settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
     objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))

@@ -80,9 +80,14 @@ def set_trainable(converters: list[ModelConverter], model: nn.Module) -> None:
             param.requires_grad_(verdicts[-1])
 
 
+def can_switch_off(converters: list[ModelConverter], model: nn.Module) -> bool:
+    """Whether ``model`` can run without every one of ``converters`` in place (each offers ``without_conversion``)."""
+    return all(converter.without_conversion(model) is not None for converter in converters)
+
+
 @contextlib.contextmanager
 def unconverted(converters: list[ModelConverter], model: nn.Module) -> Iterator[None]:
-    """Run ``model`` as the unconverted model inside the block (every converter must offer that)."""
+    """Run ``model`` without ``converters`` inside the block (each must offer that: ``can_switch_off``)."""
     with contextlib.ExitStack() as stack:
         for converter in converters:
             ctx = converter.without_conversion(model)

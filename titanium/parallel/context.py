@@ -29,9 +29,10 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.nn.functional import all_reduce as all_reduce_with_grad
 from torch.nn.attention.flex_attention import BlockMask
 
-from titanium.batch import Batch
+from titanium.batch import Batch, F, Placement
 from titanium.models.common.attention import Attention, AttentionInputs, document_causal_mask
 from titanium.models.common.attention_kernels import AttentionBackend, document_block_mask, flex, masked_kernel, sdpa
 from titanium.models.common.decoder import Decoder
@@ -43,6 +44,27 @@ def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.dev
     head = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk, device=device)
     tail_start = (2 * cp_size - 1 - cp_rank) * chunk
     return torch.cat([head, torch.arange(tail_start, tail_start + chunk, device=device)])
+
+
+class ContextParallelPlacement(Placement):
+    """Each rank of ``cp_mesh`` holds its head-tail part of every sequence (``shard_batch``)."""
+
+    split = True
+
+    def __init__(self, device: torch.device, cp_mesh: DeviceMesh) -> None:
+        super().__init__(device)
+        self.cp_mesh = cp_mesh
+
+    def place(self, batch: Batch[F]) -> Batch[F]:
+        return super().place(shard_batch(batch, self.cp_mesh))
+
+    def add_parts(self, values: torch.Tensor) -> torch.Tensor:
+        return all_reduce_with_grad(values, group=self.cp_mesh.get_group())
+
+
+def sequence_placement(device: torch.device, cp_mesh: DeviceMesh | None) -> Placement:
+    """Where this rank's microbatches run: split over ``cp_mesh`` (None: whole sequences), on ``device``."""
+    return Placement(device) if cp_mesh is None else ContextParallelPlacement(device, cp_mesh)
 
 
 def shard_batch(batch: Batch, cp_mesh: DeviceMesh) -> Batch:

@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
-from titanium.batch import Batch
+from titanium.batch import Batch, Placement
 from titanium.data.tokenizer import Tokenizer
 
 IGNORE_INDEX = -100
@@ -64,9 +63,43 @@ class LossResult:
     metrics: Metrics = field(default_factory=dict)
 
 
-FrozenForward = Callable[[Batch], "torch.Tensor | None"]
-"""A frozen model run without gradients on a microbatch (as ``prepare`` receives it): its logits
-``[rows, seq, vocab]`` (float32, full vocabulary), or None on ranks without the last pipeline stage."""
+class FrozenModel(Protocol):
+    """A frozen model an objective holds (``ctx.models.frozen()``; titanium/model_handles.py): built when first
+    run, by the same builder and parallel plan as the policy; freed once every owner released it."""
+
+    id: str
+    """What its outputs depend on (family, args, weights and their files, converters, precision), for an owner
+    that caches them: a different id means stale outputs."""
+
+    def __call__(self, batch: Batch) -> torch.Tensor | None:
+        """Its logits ``[rows, seq, vocab]`` (float32, full vocabulary) for a microbatch as ``prepare`` gets it,
+        without gradients; None on pipeline ranks without the last stage."""
+        ...
+
+    def release(self) -> None:
+        """This owner is done with it."""
+        ...
+
+
+class PolicyModel(Protocol):
+    """The live policy an objective may generate with (``ctx.models.policy()``)."""
+
+    def lend(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model being trained, sharded as it trains, in eval mode, without gradients, under the training
+        forward's mixed precision. Under FSDP every forward is a collective: all data-parallel ranks generate
+        together."""
+        ...
+
+
+class Models(Protocol):
+    """The models of the job an objective may ask for, besides the one it trains (titanium/model_handles.py)."""
+
+    def frozen(self, *, keep: Collection[str] = (), source: Any = None) -> FrozenModel:
+        """A frozen model: ``source`` (a ``titanium.model_builder.ModelSource``; default: the policy as it started)
+        with the policy's converters named in ``keep`` (default: none, e.g. a reference without LoRA)."""
+        ...
+
+    def policy(self) -> PolicyModel: ...
 
 
 @dataclass(frozen=True)
@@ -84,28 +117,19 @@ class ObjectiveContext:
     seed: int
     loss_chunk_size: int = 0
     """``[training] loss_chunk_size``: tokens per chunk of a chunked cross-entropy (0: from full logits)."""
-    frozen_model: Callable[[], FrozenForward] | None = None
-    """Asks the loop for a frozen copy of the starting policy, built by the same builder and parallel plan
-    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction or
-    when first needed; the function it returns runs once the objective is built (not in its constructor)."""
-    frozen_model_id: str = ""
-    """What the frozen model's outputs depend on (family, args, starting weights and their files, precision),
-    for objectives that cache those outputs: a different id means the cached outputs are stale."""
+    models: Models | None = None
+    """Frozen models (a reference, a teacher) and the live policy, each with a lifetime the objective controls."""
     device: torch.device = torch.device("cpu")
     """Where the models run (for work an objective does outside the step, e.g. a precompute pass)."""
-    cp_mesh: DeviceMesh | None = None
-    """The context-parallel mesh when sequences are split over ranks (titanium.parallel.context.shard_batch);
-    a loss that is non-linear in a sequence's sum adds the ranks' parts over its group first."""
+    placement: Placement = field(default_factory=Placement)
+    """Puts a CPU microbatch where the loop would (this rank's part of each sequence under context parallelism,
+    on the device), and completes per-sequence sums from every rank's part (``add_parts``)."""
     chat_template: str = "auto"
     """The job's chat format ([sft] chat_template), for objectives that render conversations."""
     system_prompt: str | None = None
     """[sft] system_prompt: replaces or adds each conversation's system message."""
     dump_folder: str = "./outputs"
     """The job's output folder (job.dump_folder)."""
-    policy: Callable[[], contextlib.AbstractContextManager[nn.Module]] | None = None
-    """Lends the live policy (the model being trained, sharded as it trains) for generation, e.g. rollouts in
-    ``prepare``: inside the context it is in eval mode, without gradients, under the training forward's mixed
-    precision. Under FSDP every forward is a collective: all data-parallel ranks must generate together."""
 
 
 class Objective(ABC):

@@ -16,15 +16,12 @@ loop divides by the global number of pairs, so every layout and accumulation giv
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.nn.functional import all_reduce as all_reduce_with_grad
 from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, per_row, per_token
@@ -33,12 +30,12 @@ from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
-from titanium.parallel.context import shard_batch
 from titanium.trainers.base import (
     IGNORE_INDEX,
-    FrozenForward,
+    FrozenModel,
     LossResult,
     ModelOutput,
+    Models,
     Objective,
     ObjectiveContext,
     Prepared,
@@ -175,11 +172,11 @@ class DPOObjective(Objective):
     """DPO on preference pairs (``[data] kind = "preference"``), configured by ``[dpo]``.
 
     The loss unit is a pair: ``training.local_batch_size`` pairs per microbatch (2 x as many rows, see
-    titanium.data.preference_batch). The reference policy's token log-probs come from the loop's frozen
-    model in ``prepare``, or, with ``precompute_reference``, from a cache made once before training (then
-    the reference model is not kept). Every key is row-aligned and each pair lies in one row pair, so a
-    pipeline microbatch computes the loss of its own pairs; under context parallelism each rank sums its
-    part of every response, and the sums are added over the cp group (differentiably) before the loss.
+    titanium.data.preference_batch). The reference policy's token log-probs come from a frozen model handle
+    (``ctx.models``) in ``prepare``, or, with ``precompute_reference``, from a cache made once before training
+    (the reference model is released right after). Every field is row-aligned and each pair lies in one row
+    pair, so a pipeline microbatch computes the loss of its own pairs; under context parallelism each rank sums
+    its part of every response, and the placement adds the parts (differentiably) before the loss.
     """
 
     metric_names = tuple(f"dpo/{name}" for name in METRICS)
@@ -189,13 +186,12 @@ class DPOObjective(Objective):
         self.template = build_chat_template(ctx.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
-        self.cp_group = ctx.cp_mesh.get_group() if ctx.cp_mesh is not None else None
-        self.reference: FrozenForward | None = None
+        self.reference: FrozenModel | None = None
         stream: PairStream = self.pairs
         if dpo.precompute_reference:
             stream = CachedReferencePairs(self.pairs, self._reference_cache)
         else:
-            self.reference = self._frozen_model()
+            self.reference = self._models().frozen()  # (the policy as it started, without converters: no LoRA)
         self.loader = self._loader(stream)
         self.meter = DataMeter(self.pairs)
 
@@ -216,17 +212,18 @@ class DPOObjective(Objective):
         ctx = self.ctx
         return PreferenceBatchLoader(stream, ctx.local_batch_size, ctx.seq_len, ctx.tokenizer.pad_id, self.cfg.packing)
 
-    def _frozen_model(self) -> FrozenForward:
-        if self.ctx.frozen_model is None:
-            raise ValueError("the dpo objective needs a reference: ObjectiveContext.frozen_model is not set")
-        return self.ctx.frozen_model()
+    def _models(self) -> Models:
+        if self.ctx.models is None:
+            raise ValueError("the dpo objective needs a reference: ObjectiveContext.models is not set")
+        return self.ctx.models
 
     def _reference_cache(self) -> ReferenceCache:
-        """The cached reference log-probs, read or computed when the first microbatch is asked for (the loop
-        can run its frozen model only once the objective exists); the reference model is dropped after."""
+        """The cached reference log-probs, read or computed when the first microbatch is asked for; the reference
+        model is built only to compute them and released right after."""
         ctx = self.ctx
+        reference = self._models().frozen()
         identity = {
-            "reference": ctx.frozen_model_id,
+            "reference": reference.id,
             "data": data_identity(self.data),
             "tokenizer": tokenizer_identity(ctx.tokenizer),
             "template": [ctx.chat_template, type(self.template).__name__, ctx.system_prompt],
@@ -235,33 +232,29 @@ class DPOObjective(Objective):
         }
 
         def compute() -> dict[bytes, tuple[float, float]]:
-            self.reference = self._frozen_model()
+            self.reference = reference
             try:
                 return precompute(self._pairs(0, 1), self._loader, self.reference_sums, ctx.dp_rank, ctx.dp_world)
             finally:
                 self.reference = None
 
-        cache = load_or_compute(Path(ctx.dump_folder) / self.cfg.reference_cache_folder, identity, compute)
-        gc.collect()
-        return cache
+        try:
+            return load_or_compute(Path(ctx.dump_folder) / self.cfg.reference_cache_folder, identity, compute)
+        finally:
+            reference.release()
 
     @torch.no_grad()
     def reference_sums(self, rows: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The reference's (chosen, rejected) log-prob sums of each pair slot of a CPU microbatch [slots, 2]
         (the precompute pass), or None on pipeline ranks without the last stage."""
         assert self.reference is not None
-        batch = pair_batch(rows)
-        if self.ctx.cp_mesh is not None:
-            batch = shard_batch(batch, self.ctx.cp_mesh)
-        batch = batch.to(self.ctx.device)
+        batch = self.ctx.placement.place(pair_batch(rows))
         logits = self.reference(batch)
         if logits is None:
             return None
         fields = batch.fields
         sums = response_sums(token_logps(logits, fields.labels), fields.response_ids, self.slots)
-        if self.cp_group is not None:
-            dist.all_reduce(sums, group=self.cp_group)
-        return sums
+        return self.ctx.placement.add_parts(sums)
 
     def next_microbatch(self) -> Batch[PreferenceFields]:
         rows = next(self.loader)
@@ -282,9 +275,7 @@ class DPOObjective(Objective):
         ids = fields.response_ids
         assert fields.reference_logps is not None
         per_token = torch.stack([token_logps(output.logits, fields.labels), fields.reference_logps, (ids >= 0).float()])
-        sums = response_sums(per_token, ids, self.slots)
-        if self.cp_group is not None:  # each rank holds a part of every response: add them before the loss
-            sums = all_reduce_with_grad(sums, group=self.cp_group)
+        sums = self.ctx.placement.add_parts(response_sums(per_token, ids, self.slots))  # (whole responses)
         policy, reference, lengths = sums.unbind(0)
         present = lengths[:, 0] > 0  # slots that hold a pair
         out = dpo_loss(*policy.unbind(1), *reference.unbind(1), self.cfg, *lengths.unbind(1), mask=present)

@@ -40,7 +40,7 @@ from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import (
-    FrozenForward,
+    FrozenModel,
     LossResult,
     Metrics,
     ModelOutput,
@@ -235,10 +235,10 @@ class GRPOObjective(Objective):
     """
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection) -> None:
-        if ctx.policy is None:
-            raise ValueError("GRPO generates with the live policy: the loop must lend it (ObjectiveContext.policy)")
+        if ctx.models is None:
+            raise ValueError("GRPO generates with the live policy: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
-        self.cfg, self.policy, self.device = cfg, ctx.policy, ctx.device
+        self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = None
@@ -250,11 +250,8 @@ class GRPOObjective(Objective):
         self.rewards = RewardSet.from_config(cfg)
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self.all_done = all_ranks_done(None, ctx.device) if ctx.dp_world > 1 else None  # (data parallelism only)
-        self.reference: FrozenForward | None = None
-        if cfg.beta > 0:  # beta = 0 builds no reference model
-            if ctx.frozen_model is None:
-                raise ValueError("--grpo.beta > 0 needs a frozen reference model from the loop (ObjectiveContext)")
-            self.reference = ctx.frozen_model()
+        # beta = 0 builds no reference model
+        self.reference: FrozenModel | None = ctx.models.frozen() if cfg.beta > 0 else None
         self.row_metrics = (
             "grpo/reward",
             "grpo/reward_std",
@@ -335,7 +332,7 @@ class GRPOObjective(Objective):
         resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size)
         start = time.perf_counter()
-        with self.policy() as model:
+        with self.policy.lend() as model:
             out = self.sample(model, samples, self.batches_made)
         seconds = time.perf_counter() - start
         self.batches_made += 1
