@@ -90,6 +90,11 @@ class BuiltModel:
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The context the forward runs in: mixed precision where FSDP does not apply it."""
 
+    @property
+    def pp_group(self) -> Any:
+        """The pipeline's process group when stages are spread over ranks (exports gather over it), else None."""
+        return self.pipeline.pp_group if self.pipeline is not None else None
+
 
 @dataclass
 class FrozenModel:

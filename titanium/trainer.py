@@ -7,7 +7,6 @@ accumulation and any DP degree give exactly the full-batch mean gradient (FSDP s
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import gc
 import logging
@@ -21,8 +20,6 @@ import tomli_w
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
 from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
@@ -33,6 +30,7 @@ from titanium.converters import build_converters
 from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
+from titanium.executors import PreparedStep, StepResult, build_executor
 from titanium.fault_tolerance import build_fault_tolerance
 from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.guards import StepGuard
@@ -45,9 +43,7 @@ from titanium.parallel.context import sequence_placement
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
 from titanium.parallel.parallelize import PlanConfig
-from titanium.parallel.pipeline import clip_grad_norm_pipelined
 from titanium.trainers import ObjectiveContext, build_objective
-from titanium.trainers.base import LossResult, Metrics, ModelOutput
 from titanium.validation import Validator
 
 logger = logging.getLogger("titanium")
@@ -128,7 +124,7 @@ class Trainer:
         self.built = self.builder.build(
             self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
         )
-        self.model, self.pipeline = self.built.model, self.built.pipeline
+        self.model = self.built.model
         start = ModelSource(self.model_spec, self.model_args, self._reference_weights())
         self.models = ModelHandles(self.builder, self.built, start, batch_size=t.local_batch_size)
         self.placement = sequence_placement(self.device, self.meshes.cp if self.dims.cp > 1 else None)
@@ -187,11 +183,14 @@ class Trainer:
         section = getattr(self.cfg, t.objective, None)
         self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
         self._objective_ctx = ctx
-        par = self.cfg.parallelism
-        self.objective.check_layout(par.pipeline_parallel_microbatch_size if self.pipeline is not None else None)
-        self._metric_names = tuple(self.objective.metric_names)
-        if self.pipeline is not None:
-            self.pipeline.build_schedule(par, t.local_batch_size, self.device, loss_fn=self._pipeline_loss)
+        self.executor = build_executor(
+            self.objective,
+            self.built,
+            parallelism=self.cfg.parallelism,
+            local_batch_size=t.local_batch_size,
+            loss_parallel=self.dims.loss_parallel_enabled,
+            device=self.device,
+        )
 
     def _build_validator(self) -> None:
         """Held-out loss (validation.interval > 0): the objective's data pipeline on validation.path, its loss."""
@@ -279,16 +278,18 @@ class Trainer:
 
     # ----- the loop -----
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """One optimizer step. Returns (global loss sum, global count, grad norm) as device tensors, and tokens."""
+    def train_step(self) -> tuple[StepResult, torch.Tensor, int]:
+        """One optimizer step: its result (the loss sum over all ranks), the gradient norm, and its tokens."""
         self.fault_tolerance.start_step()  # (a replica group that rejoins takes a live peer's state and step here)
         data_start = time.perf_counter()
         microbatches = [self.objective.next_microbatch() for _ in range(self.grad_accum_steps)]
         self.throughput.add_data_time(time.perf_counter() - data_start)
-        loss_total, global_count, tokens = self._committed_forward_backward(microbatches)
+        step = self.prepare_step(microbatches)
+        result = self._committed_forward_backward(step)
         grad_norm = self._clip_grad_norm()
-        loss_total = self._global_loss_sum(loss_total)
-        self.guard.before_optimizer_step(self.train_state.step + 1, loss_total / global_count.clamp(min=1), grad_norm)
+        result = dataclasses.replace(result, loss_sum=self._global_loss_sum(result.loss_sum))
+        loss = result.loss_sum / result.units.clamp(min=1)
+        self.guard.before_optimizer_step(self.train_state.step + 1, loss, grad_norm)
         self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
         self.guard.optimizer_step()  # (not applied if the step's loss or gradient norm is not finite)
@@ -296,69 +297,41 @@ class Trainer:
         self.lr_scheduler.step()
         for converter in self.built.converters:
             converter.after_optimizer_step(self.built.parts)
-        return loss_total, global_count, grad_norm, tokens
+        return result, grad_norm, step.tokens
 
-    def _committed_forward_backward(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """forward_backward, with gradients averaged over the live replica groups under fault tolerance. A step
-        the groups do not commit (one died mid-step) is repeated on the same microbatches, so no data is lost."""
+    def prepare_step(self, microbatches: list[Batch]) -> PreparedStep:
+        """The step's microbatches placed (CP: this rank's part of each sequence) on the device, through the
+        objective's no-grad prepare phase, with the step's global unit count: all-reduced once, before the
+        forward, without a host sync."""
+        placed = [self.placement.place(mb) for mb in microbatches]
+        prepare_start = time.perf_counter()
+        with torch.no_grad():
+            prepared = self.objective.prepare(placed)
+        self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
+        batches = prepared.batches
+        local_units = torch.stack([mb.units() for mb in batches]).sum().to(self.device)
+        units = funcol.all_reduce(local_units, "sum", self.loss_group)
+        tokens = sum(mb.tokens.numel() for mb in batches) * self.dims.cp  # (whole sequences)
+        return PreparedStep(batches, units, prepared.metrics, tokens)
+
+    def _committed_forward_backward(self, step: PreparedStep) -> StepResult:
+        """The step's forward and backward, with gradients averaged over the live replica groups under fault
+        tolerance. A step the groups do not commit (one died mid-step) is run again on the same prepared
+        microbatches (prepare is not repeated: rollouts and reference log-probs stay), so no data is lost."""
         while True:
-            result = self.forward_backward(microbatches)
+            result = self.executor.run(step)
             if self.fault_tolerance.commit_gradients(self.model):
                 return result
             self.optimizer.zero_grad(set_to_none=True)
             self.fault_tolerance.start_step()  # a new quorum, without the group that failed
 
-    def forward_backward(
-        self, microbatches: list[Batch], backward: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync). Returns
-        this rank's loss sum, the global count and the tokens. ``backward=False``: the losses only (validation)."""
-        microbatches = [self.placement.place(mb) for mb in microbatches]  # (CP: this rank's part of each sequence)
-        prepare_start = time.perf_counter()
-        with torch.no_grad():
-            prepared = self.objective.prepare(microbatches)
-        microbatches = prepared.batches
-        self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
-        tokens = sum(mb.tokens.numel() for mb in microbatches) * self.dims.cp  # whole sequences
-        local_count = torch.stack([mb.units() for mb in microbatches]).sum().to(self.device)
-        global_count = funcol.all_reduce(local_count, "sum", self.loss_group)
-        self._divisor = global_count.clamp(min=1).float()
-        self._metric_sums = torch.zeros(2 * len(self._metric_names), device=self.device)
-        if self.pipeline is None or self.pipeline.has_last_stage:  # (the ranks that compute the loss)
-            self._metric_sums += self._metric_vector(prepared.metrics)
-        loss_total = torch.zeros((), device=self.device)
-        # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
-        # (forward and backward) work on the shards.
-        sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
-        for mb in microbatches:
-            inputs = mb.model_inputs()
-            with sharded_loss():
-                with self.built.autocast():
-                    if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
-                        self._pipeline_batch, self._pipeline_metrics = mb, {}
-                        losses = self.pipeline.step(inputs, backward=backward)
-                        if losses:
-                            loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
-                        # (only the losses the schedule kept: it may also call the loss to infer shapes)
-                        for loss in losses:
-                            self._metric_sums += self._pipeline_metrics[id(loss)]
-                        continue
-                    if self.objective.loss_input == "hidden":
-                        output = ModelOutput(hidden=self.model(**inputs, project=False), projection=self.model.output)
-                    else:
-                        output = ModelOutput(logits=self.model(**inputs))
-                    loss_sum, metrics = self._loss(output, mb)
-                del output  # the logits: the backward keeps what it needs of them
-                if backward:  # outside autocast, whose cache of low-precision weight copies is freed on exit
-                    (loss_sum / self._divisor).backward()
-            self._metric_sums += metrics
-            loss_total += loss_sum.detach()
-            del loss_sum
-        return loss_total, global_count, tokens
+    def forward_backward(self, microbatches: list[Batch], backward: bool = True) -> StepResult:
+        """Prepare and run ``microbatches`` as one step (no optimizer step); ``backward=False``: the losses only."""
+        return self.executor.run(self.prepare_step(microbatches), backward=backward)
 
     def _global_loss_sum(self, local: torch.Tensor) -> torch.Tensor:
         """The loss sum over all ranks, in one all-reduce and without a host sync: tensor-parallel ranks hold
-        copies of one value (only tp rank 0 adds it) and pipeline ranks without the last stage hold zeros."""
+        copies of one value (only tp rank 0 adds it); ranks that computed no loss hold zeros."""
         if self.meshes.tp.get_local_rank() != 0:
             local = torch.zeros_like(local)
         return funcol.all_reduce(local, "sum", dist.group.WORLD)
@@ -366,45 +339,11 @@ class Trainer:
     @torch.no_grad()
     def _validation_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Global (loss sum, count) of one held-out microbatch: the training forward under the same plan."""
-        loss_total, global_count, _ = self.forward_backward([batch], backward=False)
-        return self._global_loss_sum(loss_total), global_count
-
-    def _loss(self, output: ModelOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The objective's loss sum (a plain tensor) and its metrics as [sum, count, sum, count, ...]."""
-        result: LossResult = self.objective.loss(output, batch)
-        loss_sum = result.loss_sum
-        return (loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum), self._metric_vector(
-            result.metrics
-        )
-
-    def _metric_vector(self, metrics: Metrics) -> torch.Tensor:
-        """``metrics`` as [sum, count, sum, count, ...] in the order of the objective's metric names."""
-        vector = torch.zeros(2 * len(self._metric_names), device=self.device)
-        for i, name in enumerate(self._metric_names):
-            if name in metrics:
-                total, count = metrics[name]
-                vector[2 * i] = total.detach().float()
-                vector[2 * i + 1] = count.detach().float()
-        return vector
-
-    def _pipeline_loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The last stage's loss: the objective sees every key of its microbatch, for this pipeline
-        microbatch's rows."""
-        loss_sum, metrics = self._loss(ModelOutput(logits=output), self._pipeline_batch.select_rows(rows))
-        loss = loss_sum / self._divisor
-        self._pipeline_metrics[id(loss)] = metrics
-        return loss
+        result = self.forward_backward([batch], backward=False)
+        return self._global_loss_sum(result.loss_sum), result.units
 
     def _clip_grad_norm(self) -> torch.Tensor:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.cfg.training.max_norm
-        if self.pipeline is not None:
-            return clip_grad_norm_pipelined(params, max_norm, self.pipeline.pp_group)
-        if max_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+        return self.executor.clip_grad_norm(self.cfg.training.max_norm)
 
     def train(self) -> None:
         t = self.cfg.training
@@ -435,7 +374,7 @@ class Trainer:
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.env.rank, start_step=step).start()
         while step < t.steps:
             self.throughput.start_step()
-            loss_total, global_count, grad_norm, tokens = self.train_step()
+            result, grad_norm, tokens = self.train_step()
             step = self.train_state.step + 1  # (not step + 1: a replica group that rejoins takes its peer's step)
             self.throughput.end_step(tokens)
             self.train_state.step = step
@@ -443,7 +382,7 @@ class Trainer:
             if step == 1:
                 set_train_timeout(self.cfg.comm)
             if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
-                self._log(step, loss_total, global_count, grad_norm)
+                self._log(step, result, grad_norm)
             if self.cfg.eval.interval and (step % self.cfg.eval.interval == 0 or step == t.steps):
                 self._evaluate(step)
             if self.validator is not None and self.validator.due(step, t.steps):
@@ -468,7 +407,7 @@ class Trainer:
             args=self.model_args,
             dump_folder=Path(self.cfg.job.dump_folder),
             base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
-            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+            pp_group=self.built.pp_group,
         )
         for converter in self.built.converters:
             converter.export(self.model, ctx)
@@ -480,14 +419,14 @@ class Trainer:
                 ck,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
-                pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+                pp_group=self.built.pp_group,
             )
 
-    def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    def _log(self, step: int, result: StepResult, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""
         guard_scalars = self.guard.check(step)  # (stops the run here after a non-finite step, if configured)
-        loss = (loss_total / global_count.clamp(min=1)).item()
-        objective_metrics = self._reduce_metrics()
+        loss = (result.loss_sum / result.units.clamp(min=1)).item()
+        objective_metrics = self._reduce_metrics(result.metrics)
         scalars = {
             "loss": loss,
             **guard_scalars,
@@ -504,18 +443,18 @@ class Trainer:
         self.metrics.log(step, scalars)
         if self.env.rank == 0:
             color = not self.cfg.metrics.disable_color_printing and sys.stderr.isatty()
-            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, self._metric_names))
+            names = self.executor.metrics.names
+            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, names))
 
-    def _reduce_metrics(self) -> dict[str, float]:
+    def _reduce_metrics(self, sums: torch.Tensor) -> dict[str, float]:
         """The objective's metrics of this step: sums and counts added over ranks, then divided."""
-        if not self._metric_names:
+        names = self.executor.metrics.names
+        if not names:
             return {}
-        sums = self._metric_sums
-        dist.all_reduce(sums, group=self.loss_group)
-        if self.pipeline is not None:  # only the last stage computed them
-            dist.all_reduce(sums, group=self.pipeline.pp_group)
+        for group in self.executor.metric_groups(self.loss_group):
+            dist.all_reduce(sums, group=group)
         values = sums.view(-1, 2).tolist()
-        return {name: total / count for name, (total, count) in zip(self._metric_names, values) if count}
+        return {name: total / count for name, (total, count) in zip(names, values) if count}
 
     def close(self) -> None:
         self.checkpointer.close()

@@ -290,3 +290,21 @@ def test_the_loop_resumes_a_grpo_run_exactly_where_a_rollout_batch_ends(make_tra
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
         assert [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
     assert len({expected[s] for s in range(1, 7)}) > 1
+
+
+def test_a_step_retried_under_fault_tolerance_trains_on_the_same_rollouts(make_trainer, tmp_path) -> None:
+    """A step the replica groups do not commit is run again on the same prepared microbatches: prepare (which
+    serves the next minibatch of rollouts, and counts policy versions) is not repeated, so the run logs what an
+    uninterrupted one does."""
+    common = (*GRPO_JOB, "--training.steps", "3", "--debug.deterministic")
+    make_trainer(*tiny_args(tmp_path / "straight", *common)).train()
+    shutdown_distributed()
+
+    retried = make_trainer(*tiny_args(tmp_path / "retried", *common))
+    votes = iter([False])  # the first vote fails (a group died mid-step), every later one commits
+    retried.fault_tolerance.commit_gradients = lambda model: next(votes, True)
+    retried.train()
+    assert retried.objective.version == 3
+    for tag in (LOSS_TAG, "grpo/reward"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "retried/tb", tag)
+        assert got == expected, tag
