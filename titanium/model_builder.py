@@ -31,6 +31,7 @@ from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_confi
 from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
+from titanium.hooks import TrainingHooks
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import Decoder
@@ -89,6 +90,19 @@ class BuiltModel:
     converters: list[ModelConverter] = field(default_factory=list)
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The context the forward runs in: mixed precision where FSDP does not apply it."""
+
+    @property
+    def frozen_base(self) -> bool:
+        """A converter froze the original weights (LoRA): checkpoints hold only what trains, and the base is read
+        from where the run started on every start, resumed or not."""
+        return any(c.freezes_base for c in self.converters)
+
+    def checkpoint_states(self) -> tuple[ModelState, ModelState | None]:
+        """What a checkpoint holds of the model, and the part read from where the run started instead (the frozen
+        base), if any."""
+        if self.frozen_base:
+            return ModelState(self.model, part="trainable"), ModelState(self.model, part="base")
+        return ModelState(self.model), None
 
     @property
     def pp_group(self) -> Any:
@@ -230,6 +244,14 @@ class ModelBuilder:
             built.pipeline = dataclasses.replace(built.pipeline, schedule=None)
             built.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
         return built
+
+    def register_hooks(self, built: BuiltModel, hooks: TrainingHooks) -> None:
+        """``built``'s hooks on the loop (the policy's): its converters' and its model family's."""
+        for converter in built.converters:
+            hooks.after_optimizer_step.register(lambda step, c=converter: c.after_optimizer_step(built.parts))
+            hooks.export.register(lambda ctx, c=converter: c.export(built.model, ctx))
+        if built.spec.training_hooks is not None:
+            built.spec.training_hooks(built.parts, self.meshes, hooks)
 
     def _parallelize(self, built: BuiltModel) -> None:
         """Pipeline split, then per stage TP -> CP -> AC -> compile -> FSDP (nothing without a plan)."""

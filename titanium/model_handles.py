@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from titanium.batch import Batch
+from titanium.hooks import TrainingHooks
 from titanium.model_builder import BuiltModel, FrozenModel, ModelBuilder, ModelSource
 from titanium.models.converter import can_switch_off
+from titanium.models.spec import ModelSpec
 
 
 @dataclass
@@ -62,8 +64,25 @@ class FrozenHandle:
 class PolicyHandle:
     """The live policy (the model being trained, sharded as it trains), lent for generation."""
 
-    def __init__(self, built: BuiltModel) -> None:
-        self._built = built
+    def __init__(self, built: BuiltModel, hooks: TrainingHooks) -> None:
+        self._built, self._hooks = built, hooks
+
+    def on_update(self, function: Callable[[int], None]) -> None:
+        """Call ``function(step)`` whenever the policy's weights change: once they are in place at the start
+        (loaded or initialized; step 0 or the resumed step) and after every optimizer step, e.g. to sync a rollout
+        engine's weights. Under FSDP every rank calls it: gather the weights together."""
+        self._hooks.after_load.register(function)
+        self._hooks.after_optimizer_step.register(function)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The policy's family (its Hugging Face adapter names the weights for an engine)."""
+        return self._built.spec
+
+    @property
+    def model(self) -> nn.Module:
+        """The live model itself, as it trains (for tools that manage its mode themselves)."""
+        return self._built.model
 
     @contextlib.contextmanager
     def lend(self) -> Iterator[nn.Module]:
@@ -86,8 +105,11 @@ class ModelHandles:
     frozen model's pipeline schedule takes at once (the microbatch size).
     """
 
-    def __init__(self, builder: ModelBuilder, policy: BuiltModel, start: ModelSource, *, batch_size: int) -> None:
+    def __init__(
+        self, builder: ModelBuilder, policy: BuiltModel, start: ModelSource, hooks: TrainingHooks, *, batch_size: int
+    ) -> None:
         self.builder, self.built, self.start, self.batch_size = builder, policy, start, batch_size
+        self.hooks = hooks
         self._shared: dict[tuple, _Shared] = {}
 
     def frozen(self, *, keep: Collection[str] = (), source: ModelSource | None = None) -> FrozenHandle:
@@ -100,7 +122,7 @@ class ModelHandles:
         return FrozenHandle(self, key, identity)
 
     def policy(self) -> PolicyHandle:
-        return PolicyHandle(self.built)
+        return PolicyHandle(self.built, self.hooks)
 
     # ----- one built model per (keep, source), shared by the handles that hold it -----
 

@@ -1,8 +1,13 @@
-"""THE training loop. Setup follows DESIGN.md section 2, one short named step each; objectives plug in.
+"""THE training loop. Setup follows DESIGN.md section 2, one short named step each; everything else plugs in.
 
-Loss rule: each microbatch contributes sum(per-token loss) / (valid tokens of the whole step, over all
-data-parallel ranks). The count is all-reduced once per step before the forward, so gradient
-accumulation and any DP degree give exactly the full-batch mean gradient (FSDP sums, never averages).
+Loss rule: each microbatch contributes sum(per-unit loss) / (loss units of the whole step, over all data- and
+context-parallel ranks). The count is all-reduced once per step before the forward, so gradient accumulation and
+any DP degree give exactly the full-batch mean gradient (FSDP sums, never averages).
+
+The loop names no objective, converter, evaluation or parallel layout: objectives, converters and evaluations come
+from registries with their own config sections (titanium/config/components.py), a step executor runs the step
+however the model is laid out (titanium/executors/), and features hook in at fixed points (titanium/hooks.py).
+docs/extending.md lists what the loop does still name, and why.
 """
 
 from __future__ import annotations
@@ -22,29 +27,28 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from titanium.batch import Batch
-from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
+from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
-from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
-from titanium.converters import build_converters
-from titanium.data.chat import build_chat_template
+from titanium.config.components import EVALUATIONS
+from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
-from titanium.executors import PreparedStep, StepResult, build_executor
+from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
 from titanium.fault_tolerance import build_fault_tolerance
-from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.guards import StepGuard
+from titanium.hooks import TrainingHooks
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.model_builder import DTYPES, ModelBuilder, ModelSource, WeightSource
+from titanium.model_builder import ModelBuilder, ModelSource
 from titanium.model_handles import ModelHandles
+from titanium.model_setup import StartingWeights, job_converters, job_plan
 from titanium.models.converter import ExportContext
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import sequence_placement
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
-from titanium.parallel.parallelize import PlanConfig
-from titanium.trainers import ObjectiveContext, build_objective
-from titanium.validation import Validator
+from titanium.periodic import EvaluationContext, Periodic
+from titanium.trainers import Objective, ObjectiveContext, build_objective
 
 logger = logging.getLogger("titanium")
 
@@ -69,8 +73,7 @@ class Trainer:
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self.guard = StepGuard(cfg.guards, self.optimizer, self.device)
         self._build_objective()
-        self._build_validator()
-        self._build_evaluator()
+        self._build_evaluations()
         self._build_checkpointer()
         self._build_metrics()
 
@@ -96,37 +99,25 @@ class Trainer:
             logger.info("resolved config (saved to %s):\n%s", folder / "config.toml", text)
 
     def _build_model(self) -> None:
-        """Through the one builder: meta model -> converters (LoRA, ...) -> PP split -> plan -> weights."""
+        """Through the one builder: meta model -> converters -> PP split -> plan -> weights; the
+        policy's hooks on the loop, and handles on the models objectives may ask for."""
         cfg, t = self.cfg, self.cfg.training
-        plan = PlanConfig(
-            parallelism=cfg.parallelism,
-            activation_checkpoint=cfg.activation_checkpoint,
-            compile=cfg.compile,
-            param_dtype=DTYPES[t.mixed_precision_param],
-            reduce_dtype=DTYPES[t.mixed_precision_reduce],
-            pipeline=self.dims.pp > 1,
-        )
         self.builder = ModelBuilder(
-            self.device, cfg.debug.seed, self.dims, self.meshes, plan, attention=cfg.model.attention
+            self.device, cfg.debug.seed, self.dims, self.meshes, job_plan(cfg, self.dims), attention=cfg.model.attention
         )
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
-        converters = build_converters(
-            lora=cfg.lora,
-            float8=cfg.float8,
-            qat=cfg.qat,
-            shard_degree=self.dims.dp_shard * self.dims.cp,
-            fsdp=self.dims.fsdp_enabled,
-            device_type=self.device.type,
-        )
-        self.frozen_base = any(c.freezes_base for c in converters)
+        converters = job_converters(cfg, self.dims, self.device.type)
+        weights = StartingWeights(cfg.checkpoint, cfg.job.dump_folder)
         self.built = self.builder.build(
-            self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
+            self.model_spec, self.model_args, converters=converters, weights=weights.policy(converters)
         )
         self.model = self.built.model
-        start = ModelSource(self.model_spec, self.model_args, self._reference_weights())
-        self.models = ModelHandles(self.builder, self.built, start, batch_size=t.local_batch_size)
+        self.hooks = TrainingHooks()
+        self.builder.register_hooks(self.built, self.hooks)
+        start = ModelSource(self.model_spec, self.model_args, weights.start())
+        self.models = ModelHandles(self.builder, self.built, start, self.hooks, batch_size=t.local_batch_size)
         self.placement = sequence_placement(self.device, self.meshes.cp if self.dims.cp > 1 else None)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # (global, DTensors too)
         total = sum(p.numel() for p in self.model.parameters())
@@ -139,31 +130,11 @@ class Trainer:
                 100 * trainable / total,
             )
 
-    def _starting_weights(self, *, resuming_counts: bool = True) -> WeightSource:
-        """The Hugging Face folder to start from, unless this run resumes its own checkpoint (loaded later,
-        it wins). With a frozen base (LoRA) the checkpoints hold only what trains, so the base is always
-        loaded. A titanium initial checkpoint is read by the checkpoint manager (with its other state)."""
-        ck = self.cfg.checkpoint
-        if not ck.initial_load_in_hf:
-            return WeightSource()
-        resuming = ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder)
-        if resuming_counts and resuming and not self.frozen_base:
-            logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
-            return WeightSource()
-        return WeightSource(hf_folder=ck.initial_load_path)
-
-    def _reference_weights(self) -> WeightSource:
-        """Where the starting policy's weights come from (also a LoRA base's): HF, a titanium checkpoint, or none."""
-        ck = self.cfg.checkpoint
-        if ck.initial_load_path and not ck.initial_load_in_hf:
-            return WeightSource(dcp_folder=ck.initial_load_path)
-        return self._starting_weights(resuming_counts=False)
-
     def _build_objective(self) -> None:
-        """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
+        """The configured objective with its own config section, and the executor that runs its steps."""
         t = self.cfg.training
         self.grad_accum_steps = self.dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
-        ctx = ObjectiveContext(
+        self._objective_ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.cfg.model.name,
             vocab_size=self.model_args.vocab_size,
@@ -176,70 +147,47 @@ class Trainer:
             models=self.models,
             device=self.device,
             placement=self.placement,
-            chat_template=self.cfg.sft.chat_template,
-            system_prompt=self.cfg.sft.system_prompt,
+            chat=self.cfg.chat,
             dump_folder=self.cfg.job.dump_folder,
         )
-        section = getattr(self.cfg, t.objective, None)
-        self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
-        self._objective_ctx = ctx
-        self.executor = build_executor(
-            self.objective,
-            self.built,
-            parallelism=self.cfg.parallelism,
-            local_batch_size=t.local_batch_size,
-            loss_parallel=self.dims.loss_parallel_enabled,
-            device=self.device,
+        self.objective = self._new_objective(self.cfg.data)
+        options = ExecutorOptions(
+            self.cfg.parallelism, t.local_batch_size, self.dims.loss_parallel_enabled, self.device
         )
+        self.executor = build_executor(self.objective, self.built, options)
 
-    def _build_validator(self) -> None:
-        """Held-out loss (validation.interval > 0): the objective's data pipeline on validation.path, its loss."""
-        self.validator: Validator | None = None
-        v, objective = self.cfg.validation, self.cfg.training.objective
-        if v.interval == 0:
-            return
-        data = dataclasses.replace(self.cfg.data, path=v.path)
-        ctx = dataclasses.replace(self._objective_ctx, seed=self._objective_ctx.seed + 1)  # (synthetic windows)
-        held_out = build_objective(objective, ctx, data, getattr(self.cfg, objective, None))
-        self.validator = Validator(v, held_out, self._validation_loss)
+    def _new_objective(self, data: DataSection, seed_offset: int = 0) -> Objective:
+        """An instance of the training objective reading ``data`` (another seed: other synthetic windows)."""
+        ctx = dataclasses.replace(self._objective_ctx, seed=self._objective_ctx.seed + seed_offset)
+        return build_objective(self.cfg.training.objective, ctx, data, self.cfg)
 
-    def _build_evaluator(self) -> None:
-        """Held-out exact match of greedy answers (eval.interval > 0), on every data-parallel rank."""
-        self.evaluator: ExactMatchEvaluator | None = None
-        if self.cfg.eval.interval == 0:
-            return
-        template = build_chat_template(self.cfg.sft.chat_template, self.tokenizer, self.cfg.model.name)
-        self.evaluator = ExactMatchEvaluator(
-            self.cfg.eval,
-            self.cfg.data,
-            template,
-            self.tokenizer,
+    def _build_evaluations(self) -> None:
+        """Every registered evaluation its own section turns on (held-out loss, exact match, ...)."""
+        ctx = EvaluationContext(
+            data=self.cfg.data,
+            chat=self.cfg.chat,
+            tokenizer=self.tokenizer,
+            model_name=self.cfg.model.name,
+            objective=self._new_objective,
+            loss_sums=self._held_out_loss,
+            policy=self.models.policy(),
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
-            group=self.dp_group,
+            dp_group=self.dp_group,
             device=self.device,
-            system_prompt=self.cfg.sft.system_prompt,
         )
-
-    def _evaluate(self, step: int) -> None:
-        if self.evaluator is None:
-            return
-        start = time.perf_counter()
-        scalars = self.evaluator(self.model)
-        self.metrics.log(step, scalars)
-        if self.env.rank == 0:
-            logger.info(
-                "eval step %d: exact match %.1f%% of %d held-out samples (%.1fs)",
-                step,
-                100 * scalars["eval/exact_match"],
-                scalars["eval/samples"],
-                time.perf_counter() - start,
-            )
+        self.evaluations: list[Periodic] = []
+        for component in EVALUATIONS:
+            assert component.section is not None, f"evaluation {component.name} has no config section"
+            task = EVALUATIONS.load(component.name)(getattr(self.cfg, component.section.name), ctx)
+            if task is not None:
+                self.evaluations.append(task)
 
     def _build_checkpointer(self) -> None:
         self.train_state = TrainState()
+        model_state, base = self.built.checkpoint_states()
         states = {
-            "model": ModelState(self.model, part="trainable" if self.frozen_base else "all"),
+            "model": model_state,
             "optimizer": OptimizerState(self.model, self.optimizer),
             "lr_scheduler": self.lr_scheduler,
             "train_state": self.train_state,
@@ -247,7 +195,6 @@ class Trainer:
             f"data_dp{self.data_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
-        base = ModelState(self.model, part="base") if self.frozen_base else None
         self.checkpointer = CheckpointManager(
             self.fault_tolerance.checkpoint_section(self.cfg.checkpoint),
             self.cfg.job.dump_folder,
@@ -260,6 +207,7 @@ class Trainer:
         resumed = self.checkpointer.load()
         if resumed:
             logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
+        self.hooks.after_load(resumed)
         shared = ("model", "optimizer", "lr_scheduler", "train_state")  # what a rejoining replica group copies
         self.fault_tolerance.share_state(
             {k: states[k] for k in shared}, self.train_state, self.objective.next_microbatch, self.grad_accum_steps
@@ -295,8 +243,7 @@ class Trainer:
         self.guard.optimizer_step()  # (not applied if the step's loss or gradient norm is not finite)
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        for converter in self.built.converters:
-            converter.after_optimizer_step(self.built.parts)
+        self.hooks.after_optimizer_step(self.train_state.step + 1)
         return result, grad_norm, step.tokens
 
     def prepare_step(self, microbatches: list[Batch]) -> PreparedStep:
@@ -337,7 +284,7 @@ class Trainer:
         return funcol.all_reduce(local, "sum", dist.group.WORLD)
 
     @torch.no_grad()
-    def _validation_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _held_out_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Global (loss sum, count) of one held-out microbatch: the training forward under the same plan."""
         result = self.forward_backward([batch], backward=False)
         return self._global_loss_sum(result.loss_sum), result.units
@@ -366,8 +313,10 @@ class Trainer:
             self.dims.dp_degree,
             self.device,
         )
-        if step == 0:
-            self._evaluate(0)  # the starting point, to compare with
+        if step == 0:  # the starting point, to compare with
+            for task in self.evaluations:
+                if task.at_start:
+                    self.metrics.log(0, task.run(0))
         gc.disable()
         gc.collect()
         self.memory.reset_peak()
@@ -383,10 +332,9 @@ class Trainer:
                 set_train_timeout(self.cfg.comm)
             if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
                 self._log(step, result, grad_norm)
-            if self.cfg.eval.interval and (step % self.cfg.eval.interval == 0 or step == t.steps):
-                self._evaluate(step)
-            if self.validator is not None and self.validator.due(step, t.steps):
-                self.metrics.log(step, self.validator.run(step))
+            for task in self.evaluations:
+                if task.due(step, t.steps):
+                    self.metrics.log(step, task.run(step))
             if self.checkpointer.should_save(step, t.steps):
                 self.guard.check(step)  # never save a state that follows a non-finite step it must stop on
                 self.checkpointer.save(step, final=step == t.steps)
@@ -400,7 +348,7 @@ class Trainer:
         self._export()
 
     def _export(self) -> None:
-        """End of training: each converter's own artifacts (LoRA: a PEFT adapter), then the HF export."""
+        """End of training: what the export hooks write (e.g. a converter's own artifacts), then the HF export."""
         ck = self.checkpointer.cfg  # (under fault tolerance only replica group 0 exports)
         ctx = ExportContext(
             spec=self.model_spec,
@@ -409,8 +357,7 @@ class Trainer:
             base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
             pp_group=self.built.pp_group,
         )
-        for converter in self.built.converters:
-            converter.export(self.model, ctx)
+        self.hooks.export(ctx)
         if ck.last_save_in_hf:
             export_final_hf(
                 self.model,

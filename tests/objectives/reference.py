@@ -1,9 +1,10 @@
-"""A test-only objective that uses every seam an objective like DPO needs (not shipped).
+"""A test-only objective that uses every seam an objective like DPO needs (not shipped), given by import path.
 
-Cross-entropy on the pretraining windows plus a penalty that pulls each token's log-prob towards a frozen
-reference's: the reference is asked from the loop (built by the same builder and plan), its log-probs are
-computed in the no-grad ``prepare`` phase and carried as an extra microbatch key, and two metrics come back
-as (sum, count). Under pipeline parallelism its loss checks that it receives every key of its microbatch.
+Cross-entropy on the pretraining windows plus a penalty (its own config section, ``[reference] penalty``) that pulls
+each token's log-prob towards a frozen reference's: the reference is a frozen model handle (built by the same
+builder and plan), its log-probs are computed in the no-grad ``prepare`` phase and carried in a custom batch field,
+and a metric comes back as (sum, count). Under pipeline parallelism its loss checks that it receives every field
+of its microbatch's rows.
 """
 
 from __future__ import annotations
@@ -16,12 +17,19 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, per_row, per_token
+from titanium.config.registry import SectionSpec
 from titanium.config.sections import DataSection
 from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.trainers.cross_entropy import TokenFields
 from titanium.trainers.pretrain import PretrainObjective
 
-PENALTY = 10.0
+
+@dataclass
+class ReferenceSection:
+    """This objective's own config section, ``[reference]`` (it comes with the class: no registration)."""
+
+    penalty: float = 10.0
+    """Weight of the squared log-prob difference to the reference."""
 
 
 @dataclass
@@ -42,10 +50,12 @@ def token_logp(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 class ReferenceObjective(Objective):
+    section = SectionSpec("reference", ReferenceSection)
     metric_names = ("test/ref_nll",)
 
-    def __init__(self, ctx: ObjectiveContext, data: DataSection, section: None = None) -> None:
-        assert ctx.models is not None
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, section: ReferenceSection) -> None:
+        assert ctx.models is not None and isinstance(section, ReferenceSection), section
+        self.penalty = section.penalty
         self.inner = PretrainObjective(ctx, data)
         self.reference = ctx.models.frozen()  # (the policy as it started; with LoRA: adapters off, no copy)
 
@@ -70,7 +80,7 @@ class ReferenceObjective(Objective):
             raise AssertionError(shapes)
         mask = fields.labels != IGNORE_INDEX
         logp = token_logp(output.logits, fields.labels)
-        loss = -logp.sum() + PENALTY * ((logp - fields.ref_logp) ** 2 * mask).sum()
+        loss = -logp.sum() + self.penalty * ((logp - fields.ref_logp) ** 2 * mask).sum()
         return LossResult(loss, {"test/ref_nll": (-fields.ref_logp.sum(), mask.sum())})
 
     def state_dict(self) -> dict[str, Any]:

@@ -130,7 +130,7 @@ SFT = (
     "--training.objective", "sft",
     "--data.kind", "chat",
     "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--sft.chat_template", "llama3",
+    "--chat.chat_template", "llama3",
     "--training.steps", "3",
     "--debug.deterministic",
 )  # fmt: skip

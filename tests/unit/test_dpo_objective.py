@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from tests.helpers import REPO, LocalModels
 from titanium.batch import Batch
-from titanium.config.sections import DataSection, DPOSection, JobConfig
+from titanium.config import JobConfig
+from titanium.config.sections import ChatSection, DataSection, DPOSection
 from titanium.config.validate import validate
 from titanium.data.chat import build_chat_template
 from titanium.data.preference import PreferenceDataset, PreferencePair
@@ -90,7 +91,7 @@ def objective(tmp_path: Path, path: Path, cfg: DPOSection, models=None, **ctx) -
         dp_world=1,
         seed=0,
         models=models or local_models(),
-        chat_template="llama3",
+        chat=ChatSection("llama3"),
         dump_folder=str(tmp_path / "run"),
     )
     context.update(ctx)
@@ -175,7 +176,7 @@ def test_the_cache_is_read_back_and_keyed_by_what_the_values_depend_on(tmp_path,
     changes = [
         {"models": local_models(identity="reference B")},  # other weights, precision, ...
         {"seq_len": 48},
-        {"system_prompt": "Be brief."},
+        {"chat": ChatSection("llama3", system_prompt="Be brief.")},
         {"tokenizer": ByteTokenizer()},
     ]
     for n, change in enumerate(changes, start=2):

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, tiny_args, train_until_first_save
-from titanium.config.sections import DataSection, GRPOSection
+from titanium.config.sections import ChatSection, DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
 from titanium.generation.rollout import Rollout, to_rollout
@@ -61,7 +61,7 @@ def _objective(
         dp_world=1,
         seed=0,
         models=LocalModels(lambda: reference, policy=model),
-        chat_template="llama3",
+        chat=ChatSection("llama3"),
     )
     settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
     objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))
@@ -266,7 +266,7 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
 
 GRPO_JOB = (
     "--training.objective", "grpo",
-    "--data.kind", "chat", "--data.path", TASKS, "--sft.chat_template", "llama3",
+    "--data.kind", "chat", "--data.path", TASKS, "--chat.chat_template", "llama3",
     "--grpo.group_size", "4", "--grpo.max_new_tokens", "6", "--grpo.max_prompt_len", "40",
     "--grpo.rewards", f"{__name__}:characters", "--grpo.minibatches", "2",
     "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",

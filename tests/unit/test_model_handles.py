@@ -4,10 +4,12 @@
 - A reference that drops a converter that cannot be switched off (float8) next to one that can (LoRA) is a
   separate copy of the starting policy, not a crash.
 - With LoRA alone the reference is the policy with its adapters off: no second model is built.
+- Hooks registered by the model family and by a policy handle's owner are called by the loop.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import math
 import weakref
@@ -17,7 +19,9 @@ import pytest
 import torch
 
 from tests.helpers import REPO, scalars, tiny_args
+from titanium import model_builder
 from titanium.model_builder import ModelBuilder
+from titanium.models import get_model_spec
 
 
 @pytest.fixture
@@ -47,7 +51,7 @@ def dpo_args(tmp_path: Path, *extra: str) -> list[str]:
     return tiny_args(
         tmp_path / "run",
         "--training.objective", "dpo", "--data.kind", "preference", "--data.path", str(pairs),
-        "--sft.chat_template", "llama3", "--training.local_batch_size", "2", "--training.steps", "2",
+        "--chat.chat_template", "llama3", "--training.local_batch_size", "2", "--training.steps", "2",
         *extra,
     )  # fmt: skip
 
@@ -80,3 +84,22 @@ def test_lora_reference_is_the_policy_with_adapters_off(make_trainer, tmp_path, 
     trainer = make_trainer(*dpo_args(tmp_path, "--lora.rank", "4", "--training.steps", "1"))
     trainer.train()
     assert len(built_models) == 1  # the policy only
+
+
+def test_hooks_of_the_model_family_and_of_a_policy_follower_are_called(make_trainer, tmp_path, monkeypatch):
+    """A family's ``training_hooks`` (as MoE's router-bias update would) run after every optimizer step; a policy
+    handle's ``on_update`` (as a rollout engine's weight sync would) once the weights are in place, then after
+    every step; neither is named by the loop."""
+    calls = []
+
+    def family_hooks(parts, meshes, hooks):
+        assert parts and meshes is not None
+        hooks.after_optimizer_step.register(calls.append)
+
+    spec = dataclasses.replace(get_model_spec("llama3"), training_hooks=family_hooks)
+    monkeypatch.setattr(model_builder, "get_model_spec", lambda name: spec)
+    follower = ("--training.objective", "tests.objectives.following:PolicyFollower")
+    trainer = make_trainer(*tiny_args(tmp_path, *follower, "--data.kind", "synthetic", "--training.steps", "3"))
+    trainer.train()
+    assert calls == [1, 2, 3]
+    assert trainer.objective.updates == [0, 1, 2, 3]

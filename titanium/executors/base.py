@@ -19,6 +19,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel as sharded_cross_entropy
 
 from titanium.batch import Batch
+from titanium.config.sections import ParallelismSection
 from titanium.model_builder import BuiltModel
 from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective
 
@@ -50,6 +51,17 @@ class StepResult:
     """The objective's metrics as ``[sum, count, sum, count, ...]`` in ``metric_names`` order, this rank's part."""
 
 
+@dataclass(frozen=True)
+class ExecutorOptions:
+    """What an executor needs of the job besides the objective and the model."""
+
+    parallelism: ParallelismSection
+    local_batch_size: int
+    loss_parallel: bool
+    """The logits are vocabulary-sharded (tensor parallelism with loss parallel)."""
+    device: torch.device
+
+
 class MetricVector:
     """An objective's (sum, count) metrics packed into one tensor in a fixed order, so every rank reduces the same
     list in one all-reduce."""
@@ -71,15 +83,15 @@ class MetricVector:
 
 
 class StepExecutor(ABC):
-    """Runs steps of ``objective`` through ``built``; ``loss_parallel``: the logits are vocabulary-sharded."""
+    """Runs steps of ``objective`` through ``built``."""
 
-    def __init__(self, objective: Objective, built: BuiltModel, *, loss_parallel: bool, device: torch.device) -> None:
+    def __init__(self, objective: Objective, built: BuiltModel, options: ExecutorOptions) -> None:
         self.objective, self.built = objective, built
-        self.metrics = MetricVector(tuple(objective.metric_names), device)
+        self.metrics = MetricVector(tuple(objective.metric_names), options.device)
         # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
         # (forward and backward) work on the shards.
         self.sharded_loss: Callable[[], contextlib.AbstractContextManager] = (
-            sharded_cross_entropy if loss_parallel else contextlib.nullcontext
+            sharded_cross_entropy if options.loss_parallel else contextlib.nullcontext
         )
 
     @abstractmethod

@@ -13,29 +13,22 @@ import torch
 import torch.distributed as dist
 
 from titanium.batch import Batch
-from titanium.config.sections import ParallelismSection
-from titanium.executors.base import PreparedStep, StepExecutor, StepResult
+from titanium.executors.base import ExecutorOptions, PreparedStep, StepExecutor, StepResult
 from titanium.model_builder import BuiltModel
+from titanium.models.common.aux_loss import AUX_LOSSES
 from titanium.parallel.pipeline import Pipeline, clip_grad_norm_pipelined
 from titanium.trainers.base import ModelOutput, Objective
 
 
 class PipelineExecutor(StepExecutor):
-    def __init__(
-        self,
-        objective: Objective,
-        built: BuiltModel,
-        *,
-        parallelism: ParallelismSection,
-        local_batch_size: int,
-        loss_parallel: bool,
-        device: torch.device,
-    ) -> None:
-        objective.check_layout(parallelism.pipeline_parallel_microbatch_size)
-        super().__init__(objective, built, loss_parallel=loss_parallel, device=device)
+    def __init__(self, objective: Objective, built: BuiltModel, options: ExecutorOptions) -> None:
+        objective.check_layout(options.parallelism.pipeline_parallel_microbatch_size)
+        super().__init__(objective, built, options)
         assert built.pipeline is not None
         self.pipeline: Pipeline = built.pipeline
-        self.pipeline.build_schedule(parallelism, local_batch_size, device, loss_fn=self._pipeline_loss)
+        self.pipeline.build_schedule(
+            options.parallelism, options.local_batch_size, options.device, loss_fn=self._pipeline_loss
+        )
         self._batch: Batch | None = None
         self._divisor = torch.ones(())
         self._metrics: dict[int, torch.Tensor] = {}
@@ -46,18 +39,19 @@ class PipelineExecutor(StepExecutor):
         if self.pipeline.has_last_stage:  # (the ranks that compute the loss; the others' metrics stay 0)
             metrics += self.metrics.of(step.metrics)
         loss_total = torch.zeros((), device=metrics.device)
-        for batch in step.batches:
-            self._batch, self._metrics = batch, {}
-            try:
-                with self.sharded_loss(), self.built.autocast():
-                    losses = self.pipeline.step(batch.model_inputs(), backward=backward)
-            finally:
-                self._batch = None
-            if losses:
-                loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
-            for loss in losses:  # (only the losses the schedule kept: it may also call the loss to infer shapes)
-                metrics += self._metrics[id(loss)]
-        return StepResult(loss_total, step.units, metrics)
+        with AUX_LOSSES.scope(step.units) as aux:  # (a stage's auxiliary terms count on its own ranks)
+            for batch in step.batches:
+                self._batch, self._metrics = batch, {}
+                try:
+                    with self.sharded_loss(), self.built.autocast():
+                        losses = self.pipeline.step(batch.model_inputs(), backward=backward)
+                finally:
+                    self._batch = None
+                if losses:
+                    loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
+                for loss in losses:  # (only the losses the schedule kept: it may also call the loss to infer shapes)
+                    metrics += self._metrics[id(loss)]
+        return StepResult(loss_total + aux.total, step.units, metrics)
 
     def _pipeline_loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of one pipeline microbatch (``rows`` of the objective's microbatch)."""

@@ -34,3 +34,7 @@ class ModelSpec(Generic[A]):
     """The family's tensor-parallel plan (``models/<family>/parallelize.py``); None: no tensor parallelism."""
     hf_adapter: HFAdapter | None = None
     """Converts weights and config.json to and from the Hugging Face format; None if absent."""
+    training_hooks: Callable[[list[nn.Module], Any, Any], None] | None = None
+    """``(model parts, meshes, hooks)``: register the family's own hooks on the training loop (a
+    ``titanium.hooks.TrainingHooks``; e.g. MoE router-bias updates after every optimizer step, all-reduced over
+    ``meshes.loss``). Lives in the family's parallelize.py when it needs collectives; None: no hooks."""

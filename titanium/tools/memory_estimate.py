@@ -52,7 +52,7 @@ from torch.utils._python_dispatch import (
 from torch.utils._pytree import tree_leaves
 
 from titanium.batch import Batch
-from titanium.config.sections import JobConfig
+from titanium.config.components import JobConfig
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable
 from titanium.models.spec import ModelSpec
 from titanium.optim import build_optimizer

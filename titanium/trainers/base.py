@@ -17,12 +17,14 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
 
 from titanium.batch import Batch, Placement
+from titanium.config.registry import SectionSpec
+from titanium.config.sections import ChatSection
 from titanium.data.tokenizer import Tokenizer
 
 IGNORE_INDEX = -100
@@ -124,17 +126,22 @@ class ObjectiveContext:
     placement: Placement = field(default_factory=Placement)
     """Puts a CPU microbatch where the loop would (this rank's part of each sequence under context parallelism,
     on the device), and completes per-sequence sums from every rank's part (``add_parts``)."""
-    chat_template: str = "auto"
-    """The job's chat format ([sft] chat_template), for objectives that render conversations."""
-    system_prompt: str | None = None
-    """[sft] system_prompt: replaces or adds each conversation's system message."""
+    chat: ChatSection = field(default_factory=ChatSection)
+    """``[chat]``: how conversations become tokens, and the system prompt, for every objective that renders them."""
     dump_folder: str = "./outputs"
     """The job's output folder (job.dump_folder)."""
 
 
 class Objective(ABC):
+    section: ClassVar[SectionSpec | None] = None
+    """An objective given by import path brings its config section here (``SectionSpec("name", Dataclass)``): the
+    job config then has ``[name]`` and the constructor gets it. Built-in objectives register theirs with their name
+    (titanium/config/components.py)."""
     loss_input = "logits"
     """``"logits"`` (default) or ``"hidden"``: what ``ModelOutput`` carries into ``loss``."""
+    loss_unit = "tokens"
+    """What the loss is a mean over, in the plural, for logs (``validation/tokens``, ``validation/pairs``); with
+    "tokens" the loss is taken for a token cross-entropy, and validation shows its perplexity."""
     metric_names: tuple[str, ...] = ()
     """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
     they show on the console line and in TensorBoard/W&B."""

@@ -8,6 +8,7 @@ response tokens (or averaged, with length_normalize). The losses per pair are
   -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h);
 - ipo (Azar et al. 2023): (h - 1 / (2 beta))^2;
 - hinge (SLiC, Zhao et al. 2023): max(0, 1 - beta h);
+- or any loss registered in titanium/config/components.py's DPO_LOSSES, or given as ``module:function``;
 
 plus, with rpo_alpha > 0, rpo_alpha times the chosen response's mean token NLL (RPO, Pang et al. 2024).
 The implicit rewards are beta x each side's log-ratio. Losses come back per pair, to be summed: the
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, per_row, per_token
+from titanium.config.components import DPO_LOSSES
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
@@ -113,6 +115,21 @@ class DPOLoss:
     """Sums over the pairs (detached 0-d tensors): divide by the global pair count to report means."""
 
 
+def sigmoid_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
+    """DPO (with label smoothing e: conservative DPO)."""
+    eps, beta = cfg.label_smoothing, cfg.beta
+    return -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
+
+
+def ipo_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
+    return (h - 1 / (2 * cfg.beta)) ** 2
+
+
+def hinge_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
+    """SLiC."""
+    return torch.relu(1 - cfg.beta * h)
+
+
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -143,15 +160,7 @@ def dpo_loss(
     rejected_ratio = policy_rejected - reference_rejected
     h = chosen_ratio - rejected_ratio
     beta = cfg.beta
-    if cfg.loss_type == "sigmoid":
-        eps = cfg.label_smoothing
-        losses = -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
-    elif cfg.loss_type == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
-    elif cfg.loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:
-        raise ValueError(f"unknown --dpo.loss_type {cfg.loss_type!r}; expected sigmoid, ipo or hinge")
+    losses = DPO_LOSSES.load(cfg.loss_type)(h, cfg)
     if cfg.rpo_alpha > 0:
         assert chosen_nll is not None
         losses = losses + cfg.rpo_alpha * chosen_nll
@@ -180,10 +189,11 @@ class DPOObjective(Objective):
     """
 
     metric_names = tuple(f"dpo/{name}" for name in METRICS)
+    loss_unit = "pairs"
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
         self.cfg, self.ctx, self.data = dpo, ctx, data
-        self.template = build_chat_template(ctx.chat_template, ctx.tokenizer, ctx.model_name)
+        self.template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
         self.reference: FrozenModel | None = None
@@ -202,7 +212,7 @@ class DPOObjective(Objective):
             self.template,
             ctx.seq_len,
             ctx.tokenizer.bos_id,
-            ctx.system_prompt,
+            ctx.chat.system_prompt,
             dpo.on_long_pair,
             dp_rank,
             dp_world,
@@ -226,7 +236,7 @@ class DPOObjective(Objective):
             "reference": reference.id,
             "data": data_identity(self.data),
             "tokenizer": tokenizer_identity(ctx.tokenizer),
-            "template": [ctx.chat_template, type(self.template).__name__, ctx.system_prompt],
+            "template": [ctx.chat.chat_template, type(self.template).__name__, ctx.chat.system_prompt],
             "seq_len": ctx.seq_len,
             "on_long_pair": self.cfg.on_long_pair,
         }

@@ -239,13 +239,15 @@ class GRPOObjective(Objective):
             raise ValueError("GRPO generates with the live policy: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
         self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
+        self.loss_unit = "tokens" if cfg.loss_aggregation == "token" else "responses"
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
-            template = build_chat_template(ctx.chat_template, ctx.tokenizer, ctx.model_name)
+            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
-        self.prompts = PromptDataset(data, cfg, ctx.tokenizer, template, ctx.system_prompt, ctx.dp_rank, ctx.dp_world)
+        prompts = PromptDataset(data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world)
+        self.prompts = prompts
         self._prompt_stream: Iterator[PromptSample] | None = None
         self.rewards = RewardSet.from_config(cfg)
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)

@@ -24,8 +24,11 @@ from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
 
 class SFTObjective(Objective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
-        template = build_chat_template(sft.chat_template, ctx.tokenizer, ctx.model_name)
-        self.samples = SFTDataset(data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world)
+        chat = ctx.chat
+        template = build_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
+        self.samples = SFTDataset(
+            data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
+        )
         pad_id = ctx.tokenizer.pad_id
         if sft.packing:
             rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
