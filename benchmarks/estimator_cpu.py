@@ -22,13 +22,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 from bench_common import python_path  # noqa: E402
+
 GIB = 2**30
 
 BASE = (
     "--job.config_file", "train_configs/debug_model.toml", "--job.no_print_config", "--checkpoint.no_enable",
     "--data.kind", "synthetic", "--training.steps", "3",
 )  # fmt: skip
-"""The debug model (6 blocks, dim 256, vocabulary 2256) on 8 x 256-token sequences, bf16 mixed precision."""
+"""The debug model (6 blocks, dim 256, vocabulary 2256) on 8 x 256-token sequences, in the compute dtype training
+picks on this CPU (auto: bf16 where the CPU has native bf16, else float32)."""
 
 CASES: dict[str, tuple[int, tuple[str, ...]]] = {
     "1 process": (1, ()),
@@ -129,12 +131,16 @@ def _error(est: float, measured: float) -> str:
 def write_results(rows: list[tuple[str, int, float, float, float]], repeats: int) -> None:
     import torch
 
+    from titanium.precision import compute_dtype, dtype_name
+
+    dtype = dtype_name(compute_dtype("auto", "cpu", announce=False))
     lines = [
         "# Memory estimator vs measured peak (CPU)",
         "",
         f"Command: `python benchmarks/estimator_cpu.py`. Device: CPU ({os.cpu_count()} cores), torch "
         f"{torch.__version__}, gloo. Job: the debug model (6 blocks, dim 256, vocabulary 2256), 8 sequences of 256 "
-        "tokens per rank and step, bf16 mixed precision (FSDP's, or autocast without FSDP), fused AdamW, synthetic "
+        f"tokens per rank and step, compute dtype {dtype} (auto on this CPU; FSDP's mixed precision, or autocast "
+        "without FSDP), fused AdamW, synthetic "
         "data. The estimate is the dry run's (`--device_type cpu`, extrapolated from 3 and 4 blocks where the "
         "stage has more than 4); the measurement is the real run's peak of PyTorch's CPU allocator in steps 2-3 "
         "(torch.profiler memory events, counted from before the trainer is built), over "

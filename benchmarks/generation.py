@@ -7,8 +7,12 @@ has the same length (no padding) and both generate exactly ``--new-tokens`` toke
 token), greedy and sampled (temperature 0.8, top-p 0.95). Tokens/s = batch x new tokens / seconds,
 the median of ``--repeats`` timed runs after one warm-up, the two
 implementations taking turns. Greedy runs also report how many generated
-tokens the two agree on (both in float32: they should be all). On CUDA titanium's decode step is
-compiled (``torch.compile`` over a static KV cache) unless ``--no-compile``.
+tokens the two agree on (both in float32: they should be all). In bfloat16 they need not: one rounding
+that tips a near-tie makes the rest of the row differ, and the random debug model's logits are close
+(top-2 gap under 0.03 at a tenth of the positions, where bfloat16 moves logits by about 0.02); so a
+bfloat16 run also reports how often titanium's model in bfloat16 and in float32, fed the same tokens
+(titanium's greedy output), pick different next tokens. On CUDA titanium's decode step is compiled
+(``torch.compile`` over a static KV cache) unless ``--no-compile``.
 
     python benchmarks/generation.py --threads 1 --out benchmarks/results/generation_cpu.md   # CPU, debug model
     python benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 \\
@@ -110,6 +114,9 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[int, str, float, float, fl
         folder = args.hf_folder or debug_folder(Path(tmp) / "hf")
         built = ModelBuilder(device).load_hf(get_model_spec(args.model), folder)
         ours, model_args = built.model.to(dtype).eval(), built.args
+        exact = (
+            None if dtype == torch.float32 else ModelBuilder(device).load_hf(get_model_spec(args.model), folder).model
+        )
         hf = transformers.AutoModelForCausalLM.from_pretrained(folder, torch_dtype=dtype).to(device).eval()
     vocab = model_args.vocab_size
     pad = 0
@@ -146,7 +153,8 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[int, str, float, float, fl
             (ours_s, ours_tokens), (hf_s, hf_tokens) = timings["titanium"], timings["hf"]
             n = batch * args.new_tokens
             agree = (ours_tokens == hf_tokens).float().mean().item() if mode == "greedy" else None
-            rows.append((batch, mode, n / ours_s, n / hf_s, agree))
+            flips = argmax_flips(ours, exact.eval(), prompts, ours_tokens) if mode == "greedy" and exact else None
+            rows.append((batch, mode, n / ours_s, n / hf_s, agree, flips))
             print(rows[-1], file=sys.stderr)
 
     lines = [
@@ -160,13 +168,27 @@ def run(args: argparse.Namespace) -> tuple[list[tuple[int, str, float, float, fl
         + (" titanium's decode step compiled." if compile_decode else ""),
         f"Command: `python {' '.join(sys.argv)}`",
         "",
-        "| batch | decoding | titanium tokens/s | HF generate tokens/s | titanium / HF | greedy tokens equal |",
-        "|---:|---|---:|---:|---:|---:|",
+        "| batch | decoding | titanium tokens/s | HF generate tokens/s | titanium / HF | greedy tokens equal "
+        f"| next-token flips, {args.dtype} vs float32 (same tokens) |",
+        "|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for batch, mode, ours_tps, hf_tps, agree in rows:
+    for batch, mode, ours_tps, hf_tps, agree, flips in rows:
         equal = f"{100 * agree:.1f}%" if agree is not None else "(sampled)"
-        lines.append(f"| {batch} | {mode} | {ours_tps:,.0f} | {hf_tps:,.0f} | {ours_tps / hf_tps:.2f}x | {equal} |")
+        flipped = f"{100 * flips:.1f}%" if flips is not None else ""
+        lines.append(
+            f"| {batch} | {mode} | {ours_tps:,.0f} | {hf_tps:,.0f} | {ours_tps / hf_tps:.2f}x | {equal} | {flipped} |"
+        )
     return rows, "\n".join(lines) + "\n"
+
+
+@torch.no_grad()
+def argmax_flips(model: torch.nn.Module, exact: torch.nn.Module, prompts: torch.Tensor, tokens: torch.Tensor) -> float:
+    """Share of the generated positions where ``model`` and its float32 twin ``exact``, both fed prompt + the
+    same generated tokens, pick different next tokens: the rounding's own rate of tipping a greedy choice."""
+    seq = torch.cat([prompts, tokens], 1)
+    positions = slice(prompts.shape[1] - 1, -1)  # (the logits that chose each generated token)
+    picks = [m(seq)[:, positions].argmax(-1) for m in (model, exact)]
+    return (picks[0] != picks[1]).float().mean().item()
 
 
 def main() -> None:

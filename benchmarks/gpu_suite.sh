@@ -23,32 +23,34 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 R=benchmarks/results
 
-# part | step | budget (s) | command. Each part's budgets sum to at most 480 s.
+WHEELS=.gpu_wheels
+# Only the carried wheels, without an index or dependencies: the image has the rest (see scripts/gpu_wheels.sh).
+INSTALL="$PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target \$SITE $WHEELS/*.whl"
+# part | step | budget (s) | command. Each part starts with the install; its budgets sum to at most 480 s.
 STEPS=(
-    "1|install|20|install_wheels"
-    "1|cuda_tests|180|$PY -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests"
-    "1|pretrain_8b|210|$PY benchmarks/pretrain_speed.py --models 8B --variants eager compile float8_tensorwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_\$TAG.md"
-    "1|generation|60|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --repeats 3 --out \$R/generation_\$TAG.md"
-    "2|install|20|install_wheels"
+    "1|install|20|$INSTALL"
+    "1|cuda_tests|150|$PY -m pytest -m cuda -q -p no:cacheprovider --continue-on-collection-errors tests"
+    "1|pretrain_8b|180|$PY benchmarks/pretrain_speed.py --models 8B --variants eager compile float8_tensorwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_\$TAG.md"
+    "1|generation|120|$PY benchmarks/generation.py --device cuda --dtype bfloat16 --batches 1 16 64 --repeats 3 --out \$R/generation_\$TAG.md"
+    "2|install|20|$INSTALL"
     "2|sft_ladder|450|$PY benchmarks/sft_ladder.py --models 0.6B 1.7B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_\$TAG.md"
-    "3|install|20|install_wheels"
+    "3|install|20|$INSTALL"
     "3|float8_linear|140|$PY benchmarks/float8_linear.py --out \$R/float8_linear_\$TAG.md"
     "3|pretrain_1b|200|$PY benchmarks/pretrain_speed.py --models 1B --steps 10 --log-freq 3 --run-timeout 60 --out \$R/pretrain_1b_\$TAG.md"
     "3|pretrain_8b_rowwise|110|$PY benchmarks/pretrain_speed.py --models 8B --variants float8_rowwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_rowwise_\$TAG.md"
-    "4|install|20|install_wheels"
+    "4|install|20|$INSTALL"
     "4|dpo_memory|100|$PY benchmarks/dpo_memory.py --out \$R/dpo_memory_\$TAG.md"
     "4|chunked_ce|60|$PY benchmarks/chunked_ce.py --device cuda --dtype bfloat16 --tokens 8192 --dim 4096 --out \$R/chunked_ce_\$TAG.md"
     "4|optimizer_memory|80|$PY benchmarks/optimizer_memory.py --out \$R/optimizer_memory_\$TAG.md"
     "4|checkpoint_async|60|$PY benchmarks/checkpoint_async.py --out \$R/checkpoint_async_\$TAG.md"
     "4|sft_ladder_4b|140|$PY benchmarks/sft_ladder.py --models 4B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_4b_\$TAG.md"
 )
-WHEELS=.gpu_wheels
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 PART=all LIST=0 OUTDIR=
 while (( $# )); do
     case $1 in
-        --list|--dry-run) LIST=1 ;;
+        --list) LIST=1 ;;
         --part) PART=${2:?--part needs a number}; shift ;;
         --out) OUTDIR=${2:?--out needs a folder}; shift ;;
         -h|--help) usage ;;
@@ -65,10 +67,9 @@ if (( LIST )); then  # part, step, budget, command (tab-separated)
     exit 0
 fi
 
-install_wheels() {
-    # Only the carried wheels, without an index or dependencies: the image has the rest (see scripts/gpu_wheels.sh).
+install_wheels() {  # $1: the install command
     compgen -G "$WHEELS/*.whl" > /dev/null || { echo "no $WHEELS/: nothing to install"; return 0; }
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl
+    bash -c "$1"
 }
 
 # The offline machine: no hub, and one allocator setting that keeps long runs from fragmenting.
@@ -95,11 +96,11 @@ run_part() {  # one part's steps; its summary rewritten after each, so a part st
     for s in "${STEPS[@]}"; do
         IFS='|' read -r part name budget cmd <<< "$s"
         [[ $part == "$want" ]] || continue
-        cmd=${cmd//\$R/$R}; cmd=${cmd//\$TAG/$TAG}
+        cmd=${cmd//\$R/$R}; cmd=${cmd//\$TAG/$TAG}; cmd=${cmd//\$SITE/$SITE}
         echo "=== part $part: $name (budget ${budget}s): $cmd"
         local start=$SECONDS rc result
         if [[ $name == install ]]; then
-            install_wheels 2>&1 | tee "$LOGS/$name.log"; rc=${PIPESTATUS[0]}
+            install_wheels "$cmd" 2>&1 | tee "$LOGS/$name.log"; rc=${PIPESTATUS[0]}
             versions=$($PY -c 'import torch, torchao; print(f"Device: {torch.cuda.get_device_name()}; torch {torch.__version__}, torchao {torchao.__version__}, CUDA {torch.version.cuda}.")' 2>/dev/null)
         else
             timeout --kill-after=15 "$budget" bash -c "$cmd" 2>&1 | tee "$LOGS/$name.log"; rc=${PIPESTATUS[0]}

@@ -17,6 +17,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_config
+from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_config, require_hf_adapter
 from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
@@ -151,26 +152,47 @@ class ModelBuilder:
         seq_len: int,
         vocab_size: int | None = None,
         checkpoint: CheckpointSection | None = None,
+        hf_folder: str | os.PathLike | None = None,
     ) -> tuple[ModelSpec, Any]:
-        """The family spec and args of ``[model]``: the flavor, the tokenizer's vocabulary (None: the
-        flavor's), ``seq_len`` as RoPE length, checked against a Hugging Face start folder if configured."""
+        """The family spec and args of ``[model]``, with ``seq_len`` as RoPE length.
+
+        When the weights come from a Hugging Face folder (``hf_folder``, or the ``[checkpoint]`` start folder
+        with ``initial_load_in_hf``), its config.json gives the architecture and the vocabulary (which
+        ``vocab_size``, the tokenizer's, must fit); otherwise the flavor does, with ``vocab_size`` (None: the
+        flavor's)."""
         spec = get_model_spec(model.name)
-        overrides: dict[str, Any] = {"max_seq_len": seq_len}
-        if vocab_size is not None:
-            overrides["vocab_size"] = vocab_size
-        args = build_model_args(spec, model.flavor, **overrides)
         if checkpoint is not None:
-            vocab = args.vocab_size if vocab_size is None else vocab_size
-            args = hf_model_args(spec, args, checkpoint, flavor=model.flavor, tokenizer_vocab=vocab)
+            require_hf_adapter(spec, checkpoint)
+            if hf_folder is None and checkpoint.initial_load_in_hf:
+                hf_folder = checkpoint.initial_load_path
+        if hf_folder is not None:
+            args = hf_model_args(spec, hf_folder, tokenizer_vocab=vocab_size, max_seq_len=seq_len)
+            self._note_flavor(spec, model.flavor, hf_folder)
+            described = f"{model.name} from {Path(hf_folder) / 'config.json'}"
+        else:
+            overrides: dict[str, Any] = {"max_seq_len": seq_len}
+            if vocab_size is not None:
+                overrides["vocab_size"] = vocab_size
+            args = build_model_args(spec, model.flavor, **overrides)
+            described = f"{model.name} {model.flavor}"
         if self.dims is not None:
-            self.dims.check_model(args.decoder_args(), model=f"{model.name} {model.flavor}", seq_len=seq_len)
+            self.dims.check_model(args.decoder_args(), model=described, seq_len=seq_len)
         return spec, args
 
-    def resolve_hf(self, spec: ModelSpec, folder: str, **overrides: Any) -> Any:
-        """Family args read from a Hugging Face folder's config.json."""
-        if spec.hf_adapter is None:
-            raise ConfigError(f"model {spec.name!r} has no Hugging Face adapter")
-        return spec.hf_adapter.from_hf_config(read_hf_config(folder), **overrides)
+    @staticmethod
+    def _note_flavor(spec: ModelSpec, flavor: str, folder: str | os.PathLike) -> None:
+        """Say so when ``--model.flavor`` names another shape than the checkpoint's (the checkpoint wins)."""
+        preset = spec.flavors.get(flavor)
+        if preset is None or spec.hf_adapter is None:
+            return
+        differences = spec.hf_adapter.differences(read_hf_config(folder), preset)
+        if differences:
+            logger.info(
+                "model shape from %s, not --model.flavor %s (%s)",
+                Path(folder) / "config.json",
+                flavor,
+                "; ".join(differences),
+            )
 
     # ----- 2. build -----
 
@@ -211,10 +233,10 @@ class ModelBuilder:
         built.model.train()
         return built
 
-    def load_hf(self, spec: ModelSpec, folder: str | Path, **overrides: Any) -> BuiltModel:
+    def load_hf(self, spec: ModelSpec, folder: str | os.PathLike, **overrides: Any) -> BuiltModel:
         """A model with the architecture of a Hugging Face folder's config.json and its weights
         (``overrides`` replace args, e.g. ``max_seq_len``)."""
-        args = self.resolve_hf(spec, str(folder), **overrides)
+        args = hf_model_args(spec, folder, **overrides)
         return self.build(spec, args, weights=WeightSource(hf_folder=str(folder)))
 
     def frozen_copy(
@@ -246,12 +268,10 @@ class ModelBuilder:
         return built
 
     def register_hooks(self, built: BuiltModel, hooks: TrainingHooks) -> None:
-        """``built``'s hooks on the loop (the policy's): its converters' and its model family's."""
+        """``built``'s hooks on the loop (the policy's): its converters'."""
         for converter in built.converters:
             hooks.after_optimizer_step.register(lambda step, c=converter: c.after_optimizer_step(built.parts))
             hooks.export.register(lambda ctx, c=converter: c.export(built.model, ctx))
-        if built.spec.training_hooks is not None:
-            built.spec.training_hooks(built.parts, self.meshes, hooks)
 
     def _parallelize(self, built: BuiltModel) -> None:
         """Pipeline split, then per stage TP -> CP -> AC -> compile -> FSDP (nothing without a plan)."""
@@ -283,6 +303,7 @@ class ModelBuilder:
             part.to_empty(device=self.device)
             part.init_buffers(self.device)
         params = {clean_fqn(name): p for name, p in built.model.named_parameters()}
+        buffers = {clean_fqn(name): b for name, b in built.model.named_buffers()}
         units = [([key], False, False) for key in one_process_model.layers] + [([], True, True)]
         for layers, first, last in units:
             unit = keep_only(one_process_model, layers, first, last)
@@ -294,12 +315,20 @@ class ModelBuilder:
             full = dict(unit.named_parameters())
             for name in names:
                 copy_full_into(params[name], full[name])
+            with torch.no_grad():  # the blocks' buffers (an MoE's routing bias and counts; never sharded)
+                for name, value in unit.named_buffers():
+                    if name.startswith("layers.") and name in buffers:
+                        buffers[name].copy_(value)
 
     def _load(self, built: BuiltModel, weights: WeightSource) -> None:
         if weights.hf_folder is not None:
             if built.spec.hf_adapter is None:
                 raise ConfigError(f"model {built.spec.name!r} has no Hugging Face adapter")
-            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args)
+            whole = None
+            if built.pipeline is not None:  # this rank holds some stages: check the file against the whole model
+                with torch.device("meta"):
+                    whole = {k: tuple(v.shape) for k, v in built.spec.model_cls(built.args).state_dict().items()}
+            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args, whole)
         elif weights.dcp_folder is not None:
             dcp.load({"model": ModelState(built.model)}, checkpoint_id=weights.dcp_folder)
             logger.info("loaded model weights from %s", weights.dcp_folder)

@@ -27,6 +27,7 @@ from titanium.hooks import TrainingHooks
 from titanium.model_builder import BuiltModel, FrozenModel, ModelBuilder, ModelSource
 from titanium.models.converter import can_switch_off
 from titanium.models.spec import ModelSpec
+from titanium.precision import dtype_name
 
 
 @dataclass
@@ -137,7 +138,7 @@ class ModelHandles:
         converters = self.built.converters
         if not self._in_place(keep, source):
             converters = [c for c in converters if c.name in keep]
-        precision = str(self.builder.plan.param_dtype) if self.builder.plan is not None else "float32"
+        precision = dtype_name(self.builder.plan.param_dtype if self.builder.plan is not None else torch.float32)
         weights = source.weights.fingerprint() or f"initialized with seed {self.builder.seed}"
         parts = [source.spec.name, repr(source.args), weights, *(c.describe() for c in converters), precision]
         return "\n".join(parts)

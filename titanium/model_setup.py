@@ -15,18 +15,22 @@ from titanium.model_builder import DTYPES, WeightSource
 from titanium.models.converter import ConverterContext, ModelConverter
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.parallelize import PlanConfig
+from titanium.precision import compute_dtype
 
 logger = logging.getLogger("titanium")
 
 
-def job_plan(cfg: Any, dims: ParallelDims, compile: CompileSection | None = None) -> PlanConfig:
-    """The parallel plan of the job config ``cfg`` (``compile`` replaces its [compile] section)."""
+def job_plan(
+    cfg: Any, dims: ParallelDims, device_type: str, compile: CompileSection | None = None, announce: bool = False
+) -> PlanConfig:
+    """The parallel plan of the job config ``cfg`` on ``device_type`` (``compile`` replaces its [compile] section;
+    ``announce``: log the compute dtype chosen, on one rank)."""
     t = cfg.training
     return PlanConfig(
         parallelism=cfg.parallelism,
         activation_checkpoint=cfg.activation_checkpoint,
         compile=compile or cfg.compile,
-        param_dtype=DTYPES[t.mixed_precision_param],
+        param_dtype=compute_dtype(t.mixed_precision_param, device_type, announce=announce),
         reduce_dtype=DTYPES[t.mixed_precision_reduce],
         pipeline=dims.pp > 1,
     )

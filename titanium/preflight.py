@@ -2,8 +2,9 @@
 
 ``titanium.train`` runs them first; ``run_train.sh`` runs them alone before torchrun starts its
 workers, so a bad config costs a second instead of a cluster start-up. Beyond the config's own
-validation: the layout against the world size, the model name and flavor, the LoRA targets, the batch
-sizes, the optimizer-in-backward limits, and the checkpoint to start from.
+validation: the layout against the world size, the model name and flavor, expert parallelism and [moe]
+against the flavor, the LoRA targets, the batch sizes, the optimizer-in-backward limits, and the checkpoint
+to start from.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from pathlib import Path
 from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
-from titanium.models import get_model_spec, list_models
+from titanium.models import build_model_args, get_model_spec, list_models
+from titanium.moe_balance import check_moe_config
 from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
 from titanium.peft.lora import check_lora_config
@@ -32,10 +34,20 @@ def check_model_name(cfg: ModelSection) -> None:
         )
 
 
+def check_moe(cfg: JobConfig, dims: ParallelDims) -> None:
+    """Expert parallelism and ``[moe]`` against the flavor's architecture (dense or how many experts)."""
+    spec = get_model_spec(cfg.model.name)
+    args = build_model_args(spec, cfg.model.flavor)
+    dims.check_experts(args.decoder_args().moe, model=f"{cfg.model.name} {cfg.model.flavor}")
+    export = spec.hf_adapter if cfg.checkpoint.last_save_in_hf else None
+    check_moe_config(cfg.moe, args, pipeline=dims.pp > 1, hf_export_adapter=export)
+
+
 def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     """Everything about ``cfg`` that can be checked without a process group; returns the layout."""
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     check_model_name(cfg.model)
+    check_moe(cfg, dims)
     check_lora_config(cfg.lora)
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)

@@ -30,14 +30,14 @@ from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
 from titanium.config import JobConfig, to_toml_dict
-from titanium.config.components import EVALUATIONS
+from titanium.config.components import EVALUATIONS, TRAINING_HOOKS
 from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
 from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
 from titanium.fault_tolerance import build_fault_tolerance
 from titanium.guards import StepGuard
-from titanium.hooks import TrainingHooks
+from titanium.hooks import HookContext, TrainingHooks
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
 from titanium.model_builder import ModelBuilder, ModelSource
 from titanium.model_handles import ModelHandles
@@ -65,6 +65,8 @@ class Trainer:
         self.loss_group = self.meshes.loss.get_group()  # dp x cp: the ranks whose loss units add up
         self.fault_tolerance = build_fault_tolerance(cfg.fault_tolerance, self.device)  # (off: a no-op hook)
         self.data_rank, self.data_world = self.fault_tolerance.data_shard(self.dp_rank, dims.dp_degree)
+        t = cfg.training
+        self.grad_accum_steps = dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
         self._set_determinism()
         self._save_config()
         self.tokenizer = build_tokenizer(cfg.tokenizer)
@@ -72,6 +74,7 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self.guard = StepGuard(cfg.guards, self.optimizer, self.device)
+        self._register_hooks()
         self._build_objective()
         self._build_evaluations()
         self._build_checkpointer()
@@ -103,7 +106,12 @@ class Trainer:
         policy's hooks on the loop, and handles on the models objectives may ask for."""
         cfg, t = self.cfg, self.cfg.training
         self.builder = ModelBuilder(
-            self.device, cfg.debug.seed, self.dims, self.meshes, job_plan(cfg, self.dims), attention=cfg.model.attention
+            self.device,
+            cfg.debug.seed,
+            self.dims,
+            self.meshes,
+            job_plan(cfg, self.dims, self.device.type, announce=self.env.rank == 0),
+            attention=cfg.model.attention,
         )
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
@@ -130,10 +138,16 @@ class Trainer:
                 100 * trainable / total,
             )
 
+    def _register_hooks(self) -> None:
+        """Every registered feature that hooks into the loop, from its own section (e.g. [moe] load balancing)."""
+        ctx = HookContext(self.built, self.grad_accum_steps, self.loss_group, self.cfg.checkpoint.last_save_in_hf)
+        for component in TRAINING_HOOKS:
+            assert component.section is not None, f"training hook {component.name} has no config section"
+            TRAINING_HOOKS.load(component.name)(getattr(self.cfg, component.section.name), ctx, self.hooks)
+
     def _build_objective(self) -> None:
         """The configured objective with its own config section, and the executor that runs its steps."""
         t = self.cfg.training
-        self.grad_accum_steps = self.dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
         self._objective_ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.cfg.model.name,
@@ -152,7 +166,7 @@ class Trainer:
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
-            self.cfg.parallelism, t.local_batch_size, self.dims.loss_parallel_enabled, self.device
+            self.cfg.parallelism, t.local_batch_size, self.dims.loss_parallel_enabled, self.device, self.hooks.loss_term
         )
         self.executor = build_executor(self.objective, self.built, options)
 
@@ -385,6 +399,7 @@ class Trainer:
             **objective_metrics,
             **self.objective.log_metrics(),
             **self.fault_tolerance.metrics(),
+            **{k: v for numbers in self.hooks.metrics(step) for k, v in numbers.items()},
         }
         self.memory.reset_peak()
         self.metrics.log(step, scalars)

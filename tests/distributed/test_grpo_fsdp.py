@@ -34,7 +34,7 @@ CONFIGS = {
         "--grpo.epsilon_low", "0.01", "--grpo.epsilon_high", "0.01",
     ),
     "sequence_masked_lag": (
-        "--grpo.loss_aggregation", "sequence", "--grpo.mask_truncated", "--grpo.max_policy_lag", "1",
+        "--grpo.loss_type", "grpo", "--grpo.mask_truncated", "--grpo.max_policy_lag", "1",
     ),
 }  # fmt: skip
 METRICS = ("grpo/reward", "grpo/reward_std", "grpo/response_len", "grpo/entropy", "grpo/clip_frac", "grpo/policy_lag")

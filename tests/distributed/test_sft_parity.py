@@ -8,9 +8,10 @@ losses rel 1e-5, grad norms rel 2e-4.
 - Under FSDP each data-parallel rank packs its own share of the samples, so packed rows differ from one
   process's; padded rows (one sample per row) hold the same samples per step at any DP degree, so the
   FSDP comparison uses them. That packing leaves a sample's loss unchanged is shown in
-  tests/unit/test_sft_objective.py. LoRA (only the adapters train) is checked under FSDP, PP and CP on
-  padded rows, QLoRA under FSDP, and one FSDP run also evaluates (generates) every 2 steps, which must
-  not change training.
+  tests/unit/test_sft_objective.py. LoRA (only the adapters train) is checked with DoRA and rsLoRA, a
+  superset of plain LoRA's path (plain LoRA under FSDP: test_dpo_parity.py), under FSDP (magnitudes
+  initialized from sharded weights), PP and CP on padded rows, and with an NF4 base (QDoRA) under FSDP;
+  one FSDP run also evaluates (generates) every 2 steps, which must not change training.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ SFT = (
     "--data.shards", "2",  # one process reads the file's 2 byte ranges in turn, 2 DP ranks one each: same rows
 )  # fmt: skip
 PADDED = ("--sft.no_packing",)
-LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2")
-ADAPTERS = {"full": (), "lora": LORA, "qlora": (*LORA, "--lora.quantize_base", "nf4")}
+LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2", "--lora.use_dora", "--lora.use_rslora")
+ADAPTERS = {"full": (), "dora": LORA, "qdora": (*LORA, "--lora.quantize_base", "nf4")}
 FSDP2 = ("--training.local_batch_size", "2")
 
 
@@ -52,7 +53,7 @@ def test_packed_sft_layouts_match_one_process(tmp_path, packed_reference, name, 
 
 @pytest.fixture(scope="module")
 def padded_reference(tmp_path_factory):
-    """One-process padded runs (full, LoRA, QLoRA), each made once for the module."""
+    """One-process padded runs (full, DoRA, QDoRA), each made once for the module."""
     folder, runs = tmp_path_factory.mktemp("sft_padded"), {}
 
     def get(kind: str) -> Run:
@@ -68,14 +69,14 @@ def padded_reference(tmp_path_factory):
     [
         # Evaluation (generation on both FSDP ranks) between steps must leave training untouched.
         ("full", "fsdp2_eval", (*FSDP2, "--eval.interval", "2", "--eval.max_samples", "8", "--eval.batch_size", "2")),
-        ("lora", "fsdp2", FSDP2),
+        ("dora", "fsdp2", FSDP2),
         (
-            "lora",
+            "dora",
             "pp2",
             ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"),
         ),
-        ("lora", "cp2", ("--parallelism.context_parallel_degree", "2")),
-        ("qlora", "fsdp2", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
+        ("dora", "cp2", ("--parallelism.context_parallel_degree", "2")),
+        ("qdora", "fsdp2", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
     ],
 )
 def test_padded_sft_layouts_match_one_process(tmp_path, padded_reference, kind, name, extra):

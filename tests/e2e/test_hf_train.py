@@ -77,22 +77,6 @@ def test_train_from_hf_and_export(make_trainer, tmp_path: Path, model: str, dtyp
             assert (reloaded(input_ids=tokens).logits - ours).abs().max() <= 1e-4
 
 
-def test_flavor_mismatch_fails_before_training(tmp_path: Path, capsys, monkeypatch) -> None:
-    from titanium.train import main
-
-    monkeypatch.chdir(REPO)
-    make_hf_debug_checkpoint(tmp_path / "qwen", "qwen3")
-    code = main(
-        tiny_args(tmp_path / "run", "--model.name", "llama3")
-        + ["--checkpoint.initial_load_path", str(tmp_path / "qwen"), "--checkpoint.initial_load_in_hf"]
-    )
-    err = capsys.readouterr().err
-    assert code == 2 and "titanium: error: " in err and "Traceback" not in err
-    assert f"{tmp_path / 'qwen' / 'config.json'} does not match --model.flavor debugmodel (llama): " in err
-    assert "model_type 'qwen3' != 'llama'" in err and "head_dim 64 != flavor debugmodel head_dim 16" in err
-    assert not (tmp_path / "run/hf").exists()
-
-
 def test_missing_folder_is_a_config_error(tmp_path: Path, capsys, monkeypatch) -> None:
     from titanium.train import main
 

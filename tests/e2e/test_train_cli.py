@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from tests.helpers import REPO, run_train, scalars
 
 
@@ -25,3 +27,4 @@ def test_debug_model_trains_and_writes_outputs(tmp_path):
     log = result.stderr
     for word in ("loss", "grad_norm", "lr", "tok/s", "mem", "eta"):
         assert word in log
+    assert re.search(r"compute dtype (bfloat16|float32) \(auto: this CPU has (no )?native bf16", log)  # (start-up)

@@ -23,8 +23,8 @@ from titanium.checkpoint.hf import INDEX_FILE, HFCheckpoint, save_hf_weights
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 
-LOGIT_ATOL = 1e-4
-GRAD_ATOL = 1e-5
+LOGIT_ATOL = 1e-5
+GRAD_ATOL = 1e-6
 
 
 @dataclass(frozen=True)

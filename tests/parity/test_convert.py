@@ -31,7 +31,7 @@ def test_hf_dcp_hf_round_trip(tmp_path: Path, case) -> None:
     for path in source.iterdir():
         assert (tmp_path / "out" / path.name).read_bytes() == path.read_bytes(), path.name
     # A flavor that is not the checkpoint's architecture fails, naming the shapes.
-    assert main(["to-hf", str(step0), str(tmp_path / "bad"), "--model", case.model, "--flavor", "debugmodel"]) == 1
+    assert main(["to-hf", str(step0), str(tmp_path / "bad"), "--model", case.model, "--flavor", "debugmodel"]) == 2
     assert not (tmp_path / "bad").exists()
 
 
@@ -51,7 +51,7 @@ def test_training_checkpoint_to_hf(make_trainer, tmp_path: Path) -> None:
 
 
 def test_errors_and_help(tmp_path: Path, capsys) -> None:
-    assert main(["to-hf", str(tmp_path), str(tmp_path / "out"), "--model", "llama3", "--flavor", "1B"]) == 1
+    assert main(["to-hf", str(tmp_path), str(tmp_path / "out"), "--model", "llama3", "--flavor", "1B"]) == 2
     assert "not a complete DCP checkpoint" in capsys.readouterr().err
     result = subprocess.run(
         [sys.executable, "-m", "titanium.tools.convert", "--help"], capture_output=True, text=True, timeout=120

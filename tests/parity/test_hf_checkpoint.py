@@ -17,7 +17,6 @@ from titanium.checkpoint.hf import (
     load_hf_weights,
     save_hf_weights,
 )
-from titanium.config.sections import CheckpointSection
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 from titanium.models.hf_adapter import HFConfigError, rope_rows_from_hf, rope_rows_to_hf
@@ -81,25 +80,34 @@ def test_adapter_round_trip(family: str, tied: bool) -> None:
     assert (rebuilt.vocab_size, rebuilt.max_seq_len) == (args.vocab_size, args.max_seq_len)
 
 
-def test_config_mismatch_names_the_fields(tmp_path: Path) -> None:
+def test_args_come_from_config_json(tmp_path: Path) -> None:
+    """Any shape of a supported family loads (a flavor is a preset, not a requirement); real mismatches name
+    the file and the field."""
     args = _save_model_folder(tmp_path, LLAMA)
-    cfg = CheckpointSection(initial_load_path=str(tmp_path), initial_load_in_hf=True)
     spec = get_model_spec("llama3")
-    flavor_1b = LLAMA3_FLAVORS["1B"]
-    with pytest.raises(HFConfigError) as err:
-        hf_model_args(spec, flavor_1b, cfg, flavor="1B", tokenizer_vocab=300)
-    msg = str(err.value)
-    assert str(tmp_path / "config.json") in msg
-    assert "hidden_size 256 != flavor 1B dim 2048" in msg
-    assert "num_hidden_layers 2 != flavor 1B n_layers 16" in msg
-    assert "tie_word_embeddings False != flavor 1B tie_word_embeddings True" in msg
-    # The matching flavor passes and takes the checkpoint's vocabulary.
-    resolved = hf_model_args(spec, dataclasses.replace(args, vocab_size=7), cfg, flavor="x", tokenizer_vocab=290)
-    assert resolved.vocab_size == 300
+    resolved = hf_model_args(spec, tmp_path, tokenizer_vocab=290, max_seq_len=32)
+    assert resolved == dataclasses.replace(args, max_seq_len=32, ffn_hidden_dim=args.ffn_dim)
+    config = json.loads((tmp_path / "config.json").read_text())
+    differences = spec.hf_adapter.differences(config, LLAMA3_FLAVORS["1B"])
+    assert differences[:2] == ["hidden_size 256 != dim 2048", "num_hidden_layers 2 != n_layers 16"]
     with pytest.raises(HFCheckpointError, match="tokenizer has 301 ids but .* vocab_size 300"):
-        hf_model_args(spec, args, cfg, flavor="x", tokenizer_vocab=301)
-    with pytest.raises(HFConfigError, match="model_type 'llama' != 'qwen3'"):
-        hf_model_args(get_model_spec("qwen3"), QWEN, cfg, flavor="debugmodel", tokenizer_vocab=300)
+        hf_model_args(spec, tmp_path, tokenizer_vocab=301)
+    with pytest.raises(HFConfigError) as err:
+        hf_model_args(get_model_spec("qwen3"), tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path / 'config.json'}: model_type 'llama' is not a --model.name qwen3 checkpoint ('qwen3'); "
+        "use --model.name llama3"
+    )
+    (tmp_path / "config.json").write_text(json.dumps({**config, "attention_bias": True, "num_attention_heads": 5}))
+    with pytest.raises(HFConfigError, match=f"^{tmp_path / 'config.json'}: attention_bias = true is not supported"):
+        hf_model_args(spec, tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**config, "num_attention_heads": 5, "head_dim": None}))
+    with pytest.raises(HFConfigError, match=r"config.json: dim \(256\) must be divisible by n_heads \(5\)"):
+        hf_model_args(spec, tmp_path)
+    del config["hidden_size"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(HFConfigError, match="config.json: missing field 'hidden_size'"):
+        hf_model_args(spec, tmp_path)
 
 
 def _save_model_folder(folder: Path, args) -> object:

@@ -330,8 +330,11 @@ def test_build_chat_template_choices(tiktoken_tok, tmp_path):
     plain = make_hf_tokenizer(tmp_path / "plain", chat_template=None)
     assert plain.chat_template is None
     assert type(build_chat_template("auto", plain, "qwen3")) is Qwen3Template
+    assert type(build_chat_template("auto", plain, "qwen2")) is ChatMLTemplate  # (the family's registered format)
     with pytest.raises(ChatTemplateError, match="no default format; set --chat.chat_template"):
         build_chat_template("auto", ByteTokenizer(), "mystery")
+    with pytest.raises(ChatTemplateError, match="model 'gemma2' has no default format"):  # its tokenizer's, or none
+        build_chat_template("auto", plain, "gemma2")
     with pytest.raises(ChatTemplateError, match="has no chat_template"):
         build_chat_template("tokenizer", tiktoken_tok, "llama3")
     with pytest.raises(ChatTemplateError, match="unknown --chat.chat_template"):

@@ -35,17 +35,21 @@ def _inputs(n: int, dim: int, vocab: int, dtype=torch.float32, seed: int = 0):
     return hidden, weight, targets
 
 
-def _reference(hidden, weight, targets):
-    return F.cross_entropy((hidden @ weight.t()).float(), targets, reduction="sum")
+def _reference(hidden, weight, targets, softcap=None):
+    logits = (hidden @ weight.t()).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    return F.cross_entropy(logits, targets, reduction="sum")
 
 
+@pytest.mark.parametrize("softcap", [None, 1.5])  # (Gemma 2's final logit soft-capping; 1.5 caps these logits)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("chunk", [1, 7, 37, 64])  # 37 tokens: chunks that divide, do not divide, exceed them
-def test_loss_and_gradients_equal_the_full_projection(dtype, chunk):
+def test_loss_and_gradients_equal_the_full_projection(dtype, chunk, softcap):
     hidden, weight, targets = _inputs(37, 16, 101, dtype)
-    expected = _reference(hidden, weight, targets)
+    expected = _reference(hidden, weight, targets, softcap)
     grad_h, grad_w = torch.autograd.grad(expected * 0.3, (hidden, weight))
-    got = linear_cross_entropy_sum(hidden, weight, targets, chunk)
+    got = linear_cross_entropy_sum(hidden, weight, targets, chunk, softcap)
     got_h, got_w = torch.autograd.grad(got * 0.3, (hidden, weight))  # the incoming gradient is scaled through
     assert got.dtype == torch.float32
     torch.testing.assert_close(got, expected.float(), rtol=1e-5, atol=0)

@@ -63,7 +63,10 @@ def test_optimizer_in_backward_trains_like_the_step(make_trainer, tmp_path):
 def test_peak_memory_is_near_the_dry_run_estimate(make_trainer, tmp_path):
     """The dry run's estimate for one GPU (traced on fake tensors, nothing allocated) against the caching
     allocator's peak of the real run, 8 x 1024 tokens in float32: within 25%. The estimate does not count what
-    CUDA libraries allocate through the allocator (cuBLAS workspaces) and traces the attention of the CPU."""
+    CUDA libraries allocate through the allocator (cuBLAS workspaces) and traces the attention of the CPU.
+    The run's peak is the highest of the peaks the trainer logs (each of a window between log steps: the trainer
+    resets the allocator's peak at each, so the allocator's own peak after training is that of the last window,
+    after the last step, which is only the weights and optimizer states)."""
     import torch.distributed as dist
 
     from titanium.tools.dry_run import dry_run
@@ -77,8 +80,9 @@ def test_peak_memory_is_near_the_dry_run_estimate(make_trainer, tmp_path):
     finally:
         dist.destroy_process_group()
     torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    baseline = torch.cuda.memory_allocated()  # (what earlier tests of the process left)
     trainer = make_trainer(*args)
     trainer.train()
-    measured = torch.cuda.max_memory_allocated()
+    trainer.close()
+    measured = max(scalars(tmp_path / "tb", "memory/peak_gib").values()) * 2**30 - baseline
     assert measured == pytest.approx(estimate, rel=0.25), (measured / 2**20, estimate / 2**20)

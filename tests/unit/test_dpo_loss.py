@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.parity.harness import randomize_
+from tests.objectives.tiny_hf import BOS, tiny_llama, word_tokenizer
 from titanium.config.sections import DPOSection
 from titanium.data.preference import PreferencePair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
@@ -153,35 +153,12 @@ def test_response_sums_equal_a_loop_over_tokens():
 
 # ------------------------------------------------------------------------ a tiny Hugging Face Llama
 
-VOCAB = 48
-BOS = 1
 # (prompt, chosen, rejected) token ids: different lengths, a shared and a diverging response prefix.
 PAIRS = [
     ([BOS, 5, 6, 7], [8, 9, 2], [10, 2]),
     ([BOS, 11, 12], [13, 14, 15, 16, 2], [13, 17, 2]),
     ([BOS, 20, 21, 22, 23, 24], [25, 2], [26, 27, 28, 2]),
 ]
-
-
-def tiny_llama(seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=BOS,
-        eos_token_id=2,
-        pad_token_id=0,
-    )
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(config).float()
-    randomize_(model, seed)
-    return model
 
 
 def ours(policy, reference, cfg: DPOSection) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -292,13 +269,9 @@ TRL_CASES: dict[str, tuple[DPOSection, dict, bool]] = {
 def trl_trainer(policy, reference, options: dict):
     """A real trl.DPOTrainer around our two tiny models (its dataset is never trained on)."""
     from datasets import Dataset
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
     from trl import DPOConfig, DPOTrainer
 
-    words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3"))
-    words.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t2", bos_token="t1")
+    tokenizer = word_tokenizer()
     data = Dataset.from_dict({"prompt": ["t5 t6"], "chosen": ["t7"], "rejected": ["t8"]})
     args = DPOConfig(output_dir=tempfile.mkdtemp(), report_to=[], use_cpu=True, bf16=False, **options)
     return DPOTrainer(model=policy, ref_model=reference, args=args, train_dataset=data, processing_class=tokenizer)

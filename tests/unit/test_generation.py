@@ -12,7 +12,7 @@ import dataclasses
 import pytest
 import torch
 
-from titanium.generation.generate import generate, left_pad
+from titanium.generation.generate import Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, sample
 from titanium.generation.static_cache import StaticKVCache
 from titanium.models.common.kv_cache import KVCache
@@ -82,23 +82,42 @@ def test_sampling_is_reproducible_from_the_seed() -> None:
     assert first == again and first != other
 
 
+def _assert_logprobs_of_a_fresh_forward(
+    model: Transformer, prompts: list[list[int]], result: Generation, params: SamplingParams, atol: float
+) -> None:
+    """Each generated token's log-prob equals that of one eager forward over prompt + answer (all of the row's
+    logits enter it, through the log-sum-exp)."""
+    temperature = params.temperature or 1.0
+    device = next(model.parameters()).device
+    for row, (prompt, answer) in enumerate(zip(prompts, result.token_lists())):
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + answer], device=device))[0, len(prompt) - 1 : -1]
+        expected = torch.log_softmax(logits / temperature, dim=-1)[torch.arange(len(answer)), answer]
+        torch.testing.assert_close(result.logprobs[row, : len(answer)], expected, rtol=0, atol=atol)
+
+
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_logprobs_equal_a_fresh_forward_over_prompt_and_answer(params: SamplingParams) -> None:
     model, prompts = _model(), _prompts()
-    result = _run(model, prompts, params, set())
-    temperature = params.temperature or 1.0
-    for row, (prompt, answer) in enumerate(zip(prompts, result.token_lists())):
-        with torch.no_grad():
-            logits = model(torch.tensor([prompt + answer]))[0, len(prompt) - 1 : -1]
-        expected = torch.log_softmax(logits / temperature, dim=-1)[torch.arange(len(answer)), answer]
-        torch.testing.assert_close(result.logprobs[row, : len(answer)], expected, rtol=0, atol=1e-5)
+    _assert_logprobs_of_a_fresh_forward(model, prompts, _run(model, prompts, params, set()), params, atol=1e-5)
+
+
+def _stop_ids_that_stop_some_rows(free: list[list[int]]) -> set[int]:
+    """Up to two tokens of the free continuations, before their last token (so those rows stop early), that some
+    row never produces (so it runs to the end): chosen from what this torch version's model generates, since a
+    fixed choice held on one version and stopped every row on another."""
+    stop_ids: set[int] = set()
+    for token in sorted({t for row in free for t in row[:-1]}):
+        if len(stop_ids) < 2 and any(not ({token} | stop_ids) & set(row) for row in free):
+            stop_ids.add(token)
+    return stop_ids
 
 
 @pytest.mark.parametrize("params", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
 def test_stop_ids_finish_each_row_where_naive_stops(params: SamplingParams) -> None:
     model, prompts = _model(seed=1), _prompts()  # (a model whose rows stop at different points)
     free = _naive(model, prompts, params, set())
-    stop_ids = {free[0][2], free[2][4]}  # tokens that really occur, so some rows stop early
+    stop_ids = _stop_ids_that_stop_some_rows(free)
     expected = _naive(model, prompts, params, stop_ids)
     assert any(len(e) < 10 for e in expected) and any(len(e) == 10 and e[-1] not in stop_ids for e in expected)
     result = _run(model, prompts, params, stop_ids)
@@ -170,10 +189,13 @@ def test_static_cache_gives_the_growing_cache_logits() -> None:
 
 @pytest.mark.cuda  # the compiled decode step is for GPUs
 def test_compiled_decode_step_equals_eager_on_cuda() -> None:
+    """The compiled decode step (static cache) against eager forwards over the tokens it sampled. Not against an
+    eager sampling of its own: the compiled logits differ from eager ones by rounding (~1e-6), which tips a draw
+    whose two best candidates are that close, and from there the two rows part ways; over the same tokens the
+    comparison holds whatever was drawn."""
     model, prompts = _model().cuda(), _prompts()
-    results = [
-        generate(model, prompts, SAMPLED, set(), PAD, generator=torch.Generator("cuda").manual_seed(0), compile=c)
-        for c in (False, True)
-    ]
-    assert results[1].token_lists() == results[0].token_lists()
-    torch.testing.assert_close(results[1].logprobs, results[0].logprobs, rtol=0, atol=1e-4)
+    result = generate(
+        model, prompts, SAMPLED, set(), PAD, generator=torch.Generator("cuda").manual_seed(0), compile=True
+    )
+    assert result.lengths.tolist() == [SAMPLED.max_new_tokens] * len(prompts)
+    _assert_logprobs_of_a_fresh_forward(model, prompts, result, SAMPLED, atol=1e-4)

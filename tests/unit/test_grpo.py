@@ -12,14 +12,16 @@ import torch
 from tests.helpers import REPO
 from titanium.config import ConfigError, load_config
 from titanium.config.sections import GRPOSection
-from titanium.trainers.grpo import (
+from titanium.trainers.grpo import group_advantages, token_entropy
+from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
+from titanium.trainers.grpo_loss import (
     aggregate,
+    cispo_policy_loss,
     clipped_policy_loss,
-    group_advantages,
     grpo_loss,
+    importance_ratio,
     k3_kl,
     loss_mask,
-    token_entropy,
 )
 
 REWARDS = [1.0, 0.0, 0.0, 1.0, 0.5, 0.5, 0.5, 0.5, 2.0, 0.0, 1.0, 0.0]  # 3 groups of 4; the middle one all equal
@@ -57,7 +59,8 @@ def _fixed() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_clipped_ratio_values_clip_flags_and_gradients() -> None:
     logprobs, old, adv = _fixed()
     logprobs.requires_grad_(True)
-    loss, low, high = clipped_policy_loss(logprobs, old, adv, EPS_LOW, EPS_HIGH)
+    ratio = importance_ratio(logprobs, old, torch.ones_like(old, dtype=torch.bool), "token")
+    loss, low, high = clipped_policy_loss(ratio, adv, EPS_LOW, EPS_HIGH)
     expected, grads = [], []
     for row, a in zip(RATIOS, ADVANTAGES):
         for r in row:
@@ -86,31 +89,81 @@ PER_TOKEN = [[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 0.0, 0.0], [7.0, 0.0, 0.0, 0.0]]
 MASK = [[True, True, True, True], [True, True, False, False], [False, False, False, False]]
 
 
-def test_aggregation_modes() -> None:
+def test_aggregation_by_loss_type() -> None:
     per_token, mask = torch.tensor(PER_TOKEN), torch.tensor(MASK)
-    loss_sum, units = aggregate(per_token, mask, "token")
-    assert (loss_sum.item(), units.item()) == (1 + 2 + 3 + 4 + 5 + 6, 6)
-    loss_sum, units = aggregate(per_token, mask, "sequence")
-    assert loss_sum.item() == pytest.approx((1 + 2 + 3 + 4) / 4 + (5 + 6) / 2)
-    assert units.item() == 2  # the fully masked response is no unit
+    tokens = 1 + 2 + 3 + 4 + 5 + 6
+    expected = {  # loss type -> (loss sum, units); 3 responses of width 4, max_new_tokens 5
+        "dapo": (tokens, 6),
+        "cispo": (tokens, 6),
+        "grpo": ((1 + 2 + 3 + 4) / 4 + (5 + 6) / 2, 3),  # the fully masked response counts (TRL's mean over rows)
+        "gspo": ((1 + 2 + 3 + 4) / 4 + (5 + 6) / 2, 3),
+        "dr_grpo": (tokens, 3 * 5),
+        "bnpo": (tokens / 6, 1),  # the microbatch's token mean, one unit
+    }
+    for loss_type, (loss_sum, units) in expected.items():
+        got_sum, got_units = aggregate(per_token, mask, loss_type, 5)
+        assert (got_sum.item(), got_units.item()) == (pytest.approx(loss_sum), units), loss_type
 
 
-def test_aggregation_over_microbatches_gives_the_whole_batch_mean() -> None:
-    """The loop divides summed losses by summed units: any split of the responses gives the same loss."""
+def test_aggregation_over_microbatches_gives_the_whole_batch_value() -> None:
+    """The loop divides summed losses by summed units: for the global normalizers (dapo, grpo, dr_grpo) any split
+    of the responses gives the whole batch's loss; bnpo is the mean of the microbatches' token means."""
     g = torch.Generator().manual_seed(0)
     per_token = torch.rand(6, 5, generator=g)
     mask = torch.rand(6, 5, generator=g) > 0.3
-    for mode in ("token", "sequence"):
-        whole = aggregate(per_token, mask, mode)
-        parts = [aggregate(per_token[s], mask[s], mode) for s in (slice(0, 1), slice(1, 4), slice(4, 6))]
+    splits = (slice(0, 1), slice(1, 4), slice(4, 6))
+    for loss_type in ("dapo", "grpo", "dr_grpo"):
+        whole = aggregate(per_token, mask, loss_type, 7)
+        parts = [aggregate(per_token[s], mask[s], loss_type, 7) for s in splits]
         split = sum(p[0] for p in parts) / sum(p[1] for p in parts)
-        assert split.item() == pytest.approx((whole[0] / whole[1]).item(), rel=1e-6)
+        assert split.item() == pytest.approx((whole[0] / whole[1]).item(), rel=1e-6), loss_type
     rows = [[v for v, m in zip(pr, mr) if m] for pr, mr in zip(per_token.tolist(), mask.tolist())]
     token_mean = sum(map(sum, rows)) / sum(map(len, rows))
-    sequence_mean = statistics.fmean(statistics.fmean(r) for r in rows if r)
-    assert (aggregate(per_token, mask, "token")[0] / mask.sum()).item() == pytest.approx(token_mean, rel=1e-6)
-    loss_sum, units = aggregate(per_token, mask, "sequence")
+    sequence_mean = statistics.fmean(statistics.fmean(r) if r else 0.0 for r in rows)
+    loss_sum, units = aggregate(per_token, mask, "dapo", 7)
+    assert (loss_sum / units).item() == pytest.approx(token_mean, rel=1e-6)
+    loss_sum, units = aggregate(per_token, mask, "grpo", 7)
     assert (loss_sum / units).item() == pytest.approx(sequence_mean, rel=1e-6)
+    parts = [aggregate(per_token[s], mask[s], "bnpo", 7) for s in splits]
+    means = [sum(v for r in rows[s] for v in r) / max(sum(len(r) for r in rows[s]), 1) for s in splits]
+    bnpo = sum(p[0] for p in parts) / sum(p[1] for p in parts)
+    assert bnpo.item() == pytest.approx(statistics.fmean(means), rel=1e-6)
+
+
+def test_sequence_ratio_is_the_geometric_mean_of_the_masked_token_ratios() -> None:
+    logprobs, old, _ = _fixed()
+    mask = torch.tensor([[True, True, True], [True, False, False]])
+    ratio = importance_ratio(logprobs, old, mask, "sequence")
+    expected = [math.prod(RATIOS[0]) ** (1 / 3), RATIOS[1][0]]
+    assert ratio.shape == (2, 1) and ratio.flatten().tolist() == pytest.approx(expected, rel=1e-12)
+
+
+def test_two_sided_clipping_bounds_the_push_on_negative_advantages() -> None:
+    """delta caps the unclipped term: for A < 0 and a ratio above delta the loss is -A delta, constant in the ratio."""
+    ratio = torch.tensor([[3.0, 1.1, 3.0]], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([-1.0], dtype=torch.float64)
+    loss, _, _ = clipped_policy_loss(ratio, adv, EPS_LOW, EPS_HIGH, delta=2.0)
+    assert loss.flatten().tolist() == pytest.approx([2.0, 1.1, 2.0])
+    loss.sum().backward()
+    assert ratio.grad.flatten().tolist() == pytest.approx([0.0, 1.0, 0.0])
+    plain, _, _ = clipped_policy_loss(ratio.detach(), adv, EPS_LOW, EPS_HIGH)
+    assert plain.flatten().tolist() == pytest.approx([3.0, 1.1, 3.0])
+
+
+def test_cispo_caps_the_weight_without_cutting_the_gradient() -> None:
+    logprobs, old, adv = _fixed()
+    logprobs.requires_grad_(True)
+    ratio = importance_ratio(logprobs, old, torch.ones_like(old, dtype=torch.bool), "token")
+    loss, capped = cispo_policy_loss(ratio, logprobs, adv, cap=1.2)
+    weights = [[min(r, 1.2) for r in row] for row in RATIOS]
+    expected = [
+        -w * a * lp for row_w, a, row_lp in zip(weights, ADVANTAGES, logprobs.tolist()) for w, lp in zip(row_w, row_lp)
+    ]
+    assert loss.flatten().tolist() == pytest.approx(expected, rel=1e-12)
+    assert capped.tolist() == [[False, False, True], [False, False, False]]  # r > 1.2 with A > 0 (row 1 has A < 0)
+    loss.sum().backward()  # d/d logprob = -min(r, cap) A: the weight is a constant, every token keeps a gradient
+    grads = [-w * a for row_w, a in zip(weights, ADVANTAGES) for w in row_w]
+    assert logprobs.grad.flatten().tolist() == pytest.approx(grads, rel=1e-12)
 
 
 def test_truncated_responses_masked_only_when_asked() -> None:
@@ -124,9 +177,9 @@ def test_grpo_loss_combines_policy_loss_kl_and_metrics() -> None:
     logprobs, old, adv = _fixed()
     ref = old - 0.1
     mask = torch.tensor([[True, True, True], [True, True, False]])
-    cfg = GRPOSection(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta=0.04, loss_aggregation="sequence")
+    cfg = GRPOSection(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH, beta=0.04, loss_type="grpo")
     loss_sum, units, metrics = grpo_loss(logprobs, old, adv, mask, cfg, ref)
-    per_token, _, _ = clipped_policy_loss(logprobs, old, adv, EPS_LOW, EPS_HIGH)
+    per_token, _, _ = clipped_policy_loss(torch.exp(logprobs - old), adv, EPS_LOW, EPS_HIGH)
     kl = [[math.exp(r - p) - (r - p) - 1 for p, r in zip(pr, rr)] for pr, rr in zip(logprobs.tolist(), ref.tolist())]
     rows = [[per_token[i, t].item() + 0.04 * kl[i][t] for t in range(3) if mask[i, t]] for i in range(2)]
     assert loss_sum.item() == pytest.approx(sum(statistics.fmean(r) for r in rows), rel=1e-12)
@@ -163,6 +216,15 @@ GRPO_JOB = [
         (["--grpo.top_k", "-1"], "--grpo.top_k must be >= 0"),
         (["--grpo.epsilon_low", "1"], "--grpo.epsilon_low must be in [0, 1)"),
         (["--grpo.beta", "-0.1"], "--grpo.beta must be >= 0"),
+        (["--grpo.delta", "1"], "--grpo.delta must be > 1"),
+        (["--grpo.delta", "2", "--grpo.loss_type", "cispo"], "--grpo.loss_type cispo has none"),
+        (["--grpo.cispo_cap", "0"], "--grpo.cispo_cap must be > 0"),
+        (["--grpo.is_correction", "token_mask"], "it needs --grpo.old_logprobs recompute"),
+        (["--grpo.is_cap_min", "3"], "need 0 <= is_cap_min < is_cap"),
+        (["--grpo.old_logprobs", "recompute"], "GRPO does not recompute old log-probs yet"),
+        (["--rollout.engine", "vllm"], "GRPO does not use the rollout engines yet"),
+        (["--rollout.gpu_memory_utilization", "0"], "--rollout.gpu_memory_utilization must be in (0, 1]"),
+        ([*GRPO_JOB, "--lora.rank", "4", "--lora.dropout", "0.1"], "set --lora.dropout 0"),
         (["--grpo.ppo_epochs", "0"], "--grpo.ppo_epochs must be >= 1"),
         (["--grpo.max_policy_lag", "-1"], "--grpo.max_policy_lag must be >= 0"),
         (["--grpo.reward_weights", "1", "2"], "has 2 weights for 1 reward functions"),
@@ -186,4 +248,24 @@ def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch)
 def test_grpo_defaults_follow_the_papers_and_trl() -> None:
     g = GRPOSection()
     assert (g.group_size, g.temperature, g.epsilon_low, g.epsilon_high, g.beta) == (8, 1.0, 0.2, 0.2, 0.0)
-    assert (g.scale_rewards, g.loss_aggregation, g.ppo_epochs, g.mask_truncated) == ("group", "token", 1, False)
+    assert (g.scale_rewards, g.loss_type, g.ppo_epochs, g.mask_truncated, g.delta) == ("group", "dapo", 1, False, None)
+
+
+def test_importance_weights_by_hand_and_unscored_tokens() -> None:
+    """exp(old - sampling) per token, or its product over a response; a NaN engine log-prob counts as no gap."""
+    old = torch.tensor([[-1.0, -2.0, -0.5], [-3.0, -0.2, -1.5]], dtype=torch.float64)
+    sampling = old - torch.tensor([[0.5, -0.5, float("nan")], [1.5, 0.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[True, True, True], [True, True, False]])
+    token = importance_weights(old, sampling, mask, "token_truncate", cap_max=2.0, cap_min=0.7)
+    expected = [[min(math.exp(0.5), 2.0), max(math.exp(-0.5), 0.7), 1.0], [2.0, 1.0, 1.0]]
+    torch.testing.assert_close(token, torch.tensor(expected, dtype=torch.float64))
+    masked = importance_weights(old, sampling, mask, "token_mask", cap_max=2.0, cap_min=0.7)
+    torch.testing.assert_close(masked, torch.tensor([[math.exp(0.5), 0.0, 1.0], [0.0, 1.0, 1.0]], dtype=torch.float64))
+    sequence = importance_weights(old, sampling, mask, "sequence_truncate", cap_max=10.0)
+    torch.testing.assert_close(sequence, torch.tensor([[1.0], [math.exp(1.5)]], dtype=torch.float64))
+    assert importance_weights(old, sampling, mask, "sequence_mask", cap_max=4.0).tolist() == [[1.0], [0.0]]
+    means, maxima, minima = mismatch_metrics(old, sampling, mask, token)
+    assert means["grpo/logprob_mismatch"][0].item() == pytest.approx(0.5 + 0.5 + 1.5)
+    assert means["grpo/logprob_mismatch"][1].item() == 5
+    assert maxima["grpo/logprob_mismatch_max"].item() == 1.5 and minima["grpo/is_weight_min"].item() == 0.7
+    assert means["grpo/is_changed"][0].item() == 2  # the 0.61 raised to 0.7 and the 4.48 cut to 2

@@ -206,13 +206,13 @@ def test_after_an_update_the_ratio_clip_and_kl_follow_the_formulas(tokenizer) ->
 
 def test_truncated_responses_masked_and_sequence_units(tokenizer) -> None:
     model = _model(tokenizer.vocab_size)
-    objective = _objective(tokenizer, model, stop_every=16, mask_truncated=True, loss_aggregation="sequence")
+    objective = _objective(tokenizer, model, stop_every=16, mask_truncated=True, loss_type="grpo")
     (microbatch,) = objective.prepare([objective.next_microbatch()]).batches
     finished = objective.current.rows["grpo/truncated"] == 0
     assert finished.any() and not finished.all(), "degenerate test"
     mask = microbatch.fields.loss_mask
     assert not mask[~finished].any() and mask[finished].any(dim=1).all()
-    assert microbatch.units().item() == finished.sum().item()  # units: responses left in the loss
+    assert microbatch.units().item() == len(finished)  # units: every response, masked ones too (TRL)
 
 
 def test_resume_makes_the_in_flight_batch_again_from_the_same_prompts(tokenizer) -> None:

@@ -1,4 +1,5 @@
-"""LoRA / QLoRA on the meta-built decoder: init == base, freezing, merging, NF4 training, checkpoints."""
+"""LoRA / QLoRA / DoRA on the meta-built decoder: init == base, freezing, merging, NF4 training, checkpoints.
+(DoRA's and rsLoRA's numbers against PEFT: tests/parity/test_peft_export.py.)"""
 
 from __future__ import annotations
 
@@ -52,25 +53,33 @@ def _build(cfg: LoRASection | None, seed: int = 0, args=ARGS) -> Transformer:
 
 
 def _randomize_b(model: nn.Module, seed: int = 3) -> None:
+    """A trained-looking adapter: random B, DoRA magnitudes scaled by random factors in [0.8, 1.2]."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
             if name.endswith("lora_b.weight"):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+            elif name.endswith("lora_magnitude"):
+                p.mul_(0.8 + 0.4 * torch.rand(p.shape, generator=gen))
 
 
 def _tokens(seed: int = 1) -> torch.Tensor:
     return torch.randint(0, ARGS.vocab_size, (2, 16), generator=torch.Generator().manual_seed(seed))
 
 
-def test_lora_at_init_is_the_base_model_bitwise() -> None:
-    base, lora = _build(None), _build(_lora())
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+def test_lora_at_init_is_the_base_model_bitwise(dora: bool) -> None:
+    base, lora = _build(None), _build(_lora(use_dora=dora))
     adapted = [name for name, m in lora.named_modules() if isinstance(m, LoRALinear)]
     assert len(adapted) == 2 * 7 + 1
     # The base weights keep their names; the adapters are extra keys.
     base_state, lora_state = base.state_dict(), lora.state_dict()
     assert set(lora_state) == set(base_state) | {k for k in lora_state if is_lora_param(k)}
     assert "layers.0.attention.wq.lora_a.weight" in lora_state
+    assert ("layers.1.feed_forward.w2.lora_magnitude" in lora_state) == dora
+    if dora:  # DoRA's magnitudes start at the row norms of the base weights
+        w2 = base_state["layers.1.feed_forward.w2.weight"]
+        assert torch.equal(lora_state["layers.1.feed_forward.w2.lora_magnitude"], w2.norm(dim=1))
     for key, value in base_state.items():
         assert torch.equal(lora_state[key], value), key
     assert lora.layers["0"].attention.wq.lora_a.weight.abs().sum() > 0
@@ -114,8 +123,9 @@ def test_freeze_leaves_only_adapters_trainable_and_optimizer_gets_them() -> None
     assert in_optimizer == {id(p) for p in model.parameters() if p.requires_grad}
 
 
-def test_merge_matches_the_adapted_forward() -> None:
-    model = _build(_lora(dropout=0.1))
+@pytest.mark.parametrize("kw", [{}, {"use_dora": True, "use_rslora": True}], ids=["lora", "dora-rslora"])
+def test_merge_matches_the_adapted_forward(kw: dict) -> None:
+    model = _build(_lora(dropout=0.1, **kw))
     _randomize_b(model)
     merged_state = merge_lora(model)
     assert not any(is_lora_param(k) for k in merged_state)
@@ -138,6 +148,8 @@ def test_merge_matches_the_adapted_forward() -> None:
         ({"rank": -1}, "--lora.rank must be >= 0"),
         ({"alpha": 0.0}, "--lora.alpha must be > 0"),
         ({"dropout": 1.0}, "--lora.dropout must be in [0, 1)"),
+        ({"rank": 0, "use_dora": True}, "--lora.use_dora needs LoRA: set --lora.rank"),
+        ({"rank": 0, "use_rslora": True}, "--lora.use_rslora needs LoRA: set --lora.rank"),
     ],
 )
 def test_bad_config_is_a_user_error(kw: dict, message: str) -> None:
@@ -164,10 +176,12 @@ def test_rank_zero_is_a_no_op_and_unadaptable_layers_are_refused() -> None:
     assert not any(isinstance(m, LoRALinear) for m in converted.modules())  # a failed call changes nothing
 
 
-def test_qlora_trains_on_cpu() -> None:
-    model = _build(_lora(target_modules=["attention", "mlp"]))
+@pytest.mark.parametrize("dora", [False, True], ids=["qlora", "qdora"])
+def test_qlora_trains_on_cpu(dora: bool) -> None:
+    model = _build(_lora(target_modules=["attention", "mlp"], use_dora=dora))
     reference = {k: v.clone() for k, v in model.state_dict().items()}
     assert quantize_lora_base_nf4(model) == 14
+    init_lora(model, seed=0)  # (as the converter does: DoRA's magnitudes are the NF4 weights' norms)
     wq = model.layers["0"].attention.wq
     assert is_nf4(wq.weight) and not wq.weight.requires_grad
     assert (wq.weight.get_original_weight() - reference["layers.0.attention.wq.weight"]).abs().max() < 0.05
@@ -181,6 +195,7 @@ def test_qlora_trains_on_cpu() -> None:
         loss = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten())
         loss.backward()
         assert wq.lora_a.weight.grad is not None and wq.lora_b.weight.grad.abs().sum() > 0
+        assert (wq.lora_magnitude is not None and wq.lora_magnitude.grad.abs().sum() > 0) == dora
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.05, losses
@@ -244,3 +259,24 @@ def test_nf4_splits_evenly_into_fsdp_shards() -> None:
         to_nf4(weight, "layers.0.attention.wk.weight", shard_degree=3)
     with pytest.raises(UserError, match="not|cannot"):
         to_nf4(torch.randn(3, 7))
+
+
+def test_rslora_scale_and_dora_dropout_follow_peft() -> None:
+    """rsLoRA scales by alpha / sqrt(rank). DoRA with dropout, training: PEFT's formula, both added terms on the
+    dropped input, ``W x + (m/n - 1) W drop(x) + (m/n) s B A drop(x)`` with ``n = ||W + s B A||`` per row."""
+    model = _build(_lora(rank=16, alpha=8.0, dropout=0.5, use_dora=True, use_rslora=True))
+    _randomize_b(model)
+    w2 = model.layers["0"].feed_forward.w2
+    assert w2.lora_scale == 8.0 / 4
+    x = torch.randn(3, w2.in_features)
+    torch.manual_seed(0)
+    got = w2(x)
+    torch.manual_seed(0)
+    dropped = w2.lora_dropout(x)
+    with torch.no_grad():
+        norm = (w2.weight + w2.lora_scale * w2.lora_b.weight @ w2.lora_a.weight).norm(dim=1)
+    ratio = w2.lora_magnitude / norm
+    expected = F.linear(x, w2.weight) + (ratio - 1) * F.linear(dropped, w2.weight)
+    expected = expected + ratio * w2.lora_scale * w2.lora_b(w2.lora_a(dropped))
+    torch.testing.assert_close(got, expected)
+    assert (got - w2.eval()(x)).abs().max() > 1e-3  # dropout was on

@@ -60,14 +60,18 @@ def test_lora_resume_from_adapter_checkpoint(make_trainer, tmp_path):
 
 
 def test_lora_base_stays_frozen_and_qlora_trains(make_trainer, tmp_path):
-    """Only adapters change in a LoRA step; with an NF4 base (QLoRA, CPU) the loss still falls."""
-    trainer = make_trainer(*tiny_args(tmp_path / "lora", *SFT, "--lora.rank", "4", "--training.steps", "1"))
+    """Only adapters (here DoRA's: magnitudes too) change in a LoRA step, and the PEFT export says DoRA; with an
+    NF4 base (QLoRA, CPU) the loss still falls."""
+    dora = ("--lora.rank", "4", "--lora.use_dora", "--training.steps", "1")
+    trainer = make_trainer(*tiny_args(tmp_path / "lora", *SFT, *dora))
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.train()
     changed = {n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])}
     assert all(".lora_" in n for n in changed), sorted(changed)[:5]  # the base is untouched
     assert any(".lora_b." in n for n in changed)  # B starts at zero, so its first step moves it
+    assert any(n.endswith(".lora_magnitude") for n in changed)
     trainer.close()
+    assert json.loads((tmp_path / "lora/adapter/adapter_config.json").read_text())["use_dora"] is True
     shutdown_distributed()
 
     qlora = (*SFT, "--lora.rank", "8", "--lora.quantize_base", "nf4", "--training.steps", "12")

@@ -47,3 +47,49 @@ def test_scheduler_applies_factor_for_each_optimizer_step():
         opt.step()
         sched.step()
     assert seen == pytest.approx([2.0 * lr_factor(s, 6, cfg) for s in range(1, 7)])
+
+
+@pytest.mark.parametrize("decay_type", ["linear", "cosine", "sqrt"])
+def test_every_schedule_holds_its_minimum_past_the_end(decay_type):
+    cfg = LRSchedulerSection(warmup_steps=1, decay_type=decay_type, min_lr_factor=0.1)
+    assert [lr_factor(s, 4, cfg) for s in (4, 5, 9)] == pytest.approx([0.1, 0.1, 0.1])
+
+
+@pytest.mark.parametrize("decay_type", ["linear", "cosine", "sqrt"])
+def test_resume_with_more_steps_takes_the_lr_from_the_new_schedule(decay_type, caplog):
+    """A finished 4-step run resumed with 6 steps: the optimizer's saved LR (the old schedule's, 0 at its end) and
+    the saved peak are ignored; step 5 trains at the new schedule's LR for step 5, with one warning."""
+    cfg = LRSchedulerSection(warmup_steps=1, decay_type=decay_type)
+    param = torch.nn.Parameter(torch.zeros(2))
+    old_opt = torch.optim.SGD([param], lr=1.0)
+    old = build_lr_scheduler(old_opt, cfg, total_steps=4)
+    for _ in range(4):
+        old_opt.step()
+        old.step()
+    new_opt = torch.optim.SGD([param], lr=2.0)  # (and a new peak LR)
+    new = build_lr_scheduler(new_opt, cfg, total_steps=6)
+    new_opt.load_state_dict(old_opt.state_dict())  # the checkpoint's order: optimizer, then the schedule
+    with caplog.at_level("WARNING"):
+        new.load_state_dict(old.state_dict())
+    want = 2.0 * lr_factor(5, 6, cfg)
+    assert new_opt.param_groups[0]["lr"] == pytest.approx(want) and new.get_last_lr() == pytest.approx([want])
+    assert want > 0 and "had finished its 4-step LR schedule" in caplog.text
+    new_opt.step()
+    new.step()
+    assert new_opt.param_groups[0]["lr"] == pytest.approx(2.0 * lr_factor(6, 6, cfg))
+
+
+def test_an_unchanged_resume_is_exact_and_silent(caplog):
+    cfg = LRSchedulerSection(warmup_steps=2, decay_type="cosine", min_lr_factor=0.1)
+    param = torch.nn.Parameter(torch.zeros(2))
+    opt = torch.optim.SGD([param], lr=0.3)
+    sched = build_lr_scheduler(opt, cfg, total_steps=8)
+    for _ in range(3):
+        opt.step()
+        sched.step()
+    again_opt = torch.optim.SGD([param], lr=0.3)
+    again = build_lr_scheduler(again_opt, cfg, total_steps=8)
+    again_opt.load_state_dict(opt.state_dict())
+    with caplog.at_level("WARNING"):
+        again.load_state_dict(sched.state_dict())
+    assert again_opt.param_groups[0]["lr"] == opt.param_groups[0]["lr"] and not caplog.text

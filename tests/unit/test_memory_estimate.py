@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.helpers import REPO, load_script
@@ -87,12 +88,44 @@ def test_pipeline_stages_hold_what_the_schedule_keeps_in_flight(in_repo, schedul
 
 
 def test_low_bit_optimizer_states_are_traced_at_their_stored_size(in_repo):
-    """torchao's AdamW8bit keeps each moment in one byte per value plus a scale per block of 256; AdamW in four."""
-    debug = ["--job.config_file", "train_configs/debug_model.toml"]
+    """torchao's AdamW8bit keeps each moment in one byte per value plus a scale per block of 256; AdamW in four.
+    Stepped inside the backward (optimizer-in-backward: torchao's compiled step then runs in the backward's hooks)
+    the states are the same."""
+    debug = ["--job.config_file", "train_configs/debug_model.toml", "--training.max_norm", "0"]
+    in_backward = ("--optimizer.early_step_in_backward",)
     states = {}
-    for name in ("AdamW", "AdamW8bit"):
-        parts = dict(dry_run([*debug, "--optimizer.name", name], world_size=1).estimate_memory().parts)
+    for name, extra in (("AdamW", ()), ("AdamW8bit", ()), ("AdamW8bit in backward", in_backward)):
+        optimizer = name.split()[0]
+        parts = dict(dry_run([*debug, "--optimizer.name", optimizer, *extra], world_size=1).estimate_memory().parts)
         states[name] = parts["optimizer states"]
         if dist.is_initialized():
             dist.destroy_process_group()
     assert states["AdamW8bit"] / states["AdamW"] == pytest.approx((1 + 4 / 256) / 4, rel=0.05), states
+    assert states["AdamW8bit in backward"] == states["AdamW8bit"]
+
+
+def test_dtensor_sharding_propagation_is_not_counted_as_the_ranks_memory():
+    """DTensor derives an op's output shape by running the op on fake tensors of the global shape (torch 2.11 at
+    every op, torch 2.13 at the first op of each layout). Only the local result is this rank's: a sharded
+    [8 x 1031, 1031] float32 DTensor times 2 on 8 ranks adds one local shard (1031 x 1031 x 4 bytes), not the
+    global tensor. (The shape is unusual so that torch 2.13's cache has not seen it.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from titanium.tools.memory_estimate import REGIONS, _LiveStorages, _sharding_propagation_uncounted
+
+    n = 1031
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    try:
+        mesh = init_device_mesh("cpu", (8,))
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            x = DTensor.from_local(torch.empty(n, n), mesh, [Shard(0)], run_check=False)
+            tracker = _LiveStorages()
+            with tracker, _sharding_propagation_uncounted(tracker):
+                y = x * 2
+            assert y.shape == (8 * n, n)
+            assert tracker.peaks()[REGIONS[0]] == n * n * 4
+    finally:
+        dist.destroy_process_group()

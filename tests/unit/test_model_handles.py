@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import math
 import weakref
@@ -19,9 +18,9 @@ import pytest
 import torch
 
 from tests.helpers import REPO, scalars, tiny_args
-from titanium import model_builder
+from titanium import moe_balance
+from titanium.config.sections import MoESection
 from titanium.model_builder import ModelBuilder
-from titanium.models import get_model_spec
 
 
 @pytest.fixture
@@ -86,20 +85,31 @@ def test_lora_reference_is_the_policy_with_adapters_off(make_trainer, tmp_path, 
     assert len(built_models) == 1  # the policy only
 
 
-def test_hooks_of_the_model_family_and_of_a_policy_follower_are_called(make_trainer, tmp_path, monkeypatch):
-    """A family's ``training_hooks`` (as MoE's router-bias update would) run after every optimizer step; a policy
-    handle's ``on_update`` (as a rollout engine's weight sync would) once the weights are in place, then after
-    every step; neither is named by the loop."""
-    calls = []
+def test_registered_training_hooks_and_a_policy_follower_are_called(make_trainer, tmp_path, monkeypatch):
+    """A component registered in ``TRAINING_HOOKS`` (here in place of the [moe] load balancing, which registers the
+    same three kinds) is built from its own section; its loss term is added to every training microbatch's loss
+    before the backward, its after-step hook runs after every optimizer step, and its metrics are logged. A policy
+    handle's ``on_update`` (as a rollout engine's weight sync would) runs once the weights are in place, then after
+    every step. The loop names none of them."""
+    calls, terms = [], []
 
-    def family_hooks(parts, meshes, hooks):
-        assert parts and meshes is not None
+    def register(section, ctx, hooks):
+        assert isinstance(section, MoESection) and ctx.microbatches == 2
+        weight = next(p for p in ctx.built.model.parameters() if p.requires_grad)
+
+        def term(batch):
+            terms.append(batch.tokens.shape)
+            return 0.5 * weight.sum()
+
+        hooks.loss_term.register(term)
         hooks.after_optimizer_step.register(calls.append)
+        hooks.metrics.register(lambda step: {"test/hooked": float(step)})
 
-    spec = dataclasses.replace(get_model_spec("llama3"), training_hooks=family_hooks)
-    monkeypatch.setattr(model_builder, "get_model_spec", lambda name: spec)
+    monkeypatch.setattr(moe_balance, "register_load_balancing", register)
     follower = ("--training.objective", "tests.objectives.following:PolicyFollower")
-    trainer = make_trainer(*tiny_args(tmp_path, *follower, "--data.kind", "synthetic", "--training.steps", "3"))
+    args = tiny_args(tmp_path, *follower, "--data.kind", "synthetic", "--training.steps", "3")
+    trainer = make_trainer(*args, "--training.global_batch_size", "4", "--training.local_batch_size", "2")
     trainer.train()
-    assert calls == [1, 2, 3]
+    assert calls == [1, 2, 3] and len(terms) == 6  # one term per microbatch, 2 microbatches per step
     assert trainer.objective.updates == [0, 1, 2, 3]
+    assert scalars(tmp_path / "tb", "test/hooked") == {1: 1.0, 2: 2.0, 3: 3.0}

@@ -72,7 +72,7 @@ def test_sbatch_command_is_the_papers_layout(row):
     assert (dims.dp_shard, dims.tp, dims.pp, dims.cp, dims.dp_replicate) == (dp, tp, pp, cp, 1)
     assert global_ == local * dims.dp_degree  # no gradient accumulation, as in the paper
     args = build_model_args(get_model_spec("llama3"), flavor, max_seq_len=seq)
-    dims.check_model(args, model=f"llama3 {flavor}", seq_len=seq)
+    dims.check_model(args.decoder_args(), model=f"llama3 {flavor}", seq_len=seq)
     assert row.float8 == ("float8" in row.id or row.table >= 3)
     assert (cfg.float8.enable, cfg.float8.enable_fsdp_float8_all_gather) == (row.float8, row.float8)
     # what each node's launcher would run for this submission: the layout fits nodes x 8 GPUs

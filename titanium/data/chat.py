@@ -19,6 +19,7 @@ from typing import Any, Literal
 from titanium.config.sections import DataSection
 from titanium.data.text import DataError
 from titanium.data.tokenizer import Tokenizer
+from titanium.models import get_model_spec
 
 ROLES = ("system", "user", "assistant")
 _ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
@@ -356,11 +357,19 @@ class JinjaTemplate(ChatTemplate):
         return segments
 
 
+def _family_format(model_name: str) -> str:
+    """The built-in chat format the model family registers for its instruct models ("" if none)."""
+    try:
+        return get_model_spec(model_name).chat_template or ""
+    except ValueError:  # (not a registered family)
+        return ""
+
+
 def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
     """--chat.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
     source = getattr(tokenizer, "chat_template", None)
     if name == "auto":
-        name = "tokenizer" if source else {"llama3": "llama3", "qwen3": "qwen3"}.get(model_name, "")
+        name = "tokenizer" if source else _family_format(model_name)
         if not name:
             raise ChatTemplateError(
                 f"--chat.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "

@@ -20,7 +20,9 @@ from torch.distributed.tensor.parallel import loss_parallel as sharded_cross_ent
 
 from titanium.batch import Batch
 from titanium.config.sections import ParallelismSection
+from titanium.hooks import Hook
 from titanium.model_builder import BuiltModel
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective
 
 
@@ -60,6 +62,8 @@ class ExecutorOptions:
     loss_parallel: bool
     """The logits are vocabulary-sharded (tensor parallelism with loss parallel)."""
     device: torch.device
+    loss_terms: Hook[Batch, torch.Tensor | None] = field(default_factory=Hook)
+    """Terms features add to each training microbatch's loss (``TrainingHooks.loss_term``)."""
 
 
 class MetricVector:
@@ -86,7 +90,7 @@ class StepExecutor(ABC):
     """Runs steps of ``objective`` through ``built``."""
 
     def __init__(self, objective: Objective, built: BuiltModel, options: ExecutorOptions) -> None:
-        self.objective, self.built = objective, built
+        self.objective, self.built, self.device = objective, built, options.device
         self.metrics = MetricVector(tuple(objective.metric_names), options.device)
         # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
         # (forward and backward) work on the shards.
@@ -99,9 +103,10 @@ class StepExecutor(ABC):
         """Forward (and, with ``backward``, backward) of every microbatch of ``step``: gradients of
         ``sum(loss) / step.units`` accumulate in the parameters. ``backward=False``: the losses only."""
 
-    @abstractmethod
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
         """The global gradient norm (clipped to ``max_norm`` unless it is 0), as a device tensor."""
+        params = [p for p in self.built.model.parameters() if p.grad is not None]
+        return clip_grad_norm(params, max_norm, self.built.pp_group, device=self.device)
 
     def metric_groups(self, loss_group: dist.ProcessGroup) -> list[dist.ProcessGroup]:
         """The groups over which the metric sums add up (``loss_group``: the data and context parallel ranks)."""
@@ -112,6 +117,3 @@ class StepExecutor(ABC):
         result: LossResult = self.objective.loss(output, batch)
         loss_sum = result.loss_sum
         return (loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum), self.metrics.of(result.metrics)
-
-    def trainable(self) -> list[torch.Tensor]:
-        return [p for p in self.built.model.parameters() if p.grad is not None]

@@ -15,8 +15,7 @@ import torch.distributed as dist
 from titanium.batch import Batch
 from titanium.executors.base import ExecutorOptions, PreparedStep, StepExecutor, StepResult
 from titanium.model_builder import BuiltModel
-from titanium.models.common.aux_loss import AUX_LOSSES
-from titanium.parallel.pipeline import Pipeline, clip_grad_norm_pipelined
+from titanium.parallel.pipeline import Pipeline
 from titanium.trainers.base import ModelOutput, Objective
 
 
@@ -25,6 +24,7 @@ class PipelineExecutor(StepExecutor):
         objective.check_layout(options.parallelism.pipeline_parallel_microbatch_size)
         super().__init__(objective, built, options)
         assert built.pipeline is not None
+        assert not options.loss_terms, "a loss term needs the whole model's forward; its owner refuses pipelines"
         self.pipeline: Pipeline = built.pipeline
         self.pipeline.build_schedule(
             options.parallelism, options.local_batch_size, options.device, loss_fn=self._pipeline_loss
@@ -39,19 +39,18 @@ class PipelineExecutor(StepExecutor):
         if self.pipeline.has_last_stage:  # (the ranks that compute the loss; the others' metrics stay 0)
             metrics += self.metrics.of(step.metrics)
         loss_total = torch.zeros((), device=metrics.device)
-        with AUX_LOSSES.scope(step.units) as aux:  # (a stage's auxiliary terms count on its own ranks)
-            for batch in step.batches:
-                self._batch, self._metrics = batch, {}
-                try:
-                    with self.sharded_loss(), self.built.autocast():
-                        losses = self.pipeline.step(batch.model_inputs(), backward=backward)
-                finally:
-                    self._batch = None
-                if losses:
-                    loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
-                for loss in losses:  # (only the losses the schedule kept: it may also call the loss to infer shapes)
-                    metrics += self._metrics[id(loss)]
-        return StepResult(loss_total + aux.total, step.units, metrics)
+        for batch in step.batches:
+            self._batch, self._metrics = batch, {}
+            try:
+                with self.sharded_loss(), self.built.autocast():
+                    losses = self.pipeline.step(batch.model_inputs(), backward=backward)
+            finally:
+                self._batch = None
+            if losses:
+                loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
+            for loss in losses:  # (only the losses the schedule kept: it may also call the loss to infer shapes)
+                metrics += self._metrics[id(loss)]
+        return StepResult(loss_total, step.units, metrics)
 
     def _pipeline_loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of one pipeline microbatch (``rows`` of the objective's microbatch)."""
@@ -60,9 +59,6 @@ class PipelineExecutor(StepExecutor):
         loss = loss_sum / self._divisor
         self._metrics[id(loss)] = metrics
         return loss
-
-    def clip_grad_norm(self, max_norm: float) -> torch.Tensor:
-        return clip_grad_norm_pipelined(self.trainable(), max_norm, self.pipeline.pp_group)
 
     def metric_groups(self, loss_group: dist.ProcessGroup) -> list[dist.ProcessGroup]:
         return [loss_group, self.pipeline.pp_group]  # (only the last stage computed them)

@@ -9,7 +9,7 @@ document of its own; tokens after a row's end are padding, outside ``response_ma
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +53,26 @@ def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, te
     """``[B, T]`` log-probs of the last ``width`` (T) tokens of ``tokens`` ``[B, P + T]`` (the responses of a
     rollout) from the logits ``[B, P + T, V]`` of a forward over them (the logits at i predict token i + 1)."""
     return token_logprobs(logits[:, -width - 1 : -1], tokens[:, -width:], temperature)
+
+
+@torch.no_grad()
+def batch_logprobs(
+    forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None],
+    rows: Mapping[str, torch.Tensor],
+    width: int,
+    temperature: float,
+    batch_size: int,
+) -> torch.Tensor:
+    """``[B, T]`` log-probs of the responses (the last ``width`` tokens) of a rollout batch's ``rows`` under
+    ``forward`` (model inputs -> logits: a frozen reference, or the trained policy recomputing the old log-probs),
+    ``batch_size`` rows per forward."""
+    parts = []
+    for start in range(0, rows["tokens"].shape[0], batch_size):
+        part = {k: rows[k][start : start + batch_size] for k in ("tokens", "positions", "document_ids")}
+        logits = forward(part)
+        assert logits is not None  # (no pipeline parallelism: generation needs the whole model)
+        parts.append(response_logprobs(logits, part["tokens"], width, temperature))
+    return torch.cat(parts)
 
 
 @torch.no_grad()

@@ -40,6 +40,15 @@ def get_model_spec(name: str) -> ModelSpec:
         raise ValueError(f"unknown model {name!r}; known models: {', '.join(list_models()) or '(none)'}") from None
 
 
+def hf_family(model_type: object) -> str | None:
+    """The registered family whose Hugging Face adapter reads ``config.json`` files of ``model_type``, if any."""
+    for name in list_models():
+        adapter = _REGISTRY[name].hf_adapter
+        if adapter is not None and adapter.model_type == model_type:
+            return name
+    return None
+
+
 def build_model_args(spec: ModelSpec, flavor: str, **overrides: Any) -> Any:
     """A copy of the ``flavor`` preset of ``spec`` with ``overrides`` applied.
 
@@ -60,7 +69,12 @@ def build_model_args(spec: ModelSpec, flavor: str, **overrides: Any) -> Any:
 
 
 # Imported last: the family packages call register_model, defined above.
+import titanium.models.gemma2  # noqa: E402, F401
 import titanium.models.llama3  # noqa: E402, F401
+import titanium.models.mistral  # noqa: E402, F401
+import titanium.models.phi3  # noqa: E402, F401
+import titanium.models.qwen2  # noqa: E402, F401
 import titanium.models.qwen3  # noqa: E402, F401
+import titanium.models.qwen3_moe  # noqa: E402, F401
 
-__all__ = ["ModelSpec", "build_model_args", "get_model_spec", "list_models", "register_model"]
+__all__ = ["ModelSpec", "build_model_args", "get_model_spec", "hf_family", "list_models", "register_model"]

@@ -2,8 +2,9 @@
 
 An adapter is pure tensor and dict code (no files, no ``torch.distributed``): the checkpoint layer
 (``titanium.checkpoint.hf``) reads and writes the safetensors and uses an adapter to translate.
-Each family describes itself with a few tables (``layer_keys``, ``top_keys``, ``rope_keys``) and its
-``config.json`` mapping; the renaming, the RoPE permutation and the tied-embedding rules live here once.
+Each family describes itself with a few tables (``layer_keys``, ``top_keys``, ``rope_keys``, and for MoE
+models ``expert_keys`` and ``no_hf_slot``) and its ``config.json`` mapping; the renaming, the RoPE permutation,
+the per-expert split of stacked expert weights and the tied-embedding rules live here once.
 
 RoPE layout: titanium rotates interleaved pairs ``(x[2i], x[2i+1])`` (Meta's convention), Hugging
 Face rotates halves ``(x[i], x[i + D/2])``. Both compute the same attention if the output rows of
@@ -28,6 +29,10 @@ class HFConfigError(UserError, ValueError):
     """A ``config.json`` that does not describe the configured model; the message lists the fields."""
 
 
+class HFExportError(UserError, ValueError):
+    """Model state that the family's Hugging Face format cannot hold; the message names it and the way out."""
+
+
 def rope_rows_to_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
     """Permute the rows of a per-head weight (``[n_heads * head_dim, ...]``) from interleaved to halves."""
     rest = weight.shape[1:]
@@ -41,6 +46,12 @@ def rope_rows_from_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
 
 
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
+
+
+def split_layer_key(key: str) -> tuple[str, str] | None:
+    """``layers.3.attention.wq.weight`` -> ``("3", "attention.wq.weight")``; None outside the blocks."""
+    match = _OURS_LAYER.match(key)
+    return None if match is None else (match.group(1), match.group(2))
 
 
 def scaling_to_hf(scaling: RopeScaling | None) -> dict[str, Any] | None:
@@ -65,6 +76,11 @@ class HFAdapter:
     - ``top_keys``: the remaining names, ours -> HF (embeddings, final norm, output projection).
     - ``rope_keys``: per-block names (ours) whose rows are in RoPE layout and get permuted.
     - ``output_key``: our output projection, absent from HF checkpoints when embeddings are tied.
+    - ``expert_keys``: per-block stacked expert weights (ours, ``[num_experts, ...]``) that HF stores as one
+      tensor per expert: ours -> the HF name with ``{e}`` for the expert. Stacked on load, split on export.
+    - ``no_hf_slot``: per-block state the HF format has no place for (an MoE's routing bias). Loading leaves
+      it at its initial zeros; exporting skips it while it is zero and refuses it otherwise, since dropping
+      it would change what the model computes.
     """
 
     model_type: str
@@ -74,12 +90,20 @@ class HFAdapter:
     rope_keys: frozenset[str] = frozenset()
     embedding_key: str = "tok_embeddings.weight"
     output_key: str = "output.weight"
+    expert_keys: Mapping[str, str] = field(default_factory=dict)
+    no_hf_slot: frozenset[str] = frozenset()
     _from_hf: dict[str, str] = field(init=False, repr=False, compare=False)
     _hf_layer: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    _hf_expert: dict[str, re.Pattern[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_from_hf", {hf: ours for ours, hf in self.layer_keys.items()})
         object.__setattr__(self, "_hf_layer", re.compile(r"^model\.layers\.(\d+)\.(.+)$"))
+        patterns = {
+            ours: re.compile("^" + re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$")
+            for ours, hf in self.expert_keys.items()
+        }
+        object.__setattr__(self, "_hf_expert", patterns)
 
     # ----- names -----
 
@@ -93,23 +117,53 @@ class HFAdapter:
         raise KeyError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
 
     def our_key(self, hf_key: str) -> str | None:
-        """Hugging Face name -> ours; None for a name this family does not know."""
+        """Hugging Face name -> ours (for one expert's tensor: the stacked weight); None for a name this family
+        does not know."""
+        return None if (found := self._our_key_and_expert(hf_key)) is None else found[0]
+
+    def _our_key_and_expert(self, hf_key: str) -> tuple[str, int | None] | None:
         match = self._hf_layer.match(hf_key)
         if match:
-            rest = self._from_hf.get(match.group(2))
-            return None if rest is None else f"layers.{match.group(1)}.{rest}"
+            layer, rest = match.groups()
+            if rest in self._from_hf:
+                return f"layers.{layer}.{self._from_hf[rest]}", None
+            for ours, pattern in self._hf_expert.items():
+                if expert := pattern.match(rest):
+                    return f"layers.{layer}.{ours}", int(expert.group(1))
+            return None
         for ours, hf in self.top_keys.items():
             if hf == hf_key:
-                return ours
+                return ours, None
         return None
 
-    def _is_rope(self, key: str) -> bool:
+    def _layer_part(self, key: str) -> tuple[str, str] | None:
+        """``(layer number, name within the block)`` of one of our per-block names."""
         match = _OURS_LAYER.match(key)
-        return bool(match) and match.group(2) in self.rope_keys
+        return (match.group(1), match.group(2)) if match else None
 
-    def expected_hf_keys(self, our_keys: list[str], args: Any) -> list[str]:
-        """The keys an HF checkpoint of a model with ``our_keys`` holds (no ``lm_head`` when tied)."""
-        return [self.hf_key(k) for k in our_keys if not (self.tied(args) and k == self.output_key)]
+    def _is_rope(self, key: str) -> bool:
+        part = self._layer_part(key)
+        return part is not None and part[1] in self.rope_keys
+
+    def has_hf_slot(self, key: str) -> bool:
+        """Whether our ``key`` is stored in HF checkpoints (tied output matrices count: as the embedding)."""
+        part = self._layer_part(key)
+        return part is None or part[1] not in self.no_hf_slot
+
+    def hf_shapes(self, shapes: Mapping[str, tuple[int, ...]], args: Any) -> dict[str, tuple[int, ...]]:
+        """The keys and shapes an HF checkpoint of a model with ``shapes`` (ours) holds: no ``lm_head`` when
+        tied, one tensor per expert for stacked experts, nothing for state without an HF slot."""
+        out: dict[str, tuple[int, ...]] = {}
+        for key, shape in shapes.items():
+            if (self.tied(args) and key == self.output_key) or not self.has_hf_slot(key):
+                continue
+            part = self._layer_part(key)
+            if part is not None and part[1] in self.expert_keys:
+                template = f"model.layers.{part[0]}.{self.expert_keys[part[1]]}"
+                out.update({template.format(e=e): tuple(shape[1:]) for e in range(shape[0])})
+            else:
+                out[self.hf_key(key)] = tuple(shape)
+        return out
 
     # ----- tensors -----
 
@@ -117,10 +171,25 @@ class HFAdapter:
         return args.tie_word_embeddings
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
-        """Our full state dict -> Hugging Face names and layout. Tied models drop the output matrix."""
+        """Our full state dict -> Hugging Face names and layout. Tied models drop the output matrix; stacked
+        experts become one (copied) tensor per expert."""
         out: dict[str, torch.Tensor] = {}
         for key, value in state_dict.items():
             if self.tied(args) and key == self.output_key:
+                continue
+            if not self.has_hf_slot(key):
+                if value.count_nonzero():
+                    raise HFExportError(
+                        f"{key} is not zero, and the {self.model_type} Hugging Face format has no slot for it: "
+                        "exporting without it would change which experts the model routes tokens to. A model "
+                        "trained with aux-loss-free balancing (--moe.load_balance bias) cannot be exported to "
+                        f"{self.model_type}; train with --moe.load_balance aux_loss (or none) to export it"
+                    )
+                continue
+            part = self._layer_part(key)
+            if part is not None and part[1] in self.expert_keys:
+                template = f"model.layers.{part[0]}.{self.expert_keys[part[1]]}"
+                out.update({template.format(e=e): expert.clone() for e, expert in enumerate(value.unbind(0))})
                 continue
             if self._is_rope(key):
                 value = rope_rows_to_hf(value, args.head_dim)
@@ -134,15 +203,24 @@ class HFAdapter:
         by some exporters is ignored).
         """
         out: dict[str, torch.Tensor] = {}
+        experts: dict[str, dict[int, torch.Tensor]] = {}
         for hf_key, value in hf_state_dict.items():
-            key = self.our_key(hf_key)
-            if key is None:
+            found = self._our_key_and_expert(hf_key)
+            if found is None:
                 raise KeyError(f"{hf_key!r} is not a {self.model_type} weight")
+            key, expert = found
+            if expert is not None:
+                experts.setdefault(key, {})[expert] = value
+                continue
             if self.tied(args) and key == self.output_key:
                 continue
             if self._is_rope(key):
                 value = rope_rows_from_hf(value, args.head_dim)
             out[key] = value
+        for key, by_expert in experts.items():
+            if sorted(by_expert) != list(range(len(by_expert))):
+                raise KeyError(f"{key}: experts {sorted(by_expert)} are not 0..{len(by_expert) - 1}")
+            out[key] = torch.stack([by_expert[e] for e in range(len(by_expert))])
         if self.tied(args) and self.embedding_key in out:
             out[self.output_key] = out[self.embedding_key]
         return out
@@ -152,7 +230,7 @@ class HFAdapter:
     def config_fields(self, args: Any) -> dict[str, tuple[str, Any]]:
         """The architecture as ``config.json`` states it: HF field -> (our field name, value).
 
-        Used to check a checkpoint against a flavor; ``vocab_size`` and the maximum length are
+        Used to say how a checkpoint differs from a flavor; ``vocab_size`` and the maximum length are
         left out on purpose (the vocabulary comes from the checkpoint, the length from training).
         Read from the family's decoder arguments, which every family here has.
         """
@@ -178,21 +256,13 @@ class HFAdapter:
         """A ``config.json`` dict that ``transformers`` loads as this architecture."""
         raise NotImplementedError
 
-    def check_hf_config(self, config: Mapping[str, Any], args: Any, *, source: str, flavor: str) -> None:
-        """Raise ``HFConfigError`` listing every field of ``config`` that disagrees with ``args``."""
-        problems = []
-        model_type = config.get("model_type")
-        if model_type != self.model_type:
-            problems.append(f"model_type {model_type!r} != {self.model_type!r}")
-        for hf_name, (our_name, expected) in self.config_fields(args).items():
-            actual = hf_config_value(config, hf_name)
-            if not _same(actual, expected):
-                problems.append(f"{hf_name} {actual!r} != flavor {flavor} {our_name} {expected!r}")
-        problems.extend(self.unsupported(config))
-        if problems:
-            raise HFConfigError(
-                f"{source} does not match --model.flavor {flavor} ({self.model_type}): " + "; ".join(problems)
-            )
+    def differences(self, config: Mapping[str, Any], args: Any) -> list[str]:
+        """The architecture fields of ``config`` that differ from ``args``, e.g. ``hidden_size 128 != dim 256``."""
+        return [
+            f"{hf_name} {actual!r} != {our_name} {expected!r}"
+            for hf_name, (our_name, expected) in self.config_fields(args).items()
+            if not _same(actual := hf_config_value(config, hf_name), expected)
+        ]
 
     def unsupported(self, config: Mapping[str, Any]) -> list[str]:
         """Features in ``config`` that this implementation does not have (each one a message)."""
@@ -231,7 +301,7 @@ def rope_config(config: Mapping[str, Any]) -> tuple[float | None, dict[str, Any]
 
 
 def hf_config_value(config: Mapping[str, Any], name: str) -> Any:
-    """``config[name]`` with the transformers 4/5 differences smoothed over (RoPE keys, head_dim)."""
+    """``config[name]`` with the transformers 4/5 differences smoothed over (RoPE keys, head_dim, experts)."""
     if name == "rope_theta":
         return rope_config(config)[0]
     if name == "rope_scaling":
@@ -242,6 +312,8 @@ def hf_config_value(config: Mapping[str, Any], name: str) -> Any:
         return config.get("num_attention_heads")
     if name == "tie_word_embeddings":
         return bool(config.get(name, False))
+    if name == "num_experts" and name not in config:  # transformers 5 writes the MoE count as num_local_experts
+        return config.get("num_local_experts")
     return config.get(name)
 
 

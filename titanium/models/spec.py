@@ -34,7 +34,6 @@ class ModelSpec(Generic[A]):
     """The family's tensor-parallel plan (``models/<family>/parallelize.py``); None: no tensor parallelism."""
     hf_adapter: HFAdapter | None = None
     """Converts weights and config.json to and from the Hugging Face format; None if absent."""
-    training_hooks: Callable[[list[nn.Module], Any, Any], None] | None = None
-    """``(model parts, meshes, hooks)``: register the family's own hooks on the training loop (a
-    ``titanium.hooks.TrainingHooks``; e.g. MoE router-bias updates after every optimizer step, all-reduced over
-    ``meshes.loss``). Lives in the family's parallelize.py when it needs collectives; None: no hooks."""
+    chat_template: str | None = None
+    """The built-in chat format (``--chat.chat_template`` value) of the family's instruct models, used by ``auto``
+    when the tokenizer brings no template of its own; None: the tokenizer's template is required."""

@@ -34,7 +34,15 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from titanium.batch import Batch, F, Placement
 from titanium.models.common.attention import Attention, AttentionInputs, document_causal_mask
-from titanium.models.common.attention_kernels import AttentionBackend, document_block_mask, flex, masked_kernel, sdpa
+from titanium.models.common.attention_kernels import (
+    PLAIN_SCORES,
+    AttentionBackend,
+    Scores,
+    document_block_mask,
+    flex,
+    masked_kernel,
+    sdpa,
+)
 from titanium.models.common.decoder import Decoder
 
 
@@ -89,15 +97,16 @@ class ChunkMasks:
     key_limits: tuple[int, int] = (0, 0)
     masks: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Local queries ``[B, S / cp, H, D]`` to gathered keys/values ``[B, S, H_kv, D]`` (rank-major)."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scores: Scores = PLAIN_SCORES) -> torch.Tensor:
+        """Local queries ``[B, S / cp, H, D]`` to gathered keys/values ``[B, S, H_kv, D]`` (rank-major), with the
+        layer's logit rule (scale, soft-capping)."""
         if self.block_mask is not None:
-            return flex(q, k, v, self.block_mask)
+            return flex(q, k, v, self.block_mask, scores)
         assert self.order is not None and self.masks is not None
         k, v = k.index_select(1, self.order), v.index_select(1, self.order)
         chunk, (head_keys, _) = q.shape[1] // 2, self.key_limits
-        head = sdpa(q[:, :chunk], k[:, :head_keys], v[:, :head_keys], self.masks[0])
-        tail = sdpa(q[:, chunk:], k, v, self.masks[1])
+        head = sdpa(q[:, :chunk], k[:, :head_keys], v[:, :head_keys], self.masks[0], scores)
+        tail = sdpa(q[:, chunk:], k, v, self.masks[1], scores)
         return torch.cat([head, tail], dim=1)
 
 
@@ -180,7 +189,7 @@ class _ContextParallelAttend:
             raise ValueError("context parallel attention runs inside a decoder made context parallel with it")
         k = funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=self.cp_group)
         v = funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=self.cp_group)
-        return inputs.plan_state.attend(q, k, v)
+        return inputs.plan_state.attend(q, k, v, self.scores)
 
 
 _CLASSES: dict[type, type] = {}

@@ -3,6 +3,10 @@
 One mesh with named dims ``(pp, dp_replicate, dp_shard, cp, tp)``, outermost first: tensor parallelism
 talks the most, so its ranks are adjacent (same node); pipeline parallelism talks the least. Size-1
 dims are kept so every view exists in every layout.
+
+Expert parallelism borrows its ranks from ``dp_shard x cp`` (as torchtitan does): with it a second mesh over the
+same ranks, ``(pp, dp_replicate, efsdp, ep, tp)`` with ``efsdp x ep = dp_shard x cp``, places the experts, so the
+``ep`` ranks of one group are neighbours in the data-parallel order.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import TYPE_CHECKING
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ParallelismSection
 from titanium.models.common.decoder import DecoderArgs
+from titanium.models.common.moe import MoEArgs
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
@@ -33,6 +38,8 @@ class ParallelDims:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
+    """Expert parallel degree, carved out of dp_shard x cp."""
     loss_parallel: bool = True
     """Wanted by the config; in effect only with tp > 1 (see loss_parallel_enabled)."""
 
@@ -61,6 +68,13 @@ class ParallelDims:
                 f"{named} x data_parallel_shard_degree ({shard}) = {others * shard}, but the world size is "
                 f"{world_size}; set --parallelism.data_parallel_shard_degree -1 to use the rest of the world"
             )
+        ep = cfg.expert_parallel_degree
+        if (shard * cp) % ep:
+            raise ConfigError(
+                f"--parallelism.expert_parallel_degree {ep} must divide data_parallel_shard_degree x "
+                f"context_parallel_degree = {shard} x {cp} = {shard * cp} (expert parallelism borrows those ranks); "
+                f"valid degrees: {_divisors(shard * cp)}"
+            )
         return cls(
             dp_replicate=replicate,
             dp_shard=shard,
@@ -68,6 +82,7 @@ class ParallelDims:
             tp=tp,
             pp=pp,
             cp=cp,
+            ep=ep,
             loss_parallel=cfg.enable_loss_parallel,
         )
 
@@ -92,14 +107,37 @@ class ParallelDims:
                     f"from the head and one from the tail of every sequence); valid degrees: "
                     + ", ".join(str(c) for c in range(1, seq_len // 2 + 1) if seq_len % (2 * c) == 0)
                 )
+            windowed = [i for i in range(n_layers) if args.window(i) is not None]
+            if windowed:
+                raise ConfigError(
+                    f"{cp_flag}: {model} has sliding-window attention (sliding_window {args.sliding_window} < "
+                    f"--training.seq_len {seq_len}, in {len(windowed)} layers), which context parallelism does not "
+                    "implement; use context_parallel_degree 1, or a seq_len within the window"
+                )
             if (seq_len // self.cp) % self.tp:
                 raise ConfigError(
                     f"--parallelism.tensor_parallel_degree {self.tp} must divide the per-rank sequence "
                     f"seq_len / context_parallel_degree = {seq_len // self.cp}"
                 )
+        self.check_experts(args.moe, model=model)
         if self.pp > n_layers:
             raise ConfigError(
                 f"--parallelism.pipeline_parallel_degree {self.pp} is more than the {n_layers} layers of {model}"
+            )
+
+    def check_experts(self, moe: MoEArgs | None, *, model: str) -> None:
+        """Expert parallelism needs experts, as many as a multiple of its degree (also a preflight check)."""
+        if self.ep == 1:
+            return
+        ep_flag = f"--parallelism.expert_parallel_degree {self.ep}"
+        if moe is None:
+            raise ConfigError(f"{ep_flag}: {model} is a dense model, it has no experts to divide; use 1")
+        experts = moe.num_experts
+        if experts % self.ep:
+            valid = [d for d in range(1, experts + 1) if experts % d == 0 and (self.dp_shard * self.cp) % d == 0]
+            raise ConfigError(
+                f"{ep_flag} must divide the {experts} experts of {model}; valid degrees with this layout: "
+                + ", ".join(map(str, valid))
             )
 
     def grad_accum_steps(self, local_batch_size: int, global_batch_size: int) -> int:
@@ -148,7 +186,7 @@ class ParallelDims:
         return self.tp * self.cp * self.pp
 
     def build_meshes(self, device_type: str) -> Meshes:
-        """One mesh with all five named dims, and the views the plan uses."""
+        """One mesh with all five named dims, the views the plan uses, and the experts' mesh under EP."""
         from torch.distributed.device_mesh import init_device_mesh
 
         world = init_device_mesh(
@@ -165,6 +203,16 @@ class ParallelDims:
             with warnings.catch_warnings():  # slicing a flattened dim: deprecated, no replacement yet
                 warnings.simplefilter("ignore")
                 hsdp = world["dp_replicate", "dp_shard_cp"]
+        ep = expert_fsdp = None
+        if self.ep > 1:
+            efsdp = self.dp_shard * self.cp // self.ep
+            sparse = init_device_mesh(
+                device_type,
+                (self.pp, self.dp_replicate, efsdp, self.ep, self.tp),
+                mesh_dim_names=("pp", "dp_replicate", "efsdp", "ep", "tp"),
+            )
+            ep = sparse["ep"]
+            expert_fsdp = sparse["dp_replicate", "efsdp"] if self.dp_replicate > 1 else sparse["efsdp"]
         return Meshes(
             world=world,
             dp=dp,
@@ -173,6 +221,8 @@ class ParallelDims:
             tp=world["tp"],
             cp=world["cp"],
             pp=world["pp"],
+            ep=ep,
+            expert_fsdp=expert_fsdp,
         )
 
 
@@ -190,3 +240,7 @@ class Meshes:
     tp: DeviceMesh
     cp: DeviceMesh
     pp: DeviceMesh
+    ep: DeviceMesh | None = None
+    """The experts' ranks under expert parallelism (None without)."""
+    expert_fsdp: DeviceMesh | None = None
+    """What FSDP shards the experts over under expert parallelism: efsdp, or (dp_replicate, efsdp) for HSDP."""

@@ -14,6 +14,7 @@ def apply_fsdp(
     param_dtype: torch.dtype,
     reduce_dtype: torch.dtype,
     reshard_after_forward: bool,
+    expert_mesh: DeviceMesh | None = None,
 ) -> None:
     """Shard over `mesh` (1-D: FSDP, 2-D: HSDP) in units: the embedding, each transformer block, the
     final norm with the output projection, and the root (whatever is left). Each unit's weights are
@@ -22,6 +23,11 @@ def apply_fsdp(
     (one parameter in two modules) stay with the root, which for the same reason is not resharded after
     forward either (and so a loss that applies the output projection itself, chunk by chunk, finds its
     weight gathered).
+
+    Under expert parallelism (``expert_mesh``) each MoE layer's experts are a unit of their own, sharded over
+    ``expert_mesh`` (the data-parallel ranks that hold the same experts); they are already divided over the ep
+    ranks, which together see every token routed to them, so summing over ``expert_mesh`` completes their
+    gradients.
 
     Gradients are *summed* across ranks: the loss is already divided by the global valid-token
     count, so FSDP's default averaging would divide a second time. Forcing plain SUM collectives
@@ -35,6 +41,8 @@ def apply_fsdp(
     if embedding is not None and not tied:
         fully_shard(embedding, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for block in model.layers.values():
+        if expert_mesh is not None and getattr(block, "moe", None) is not None:
+            fully_shard(block.moe.experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if tail and not tied:
         fully_shard(tail, mesh=mesh, mp_policy=mp, reshard_after_forward=False)

@@ -1,4 +1,4 @@
-"""Apply a parallel plan to a decoder built on the meta device: TP -> CP -> AC -> compile -> FSDP.
+"""Apply a parallel plan to a decoder built on the meta device: TP -> EP -> CP -> AC -> compile -> FSDP.
 
 The model family supplies only its tensor-parallel plan (``models/<family>/parallelize.py``); the
 order of the steps and everything that is not model-specific lives here.
@@ -19,6 +19,7 @@ from titanium.parallel.activation_checkpoint import apply_activation_checkpointi
 from titanium.parallel.compile import apply_compile, check_compile, enable_async_tensor_parallel
 from titanium.parallel.context import apply_context_parallel
 from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.expert import apply_expert_parallel
 from titanium.parallel.fsdp import apply_fsdp
 
 logger = logging.getLogger("titanium")
@@ -54,6 +55,9 @@ def parallelize_decoder(
         tp_plan(model, meshes.tp, dims.loss_parallel_enabled)
         if cfg.compile.enable_async_tensor_parallel:
             enable_async_tensor_parallel(meshes.tp)
+    if dims.ep > 1:
+        assert meshes.ep is not None
+        apply_expert_parallel(model, meshes.ep)
     if dims.cp > 1:
         apply_context_parallel(model, meshes.cp)
     apply_activation_checkpointing(model, cfg.activation_checkpoint)
@@ -67,4 +71,5 @@ def parallelize_decoder(
             param_dtype=cfg.param_dtype,
             reduce_dtype=cfg.reduce_dtype,
             reshard_after_forward=mode == "always" or (mode == "default" and not cfg.pipeline),
+            expert_mesh=meshes.expert_fsdp,
         )

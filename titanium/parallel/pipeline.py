@@ -13,6 +13,7 @@ import copy
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,13 +21,34 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import PipelineScheduleSingle, get_schedule_class
-from torch.distributed.tensor import DTensor
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ParallelismSection
+from titanium.models.common.moe import uncounted
 
 V_SCHEDULES = ("ZBVZeroBubble", "DualPipeV")
 """Two stages per rank placed as a V: rank r holds stages r and 2*pp-1-r."""
+
+
+class _Stage(PipelineStage):
+    """torch's PipelineStage, with two adjustments.
+
+    No links to its own rank: torch 2.11's schedules open the links between neighbouring stages with a dummy send
+    and receive to each neighbour's rank, also where that is this rank (the V placements keep two neighbouring
+    stages on one rank), which gloo cannot do ("Pair is not connected"); the tensors between two stages of one rank
+    never travel anyway. (torch 2.13 opens the links another way.)
+
+    Metadata inference (torch 2.13: a training forward of the first microbatch, with empty tensors on later
+    stages) does not count as routed tokens of an MoE model. torch 2.11 infers shapes under no_grad, which MoE
+    layers never count, and has no such method to wrap.
+    """
+
+    def _get_init_p2p_neighbors_ops(self) -> list[dist.P2POp]:
+        return [op for op in super()._get_init_p2p_neighbors_ops() if op.group_peer != self.group_rank]
+
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with uncounted(self.submod):
+            return super()._forward_metadata_inference(*args, **kwargs)
 
 
 def is_multi_stage(schedule: str) -> bool:
@@ -135,7 +157,7 @@ class Pipeline:
                 f"--parallelism.pipeline_parallel_microbatch_size {mbs}"
             )
         stages = [
-            PipelineStage(part, sid, self.n_stages, device, group=self.pp_group)
+            _Stage(part, sid, self.n_stages, device, group=self.pp_group)
             for part, sid in zip(self.parts, self.stage_ids)
         ]
         cls = get_schedule_class(cfg.pipeline_parallel_schedule)
@@ -209,16 +231,3 @@ def build_pipeline(
     model.norm = next((p.norm for p in parts if p.norm is not None), None)
     model.output = next((p.output for p in parts if p.output is not None), None)
     return Pipeline(model=model, parts=parts, stage_ids=ids, n_stages=len(stages), pp_group=pp_mesh.get_group())
-
-
-def clip_grad_norm_pipelined(params: list[torch.Tensor], max_norm: float, pp_group: dist.ProcessGroup) -> torch.Tensor:
-    """Global gradient norm over all stages (norm² summed over the pp group), then clip with it."""
-    grads = [p.grad for p in params if p.grad is not None]
-    norm = torch.nn.utils.get_total_norm(grads, 2.0, foreach=True)
-    norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-    norm_sq = norm**2
-    dist.all_reduce(norm_sq, group=pp_group)
-    norm = norm_sq.sqrt()
-    if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm, foreach=True)
-    return norm

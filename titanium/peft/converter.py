@@ -11,7 +11,7 @@ from torch import nn
 from titanium.config.sections import LoRASection
 from titanium.models.converter import ConverterContext, ExportContext, ModelConverter
 from titanium.peft.export import export_peft_adapter
-from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules
+from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale
 from titanium.peft.nf4 import quantize_lora_base_nf4
 
 logger = logging.getLogger("titanium")
@@ -38,13 +38,20 @@ class LoRAConverter(ModelConverter):
 
     def convert(self, model: nn.Module) -> None:
         adapted = apply_lora(model, self.cfg)
-        logger.info("LoRA rank %d on %d layers (%s)", self.cfg.rank, len(adapted), ", ".join(self.cfg.target_modules))
+        logger.info(
+            "%s rank %d on %d layers (%s), scale %g",
+            "DoRA" if self.cfg.use_dora else "LoRA",
+            self.cfg.rank,
+            len(adapted),
+            ", ".join(self.cfg.target_modules),
+            lora_scale(self.cfg),
+        )
 
     def after_materialize(self, model: nn.Module, seed: int) -> None:
-        init_lora(model, seed=seed)
         if self.materialize_before_parallelize:
             count = quantize_lora_base_nf4(model, shard_degree=self.shard_degree)
             logger.info("QLoRA: %d base weights stored as NF4", count)
+        init_lora(model, seed=seed)  # after NF4: DoRA's magnitudes are the norms of the weights as they compute
 
     def trainable(self, name: str) -> bool:
         return is_lora_param(name)
@@ -81,4 +88,5 @@ class LoRAConverter(ModelConverter):
         )
 
     def describe(self) -> str:
-        return "QLoRA (NF4 base)" if self.materialize_before_parallelize else "LoRA"
+        kind = "DoRA" if self.cfg.use_dora else "LoRA"
+        return f"Q{kind} (NF4 base)" if self.materialize_before_parallelize else kind

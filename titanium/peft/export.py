@@ -4,8 +4,9 @@
 layout come from the family's Hugging Face adapter (``titanium/models/<family>/hf.py``), the very code that
 converts the base weights, so the two cannot drift apart: ``lora_B`` produces the rows of the layer's
 output and gets whatever row permutation the adapter gives the base weight (the q/k RoPE permutation,
-for every family whose adapter lists them in ``rope_keys``); ``lora_A`` acts on the input side, which no
-adapter permutes, and is only renamed.
+for every family whose adapter lists them in ``rope_keys``); so does DoRA's magnitude vector, one value per
+output row (PEFT's ``lora_magnitude_vector``). ``lora_A`` acts on the input side, which no adapter permutes, and
+is only renamed.
 """
 
 from __future__ import annotations
@@ -27,32 +28,61 @@ from torch.distributed.tensor import DTensor
 from titanium.config.sections import LoRASection
 from titanium.files import replace_folder
 from titanium.models.hf_adapter import HFAdapter
-from titanium.peft.lora import lora_modules, lora_state_dict
+from titanium.peft.lora import adapter_key_parts, lora_modules, lora_scale, lora_state_dict
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _PEFT_PREFIX = "base_model.model."
-_PEFT_PART = {"lora_a": "lora_A", "lora_b": "lora_B"}
 
 
 def peft_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapter, args: Any) -> dict[str, torch.Tensor]:
     """Our adapter tensors (``layers.0.attention.wq.lora_b.weight``) -> PEFT names and layout
-    (``base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight``)."""
+    (``base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight``).
+
+    Layers that the checkpoint fuses into one tensor (Phi-3's ``qkv_proj`` holds wq, wk and wv) get one adapter
+    of their summed rank: ``lora_A`` stacks the parts' A rows, ``lora_B`` places each part's B in that part's
+    rows and rank columns (block diagonal), so ``B A`` is each part's update in its own rows (``fused_ranks``);
+    DoRA's magnitudes, one per output row, are placed the same way.
+    """
+    groups: dict[str, list[str]] = {}  # HF weight -> our adapted layers, in the order of our names
+    for key in tensors:
+        layer, _ = adapter_key_parts(key)
+        hf_key = adapter.hf_key(f"{layer}.weight")
+        if layer not in groups.setdefault(hf_key, []):
+            groups[hf_key].append(layer)
     out = {}
-    for key, value in tensors.items():
-        layer, part, _ = key.rsplit(".", 2)
-        base_key = f"{layer}.weight"
-        if part == "lora_b":
-            converted = adapter.to_hf({base_key: value}, args)
-            if len(converted) != 1:
-                raise ValueError(f"{base_key} has no Hugging Face tensor of its own (tied embeddings?)")
-            ((hf_key, value),) = converted.items()
-        else:
-            hf_key = adapter.hf_key(base_key)
-        out[f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}.{_PEFT_PART[part]}.weight"] = value.contiguous()
+    for hf_key, layers in groups.items():
+        a = torch.cat([tensors[f"{layer}.lora_a.weight"] for layer in layers])
+        columns = []
+        for layer in layers:  # each part's B through the adapter: renamed, permuted, placed in its rows
+            converted = adapter.to_hf({f"{layer}.weight": tensors[f"{layer}.lora_b.weight"]}, args)
+            if list(converted) != [hf_key]:
+                raise ValueError(f"{layer}.weight has no Hugging Face tensor of its own (tied embeddings?)")
+            columns.append(converted[hf_key])
+        prefix = f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}"
+        out[f"{prefix}.lora_A.weight"] = a.contiguous()
+        out[f"{prefix}.lora_B.weight"] = torch.cat(columns, dim=1).contiguous()  # (zero outside each part's rows)
+        if f"{layers[0]}.lora_magnitude" in tensors:  # each part's magnitudes in its rows, zeros elsewhere: sum
+            parts = [adapter.to_hf({f"{layer}.weight": tensors[f"{layer}.lora_magnitude"]}, args) for layer in layers]
+            magnitude = sum(part[hf_key] for part in parts)
+            if magnitude.shape[0] != sum(tensors[f"{layer}.lora_magnitude"].shape[0] for layer in layers):
+                raise ValueError(  # PEFT's DoRA rescales every row of the fused tensor, adapted by us or not
+                    f"{hf_key} fuses more layers than the adapted {layers}: a DoRA adapter of it needs all of "
+                    "them in lora.target_modules (or use_dora = false)"
+                )
+            out[f"{prefix}.lora_magnitude_vector"] = magnitude.contiguous()
     return out
+
+
+def fused_ranks(layers: list[str], adapter: HFAdapter) -> dict[str, int]:
+    """PEFT module name -> how many of our adapted layers its one adapter stacks, where more than one."""
+    counts: dict[str, set[str]] = {}
+    for layer in layers:
+        leaf = adapter.hf_key(f"{layer}.weight").removesuffix(".weight").rsplit(".", 1)[-1]
+        counts.setdefault(leaf, set()).add(layer.rsplit(".", 1)[-1])
+    return {leaf: len(parts) for leaf, parts in counts.items() if len(parts) > 1}
 
 
 def hf_target_modules(layers: list[str], adapter: HFAdapter) -> list[str]:
@@ -60,8 +90,17 @@ def hf_target_modules(layers: list[str], adapter: HFAdapter) -> list[str]:
     return sorted({adapter.hf_key(f"{layer}.weight").removesuffix(".weight").rsplit(".", 1)[-1] for layer in layers})
 
 
-def adapter_config(cfg: LoRASection, target_modules: list[str], base_model_name_or_path: str | None) -> dict:
-    """The ``adapter_config.json`` of a plain LoRA adapter for a causal LM (PEFT's ``LoraConfig`` fields)."""
+def adapter_config(
+    cfg: LoRASection,
+    target_modules: list[str],
+    base_model_name_or_path: str | None,
+    fused: Mapping[str, int] | None = None,
+) -> dict:
+    """The ``adapter_config.json`` of a LoRA (DoRA, rsLoRA) adapter for a causal LM (PEFT's ``LoraConfig``). A
+    module whose adapter stacks ``n`` of ours (``fused``) has rank ``n r`` and the alpha that keeps our scale:
+    ``n alpha`` (``alpha / r``) or ``sqrt(n) alpha`` with rsLoRA (``alpha / sqrt(r)``)."""
+    fused = fused or {}
+    alpha_factor = (lambda n: n**0.5) if cfg.use_rslora else (lambda n: n)
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -75,12 +114,12 @@ def adapter_config(cfg: LoRASection, target_modules: list[str], base_model_name_
         "inference_mode": True,
         "init_lora_weights": True,
         "modules_to_save": None,
-        "use_rslora": False,
-        "use_dora": False,
+        "use_rslora": cfg.use_rslora,
+        "use_dora": cfg.use_dora,
         "layers_to_transform": None,
         "layers_pattern": None,
-        "rank_pattern": {},
-        "alpha_pattern": {},
+        "rank_pattern": {leaf: n * cfg.rank for leaf, n in fused.items()},
+        "alpha_pattern": {leaf: alpha_factor(n) * cfg.alpha for leaf, n in fused.items()},
     }
 
 
@@ -88,9 +127,11 @@ def _check_matches(model: nn.Module, cfg: LoRASection) -> list[str]:
     """This model's adapted layers, checked against ``cfg`` (a pipeline stage may have none)."""
     layers = []
     for name, module in lora_modules(model):
-        rank = module.lora_a.out_features
-        if rank != cfg.rank or abs(module.lora_scale - cfg.alpha / cfg.rank) > 1e-12 * module.lora_scale:
+        rank, dora = module.lora_a.out_features, module.lora_magnitude is not None
+        if rank != cfg.rank or abs(module.lora_scale - lora_scale(cfg)) > 1e-12 * module.lora_scale:
             raise ValueError(f"{name}: rank {rank}, scale {module.lora_scale} do not match {cfg}")
+        if dora != cfg.use_dora:
+            raise ValueError(f"{name}: {'a' if dora else 'no'} DoRA magnitude, but use_dora={cfg.use_dora}")
         layers.append(name)
     return layers
 
@@ -136,7 +177,8 @@ def export_peft_adapter(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         save_file(peft_state_dict(tensors, hf_adapter, model_args), str(partial / WEIGHTS_FILE), {"format": "pt"})
-        config = adapter_config(cfg, hf_target_modules(layers, hf_adapter), base_model_name_or_path)
+        targets, fused = hf_target_modules(layers, hf_adapter), fused_ranks(layers, hf_adapter)
+        config = adapter_config(cfg, targets, base_model_name_or_path, fused)
         (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         replace_folder(partial, path)
         logger.info("saved LoRA adapter (PEFT layout, %d layers) to %s", len(layers), path)

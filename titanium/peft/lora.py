@@ -6,8 +6,10 @@ Hugging Face loading, DCP and the parallel plans see the model they already know
 ``lora_b`` children. It runs on the meta model before any parallelism; FSDP2 then shards each block's
 adapters together with its frozen base weights.
 
-The output is ``W x + scale * B A dropout(x)`` with ``scale = alpha / rank``; ``B`` starts at zero, so at
-initialisation the adapted model computes exactly what the base model computes.
+The output is ``W x + scale * B A dropout(x)`` with ``scale = alpha / rank`` (rsLoRA: ``alpha / sqrt(rank)``);
+``B`` starts at zero, so at initialisation the adapted model computes exactly what the base model computes.
+DoRA (``use_dora``) adds a trainable magnitude per output row, ``lora_magnitude``, starting at the row norms of
+``W``; the layer then computes with ``m / ||W + scale B A||_row * (W + scale B A)`` (titanium/peft/dora.py).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ _HF_NAMES = {
     "up_proj": "w3",
     "lm_head": "output",
 }
-LORA_PARTS = ("lora_a", "lora_b")
+LORA_PARTS = ("lora_a", "lora_b", "lora_magnitude")
 
 
 class LoRAConfigError(ConfigError):
@@ -48,12 +50,14 @@ class LoRALinear(nn.Linear):
 
     ``base_nf4`` is set by QLoRA once ``weight`` holds a torchao ``NF4Tensor``; ``lora_enabled = False``
     computes the base layer alone (the policy as its own frozen reference, without a second copy).
+    ``lora_magnitude`` is DoRA's magnitude vector (one per output row), None for plain LoRA.
     """
 
     lora_a: nn.Linear
     lora_b: nn.Linear
     lora_dropout: nn.Module
     lora_scale: float
+    lora_magnitude: nn.Parameter | None
     base_nf4: bool
     lora_enabled: bool = True
 
@@ -68,11 +72,18 @@ class LoRALinear(nn.Linear):
             base = super().forward(x)  # the adapted layer's own forward (nn.Linear's, or see LORA_CLASSES)
         if not self.lora_enabled:
             return base
-        return base + self.lora_b(self.lora_a(self.lora_dropout(x))) * self.lora_scale
+        dropped = self.lora_dropout(x)
+        update = self.lora_b(self.lora_a(dropped)) * self.lora_scale
+        if self.lora_magnitude is None:
+            return base + update
+        from titanium.peft.dora import dora_output
+
+        return dora_output(self, x, dropped, base, update)
 
     def extra_repr(self) -> str:
         nf4 = ", base=nf4" if self.base_nf4 else ""
-        return f"{super().extra_repr()}, rank={self.lora_a.out_features}, scale={self.lora_scale:g}{nf4}"
+        dora = ", dora" if self.lora_magnitude is not None else ""
+        return f"{super().extra_repr()}, rank={self.lora_a.out_features}, scale={self.lora_scale:g}{dora}{nf4}"
 
 
 LORA_CLASSES: dict[type[nn.Module], type[LoRALinear]] = {nn.Linear: LoRALinear}
@@ -82,8 +93,21 @@ the layer as it will run; LoRA refuses any other class."""
 
 
 def is_lora_param(name: str) -> bool:
-    """Whether a parameter/state-dict name belongs to an adapter (``...wq.lora_a.weight``)."""
+    """Whether a parameter/state-dict name belongs to an adapter (``...wq.lora_a.weight``, ``...wq.lora_magnitude``)."""
     return any(part in LORA_PARTS for part in name.split("."))
+
+
+def adapter_key_parts(name: str) -> tuple[str, str]:
+    """``layers.0.attention.wq.lora_b.weight`` -> ``("layers.0.attention.wq", "lora_b")``: the adapted layer
+    and the adapter part a parameter name belongs to."""
+    parts = name.split(".")
+    index = next(i for i, part in enumerate(parts) if part in LORA_PARTS)
+    return ".".join(parts[:index]), parts[index]
+
+
+def lora_scale(cfg: LoRASection) -> float:
+    """The factor of the update ``B A x``: ``alpha / rank``, or ``alpha / sqrt(rank)`` with rsLoRA."""
+    return cfg.alpha / (math.sqrt(cfg.rank) if cfg.use_rslora else cfg.rank)
 
 
 def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
@@ -125,6 +149,9 @@ def check_lora_config(cfg: LoRASection) -> None:
     if cfg.rank == 0:
         if cfg.quantize_base != "none":
             raise LoRAConfigError("--lora.quantize_base nf4 (QLoRA) needs LoRA: set --lora.rank (e.g. 8)")
+        for flag in ("use_dora", "use_rslora"):
+            if getattr(cfg, flag):
+                raise LoRAConfigError(f"--lora.{flag} needs LoRA: set --lora.rank (e.g. 8)")
         return
     if not cfg.alpha > 0:
         raise LoRAConfigError(f"--lora.alpha must be > 0 (the update is scaled by alpha / rank), got {cfg.alpha}")
@@ -165,6 +192,11 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
                 f"--lora.target_modules: {name!r} is a {type(module).__name__} (converted by float8?); LoRA adapts "
                 "nn.Linear and QAT layers: turn that conversion off for these layers or drop them from the targets"
             )
+        if cfg.use_dora and type(module) is not nn.Linear:
+            raise LoRAConfigError(
+                f"--lora.use_dora: {name!r} is a {type(module).__name__} (QAT); DoRA normalizes the plain weight, "
+                "so turn off --lora.use_dora or --qat.enable"
+            )
         if id(module.weight) in shared:
             raise LoRAConfigError(
                 f"--lora.target_modules: {name!r} shares its weight with another layer (tied embeddings); "
@@ -177,30 +209,33 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
         raise LoRAConfigError(f"--lora.target_modules: the model has no linear layer named {names}")
     # Only now change the model, so a failed call leaves it as it was.
     for _, module in chosen:
-        _add_adapter(module, cfg.rank, cfg.alpha, cfg.dropout)
+        _add_adapter(module, cfg)
     return [clean_fqn(name) for name, _ in chosen]
 
 
-def _add_adapter(module: nn.Linear, rank: int, alpha: float, dropout: float) -> None:
+def _add_adapter(module: nn.Linear, cfg: LoRASection) -> None:
     weight = module.weight
     factory = {"device": weight.device, "dtype": weight.dtype}
     module.__class__ = LORA_CLASSES[type(module)]
     assert isinstance(module, LoRALinear)
-    module.lora_a = nn.Linear(module.in_features, rank, bias=False, **factory)
-    module.lora_b = nn.Linear(rank, module.out_features, bias=False, **factory)
-    module.lora_dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-    module.lora_scale = alpha / rank
+    module.lora_a = nn.Linear(module.in_features, cfg.rank, bias=False, **factory)
+    module.lora_b = nn.Linear(cfg.rank, module.out_features, bias=False, **factory)
+    module.lora_dropout = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else nn.Identity()
+    module.lora_scale = lora_scale(cfg)
+    module.lora_magnitude = nn.Parameter(torch.empty(module.out_features, **factory)) if cfg.use_dora else None
     module.base_nf4 = False
 
 
 @torch.no_grad()
 def init_lora(model: nn.Module, seed: int | None = None) -> None:
     """``lora_a`` Kaiming-uniform (PEFT's default), ``lora_b`` zeros: the adapted model starts as the base.
+    DoRA's magnitudes start at the row norms of the base weights (so the layer still computes ``W x``).
 
     Each adapter is drawn on the CPU from its own generator, seeded with ``seed`` (by default one draw
     from torch's global generator) and its name, and DTensor parameters keep their shard of the full
     draw. The values therefore depend only on the seed: not on the device, the parallel layout, or
-    which layers this rank holds (pipeline stages). Call after ``to_empty`` / ``init_weights``.
+    which layers this rank holds (pipeline stages). Call once the base weights hold their starting values
+    (initialized or loaded, and NF4-quantized for QLoRA): DoRA reads them. Collective for sharded DoRA layers.
     """
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
@@ -210,6 +245,10 @@ def init_lora(model: nn.Module, seed: int | None = None) -> None:
         nn.init.kaiming_uniform_(a, a=math.sqrt(5), generator=generator)
         copy_full_into(module.lora_a.weight, a)
         copy_full_into(module.lora_b.weight, torch.zeros(tuple(module.lora_b.weight.shape)))
+        if module.lora_magnitude is not None:
+            from titanium.peft.dora import weight_norm
+
+            copy_full_into(module.lora_magnitude, weight_norm(module, full=True))
 
 
 def freeze_base(model: nn.Module) -> int:

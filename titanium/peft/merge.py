@@ -1,4 +1,5 @@
-"""Fold adapters into their base weights: ``W + scale * B @ A``, the plain model that LoRA trained.
+"""Fold adapters into their base weights: ``W + scale * B @ A``, the plain model that LoRA trained (DoRA: that
+sum with each row rescaled to its trained magnitude, as PEFT's ``merge_and_unload``).
 
 Used for the merged Hugging Face export, which any tool can load without PEFT. NF4 base weights are
 dequantized first.
@@ -14,22 +15,24 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 
-from titanium.peft.lora import is_lora_param, lora_modules
+from titanium.peft.dora import merge_direction
+from titanium.peft.lora import adapter_key_parts, is_lora_param, lora_modules
 from titanium.peft.nf4 import dequantize
 
 
 def lora_scales(model: nn.Module) -> dict[str, float]:
-    """Adapted layer name -> its ``alpha / rank``; empty for a model without adapters."""
+    """Adapted layer name -> its update's scale (``alpha / rank``); empty for a model without adapters."""
     return {name: module.lora_scale for name, module in lora_modules(model)}
 
 
 @torch.no_grad()
 def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, float]) -> dict[str, torch.Tensor]:
-    """``state`` with each adapted ``<layer>.weight`` replaced by ``W + scale * B @ A`` and no adapter keys.
+    """``state`` with each adapted ``<layer>.weight`` replaced by ``W + scale * B @ A`` (rescaled by DoRA's
+    ``<layer>.lora_magnitude`` where there is one) and no adapter keys.
 
-    The product is formed in float32 and the result keeps the base weight's (dequantized) dtype.
+    The merge is computed in float32 and the result keeps the base weight's (dequantized) dtype.
     """
-    orphans = {k for k in state if is_lora_param(k) and k.rsplit(".", 2)[0] not in scales}
+    orphans = {k for k in state if is_lora_param(k) and adapter_key_parts(k)[0] not in scales}
     if orphans:
         raise ValueError(f"merge_lora_state: adapter keys without a scale: {sorted(orphans)[:4]}")
     out: dict[str, torch.Tensor] = {}
@@ -41,7 +44,11 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, flo
             a, b = state[f"{layer}.lora_a.weight"], state[f"{layer}.lora_b.weight"]
             dense = dequantize(value)
             delta = b.to(dense.device, torch.float32) @ a.to(dense.device, torch.float32)
-            value = (dense.float() + scales[layer] * delta).to(dense.dtype)
+            merged = dense.float() + scales[layer] * delta
+            magnitude = state.get(f"{layer}.lora_magnitude")
+            if magnitude is not None:
+                merged = merge_direction(merged, magnitude.to(dense.device))
+            value = merged.to(dense.dtype)
         out[key] = value
     return out
 
@@ -55,19 +62,26 @@ def merged_full_state_dict(model: nn.Module, keep: bool | None = None) -> dict[s
     """The merged, full state dict of a model in any data-parallel layout: on CPU where ``keep`` (default:
     on rank 0), None elsewhere.
 
-    Collective when distributed (every rank calls). Sharded NF4 weights are dequantized shard by shard
-    (each FSDP shard holds whole NF4 groups) and gathered as dense tensors, so only plain all-gathers run.
+    Collective when distributed (every rank calls); see ``dense_full_tensor``.
     """
     if not dist.is_initialized():
         return merge_lora(model)
     keep = dist.get_rank() == 0 if keep is None else keep
     full: dict[str, torch.Tensor] = {}
     for key, value in get_model_state_dict(model).items():
-        if isinstance(value, DTensor):
-            local = dequantize(value.to_local())
-            value = DTensor.from_local(
-                local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
-            ).full_tensor()
+        value = dense_full_tensor(value)
         if keep:
-            full[key] = dequantize(value).detach().cpu()
+            full[key] = value.detach().cpu()
     return merge_lora_state(full, lora_scales(model)) if keep else None
+
+
+def dense_full_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A state-dict value as one plain dense tensor on its device: gathered if it is a DTensor (a collective over
+    its mesh), NF4 dequantized. Sharded NF4 weights are dequantized shard by shard (each FSDP shard holds whole NF4
+    groups) and gathered as dense tensors, so only plain all-gathers run."""
+    if isinstance(value, DTensor):
+        local = dequantize(value.to_local())
+        value = DTensor.from_local(
+            local, value.device_mesh, value.placements, shape=value.shape, stride=value.stride()
+        ).full_tensor()
+    return dequantize(value)

@@ -34,17 +34,15 @@ from torchao.prototype.safetensors.safetensors_support import (
     flatten_tensor_state_dict,
     unflatten_tensor_state_dict,
 )
-from torchao.quantization import Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, quantize_
-from torchao.quantization.granularity import PerGroup
+from torchao.quantization import quantize_
 from torchao.quantization.qat import FakeQuantizedLinear, QATConfig
 
-from titanium.config.loader import ConfigError
 from titanium.config.sections import QATSection
 from titanium.files import replace_folder
 from titanium.models.converter import ConverterContext, ExportContext, ModelConverter
 from titanium.parallel.params import clean_fqn
 from titanium.peft.lora import LORA_CLASSES, LoRALinear, is_lora_param
-from titanium.quantize import filtered_by_name
+from titanium.quantize.schemes import SCHEMES, quantized_layers
 
 logger = logging.getLogger("titanium")
 
@@ -61,37 +59,17 @@ LORA_CLASSES[FakeQuantizedLinear] = LoRAFakeQuantizedLinear
 
 
 def base_config(cfg: QATSection) -> Any:
-    """The torchao post-training config of ``cfg.scheme``; QAT's prepare derives its fake quantizers from it."""
-    if cfg.scheme == "int8_dynamic_activation_int4_weight":
-        return Int8DynamicActivationIntxWeightConfig(
-            weight_dtype=torch.int4, weight_granularity=PerGroup(cfg.group_size)
-        )
-    return IntxWeightOnlyConfig(weight_dtype=torch.int4, granularity=PerGroup(cfg.group_size))
+    """The torchao post-training config of ``cfg.scheme`` (schemes.py, shared with the serving export); QAT's
+    prepare derives its fake quantizers from it."""
+    return SCHEMES[cfg.scheme].config(cfg.group_size)
 
 
 def qat_layers(model: nn.Module, cfg: QATSection) -> list[str]:
     """Names of the linear layers QAT quantizes: those not in ``filter_fqns``. A layer whose input size the group
     size does not divide, or whose weight is shared (tied embeddings), is a config error."""
-    names = []
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or filtered_by_name(clean_fqn(name), cfg.filter_fqns):
-            continue
-        if module.in_features % cfg.group_size:
-            raise ConfigError(
-                f"--qat.group_size {cfg.group_size} does not divide the {module.in_features} inputs of {name}; use a "
-                f"divisor of it or add {name!r} to --qat.filter_fqns"
-            )
-        if _is_tied(model, module):
-            raise ConfigError(
-                f"--qat.filter_fqns: {name} shares its weight with the embedding (tied embeddings); keep it filtered"
-            )
-        names.append(clean_fqn(name))
-    return names
-
-
-def _is_tied(model: nn.Module, module: nn.Module) -> bool:
-    embedding = getattr(model, "tok_embeddings", None)
-    return embedding is not None and module.weight is embedding.weight
+    return quantized_layers(
+        model, cfg.scheme, cfg.group_size, cfg.filter_fqns, flags=("--qat.group_size", "--qat.filter_fqns")
+    )
 
 
 class QATConverter(ModelConverter):

@@ -5,11 +5,14 @@
         --source /path/Qwen3-0.6B --dtype bfloat16
     # an HF folder -> a model-only DCP checkpoint (step-0, a seed checkpoint any layout resumes from)
     python -m titanium.tools.convert from-hf /path/Qwen3-0.6B outputs/run/checkpoint --model qwen3
+    # an HF folder -> a quantized HF folder for serving (torchao; transformers loads it as is)
+    python -m titanium.tools.convert quantize out/hf out/hf-int8 --model qwen3 --scheme int8_weight_only
 
 With ``--source`` (the HF folder the run started from) the output has the source's keys, files,
 index, config.json and tokenizer files; without it, ``--flavor`` gives the architecture and the
-files are cut at ``--max-shard-size``. One process, CPU, no process group; only the model weights of
-a checkpoint are read, and nothing is unpickled.
+files are cut at ``--max-shard-size``. One process, CPU (quantize: the GPU for CUDA-only schemes),
+no process group; only the model weights of a checkpoint are read, and nothing is unpickled. Bad
+input is one message and exit code 2.
 """
 
 from __future__ import annotations
@@ -25,10 +28,12 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, read_hf_config, save_hf_weights, shard_size_bytes
+from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, hf_model_args, save_hf_weights, shard_size_bytes
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
+from titanium.quantize.schemes import SCHEMES
+from titanium.quantize.serving import export_quantized_hf
 
 MODEL_KEY = "model"
 """Top-level key of the model weights in titanium's DCP checkpoints (``model.<parameter name>``)."""
@@ -63,7 +68,7 @@ def dcp_to_hf(
         raise UserError(f"model {model!r} has no Hugging Face adapter")
     shapes = _checkpoint_shapes(checkpoint)
     if source is not None:
-        args = spec.hf_adapter.from_hf_config(read_hf_config(source))
+        args = hf_model_args(spec, source)
     elif flavor is not None:
         if flavor not in spec.flavors:
             raise UserError(f"unknown flavor {flavor!r} for {model}; valid: {', '.join(spec.flavors)}")
@@ -130,6 +135,26 @@ def main(argv: list[str] | None = None) -> int:
     from_hf.add_argument("folder", type=Path, help="HF folder with config.json and *.safetensors")
     from_hf.add_argument("out", type=Path, help="checkpoint folder to create step-0 in")
     from_hf.add_argument("--model", required=True, choices=list_models())
+    quantize = sub.add_parser(
+        "quantize",
+        help="Hugging Face folder -> quantized Hugging Face folder for serving (torchao)",
+        description="Schemes:\n" + "\n".join(f"  {name}: {s.summary}" for name, s in SCHEMES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    quantize.add_argument("folder", type=Path, help="HF folder with config.json and *.safetensors (e.g. from to-hf)")
+    quantize.add_argument("out", type=Path, help="output folder (replaced if it exists)")
+    quantize.add_argument("--model", required=True, choices=list_models())
+    quantize.add_argument("--scheme", required=True, choices=list(SCHEMES))
+    quantize.add_argument(
+        "--group-size", type=int, default=32, help="inputs per weight scale, int4 schemes (default 32, as [qat])"
+    )
+    quantize.add_argument(
+        "--filter-fqns",
+        nargs="*",
+        default=["output"],
+        help="linear layers whose titanium name contains one of these stay unquantized (default: output)",
+    )
+    quantize.add_argument("--dtype", default="bfloat16", choices=sorted(EXPORT_DTYPES), help="(default bfloat16)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process on purpose
@@ -144,11 +169,21 @@ def main(argv: list[str] | None = None) -> int:
                 dtype=args.dtype,
                 max_shard_size=args.max_shard_size,
             )
-        else:
+        elif args.command == "from-hf":
             path = hf_to_dcp(args.folder, args.out, args.model)
+        else:
+            path = export_quantized_hf(
+                args.folder,
+                args.out,
+                args.model,
+                args.scheme,
+                group_size=args.group_size,
+                filter_fqns=args.filter_fqns,
+                dtype=EXPORT_DTYPES[args.dtype],
+            )
     except UserError as e:
         print(f"titanium.tools.convert: error: {e}", file=sys.stderr)
-        return 1
+        return 2
     print(f"wrote {path}")
     return 0
 

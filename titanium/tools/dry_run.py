@@ -9,7 +9,10 @@ default cuda). The report lists each parameter's placements and local shard shap
 memory of the rank and what fills it (titanium/tools/memory_estimate.py says how), against
 ``--device_memory_gib`` (default 78: about what PyTorch gets of an 80 GB H100). Exit code 0: the plan is valid
 and fits; 1: it does not fit; 2: the plan is invalid. ``--no_memory`` skips the estimate. The tokenizer is not
-read: the vocabulary is the flavor's.
+read: the vocabulary is the flavor's, or, for a run that starts from a Hugging Face folder
+(``--checkpoint.initial_load_in_hf``), the architecture and vocabulary are its config.json's (no weights are read).
+For MoE models the estimate assumes balanced routing, with the busiest expert-parallel rank receiving
+``--moe_imbalance`` (default 1.25) times its even share of the routed tokens.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from titanium.parallel.compile import check_compile
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.params import clean_fqn
 from titanium.parallel.pipeline import Pipeline
+from titanium.precision import dtype_name
 from titanium.preflight import check_job
 from titanium.tools.memory_estimate import Job, MemoryEstimate, estimate_memory
 
@@ -73,7 +77,16 @@ class DryRun:
         yield (
             f"world {d.world_size} = pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x "
             f"cp {d.cp} x tp {d.tp}; model {self.cfg.model.name} {self.cfg.model.flavor}"
+            + (f"; compute dtype {dtype_name(self.job.plan.param_dtype)}" if self.job else "")
         )
+        if d.ep > 1:
+            efsdp = d.dp_shard * d.cp // d.ep
+            yield f"expert parallel {d.ep} (borrowed from dp_shard x cp): experts sharded by FSDP over efsdp {efsdp}"
+        if self.job is not None and self.job.args.decoder_args().moe is not None:
+            yield (
+                f"MoE routing assumed balanced; the busiest expert-parallel rank receives {self.job.moe_imbalance:g}x "
+                "its even share of the routed tokens (--moe_imbalance)"
+            )
         if self.stages is not None:
             ids, n = self.stages
             yield f"pipeline: stages {ids} of {n} on pp rank {self.meshes.pp.get_local_rank()}"
@@ -115,23 +128,26 @@ def _param_plan(name: str, param: torch.Tensor) -> ParamPlan:
     return ParamPlan(name, tuple(param.shape), tuple(param.shape), "(not distributed)", ())
 
 
-def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = "cuda") -> DryRun:
+def dry_run(
+    argv: list[str], world_size: int, rank: int = 0, device_type: str = "cuda", moe_imbalance: float = 1.25
+) -> DryRun:
     """Build the plan of rank ``rank`` of ``world_size`` on a fake process group (created and left
     initialized; call ``torch.distributed.destroy_process_group()`` when done), checking what training
     checks on ``device_type``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    # The dry run never reads the tokenizer (the flavor gives the vocabulary), so it may be absent.
+    # The dry run never reads the tokenizer (the flavor or config.json gives the vocabulary), so it may be absent.
     cfg = load_config([*argv, "--tokenizer.kind", "byte"])
     dims = check_job(cfg, world_size)
     check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     meshes = dims.build_meshes("cpu")
     t = cfg.training
-    plan = job_plan(cfg, dims, compile=CompileSection())  # (compile is checked above; it places nothing)
+    # (compile is checked above; it places nothing, and the memory trace is eager)
+    plan = job_plan(cfg, dims, device_type, compile=CompileSection())
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
-    spec, args = builder.resolve(cfg.model, seq_len=t.seq_len)
+    spec, args = builder.resolve(cfg.model, seq_len=t.seq_len, checkpoint=cfg.checkpoint)
     converters = partial(job_converters, cfg, dims, device_type=None)
     built = builder.build(spec, args, converters=converters(), materialize=False)
     stage_ids, stages = None, [(True, True, args.n_layers)]
@@ -155,6 +171,8 @@ def dry_run(argv: list[str], world_size: int, rank: int = 0, device_type: str = 
         stages=stages,
         rows=rows,
         accumulation=dims.grad_accum_steps(t.local_batch_size, t.global_batch_size) * (t.local_batch_size // rows),
+        device_type=device_type,
+        moe_imbalance=moe_imbalance,
     )
     params = [_param_plan(clean_fqn(n), p) for n, p in built.model.named_parameters()]
     return DryRun(cfg, dims, meshes, built.model, params, stages=stage_ids, job=job, pipeline=pipeline)
@@ -181,11 +199,14 @@ def main(argv: list[str] | None = None) -> int:
         rank = int(_pop_flag(argv, "--rank", "0"))
         device_memory_gib = float(_pop_flag(argv, "--device_memory_gib", "78"))
         device_type = _pop_flag(argv, "--device_type", "cuda")
+        moe_imbalance = float(_pop_flag(argv, "--moe_imbalance", "1.25"))
         if not 0 <= rank < world_size:
             raise ConfigError(f"--rank must be in [0, {world_size}), got {rank}")
         if device_type not in ("cuda", "cpu"):
             raise ConfigError(f"--device_type must be cuda or cpu, got {device_type!r}")
-        result = dry_run(argv, world_size, rank, device_type)
+        if moe_imbalance < 1:
+            raise ConfigError(f"--moe_imbalance must be >= 1 (1: perfectly balanced), got {moe_imbalance}")
+        result = dry_run(argv, world_size, rank, device_type, moe_imbalance)
     except (UserError, ValueError) as e:
         print(f"titanium: config error: {e}", file=sys.stderr)
         if dist.is_initialized():

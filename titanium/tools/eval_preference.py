@@ -86,11 +86,13 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
     pairs = PreferenceDataset(data, template, seq_len, tokenizer.bos_id, cfg.chat.system_prompt, cfg.dpo.on_long_pair)
     loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
     builder = ModelBuilder(device, cfg.debug.seed)
-    spec, model_args = builder.resolve(cfg.model, seq_len=seq_len, vocab_size=tokenizer.vocab_size)
-    policy, reference = (
-        builder.build(spec, model_args, weights=weights_of(folder)).model.eval()
-        for folder in (args.policy, args.reference)
+    weights = [weights_of(folder) for folder in (args.policy, args.reference)]
+    # The architecture of a Hugging Face folder is its config.json's (else the job's: flavor or start folder).
+    hf_folder = next((w.hf_folder for w in weights if w.hf_folder is not None), None)
+    spec, model_args = builder.resolve(
+        cfg.model, seq_len=seq_len, vocab_size=tokenizer.vocab_size, checkpoint=cfg.checkpoint, hf_folder=hf_folder
     )
+    policy, reference = (builder.build(spec, model_args, weights=w).model.eval() for w in weights)
     return evaluate(policy, reference, loader, cfg.dpo)
 
 

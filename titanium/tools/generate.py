@@ -34,7 +34,7 @@ from titanium.errors import UserError
 from titanium.generation.generate import check_room, generate
 from titanium.generation.sampling import SamplingParams
 from titanium.model_builder import ModelBuilder
-from titanium.models import get_model_spec, list_models
+from titanium.models import get_model_spec, hf_family, list_models
 
 Prompt = str | list[Message]
 
@@ -42,11 +42,10 @@ Prompt = str | list[Message]
 def model_name_of(folder: Path) -> str:
     """The registered family whose HF adapter reads this folder's ``config.json`` ``model_type``."""
     model_type = read_hf_config(folder).get("model_type")
-    for name in list_models():
-        adapter = get_model_spec(name).hf_adapter
-        if adapter is not None and adapter.model_type == model_type:
-            return name
-    raise UserError(f"{folder}/config.json: model_type {model_type!r} is not supported; pass --model")
+    name = hf_family(model_type)
+    if name is None:
+        raise UserError(f"{folder}/config.json: model_type {model_type!r} is not supported; pass --model")
+    return name
 
 
 def read_prompts(path: Path) -> list[Prompt]:

@@ -20,6 +20,11 @@ Pipelines. The trace runs one microbatch through each of this rank's stages and 
 forward leaves alive for its backward. Torch's own action list of the configured schedule then says how many
 microbatches each stage holds at once, and the extra ones are added at the worst moment.
 
+MoE models. Routing decides how many rows each expert (and, under expert parallelism, each rank) gets, which fake
+tensors cannot know and a trace must not depend on: the experts run as if routing were balanced (every expert the
+same number of rows, the GPU's grouped GEMM), and under expert parallelism this rank receives ``moe_imbalance``
+times its even share of the routed rows (the busiest rank; dry_run's ``--moe_imbalance``).
+
 Not modelled: torch.compile (compiled blocks usually save less), the allocator's caching and fragmentation and the
 CUDA context (PyTorch reserves more than it allocates: keep some headroom), kernels' internal workspaces and NCCL's
 buffers, a frozen reference model (DPO), and what an objective adds beyond a cross-entropy on the logits. The
@@ -53,11 +58,14 @@ from torch.utils._pytree import tree_leaves
 
 from titanium.batch import Batch
 from titanium.config.components import JobConfig
+from titanium.models.common.moe import expert_swiglu, grouped_gemm_kind, moe_layers
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable
 from titanium.models.spec import ModelSpec
 from titanium.optim import build_optimizer
 from titanium.optim.optimizer import LOW_BIT
 from titanium.parallel.dims import Meshes, ParallelDims
+from titanium.parallel.expert import ExpertParallelExperts
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, keep_only
 from titanium.trainers.base import ModelOutput
@@ -94,6 +102,10 @@ class Job:
     """Sequences per microbatch that one forward sees (the pipeline microbatch under PP)."""
     accumulation: int
     """Microbatches per optimizer step (pipeline microbatches included)."""
+    device_type: str = "cuda"
+    """The device whose kernels the trace assumes where it matters (the MoE experts' grouped GEMM)."""
+    moe_imbalance: float = 1.25
+    """MoE under expert parallelism: rows this rank receives, over its share under perfectly balanced routing."""
 
 
 REGIONS = ("blocks", "after blocks")
@@ -247,7 +259,13 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
         for t in [*params, *container.buffers()]:
             tracker.add(t, PARAMETERS)
         saved: list[float] = []
-        with tracker, _module_labels(tracker, parts), _resizes_counted(tracker):
+        with (
+            tracker,
+            _module_labels(tracker, parts),
+            _resizes_counted(tracker),
+            _sharding_propagation_uncounted(tracker),
+            _eager_low_bit_step(job),  # (with early_step_in_backward the steps run inside the backward)
+        ):
             # As in the trainer: autocast (mixed precision without FSDP) around each forward, or, under PP, around
             # the whole schedule, backward included (its cache of low-precision weights lives that long).
             pipelined = job.plan.pipeline
@@ -262,10 +280,8 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
                 tracker.phase = "optimizer step"
                 tracker.set_region(REGIONS[1])
                 trainable = [p for p in params if p.grad is not None]
-                if job.cfg.training.max_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(trainable, job.cfg.training.max_norm, foreach=True)
-                with _eager_low_bit_step(job):
-                    optimizer.step()
+                clip_grad_norm(trainable, job.cfg.training.max_norm)  # (per mesh: experts may have their own)
+                optimizer.step()
                 tracker.learn_roles(params, optimizer)
                 optimizer.zero_grad(set_to_none=True)
                 if step == 0:
@@ -302,10 +318,27 @@ def _build_parts(job: Job, depths: list[int]) -> list[nn.Module]:
         apply_converters(converters, model)
         part = keep_only(model, list(model.layers), first, last)
         parallelize_decoder(part, job.dims, job.meshes, job.plan, tp_plan=job.spec.tp_plan)
+        _assume_balanced_routing(part, job)
         set_trainable(converters, part)
         part.train()
         parts.append(part)
     return parts
+
+
+def _assume_balanced_routing(part: nn.Module, job: Job) -> None:
+    """MoE layers: the experts get equal numbers of rows (and, under expert parallelism, this rank receives
+    ``job.moe_imbalance`` times its share), so no shape depends on routing decisions fake tensors do not make."""
+
+    def balanced(x: torch.Tensor, counts: torch.Tensor, *weights: torch.Tensor) -> torch.Tensor:
+        n, experts = x.shape[0], weights[0].shape[0]
+        sizes = [n // experts + (1 if e < n % experts else 0) for e in range(experts)]
+        kind = grouped_gemm_kind(x, weights[0], job.device_type)
+        return expert_swiglu(x, counts, *weights, kind=kind, sizes=sizes)
+
+    for moe in moe_layers(part).values():
+        moe.experts.compute = balanced  # type: ignore[method-assign]
+        if isinstance(moe.experts, ExpertParallelExperts):
+            moe.experts.assumed_imbalance = job.moe_imbalance
 
 
 def _microbatch(
@@ -406,6 +439,8 @@ class _LiveStorages(TorchDispatchMode):
         self.roles: dict[int, str] = {}  # serial -> role
         self.phase = "inputs"
         self.module: str | None = None
+        self.paused = 0
+        """Above 0: tensors made now are not the rank's (DTensor's sharding propagation), and are not counted."""
 
     @property
     def label(self) -> str:
@@ -489,6 +524,8 @@ class _LiveStorages(TorchDispatchMode):
             # included) come back here one by one; their outputs are what the DTensor holds.
             return NotImplemented
         out = func(*args, **(kwargs or {}))
+        if self.paused:
+            return out
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor):
                 self.add(t, self.label)
@@ -547,3 +584,24 @@ def _resizes_counted(tracker: _LiveStorages) -> Iterator[None]:
         yield
     finally:
         torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def _sharding_propagation_uncounted(tracker: _LiveStorages) -> Iterator[None]:
+    """DTensor finds an op's output shape by running the op on fake tensors of the *global* shapes. torch 2.13
+    caches that per op and input layout, so it runs in the first step only; torch 2.11 runs it at every op (under
+    a fake mode it does not cache), and a 70B plan's global-shape temporaries would count as this rank's memory
+    (1,040 GiB instead of 60). Those tensors are never the rank's: stop counting while they exist."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    def uncounted(self: ShardingPropagator, *args: Any, **kwargs: Any) -> Any:
+        tracker.paused += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            tracker.paused -= 1
+
+    with unittest.mock.patch.object(ShardingPropagator, "_propagate_tensor_meta_non_cached", uncounted):
+        yield

@@ -61,11 +61,12 @@ def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tenso
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
-    """sum_i CE(hidden_i @ weight.T, target_i), chunk by chunk over the tokens i; logits recomputed in backward.
+    """sum_i CE(cap(hidden_i @ weight.T), target_i), chunk by chunk over the tokens i; logits recomputed in backward.
 
     As in the unchunked path, each chunk's logits come out of the matmul in the compute dtype and the softmax
     runs in float32; the gradients go back through the matmuls in the compute dtype. Saved for backward: the
-    inputs and each token's log-sum-exp (float32), no logits.
+    inputs and each token's log-sum-exp (float32), no logits. ``softcap`` (Gemma 2's final logit soft-capping)
+    makes the logits ``softcap * tanh(z / softcap)`` of the matmul's ``z``, in float32 as the model's forward does.
 
     With ``group`` (tensor parallel), ``weight`` holds vocabulary rows ``vocab_start...`` of the projection:
     the result is the full cross-entropy on every rank, the weight gradient is this rank's rows, and the
@@ -73,18 +74,20 @@ class _LinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, chunk_size: int, group: dist.ProcessGroup | None, vocab_start: int):
+    def forward(
+        ctx, hidden, weight, targets, chunk_size: int, group: dist.ProcessGroup | None, vocab_start: int, softcap
+    ):
         lse = torch.empty(hidden.shape[0], device=hidden.device, dtype=torch.float32)
         total = torch.zeros((), device=hidden.device, dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk_size):
             end = start + chunk_size
-            logits = (hidden[start:end] @ weight.t()).float()
+            logits = _capped((hidden[start:end] @ weight.t()).float(), softcap)
             chunk_lse, target_logits = _softmax_terms(logits, targets[start:end] - vocab_start, group)
             lse[start:end] = chunk_lse
             total += (chunk_lse - target_logits).sum()
             del logits
         ctx.save_for_backward(hidden, weight, targets, lse)
-        ctx.chunk_size, ctx.vocab_start = chunk_size, vocab_start
+        ctx.chunk_size, ctx.vocab_start, ctx.softcap = chunk_size, vocab_start, softcap
         return total
 
     @staticmethod
@@ -97,18 +100,29 @@ class _LinearCrossEntropy(torch.autograd.Function):
             end = start + ctx.chunk_size
             chunk = hidden[start:end]
             # d CE / d logits = softmax - onehot(target), times the incoming gradient of the sum
-            grad_logits = (chunk @ weight.t()).float().sub_(lse[start:end, None]).exp_()
+            logits, tanh = (chunk @ weight.t()).float(), None
+            if ctx.softcap is not None:
+                tanh = torch.tanh(logits / ctx.softcap)
+                logits = tanh * ctx.softcap
+            grad_logits = logits.sub_(lse[start:end, None]).exp_()
             local = targets[start:end] - ctx.vocab_start
             mine = (local >= 0) & (local < weight.shape[0])
             rows = torch.arange(chunk.shape[0], device=chunk.device)
             grad_logits[rows, local.clamp(0, weight.shape[0] - 1)] -= mine.float()
+            if tanh is not None:  # d (c tanh(z / c)) / dz = 1 - tanh(z / c)^2
+                grad_logits.mul_(tanh.square_().neg_().add_(1))
+                del tanh
             grad_logits = grad_logits.mul_(grad_total).to(hidden.dtype)
             if need_hidden:
                 grad_hidden[start:end] = grad_logits @ weight
             if need_weight:
                 grad_weight.addmm_(grad_logits.t(), chunk)
             del grad_logits
-        return grad_hidden, grad_weight, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def _capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
 
 def _softmax_terms(
@@ -131,10 +145,11 @@ def _softmax_terms(
 
 
 def linear_cross_entropy_sum(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_size: int, softcap: float | None = None
 ) -> torch.Tensor:
-    """Summed cross-entropy of ``hidden [N, dim] @ weight [vocab, dim].T`` against ``targets [N]`` (every target a
-    real label), computed ``chunk_size`` tokens at a time so the ``[N, vocab]`` logits never exist.
+    """Summed cross-entropy of ``hidden [N, dim] @ weight [vocab, dim].T`` (soft-capped at ``softcap``, if given)
+    against ``targets [N]`` (every target a real label), computed ``chunk_size`` tokens at a time so the
+    ``[N, vocab]`` logits never exist.
 
     ``weight`` may be a DTensor split by vocabulary rows over a tensor-parallel mesh (``hidden`` then holds all
     tokens on every rank, and its gradient is a partial sum over that mesh). Under autocast the matmuls run in
@@ -151,7 +166,9 @@ def linear_cross_entropy_sum(
     device = hidden.device.type
     dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else weight.dtype
     with torch.autocast(device, enabled=False):
-        return _LinearCrossEntropy.apply(hidden.to(dtype), weight.to(dtype), targets, chunk_size, group, vocab_start)
+        return _LinearCrossEntropy.apply(
+            hidden.to(dtype), weight.to(dtype), targets, chunk_size, group, vocab_start, softcap
+        )
 
 
 class TokenCrossEntropy:
@@ -193,4 +210,5 @@ class TokenCrossEntropy:
         assert index is not None, "prepare finds the labelled tokens"
         hidden = hidden.flatten(0, 1).index_select(0, index)
         targets = labels.flatten().index_select(0, index)
-        return linear_cross_entropy_sum(hidden, output.projection.weight, targets, self.chunk_size)
+        softcap = getattr(output.projection, "logit_softcap", None)  # (set by the decoder: Gemma 2's final cap)
+        return linear_cross_entropy_sum(hidden, output.projection.weight, targets, self.chunk_size, softcap)

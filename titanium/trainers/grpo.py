@@ -1,16 +1,9 @@
-"""GRPO's math as pure functions: group-relative advantages, the clipped ratio objective, the k3 KL to a
-reference policy, and the two ways of adding token losses up into the loop's "sum over loss units".
+"""GRPO in the loop: group-relative advantages, rollouts made in the prepare phase, and the loss of
+``titanium.trainers.grpo_loss`` on the response tokens.
 
-B responses (prompts x group_size, each group's responses contiguous), T response positions.
-``logprobs`` ``[B, T]`` are the response tokens' log-probs under the policy being trained,
-``old_logprobs`` under the policy that sampled them, ``ref_logprobs`` under the frozen reference (all
-with the temperature convention of ``titanium.generation.sampling``); ``mask`` marks the tokens that
-count. Per token t of response i with advantage A_i:
-
-    ratio       r = exp(logprobs - old_logprobs)
-    policy      p = -min(r A, clip(r, 1 - epsilon_low, 1 + epsilon_high) A)
-    KL (k3)     k = exp(ref - logprobs) - (ref - logprobs) - 1     (>= 0; unbiased for KL(policy || ref))
-    loss        p + beta k
+B responses (prompts x group_size, each group's responses contiguous), T response positions. Each response's
+advantage compares its reward with the others of its group; the loss family (grpo, dapo, dr_grpo, bnpo, gspo,
+cispo; a clipped ratio objective plus beta x k3 KL to a reference) is in ``grpo_loss``.
 
 ``GRPOObjective`` runs them in the loop: rollouts from the live policy in the prepare phase, old log-probs
 from the sampler, reference log-probs from a frozen copy (beta > 0), ppo_epochs x minibatches optimizer
@@ -35,7 +28,7 @@ from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.generate import all_ranks_done
-from titanium.generation.rollout import Rollout, response_logprobs, rollout
+from titanium.generation.rollout import Rollout, batch_logprobs, response_logprobs, rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams
 from titanium.rewards import RewardSet, exact_match
@@ -48,6 +41,7 @@ from titanium.trainers.base import (
     ObjectiveContext,
     Prepared,
 )
+from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
 
 
 def group_advantages(
@@ -70,91 +64,6 @@ def group_advantages(
     elif scale != "none":
         raise ValueError(f"unknown reward scaling {scale!r}")
     return advantages.flatten()
-
-
-def clipped_policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    epsilon_low: float,
-    epsilon_high: float,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(loss, clipped_low, clipped_high)``, each ``[B, T]``: the per-token clipped surrogate loss, and
-    where the clip took the gradient away (ratio below ``1 - epsilon_low`` with A < 0, or above
-    ``1 + epsilon_high`` with A > 0)."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    adv = advantages[:, None].to(ratio.dtype)
-    loss = -torch.minimum(ratio * adv, ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * adv)
-    clipped_low = (ratio < 1 - epsilon_low) & (adv < 0)
-    clipped_high = (ratio > 1 + epsilon_high) & (adv > 0)
-    return loss, clipped_low, clipped_high
-
-
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token k3 estimate of KL(policy || reference) from the sampled tokens' log-probs."""
-    log_ratio = ref_logprobs - logprobs
-    return torch.exp(log_ratio) - log_ratio - 1
-
-
-def loss_mask(generated: torch.Tensor, finished: torch.Tensor, mask_truncated: bool) -> torch.Tensor:
-    """``[B, T]`` tokens that carry loss: the generated ones, without truncated responses if ``mask_truncated``."""
-    return generated & finished[:, None] if mask_truncated else generated
-
-
-def loss_units(mask: torch.Tensor, mode: Literal["token", "sequence"]) -> torch.Tensor:
-    """How many loss units ``mask`` ``[B, T]`` holds: masked tokens (token mode) or responses with at least
-    one masked token (sequence mode)."""
-    if mode == "token":
-        return mask.sum()
-    if mode == "sequence":
-        return mask.any(dim=1).sum()
-    raise ValueError(f"unknown loss aggregation {mode!r}")
-
-
-def aggregate(
-    per_token: torch.Tensor, mask: torch.Tensor, mode: Literal["token", "sequence"]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(loss_sum, units)`` for the loop, which divides the sum by the units counted over the whole step.
-
-    token: the sum over masked tokens; units are tokens. sequence: the sum over responses of each
-    response's mean over its masked tokens; units are responses with at least one masked token.
-    """
-    weights = mask.to(per_token.dtype)
-    units = loss_units(mask, mode)
-    if mode == "token":
-        return (per_token * weights).sum(), units
-    return ((per_token * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1)).sum(), units
-
-
-def grpo_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    cfg: GRPOSection,
-    ref_logprobs: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """``(loss_sum, units, metrics)``: the GRPO loss of a microbatch of responses.
-
-    ``metrics`` are sums over the masked tokens, for the loop to reduce across ranks and divide:
-    ``clipped_low`` and ``clipped_high`` (clip fraction = their sum / ``tokens``), ``kl`` (with beta > 0).
-    """
-    per_token, clipped_low, clipped_high = clipped_policy_loss(
-        logprobs, old_logprobs, advantages, cfg.epsilon_low, cfg.epsilon_high
-    )
-    metrics = {
-        "tokens": mask.sum(),
-        "clipped_low": (clipped_low & mask).sum(),
-        "clipped_high": (clipped_high & mask).sum(),
-    }
-    if cfg.beta > 0:
-        if ref_logprobs is None:
-            raise ValueError("beta > 0 needs the reference policy's log-probs")
-        kl = k3_kl(logprobs, ref_logprobs)
-        per_token = per_token + cfg.beta * kl
-        metrics["kl"] = (kl.detach() * mask).sum()
-    loss_sum, units = aggregate(per_token, mask, cfg.loss_aggregation)
-    return loss_sum, units, metrics
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -203,16 +112,33 @@ class RolloutFields(Fields):
     advantages: torch.Tensor = per_row()
     ref_logprobs: torch.Tensor | None = per_row(default=None)
     """``[B, T]`` under the frozen reference (beta > 0)."""
-    aggregation: Literal["token", "sequence"] = "token"
-    """What a loss unit is (``loss_aggregation``)."""
+    loss_type: LossType = "dapo"
+    """What a loss unit is (``titanium.trainers.grpo_loss.loss_units``)."""
+    max_new_tokens: int = 0
 
     def units(self) -> torch.Tensor:
-        return loss_units(self.loss_mask, self.aggregation)
+        return loss_units(self.loss_mask, self.loss_type, self.max_new_tokens)
 
 
-def rollout_batch(rows: dict[str, torch.Tensor], aggregation: Literal["token", "sequence"]) -> Batch[RolloutFields]:
+LOSS_UNITS: dict[str, str] = {
+    "dapo": "tokens",
+    "cispo": "tokens",
+    "grpo": "responses",
+    "gspo": "responses",
+    "dr_grpo": "response slots",
+    "bnpo": "microbatches",
+}
+"""What each loss type's loss is a mean over, for logs."""
+
+
+def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection) -> Batch[RolloutFields]:
     fields = RolloutFields(
-        rows["old_logprobs"], rows["loss_mask"], rows["advantages"], rows.get("ref_logprobs"), aggregation
+        rows["old_logprobs"],
+        rows["loss_mask"],
+        rows["advantages"],
+        rows.get("ref_logprobs"),
+        cfg.loss_type,
+        cfg.max_new_tokens,
     )
     return Batch(rows["tokens"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
 
@@ -239,7 +165,7 @@ class GRPOObjective(Objective):
             raise ValueError("GRPO generates with the live policy: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
         self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
-        self.loss_unit = "tokens" if cfg.loss_aggregation == "token" else "responses"
+        self.loss_unit = LOSS_UNITS[cfg.loss_type]
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = None
@@ -289,9 +215,7 @@ class GRPOObjective(Objective):
             made.append(self._make_batch(len(microbatches)))
             self.queue.put(made[-1])
         self.version += 1
-        return Prepared(
-            [rollout_batch(part, self.cfg.loss_aggregation) for part in parts], self._metrics(parts, lag, made)
-        )
+        return Prepared([rollout_batch(part, self.cfg) for part in parts], self._metrics(parts, lag, made))
 
     def _metrics(self, parts: list[dict[str, torch.Tensor]], lag: int, made: list[RolloutBatch]) -> Metrics:
         """The step's per-response metrics (sums over its responses), its policy lag, and the generation
@@ -378,13 +302,14 @@ class GRPOObjective(Objective):
     def _reference_logprobs(self, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         """The frozen reference's log-probs of the response tokens, a microbatch of rows at a time."""
         assert self.reference is not None
-        width, parts = rows["old_logprobs"].shape[1], []
-        for start in range(0, rows["tokens"].shape[0], self.local_batch_size):
-            part = rollout_batch({k: v[start : start + self.local_batch_size] for k, v in rows.items()}, "token")
-            logits = self.reference(part)
-            assert logits is not None  # (no pipeline parallelism: generation needs the whole model)
-            parts.append(response_logprobs(logits, part.tokens, width, self.cfg.temperature))
-        return torch.cat(parts)
+        return batch_logprobs(
+            self._reference_logits, rows, rows["old_logprobs"].shape[1], self.cfg.temperature, self.local_batch_size
+        )
+
+    def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        assert self.reference is not None
+        core = Batch(inputs["tokens"], Fields(), positions=inputs["positions"], document_ids=inputs["document_ids"])
+        return self.reference(core)
 
     # ----- the loss -----
 

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
-from titanium.models.common.attention_kernels import flex, sdpa
+from titanium.models.common.attention_kernels import PLAIN_SCORES, Scores, flex, sdpa
 from titanium.models.common.kv_cache import LayerKVCache
 from titanium.models.common.norm import RMSNorm
 from titanium.models.common.rope import apply_rope
@@ -32,6 +32,10 @@ class AttentionInputs:
     """The dense document-causal mask of ``positions``/``document_ids`` (the SDPA path), if any."""
     block_mask: BlockMask | None = None
     """The same mask as a FlexAttention block mask (the flex path), if any."""
+    window_mask: torch.Tensor | None = None
+    """``mask`` restricted to the sliding window, for the layers that have one."""
+    window_block_mask: BlockMask | None = None
+    """``block_mask`` restricted to the sliding window, for the layers that have one."""
     plan_state: object | None = None
     """What a parallel plan prepared once per forward for its ``attend`` (context parallelism: the
     gathered key positions and per-chunk masks)."""
@@ -40,17 +44,26 @@ class AttentionInputs:
 
 
 def document_causal_mask(
-    q_positions: torch.Tensor, k_positions: torch.Tensor, q_documents: torch.Tensor, k_documents: torch.Tensor
+    q_positions: torch.Tensor,
+    k_positions: torch.Tensor,
+    q_documents: torch.Tensor | None,
+    k_documents: torch.Tensor | None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """Boolean SDPA mask ``[B, 1, S_q, S_k]``: a query sees a key of its own document at an earlier or
-    equal position.
+    """Boolean SDPA mask ``[B, 1, S_q, S_k]``: a query sees a key of its own document (any key without document
+    ids) at an earlier or equal position, and with a sliding ``window`` fewer than ``window`` positions back.
 
     Positions restart at 0 in every packed document, so within a document they order the tokens as
     their indices do; comparing positions (not indices) keeps the rule right when the queries are a
     context-parallel shard or a decoding step and the keys are the whole sequence or a KV cache.
     """
-    same_document = k_documents[:, None, :] == q_documents[:, :, None]
-    return (same_document & (k_positions[:, None, :] <= q_positions[:, :, None])).unsqueeze(1)
+    distance = q_positions[:, :, None] - k_positions[:, None, :]
+    visible = distance >= 0
+    if window is not None:
+        visible = visible & (distance < window)
+    if q_documents is not None and k_documents is not None:
+        visible = visible & (k_documents[:, None, :] == q_documents[:, :, None])
+    return visible.unsqueeze(1)
 
 
 class Attention(nn.Module):
@@ -63,22 +76,35 @@ class Attention(nn.Module):
     ``head_dim`` is independent of ``dim // n_heads`` (Qwen3 uses 128 at every size). With
     ``qk_norm_eps`` set, each query and key head is RMS-normalised (one learned scale of
     ``head_dim`` shared by all heads) before RoPE, as in Qwen3; the norms are per head, so
-    they work unchanged on the local heads of a tensor-parallel shard.
+    they work unchanged on the local heads of a tensor-parallel shard. ``bias`` gives ``wq``/``wk``/``wv``
+    biases (Qwen2), ``scores`` another softmax scale or soft-capping (Gemma 2), and ``window`` a sliding
+    window: a query sees only the last ``window`` positions (itself included).
     """
 
     def __init__(
-        self, dim: int, n_heads: int, n_kv_heads: int, head_dim: int, qk_norm_eps: float | None = None
+        self,
+        dim: int,
+        n_heads: int,
+        n_kv_heads: int,
+        head_dim: int,
+        qk_norm_eps: float | None = None,
+        *,
+        bias: bool = False,
+        scores: Scores = PLAIN_SCORES,
+        window: int | None = None,
     ) -> None:
         super().__init__()
         if n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads ({n_heads}) must be a multiple of n_kv_heads ({n_kv_heads})")
         self.head_dim = head_dim
-        self.wq = nn.Linear(dim, n_heads * head_dim, bias=False)
-        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
-        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=False)
+        self.wq = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.wk = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.wv = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
         self.wo = nn.Linear(n_heads * head_dim, dim, bias=False)
         self.q_norm = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
         self.k_norm = RMSNorm(head_dim, eps=qk_norm_eps) if qk_norm_eps is not None else None
+        self.scores = scores
+        self.window = window
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         """``x`` ``[B, S, dim]`` -> ``[B, S, dim]``.
@@ -98,7 +124,8 @@ class Attention(nn.Module):
             if positions is None or document_ids is None:
                 raise ValueError("decoding with a KV cache needs positions and document_ids")
             k, v, k_positions, k_documents = inputs.kv_cache.update(k, v, positions, document_ids)
-            out = sdpa(q, k, v, document_causal_mask(positions, k_positions, document_ids, k_documents))
+            mask = document_causal_mask(positions, k_positions, document_ids, k_documents, self.window)
+            out = sdpa(q, k, v, mask, self.scores)
         else:
             out = self.attend(q, k, v, inputs)
         return self.wo(out.reshape(bsz, seq_len, -1))
@@ -106,19 +133,22 @@ class Attention(nn.Module):
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         """Attention of ``[B, S, H, D]`` queries to keys/values ``[B, S, H_kv, D]``; ``[B, S, H, D]``.
 
-        The kernel follows the mask the decoder prepared: a block mask (flex), a dense mask or none (causal SDPA).
-        A seam for parallel plans: context parallelism replaces it (on the instance's class) to
-        attend to the keys and values of the whole sequence, gathered from the other ranks.
+        The kernel follows the masks the decoder prepared (the window's, for a sliding-window layer): a block
+        mask (flex), a dense mask or none (causal). A seam for parallel plans: context parallelism replaces it
+        (on the instance's class) to attend to the keys and values of the whole sequence, gathered from the
+        other ranks.
         """
-        if inputs.block_mask is not None:
-            return flex(q, k, v, inputs.block_mask)
-        return sdpa(q, k, v, inputs.mask)
+        windowed = self.window is not None
+        block_mask = inputs.window_block_mask if windowed else inputs.block_mask
+        if block_mask is not None:
+            return flex(q, k, v, block_mask, self.scores)
+        return sdpa(q, k, v, inputs.window_mask if windowed else inputs.mask, self.scores)
 
     def init_weights(
         self, out_init_std: float, in_init_std: float = 0.02, generator: torch.Generator | None = None
     ) -> None:
         """``wq``/``wk``/``wv`` get ``in_init_std``; ``wo``, which writes into the residual
-        stream, gets the depth-scaled ``out_init_std``. Truncation is at 3 standard deviations.
+        stream, gets the depth-scaled ``out_init_std``. Truncation is at 3 standard deviations; biases start at 0.
         """
         for linear, std in (
             (self.wq, in_init_std),
@@ -127,6 +157,12 @@ class Attention(nn.Module):
             (self.wo, out_init_std),
         ):
             nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
         for norm in (self.q_norm, self.k_norm):
             if norm is not None:
                 norm.reset_parameters()
+
+    def extra_repr(self) -> str:
+        parts = [] if self.scores == PLAIN_SCORES else [f"scores={self.scores}"]
+        return ", ".join(parts + ([] if self.window is None else [f"window={self.window}"]))

@@ -1,10 +1,15 @@
-"""SwiGLU feed-forward block."""
+"""Gated feed-forward block: SwiGLU (Llama, Qwen, Mistral, Phi-3) or GeGLU (Gemma)."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+Activation = Literal["silu", "gelu_tanh"]
+"""The gate's activation: ``silu`` (SwiGLU) or the tanh approximation of GELU (GeGLU, HF ``gelu_pytorch_tanh``)."""
 
 
 def llama_ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float | None = None) -> int:
@@ -21,16 +26,19 @@ def llama_ffn_hidden_dim(dim: int, multiple_of: int, ffn_dim_multiplier: float |
 
 
 class FeedForward(nn.Module):
-    """``w2(silu(w1 x) * w3 x)`` without biases."""
+    """``w2(act(w1 x) * w3 x)`` without biases; ``act`` is SiLU (SwiGLU) or tanh-approximate GELU (GeGLU)."""
 
-    def __init__(self, dim: int, hidden_dim: int) -> None:
+    def __init__(self, dim: int, hidden_dim: int, activation: Activation = "silu") -> None:
         super().__init__()
         self.w1 = nn.Linear(dim, hidden_dim, bias=False)
         self.w2 = nn.Linear(hidden_dim, dim, bias=False)
         self.w3 = nn.Linear(dim, hidden_dim, bias=False)
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+        gate = self.w1(x)
+        gate = F.silu(gate) if self.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return self.w2(gate * self.w3(x))
 
     def init_weights(
         self, out_init_std: float, in_init_std: float = 0.02, generator: torch.Generator | None = None
@@ -43,3 +51,6 @@ class FeedForward(nn.Module):
         """
         for linear, std in ((self.w1, in_init_std), (self.w2, out_init_std), (self.w3, out_init_std)):
             nn.init.trunc_normal_(linear.weight, mean=0.0, std=std, a=-3 * std, b=3 * std, generator=generator)
+
+    def extra_repr(self) -> str:
+        return f"activation={self.activation}"

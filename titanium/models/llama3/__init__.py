@@ -25,6 +25,7 @@ LLAMA3_SPEC = register_model(
         flops_per_token=llama3_flops_per_token,
         tp_plan=apply_tensor_parallel,
         hf_adapter=LLAMA3_HF_ADAPTER,
+        chat_template="llama3",
     )
 )
 

@@ -29,11 +29,11 @@ LLAMA_TOP_KEYS = {
 ROPE_PROJECTIONS = frozenset({"attention.wq.weight", "attention.wk.weight"})
 
 
-def scaling_from_hf(scaling: Mapping[str, Any] | None, source: str = "config.json") -> RopeScaling | None:
+def scaling_from_hf(scaling: Mapping[str, Any] | None) -> RopeScaling | None:
     if scaling is None:
         return None
     if scaling.get("rope_type") != "llama3":
-        raise HFConfigError(f"{source}: RoPE scaling {dict(scaling)} is not supported (only rope_type 'llama3')")
+        raise HFConfigError(f"RoPE scaling {dict(scaling)} is not supported (only rope_type 'llama3')")
     return RopeScaling(
         factor=float(scaling["factor"]),
         low_freq_factor=float(scaling["low_freq_factor"]),
@@ -50,7 +50,7 @@ class Llama3HFAdapter(HFAdapter):
         if head_dim != config["hidden_size"] // config["num_attention_heads"]:
             problems.append(f"head_dim {head_dim} != hidden_size / num_attention_heads (Llama 3 ties them)")
         if problems:
-            raise HFConfigError("config.json: " + "; ".join(problems))
+            raise HFConfigError("; ".join(problems))
         theta, scaling = rope_config(config)
         args = Llama3Args(
             dim=config["hidden_size"],

