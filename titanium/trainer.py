@@ -139,7 +139,7 @@ class Trainer:
             )
 
     def _register_hooks(self) -> None:
-        """Every registered feature that hooks into the loop, from its own section (e.g. [moe] load balancing)."""
+        """Every registered feature that hooks into the loop, from its own section (e.g. a load-balancing loss)."""
         ctx = HookContext(self.built, self.grad_accum_steps, self.loss_group, self.cfg.checkpoint.last_save_in_hf)
         for component in TRAINING_HOOKS:
             assert component.section is not None, f"training hook {component.name} has no config section"
