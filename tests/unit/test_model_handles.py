@@ -112,4 +112,5 @@ def test_registered_training_hooks_and_a_policy_follower_are_called(make_trainer
     trainer.train()
     assert calls == [1, 2, 3] and len(terms) == 6  # one term per microbatch, 2 microbatches per step
     assert trainer.objective.updates == [0, 1, 2, 3]
+    trainer.metrics.close()  # (flushes the TensorBoard events)
     assert scalars(tmp_path / "tb", "test/hooked") == {1: 1.0, 2: 2.0, 3: 3.0}
