@@ -106,3 +106,52 @@ def train_until_first_save(make_trainer, *args: str, at_step: int | None = None)
         interrupted.train()
     interrupted.close()
     shutdown_distributed()
+
+
+class LocalModels:
+    """``ObjectiveContext.models`` for an objective tested in one process: the frozen model is ``reference()``,
+    made when first run (so a test can tell whether it ever was), and the policy is ``policy``."""
+
+    def __init__(self, reference=None, policy=None, identity: str = "reference A") -> None:
+        self.reference, self._policy, self.id = reference, policy, identity
+        self.released = 0
+
+    def frozen(self, *, keep=(), source=None) -> LocalModels._Frozen:
+        return LocalModels._Frozen(self)
+
+    def policy(self) -> LocalModels._Policy:
+        return LocalModels._Policy(self._policy)
+
+    class _Frozen:
+        def __init__(self, models: LocalModels) -> None:
+            self.models, self.id, self.module = models, models.id, None
+
+        def __call__(self, batch):
+            import torch
+
+            if self.module is None:
+                self.module = self.models.reference()
+            with torch.no_grad():
+                return self.module(**batch.model_inputs())
+
+        def release(self) -> None:
+            self.module = None
+            self.models.released += 1
+
+    class _Policy:
+        def __init__(self, model) -> None:
+            self.model = model
+
+        def lend(self):
+            import contextlib
+
+            import torch
+
+            @contextlib.contextmanager
+            def lent():
+                self.model.eval()
+                with torch.no_grad():
+                    yield self.model
+                self.model.train()
+
+            return lent()
