@@ -122,7 +122,10 @@ def test_initial_load_path_from_another_run(tmp_path):
         tmp_path / "jobs.json",
     )
     # The full load resumes at step 3; the model-only load (the last job) loads weights and does not resume.
-    assert result.stderr.count("resuming at step 3") == 1 and "resuming" not in result.stderr.split("loaded model from")[-1]
+    assert (
+        result.stderr.count("resuming at step 3") == 1
+        and "resuming" not in result.stderr.split("loaded model from")[-1]
+    )
     expected, got = scalars(source / "tb"), scalars(full / "tb")
     assert [got[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]
     assert scalars(weights / "tb")[1] < expected[1] - 0.1  # starts from trained weights
