@@ -163,6 +163,7 @@ class Trainer:
             placement=self.placement,
             chat=self.cfg.chat,
             dump_folder=self.cfg.job.dump_folder,
+            rollout=self.cfg.rollout,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
@@ -422,3 +423,4 @@ class Trainer:
         self.checkpointer.close()
         self.fault_tolerance.close()
         self.metrics.close()
+        self.objective.close()  # last: a vLLM engine's teardown destroys the default process group
