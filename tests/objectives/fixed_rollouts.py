@@ -1,4 +1,5 @@
-"""``python -m tests.objectives.fixed_rollouts <titanium.train args>``: GRPO with responses fixed in advance.
+"""``python -m tests.objectives.fixed_rollouts <titanium.train args> | JOBS.json``: GRPO with responses fixed in
+advance.
 
 Sampling differs between data-parallel layouts (each rank draws from its own generator for its own share of
 the prompts), so a layout test replaces it: response j to a prompt is drawn from a generator seeded by the
@@ -57,8 +58,12 @@ def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -
     return dataclasses.replace(made, old_logprobs=old), self.engine.synced_version()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs in one launch (jobs_worker)
+    from tests.distributed.jobs_worker import run_jobs_file
     from titanium.train import main
 
     GRPOObjective.sample = fixed_sample
-    sys.exit(main())
+    if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        run_jobs_file(sys.argv[1])
+    else:
+        sys.exit(main())
