@@ -100,8 +100,8 @@ def table(rows: dict[str, dict[str, float] | str], args: argparse.Namespace) -> 
         f"Command: `{command_line()}`",
         "",
         f"{args.prompts} prompts x 8 responses per step, up to {args.max_new_tokens} new tokens, a batch every step, "
-        "old log-probs recomputed, KL reference (beta 0.04); Llama of width 256, 6 layers, head_dim 32, float32, from a "
-        f"seeded Hugging Face folder. Seconds per step, median of steps 2-{args.steps} (see the script's docstring).",
+        "old log-probs recomputed, KL reference (beta 0.04); Llama of width 256, 6 layers, head_dim 32, float32, "
+        f"from a seeded Hugging Face folder. Seconds per step, median of steps 2-{args.steps} (script docstring).",
         "",
         "| engine | generate | old log-probs | reference | sync | train | step (loop) | generated tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
