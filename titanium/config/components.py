@@ -16,6 +16,7 @@ from titanium.config.sections import (
     LoRASection,
     MoESection,
     QATSection,
+    RewardSection,
     SFTSection,
     ValidationSection,
 )
@@ -26,6 +27,7 @@ OBJECTIVES.register("pretrain", "titanium.trainers.pretrain:PretrainObjective")
 OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sft", SFTSection))
 OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
 OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
+OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before

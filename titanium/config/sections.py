@@ -440,6 +440,16 @@ class DPOSection:
 
 
 @dataclass
+class RewardSection:
+    center_rewards_coefficient: float = 0.0
+    """Adds this times (r_chosen + r_rejected)^2 per pair to the Bradley-Terry loss (Eisenstein et al. 2023): it
+    pulls the scores towards zero mean, which the loss alone leaves free. 0: off."""
+    on_long_pair: Literal["truncate", "drop"] = "truncate"
+    """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first, then both
+    responses) or left out (drop); either is counted in the log."""
+
+
+@dataclass
 class LoRASection:
     rank: int = 0
     """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and

@@ -214,12 +214,19 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
 
 
+PREFERENCE_OBJECTIVES = ("dpo", "reward")
+"""Objectives trained on chosen/rejected pairs ([data] kind preference)."""
+
+
 def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
-    """Preference data and the [dpo] ranges."""
-    if cfg.data.kind == "preference" and cfg.training.objective != "dpo":
-        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo"
-    if cfg.training.objective == "dpo" and cfg.data.kind != "preference":
-        yield "--training.objective dpo needs preference pairs: --data.kind preference"
+    """Preference data and the [dpo] and [reward] ranges."""
+    objective = cfg.training.objective
+    if cfg.data.kind == "preference" and objective not in PREFERENCE_OBJECTIVES:
+        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
+    if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
+        yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
+    if cfg.reward.center_rewards_coefficient < 0:
+        yield f"--reward.center_rewards_coefficient must be >= 0 (0 turns it off), got {cfg.reward.center_rewards_coefficient}"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
