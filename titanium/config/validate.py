@@ -225,8 +225,20 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
     if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
         yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
-    if cfg.reward.center_rewards_coefficient < 0:
-        yield f"--reward.center_rewards_coefficient must be >= 0 (0 turns it off), got {cfg.reward.center_rewards_coefficient}"
+    if objective == "reward":
+        p = cfg.parallelism
+        if p.tensor_parallel_degree > 1:
+            yield (
+                f"--parallelism.tensor_parallel_degree {p.tensor_parallel_degree}: the reward objective's one-output "
+                "score head has no vocabulary to shard; use 1 (FSDP and PP work)"
+            )
+        if p.context_parallel_degree > 1:
+            yield (
+                f"--parallelism.context_parallel_degree {p.context_parallel_degree}: the reward objective reads each "
+                "score at its sequence's last token, which only one context-parallel rank holds; use 1"
+            )
+    if (center := cfg.reward.center_rewards_coefficient) < 0:
+        yield f"--reward.center_rewards_coefficient must be >= 0 (0 turns it off), got {center}"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
