@@ -53,8 +53,8 @@ REWARD = ["--training.objective", "reward", "--data.kind", "preference"]
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([*REWARD, "--parallelism.tensor_parallel_degree", "2"], "score head has no vocabulary to shard"),
-        ([*REWARD, "--parallelism.context_parallel_degree", "2"], "only one context-parallel rank holds"),
+        ([*REWARD, "--parallelism.tensor_parallel_degree", "2"], "score head, with no vocabulary to shard"),
+        ([*REWARD, "--parallelism.context_parallel_degree", "2"], "which one rank alone holds"),
         ([*REWARD, "--reward.center_rewards_coefficient", "-1"], "--reward.center_rewards_coefficient must be >= 0"),
         (["--training.objective", "reward"], "--training.objective reward needs preference pairs"),
     ],
