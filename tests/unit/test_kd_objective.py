@@ -60,8 +60,8 @@ def test_a_teacher_is_read_with_its_shape_or_refused(hf_teacher, tmp_path):
 def test_a_teacher_with_another_vocabulary_exits_2(hf_teacher, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "titanium.train", "--job.config_file", "train_configs/debug_kd.toml",
-         "--job.dump_folder", str(tmp_path), "--kd.teacher_path", str(hf_teacher), "--training.steps", "1", "--checkpoint.initial_load_path", "",
-         "--checkpoint.no_enable", "--eval.interval", "0"],
+         "--job.dump_folder", str(tmp_path), "--kd.teacher_path", str(hf_teacher), "--training.steps", "1",
+         "--checkpoint.initial_load_path", "", "--checkpoint.no_enable", "--eval.interval", "0"],
         cwd=REPO, env=env(), capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr[-2000:]
