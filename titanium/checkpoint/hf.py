@@ -4,11 +4,10 @@ Loading reads a folder as ``transformers`` writes it (``config.json`` plus ``mod
 shards listed in ``model.safetensors.index.json``), checks it against the configured model before
 reading any tensor (every rank reads only the file headers, so all ranks fail alike), translates names
 and layouts with the family's adapter (``titanium/models/<family>/hf.py``) and loads into any parallel
-layout: a sharded (DTensor) model gets the full state dict from rank 0 through
-``set_model_state_dict(..., broadcast_from_rank0=True)``, which also side-steps DTensor's missing CPU
-RNG support. Saving writes the same keys into the same files with the same index as the source
-checkpoint, plus its ``config.json`` and the tokenizer / generation files next to it, so any tool that
-read the original reads ours. Only safetensors are read: nothing is ever unpickled.
+layout: each rank reads only the slices of the tensors it holds (``hf_stream``). Saving writes the
+same keys into the same files with the same index as the source checkpoint, plus its ``config.json``
+and the tokenizer / generation files next to it, so any tool that read the original reads ours. Only
+safetensors are read: nothing is ever unpickled.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.tensor import DTensor
 
+from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.files import replace_folder
@@ -143,19 +141,12 @@ class HFCheckpoint:
         return cls(folder, config, weight_map, index_metadata, shapes)
 
     def read(self, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """Load tensors (all, or ``keys``) to CPU, file by file."""
-        wanted = set(self.weight_map if keys is None else keys)
-        out: dict[str, torch.Tensor] = {}
-        for name in self.files:
-            path = self.folder / name
-            try:
-                with safe_open(str(path), framework="pt", device="cpu") as f:
-                    for key in f.keys():
-                        if key in wanted:
-                            out[key] = f.get_tensor(key)
-            except (SafetensorError, OSError) as e:
-                raise HFCheckpointError(f"{path}: cannot read tensors (truncated or corrupt?): {e}") from e
-        return out
+        """Load tensors (all, or ``keys``) to CPU."""
+        try:
+            with SliceReader(self.folder, self.weight_map) as reader:
+                return {key: reader.read(key) for key in (self.weight_map if keys is None else keys)}
+        except OSError as e:
+            raise HFCheckpointError(f"cannot read tensors (truncated or corrupt?): {e}") from e
 
 
 def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
@@ -243,39 +234,30 @@ def load_hf_weights(
     args: Any,
     whole: Mapping[str, tuple[int, ...]] | None = None,
 ) -> HFCheckpoint:
-    """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded); returns its description.
+    """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded, any layout); returns its description.
 
-    Collective when the model is sharded: every rank must call it. The checks run on every rank from
-    the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
-    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format
-    has no slot for (an MoE's routing bias).
+    Every rank checks the checkpoint from the file headers, then reads only the parts of the tensors it holds
+    (``hf_stream``): no rank reads the whole checkpoint and nothing is sent between ranks. LoRA adapters
+    (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format has no
+    slot for (an MoE's routing bias).
 
     ``whole`` (ours -> shape): the whole model's weights, when ``model`` holds only some of them (this rank's
-    pipeline stages). The checkpoint is checked against the whole model, and every rank reads the tensors of its
-    own stages (rank 0 has not got the others' to send).
+    pipeline stages). The checkpoint is checked against the whole model.
     """
     ckpt = HFCheckpoint.open(folder)
-    model_state = model.state_dict()
-    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
-    check_hf_keys(ckpt, adapter, args, base if whole is None else whole)
-    strict = len(base) == len(model_state)
-    sharded = any(isinstance(v, DTensor) for v in model_state.values())
-    partial = whole is not None and set(base) != set(whole)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    full: dict[str, torch.Tensor] = {}
-    if rank == 0 or not sharded or partial:
-        meta = {key: torch.empty(shape, device="meta") for key, shape in base.items()}
-        mine = [key for key in adapter.to_hf(meta, args) if key in ckpt.shapes]  # (a tied lm_head is not needed)
-        full = adapter.from_hf(ckpt.read(mine), args)
-        full = {k: v.to(model_state[k].dtype) for k, v in full.items() if k in base}
-    if sharded:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=not partial, strict=strict)
-        set_model_state_dict(model, full, options=options)
-    else:
-        with torch.no_grad():
-            model.load_state_dict(full, strict=strict)
+    base = {k: v for k, v in model.state_dict().items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
+    check_hf_keys(ckpt, adapter, args, {k: tuple(v.shape) for k, v in base.items()} if whole is None else whole)
+    try:
+        with SliceReader(ckpt.folder, ckpt.weight_map) as reader:
+            stream_into(base, reader, adapter, args)
+    except OSError as e:
+        raise HFCheckpointError(f"cannot read tensors (truncated or corrupt?): {e}") from e
     logger.info(
-        "loaded Hugging Face weights from %s (%d tensors, %d file(s))", folder, len(ckpt.shapes), len(ckpt.files)
+        "loaded Hugging Face weights from %s (%d tensors, %d file(s); this rank read %.1f MiB of them)",
+        folder,
+        len(ckpt.shapes),
+        len(ckpt.files),
+        reader.bytes_read / 2**20,
     )
     return ckpt
 
