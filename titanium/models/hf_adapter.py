@@ -92,6 +92,10 @@ class HFAdapter:
     - ``no_hf_slot``: per-block state the HF format has no place for (an MoE's routing bias). Loading leaves
       it at its initial zeros; exporting skips it while it is zero and refuses it otherwise, since dropping
       it would change what the model computes.
+    - ``memory_expert_params``: how ``transformers`` holds the experts *in memory* (where PEFT adapts them), which
+      is not the checkpoint's per-expert layout: per-block stacked expert weight (ours) -> (the HF module's
+      stacked parameter, the index of our part among those it concatenates along its rows), listed in the order the
+      HF module declares its parameters (PEFT wraps them in that order).
     """
 
     model_type: str
@@ -103,6 +107,7 @@ class HFAdapter:
     output_key: str = "output.weight"
     expert_keys: Mapping[str, str] = field(default_factory=dict)
     no_hf_slot: frozenset[str] = frozenset()
+    memory_expert_params: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     _from_hf: dict[str, str] = field(init=False, repr=False, compare=False)
     _hf_layer: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _hf_expert: dict[str, re.Pattern[str]] = field(init=False, repr=False, compare=False)
