@@ -24,9 +24,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import step_times  # noqa: E402
 
+from titanium.batch import Batch  # noqa: E402
 from titanium.debug.memory import peak_memory_bytes  # noqa: E402
 from titanium.trainers.base import IGNORE_INDEX, ModelOutput  # noqa: E402
-from titanium.trainers.cross_entropy import TokenCrossEntropy  # noqa: E402
+from titanium.trainers.cross_entropy import TokenCrossEntropy, TokenFields  # noqa: E402
 
 VOCABS = {"Llama 2 (32,000)": 32000, "Llama 3 (128,256)": 128256, "Qwen3 (151,936)": 151936}
 MIB = 2**20
@@ -80,7 +81,7 @@ def main() -> None:
         projection = torch.nn.Linear(args.dim, vocab, bias=False, device=device, dtype=dtype)
         labels = torch.randint(0, vocab, (1, args.tokens), device=device)
         labels[:, : int(args.ignored * args.tokens)] = IGNORE_INDEX
-        (batch,) = chunked.prepare([{"label": labels}])
+        (batch,) = chunked.prepare([Batch(torch.zeros_like(labels), TokenFields(labels))])
         results = {}
         for label, fn in (("full", full_loss), ("chunked", chunked_loss)):
             results[label] = measure(fn, hidden, projection, batch, device, args.repeats)

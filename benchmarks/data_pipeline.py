@@ -89,7 +89,16 @@ def pipeline_alone(name: str, reader: RowReader, rows, batch_size: int, batches:
 
 OBJECTIVES = {
     "pretrain": [],
-    "sft": ["--training.objective", "sft", "--data.kind", "chat", "--data.path", CHAT, "--sft.chat_template", "llama3"],
+    "sft": [
+        "--training.objective",
+        "sft",
+        "--data.kind",
+        "chat",
+        "--data.path",
+        CHAT,
+        "--chat.chat_template",
+        "llama3",
+    ],
 }
 """Training runs: pretraining on the bundled corpus, packed SFT on the bundled chat task."""
 

@@ -66,7 +66,7 @@ def base_flags(opts: argparse.Namespace, folder: Path) -> list[str]:
         "--job.config_file", "train_configs/debug_sft.toml", "--checkpoint.no_enable",
         "--checkpoint.initial_load_path", "", "--eval.interval", "0", "--sft.no_packing",
         "--tokenizer.kind", "tiktoken", "--tokenizer.path", str(vocab_tokenizer(folder, vocab)),
-        "--sft.chat_template", "llama3", "--data.kind", opts.data_kind, "--data.path", opts.data_path,
+        "--chat.chat_template", "llama3", "--data.kind", opts.data_kind, "--data.path", opts.data_path,
         "--training.seq_len", "2048", "--training.local_batch_size", "2", "--training.global_batch_size", "16",
         "--training.mixed_precision_param", "bfloat16", "--optimizer.lr", "2e-5", "--lr_scheduler.warmup_steps", "2",
         "--training.steps", str(opts.steps), "--metrics.log_freq", str(opts.log_freq),

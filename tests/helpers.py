@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -56,6 +57,18 @@ def run_train(
     return result
 
 
+def run_jobs(jobs: list[list[str]], nproc: int, jobs_file: Path, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run several ``titanium.train`` argument lists one after the other in ONE launch of ``nproc`` processes
+    (tests/distributed/jobs_worker.py): one interpreter and torchrun start for the lot instead of one per job.
+    ``jobs_file`` is where the list is written. Fails the test with the end of stderr if a job fails."""
+    jobs_file.write_text(json.dumps(jobs))
+    cmd = train_cmd([str(jobs_file)], nproc, module="tests.distributed.jobs_worker")
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+    if result.returncode != 0:
+        raise AssertionError(f"jobs {jobs_file.name} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result
+
+
 def scalars(tb_dir: Path, tag: str = LOSS_TAG) -> dict[int, float]:
     """step -> value of one scalar tag from the TensorBoard events a run wrote."""
     acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
@@ -93,3 +106,52 @@ def train_until_first_save(make_trainer, *args: str, at_step: int | None = None)
         interrupted.train()
     interrupted.close()
     shutdown_distributed()
+
+
+class LocalModels:
+    """``ObjectiveContext.models`` for an objective tested in one process: the frozen model is ``reference()``,
+    made when first run (so a test can tell whether it ever was), and the policy is ``policy``."""
+
+    def __init__(self, reference=None, policy=None, identity: str = "reference A") -> None:
+        self.reference, self._policy, self.id = reference, policy, identity
+        self.released = 0
+
+    def frozen(self, *, keep=(), source=None) -> LocalModels._Frozen:
+        return LocalModels._Frozen(self)
+
+    def policy(self) -> LocalModels._Policy:
+        return LocalModels._Policy(self._policy)
+
+    class _Frozen:
+        def __init__(self, models: LocalModels) -> None:
+            self.models, self.id, self.module = models, models.id, None
+
+        def __call__(self, batch):
+            import torch
+
+            if self.module is None:
+                self.module = self.models.reference()
+            with torch.no_grad():
+                return self.module(**batch.model_inputs())
+
+        def release(self) -> None:
+            self.module = None
+            self.models.released += 1
+
+    class _Policy:
+        def __init__(self, model) -> None:
+            self.model = model
+
+        def lend(self):
+            import contextlib
+
+            import torch
+
+            @contextlib.contextmanager
+            def lent():
+                self.model.eval()
+                with torch.no_grad():
+                    yield self.model
+                self.model.train()
+
+            return lent()

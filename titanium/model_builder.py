@@ -32,6 +32,7 @@ from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_confi
 from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
+from titanium.hooks import TrainingHooks
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import Decoder
@@ -67,6 +68,15 @@ class WeightSource:
         return "\n".join([str(Path(folder).resolve()), *stats])
 
 
+@dataclass(frozen=True)
+class ModelSource:
+    """A model to build: its family, args and the weights it starts from."""
+
+    spec: ModelSpec
+    args: Any
+    weights: WeightSource = WeightSource()
+
+
 @dataclass
 class BuiltModel:
     """A model as built for this rank."""
@@ -81,6 +91,24 @@ class BuiltModel:
     converters: list[ModelConverter] = field(default_factory=list)
     autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     """The context the forward runs in: mixed precision where FSDP does not apply it."""
+
+    @property
+    def frozen_base(self) -> bool:
+        """A converter froze the original weights (LoRA): checkpoints hold only what trains, and the base is read
+        from where the run started on every start, resumed or not."""
+        return any(c.freezes_base for c in self.converters)
+
+    def checkpoint_states(self) -> tuple[ModelState, ModelState | None]:
+        """What a checkpoint holds of the model, and the part read from where the run started instead (the frozen
+        base), if any."""
+        if self.frozen_base:
+            return ModelState(self.model, part="trainable"), ModelState(self.model, part="base")
+        return ModelState(self.model), None
+
+    @property
+    def pp_group(self) -> Any:
+        """The pipeline's process group when stages are spread over ranks (exports gather over it), else None."""
+        return self.pipeline.pp_group if self.pipeline is not None else None
 
 
 @dataclass
@@ -211,23 +239,39 @@ class ModelBuilder:
         args = hf_model_args(spec, folder, **overrides)
         return self.build(spec, args, weights=WeightSource(hf_folder=str(folder)))
 
-    def frozen(self, policy: BuiltModel, weights: WeightSource, *, share: bool, batch_size: int) -> FrozenModel:
-        """A no-grad copy of ``policy`` as it started (from ``weights``), built by the same plan; with ``share``
-        (a converter froze the base, e.g. LoRA) the policy itself with its conversion switched off instead."""
-        if share:
-            frozen = dataclasses.replace(policy)  # the same modules (a pipeline gets its own schedule below)
-            context: Callable[[], contextlib.AbstractContextManager] = lambda: unconverted(  # noqa: E731
-                policy.converters, policy.model
-            )
-        else:
-            frozen = self.build(policy.spec, policy.args, weights=weights)
-            for p in frozen.model.parameters():
-                p.requires_grad_(False)
-            context = contextlib.nullcontext
-        if frozen.pipeline is not None and self.plan is not None:  # a forward-only schedule over its stages
-            frozen.pipeline = dataclasses.replace(frozen.pipeline, schedule=None)
-            frozen.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
-        return FrozenModel(frozen, context)
+    def frozen_copy(
+        self,
+        spec: ModelSpec,
+        args: Any,
+        weights: WeightSource,
+        *,
+        converters: list[ModelConverter],
+        batch_size: int,
+    ) -> FrozenModel:
+        """A no-grad model of its own, built by the same plan with ``converters`` from ``weights``."""
+        built = self.build(spec, args, converters=converters, weights=weights)
+        for p in built.model.parameters():
+            p.requires_grad_(False)
+        return FrozenModel(self._forward_only(built, batch_size), contextlib.nullcontext)
+
+    def switched_off(self, policy: BuiltModel, converters: list[ModelConverter], *, batch_size: int) -> FrozenModel:
+        """``policy``'s own modules run without gradients and with ``converters`` switched off in place (each must
+        offer ``without_conversion``): no second copy."""
+        same = dataclasses.replace(policy)  # the same modules (a pipeline gets its own schedule)
+        return FrozenModel(self._forward_only(same, batch_size), lambda: unconverted(converters, policy.model))
+
+    def _forward_only(self, built: BuiltModel, batch_size: int) -> BuiltModel:
+        """``built`` with a forward-only schedule over its pipeline stages, if it has any."""
+        if built.pipeline is not None and self.plan is not None:
+            built.pipeline = dataclasses.replace(built.pipeline, schedule=None)
+            built.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
+        return built
+
+    def register_hooks(self, built: BuiltModel, hooks: TrainingHooks) -> None:
+        """``built``'s hooks on the loop (the policy's): its converters'."""
+        for converter in built.converters:
+            hooks.after_optimizer_step.register(lambda step, c=converter: c.after_optimizer_step(built.parts))
+            hooks.export.register(lambda ctx, c=converter: c.export(built.model, ctx))
 
     def _parallelize(self, built: BuiltModel) -> None:
         """Pipeline split, then per stage TP -> CP -> AC -> compile -> FSDP (nothing without a plan)."""

@@ -2,13 +2,13 @@
 per-layer load metrics.
 
 The MoE layers (``models/common/moe.py``) only count their routing choices and keep their statistics; everything
-that needs all ranks happens here. The trainer touches it at four points, its whole MoE integration:
+that needs all ranks happens here. The loop never names it: ``register_load_balancing`` is registered with the
+``[moe]`` section (titanium/config/components.py) and hooks the balancer into the loop (titanium/hooks.py):
 
-1. ``build_load_balancer`` once the model is built (None for a dense model);
-2. ``aux_loss()`` after each microbatch's forward, before its backward: the term to add to that microbatch's
-   loss (None unless ``load_balance = "aux_loss"``);
-3. ``after_optimizer_step()``: the step's token counts summed over the ranks, and the bias update;
-4. ``metrics()`` on logging steps.
+1. ``aux_loss()`` after each training microbatch's forward, before its backward: the term added to that
+   microbatch's loss (registered only for ``load_balance = "aux_loss"``);
+2. ``after_optimizer_step()``: the step's token counts summed over the ranks, and the bias update;
+3. ``metrics()`` on logging steps.
 
 The auxiliary loss is ``transformers``' (``E * sum_e f_e P_e`` over all MoE layers together). Its routed-token
 fractions ``f_e`` and the row count are all-reduced over the ranks that share the step's tokens (data and context
@@ -32,6 +32,7 @@ from torch import nn
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import MoESection
+from titanium.hooks import HookContext, TrainingHooks
 from titanium.models.common.decoder import FamilyArgs
 from titanium.models.common.moe import MoE, moe_layers, switch_aux_loss
 from titanium.models.hf_adapter import HFAdapter
@@ -166,3 +167,23 @@ def build_load_balancer(
         loss_group=loss_group,
         pp_group=pp_group,
     )
+
+
+def register_load_balancing(cfg: MoESection, ctx: HookContext, hooks: TrainingHooks) -> None:
+    """Hook the load balancing of an MoE policy into the loop (nothing for a dense one)."""
+    built = ctx.built
+    balancer = build_load_balancer(
+        cfg,
+        built.model,
+        built.args,
+        microbatches=ctx.microbatches,
+        loss_group=ctx.loss_group,
+        pp_group=built.pp_group,
+        hf_export_adapter=built.spec.hf_adapter if ctx.hf_export else None,
+    )
+    if balancer is None:
+        return
+    if balancer.mode == "aux_loss":
+        hooks.loss_term.register(lambda batch: balancer.aux_loss())
+    hooks.after_optimizer_step.register(lambda step: balancer.after_optimizer_step())
+    hooks.metrics.register(lambda step: balancer.metrics())

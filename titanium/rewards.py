@@ -14,7 +14,6 @@ function's values are kept for metrics.
 
 from __future__ import annotations
 
-import importlib
 import math
 import numbers
 import re
@@ -25,21 +24,20 @@ from typing import Any
 import torch
 
 from titanium.config.loader import ConfigError
+from titanium.config.registry import Registry
 from titanium.config.sections import GRPOSection
 from titanium.errors import UserError
 
 RewardFn = Callable[[str, str | None, Mapping[str, Any]], float]
 
-_REGISTRY: dict[str, RewardFn] = {}
+REWARDS = Registry("reward function", "--grpo.rewards")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator: make ``fn`` available as ``--grpo.rewards name``; a taken name is an error."""
 
     def add(fn: RewardFn) -> RewardFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ValueError(f"reward function {name!r} is already registered")
-        _REGISTRY[name] = fn
+        REWARDS.register(name, fn)
         return fn
 
     return add
@@ -123,21 +121,9 @@ def think_format(completion: str, answer: str | None, row: Mapping[str, Any]) ->
 
 def resolve_reward(spec: str) -> RewardFn:
     """A registered name, or ``"package.module:function"`` imported; errors name ``--grpo.rewards``."""
-    if ":" not in spec:
-        if spec not in _REGISTRY:
-            raise ConfigError(
-                f"--grpo.rewards: unknown reward function {spec!r}; built in: {', '.join(sorted(_REGISTRY))}, "
-                "or give your own as 'package.module:function'"
-            )
-        return _REGISTRY[spec]
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ConfigError(f"--grpo.rewards {spec!r}: cannot import {module_name!r} ({e}); is it on PYTHONPATH?") from e
-    fn = getattr(module, attr, None)
+    fn = REWARDS.load(spec)
     if not callable(fn):
-        raise ConfigError(f"--grpo.rewards {spec!r}: {module_name} has no function {attr!r}")
+        raise ConfigError(f"--grpo.rewards {spec!r} is not a function")
     return fn
 
 

@@ -1,21 +1,23 @@
-"""THE training loop. Setup follows DESIGN.md section 2, one short named step each; objectives plug in.
+"""THE training loop. Setup follows DESIGN.md section 2, one short named step each; everything else plugs in.
 
-Loss rule: each microbatch contributes sum(per-token loss) / (valid tokens of the whole step, over all
-data-parallel ranks). The count is all-reduced once per step before the forward, so gradient
-accumulation and any DP degree give exactly the full-batch mean gradient (FSDP sums, never averages).
+Loss rule: each microbatch contributes sum(per-unit loss) / (loss units of the whole step, over all data- and
+context-parallel ranks). The count is all-reduced once per step before the forward, so gradient accumulation and
+any DP degree give exactly the full-batch mean gradient (FSDP sums, never averages).
+
+The loop names no objective, converter, evaluation or parallel layout: objectives, converters and evaluations come
+from registries with their own config sections (titanium/config/components.py), a step executor runs the step
+however the model is laid out (titanium/executors/), and features hook in at fixed points (titanium/hooks.py).
+docs/extending.md lists what the loop does still name, and why.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import functools
 import gc
 import logging
 import os
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,35 +25,30 @@ import tomli_w
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
-from torch import nn
-from torch.distributed.tensor import DTensor
-from torch.distributed.tensor.parallel import loss_parallel
 
-from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, RNGState, TrainState
+from titanium.batch import Batch
+from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
-from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
-from titanium.converters import build_converters
-from titanium.data.chat import build_chat_template
+from titanium.config.components import EVALUATIONS, TRAINING_HOOKS
+from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
+from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
 from titanium.fault_tolerance import build_fault_tolerance
-from titanium.generation.evaluate import ExactMatchEvaluator
 from titanium.guards import StepGuard
+from titanium.hooks import HookContext, TrainingHooks
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
+from titanium.model_builder import ModelBuilder, ModelSource
+from titanium.model_handles import ModelHandles
+from titanium.model_setup import StartingWeights, job_converters, job_plan
 from titanium.models.converter import ExportContext
-from titanium.moe_balance import build_load_balancer
 from titanium.optim import build_lr_scheduler, build_optimizer
-from titanium.parallel.context import shard_batch
+from titanium.parallel.context import sequence_placement
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
-from titanium.parallel.grad_norm import clip_grad_norm
-from titanium.parallel.parallelize import PlanConfig
-from titanium.precision import compute_dtype, dtype_name
-from titanium.trainers import ObjectiveContext, build_objective
-from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput
-from titanium.validation import Validator
+from titanium.periodic import EvaluationContext, Periodic
+from titanium.trainers import Objective, ObjectiveContext, build_objective
 
 logger = logging.getLogger("titanium")
 
@@ -68,6 +65,8 @@ class Trainer:
         self.loss_group = self.meshes.loss.get_group()  # dp x cp: the ranks whose loss units add up
         self.fault_tolerance = build_fault_tolerance(cfg.fault_tolerance, self.device)  # (off: a no-op hook)
         self.data_rank, self.data_world = self.fault_tolerance.data_shard(self.dp_rank, dims.dp_degree)
+        t = cfg.training
+        self.grad_accum_steps = dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
         self._set_determinism()
         self._save_config()
         self.tokenizer = build_tokenizer(cfg.tokenizer)
@@ -75,10 +74,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self.guard = StepGuard(cfg.guards, self.optimizer, self.device)
+        self._register_hooks()
         self._build_objective()
-        self._build_load_balancer()
-        self._build_validator()
-        self._build_evaluator()
+        self._build_evaluations()
         self._build_checkpointer()
         self._build_metrics()
 
@@ -104,35 +102,31 @@ class Trainer:
             logger.info("resolved config (saved to %s):\n%s", folder / "config.toml", text)
 
     def _build_model(self) -> None:
-        """Through the one builder: meta model -> converters (LoRA, ...) -> PP split -> plan -> weights."""
+        """Through the one builder: meta model -> converters -> PP split -> plan -> weights; the
+        policy's hooks on the loop, and handles on the models objectives may ask for."""
         cfg, t = self.cfg, self.cfg.training
-        plan = PlanConfig(
-            parallelism=cfg.parallelism,
-            activation_checkpoint=cfg.activation_checkpoint,
-            compile=cfg.compile,
-            param_dtype=compute_dtype(t.mixed_precision_param, self.device.type, announce=self.env.rank == 0),
-            reduce_dtype=DTYPES[t.mixed_precision_reduce],
-            pipeline=self.dims.pp > 1,
-        )
         self.builder = ModelBuilder(
-            self.device, cfg.debug.seed, self.dims, self.meshes, plan, attention=cfg.model.attention
+            self.device,
+            cfg.debug.seed,
+            self.dims,
+            self.meshes,
+            job_plan(cfg, self.dims, self.device.type, announce=self.env.rank == 0),
+            attention=cfg.model.attention,
         )
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
-        converters = build_converters(
-            lora=cfg.lora,
-            float8=cfg.float8,
-            qat=cfg.qat,
-            shard_degree=self.dims.dp_shard * self.dims.cp,
-            fsdp=self.dims.fsdp_enabled,
-            device_type=self.device.type,
-        )
-        self.frozen_base = any(c.freezes_base for c in converters)
+        converters = job_converters(cfg, self.dims, self.device.type)
+        weights = StartingWeights(cfg.checkpoint, cfg.job.dump_folder)
         self.built = self.builder.build(
-            self.model_spec, self.model_args, converters=converters, weights=self._starting_weights()
+            self.model_spec, self.model_args, converters=converters, weights=weights.policy(converters)
         )
-        self.model, self.pipeline = self.built.model, self.built.pipeline
+        self.model = self.built.model
+        self.hooks = TrainingHooks()
+        self.builder.register_hooks(self.built, self.hooks)
+        start = ModelSource(self.model_spec, self.model_args, weights.start())
+        self.models = ModelHandles(self.builder, self.built, start, self.hooks, batch_size=t.local_batch_size)
+        self.placement = sequence_placement(self.device, self.meshes.cp if self.dims.cp > 1 else None)
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)  # (global, DTensors too)
         total = sum(p.numel() for p in self.model.parameters())
         if trainable < total:
@@ -144,59 +138,17 @@ class Trainer:
                 100 * trainable / total,
             )
 
-    def _starting_weights(self, *, resuming_counts: bool = True) -> WeightSource:
-        """The Hugging Face folder to start from, unless this run resumes its own checkpoint (loaded later,
-        it wins). With a frozen base (LoRA) the checkpoints hold only what trains, so the base is always
-        loaded. A titanium initial checkpoint is read by the checkpoint manager (with its other state)."""
-        ck = self.cfg.checkpoint
-        if not ck.initial_load_in_hf:
-            return WeightSource()
-        resuming = ck.enable and complete_steps(Path(self.cfg.job.dump_folder) / ck.folder)
-        if resuming_counts and resuming and not self.frozen_base:
-            logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
-            return WeightSource()
-        return WeightSource(hf_folder=ck.initial_load_path)
-
-    @functools.cache  # noqa: B019 (one trainer per process; the validation objective gets the same copy)
-    def _frozen_model(self) -> FrozenForward:
-        """A frozen copy of the starting policy for an objective (a reference), sharded by the same plan.
-        With a frozen base (LoRA) it is the policy itself with the conversion off: no second copy."""
-        frozen = self.builder.frozen(
-            self.built, self._reference_weights(), share=self.frozen_base, batch_size=self.cfg.training.local_batch_size
-        )
-        return lambda batch: frozen(self._model_inputs(batch))
-
-    def _reference_weights(self) -> WeightSource:
-        """Where the starting policy's weights come from (also a LoRA base's): HF, a titanium checkpoint, or none."""
-        ck = self.cfg.checkpoint
-        if ck.initial_load_path and not ck.initial_load_in_hf:
-            return WeightSource(dcp_folder=ck.initial_load_path)
-        return self._starting_weights(resuming_counts=False)
-
-    def _frozen_model_id(self) -> str:
-        """What the frozen model's outputs depend on, for objectives that cache them (see ObjectiveContext)."""
-        weights = self._reference_weights().fingerprint() or f"initialized with seed {self.cfg.debug.seed}"
-        base = [c.describe() for c in self.built.converters] if self.frozen_base else []  # e.g. an NF4 base
-        parts = [self.model_spec.name, repr(self.model_args), weights, *base, dtype_name(self.builder.plan.param_dtype)]
-        return "\n".join(parts)
-
-    @contextlib.contextmanager
-    def _lend_policy(self) -> Iterator[nn.Module]:
-        """The live policy for an objective's generation (rollouts): eval mode, no gradients, the training
-        forward's mixed precision; train mode again afterwards."""
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.no_grad(), self.built.autocast():
-                yield self.model
-        finally:
-            self.model.train(was_training)
+    def _register_hooks(self) -> None:
+        """Every registered feature that hooks into the loop, from its own section (e.g. a load-balancing loss)."""
+        ctx = HookContext(self.built, self.grad_accum_steps, self.loss_group, self.cfg.checkpoint.last_save_in_hf)
+        for component in TRAINING_HOOKS:
+            assert component.section is not None, f"training hook {component.name} has no config section"
+            TRAINING_HOOKS.load(component.name)(getattr(self.cfg, component.section.name), ctx, self.hooks)
 
     def _build_objective(self) -> None:
-        """The configured objective with its own config section (``[sft]`` for ``sft``; none for pretrain)."""
+        """The configured objective with its own config section, and the executor that runs its steps."""
         t = self.cfg.training
-        self.grad_accum_steps = self.dims.grad_accum_steps(t.local_batch_size, t.global_batch_size)
-        ctx = ObjectiveContext(
+        self._objective_ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.cfg.model.name,
             vocab_size=self.model_args.vocab_size,
@@ -206,85 +158,50 @@ class Trainer:
             dp_world=self.data_world,
             seed=self.cfg.debug.seed,
             loss_chunk_size=t.loss_chunk_size,
-            frozen_model=self._frozen_model,
-            frozen_model_id=self._frozen_model_id(),
+            models=self.models,
             device=self.device,
-            cp_mesh=self.meshes.cp if self.dims.cp > 1 else None,
-            chat_template=self.cfg.sft.chat_template,
-            system_prompt=self.cfg.sft.system_prompt,
+            placement=self.placement,
+            chat=self.cfg.chat,
             dump_folder=self.cfg.job.dump_folder,
-            policy=self._lend_policy,
         )
-        section = getattr(self.cfg, t.objective, None)
-        self.objective = build_objective(t.objective, ctx, self.cfg.data, section)
-        self._objective_ctx = ctx
-        par = self.cfg.parallelism
-        self.objective.check_layout(par.pipeline_parallel_microbatch_size if self.pipeline is not None else None)
-        self._metric_names = tuple(self.objective.metric_names)
-        if self.pipeline is not None:
-            self.pipeline.build_schedule(par, t.local_batch_size, self.device, loss_fn=self._pipeline_loss)
-
-    def _build_load_balancer(self) -> None:
-        """MoE models: the [moe] load balancing (an aux loss term per microbatch, a bias update per step)."""
-        ck = self.cfg.checkpoint
-        self.load_balancer = build_load_balancer(
-            self.cfg.moe,
-            self.model,
-            self.model_args,
-            microbatches=self.grad_accum_steps,
-            loss_group=self.loss_group,
-            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
-            hf_export_adapter=self.model_spec.hf_adapter if ck.last_save_in_hf else None,
+        self.objective = self._new_objective(self.cfg.data)
+        options = ExecutorOptions(
+            self.cfg.parallelism, t.local_batch_size, self.dims.loss_parallel_enabled, self.device, self.hooks.loss_term
         )
+        self.executor = build_executor(self.objective, self.built, options)
 
-    def _build_validator(self) -> None:
-        """Held-out loss (validation.interval > 0): the objective's data pipeline on validation.path, its loss."""
-        self.validator: Validator | None = None
-        v, objective = self.cfg.validation, self.cfg.training.objective
-        if v.interval == 0:
-            return
-        data = dataclasses.replace(self.cfg.data, path=v.path)
-        ctx = dataclasses.replace(self._objective_ctx, seed=self._objective_ctx.seed + 1)  # (synthetic windows)
-        held_out = build_objective(objective, ctx, data, getattr(self.cfg, objective, None))
-        self.validator = Validator(v, held_out, self._validation_loss)
+    def _new_objective(self, data: DataSection, seed_offset: int = 0) -> Objective:
+        """An instance of the training objective reading ``data`` (another seed: other synthetic windows)."""
+        ctx = dataclasses.replace(self._objective_ctx, seed=self._objective_ctx.seed + seed_offset)
+        return build_objective(self.cfg.training.objective, ctx, data, self.cfg)
 
-    def _build_evaluator(self) -> None:
-        """Held-out exact match of greedy answers (eval.interval > 0), on every data-parallel rank."""
-        self.evaluator: ExactMatchEvaluator | None = None
-        if self.cfg.eval.interval == 0:
-            return
-        template = build_chat_template(self.cfg.sft.chat_template, self.tokenizer, self.cfg.model.name)
-        self.evaluator = ExactMatchEvaluator(
-            self.cfg.eval,
-            self.cfg.data,
-            template,
-            self.tokenizer,
+    def _build_evaluations(self) -> None:
+        """Every registered evaluation its own section turns on (held-out loss, exact match, ...)."""
+        ctx = EvaluationContext(
+            data=self.cfg.data,
+            chat=self.cfg.chat,
+            tokenizer=self.tokenizer,
+            model_name=self.cfg.model.name,
+            objective=self._new_objective,
+            loss_sums=self._held_out_loss,
+            policy=self.models.policy(),
             dp_rank=self.dp_rank,
             dp_world=self.dims.dp_degree,
-            group=self.dp_group,
+            dp_group=self.dp_group,
             device=self.device,
-            system_prompt=self.cfg.sft.system_prompt,
         )
-
-    def _evaluate(self, step: int) -> None:
-        if self.evaluator is None:
-            return
-        start = time.perf_counter()
-        scalars = self.evaluator(self.model)
-        self.metrics.log(step, scalars)
-        if self.env.rank == 0:
-            logger.info(
-                "eval step %d: exact match %.1f%% of %d held-out samples (%.1fs)",
-                step,
-                100 * scalars["eval/exact_match"],
-                scalars["eval/samples"],
-                time.perf_counter() - start,
-            )
+        self.evaluations: list[Periodic] = []
+        for component in EVALUATIONS:
+            assert component.section is not None, f"evaluation {component.name} has no config section"
+            task = EVALUATIONS.load(component.name)(getattr(self.cfg, component.section.name), ctx)
+            if task is not None:
+                self.evaluations.append(task)
 
     def _build_checkpointer(self) -> None:
         self.train_state = TrainState()
+        model_state, base = self.built.checkpoint_states()
         states = {
-            "model": ModelState(self.model, part="trainable" if self.frozen_base else "all"),
+            "model": model_state,
             "optimizer": OptimizerState(self.model, self.optimizer),
             "lr_scheduler": self.lr_scheduler,
             "train_state": self.train_state,
@@ -292,7 +209,6 @@ class Trainer:
             f"data_dp{self.data_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
-        base = ModelState(self.model, part="base") if self.frozen_base else None
         self.checkpointer = CheckpointManager(
             self.fault_tolerance.checkpoint_section(self.cfg.checkpoint),
             self.cfg.job.dump_folder,
@@ -305,6 +221,7 @@ class Trainer:
         resumed = self.checkpointer.load()
         if resumed:
             logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
+        self.hooks.after_load(resumed)
         shared = ("model", "optimizer", "lr_scheduler", "train_state")  # what a rejoining replica group copies
         self.fault_tolerance.share_state(
             {k: states[k] for k in shared}, self.train_state, self.objective.next_microbatch, self.grad_accum_steps
@@ -323,136 +240,71 @@ class Trainer:
 
     # ----- the loop -----
 
-    def train_step(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-        """One optimizer step. Returns (global loss sum, global count, grad norm) as device tensors, and tokens."""
+    def train_step(self) -> tuple[StepResult, torch.Tensor, int]:
+        """One optimizer step: its result (the loss sum over all ranks), the gradient norm, and its tokens."""
         self.fault_tolerance.start_step()  # (a replica group that rejoins takes a live peer's state and step here)
         data_start = time.perf_counter()
         microbatches = [self.objective.next_microbatch() for _ in range(self.grad_accum_steps)]
         self.throughput.add_data_time(time.perf_counter() - data_start)
-        loss_total, global_count, tokens = self._committed_forward_backward(microbatches)
+        step = self.prepare_step(microbatches)
+        result = self._committed_forward_backward(step)
         grad_norm = self._clip_grad_norm()
-        loss_total = self._global_loss_sum(loss_total)
-        self.guard.before_optimizer_step(self.train_state.step + 1, loss_total / global_count.clamp(min=1), grad_norm)
+        result = dataclasses.replace(result, loss_sum=self._global_loss_sum(result.loss_sum))
+        loss = result.loss_sum / result.units.clamp(min=1)
+        self.guard.before_optimizer_step(self.train_state.step + 1, loss, grad_norm)
         self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
         self.guard.optimizer_step()  # (not applied if the step's loss or gradient norm is not finite)
         self.optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
-        for converter in self.built.converters:
-            converter.after_optimizer_step(self.built.parts)
-        if self.load_balancer is not None:
-            self.load_balancer.after_optimizer_step()
-        return loss_total, global_count, grad_norm, tokens
+        self.hooks.after_optimizer_step(self.train_state.step + 1)
+        return result, grad_norm, step.tokens
 
-    def _committed_forward_backward(self, microbatches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """forward_backward, with gradients averaged over the live replica groups under fault tolerance. A step
-        the groups do not commit (one died mid-step) is repeated on the same microbatches, so no data is lost."""
+    def prepare_step(self, microbatches: list[Batch]) -> PreparedStep:
+        """The step's microbatches placed (CP: this rank's part of each sequence) on the device, through the
+        objective's no-grad prepare phase, with the step's global unit count: all-reduced once, before the
+        forward, without a host sync."""
+        placed = [self.placement.place(mb) for mb in microbatches]
+        prepare_start = time.perf_counter()
+        with torch.no_grad():
+            prepared = self.objective.prepare(placed)
+        self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
+        batches = prepared.batches
+        local_units = torch.stack([mb.units() for mb in batches]).sum().to(self.device)
+        units = funcol.all_reduce(local_units, "sum", self.loss_group)
+        tokens = sum(mb.tokens.numel() for mb in batches) * self.dims.cp  # (whole sequences)
+        return PreparedStep(batches, units, prepared.metrics, tokens)
+
+    def _committed_forward_backward(self, step: PreparedStep) -> StepResult:
+        """The step's forward and backward, with gradients averaged over the live replica groups under fault
+        tolerance. A step the groups do not commit (one died mid-step) is run again on the same prepared
+        microbatches (prepare is not repeated: rollouts and reference log-probs stay), so no data is lost."""
         while True:
-            result = self.forward_backward(microbatches)
+            result = self.executor.run(step)
             if self.fault_tolerance.commit_gradients(self.model):
                 return result
             self.optimizer.zero_grad(set_to_none=True)
             self.fault_tolerance.start_step()  # a new quorum, without the group that failed
 
-    def forward_backward(
-        self, microbatches: list[Batch], backward: bool = True
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Accumulate gradients of sum(loss) / global count over the step's microbatches (no host sync). Returns
-        this rank's loss sum, the global count and the tokens. ``backward=False``: the losses only (validation)."""
-        handed_out = microbatches  # whole sequences, before any CP split: what the throughput counts
-        if self.dims.cp > 1:  # this rank's part of each sequence, with its global positions
-            microbatches = [shard_batch(mb, self.meshes.cp) for mb in microbatches]
-        microbatches = [{k: v.to(self.device, non_blocking=True) for k, v in mb.items()} for mb in microbatches]
-        prepare_start = time.perf_counter()
-        with torch.no_grad():
-            microbatches = self.objective.prepare(microbatches)
-        self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
-        tokens = sum(self.objective.tokens(mb) for mb in handed_out)  # after prepare: it may make them (rollouts)
-        local_count = torch.stack([self.objective.count(mb) for mb in microbatches]).sum().to(self.device)
-        global_count = funcol.all_reduce(local_count, "sum", self.loss_group)
-        self._divisor = global_count.clamp(min=1).float()
-        self._metric_sums = torch.zeros(2 * len(self._metric_names), device=self.device)
-        loss_total = torch.zeros((), device=self.device)
-        # With loss parallel the logits are vocab-sharded DTensors; the context makes cross-entropy
-        # (forward and backward) work on the shards.
-        sharded_loss = loss_parallel if self.dims.loss_parallel_enabled else contextlib.nullcontext
-        for mb in microbatches:
-            inputs = self._model_inputs(mb)
-            with sharded_loss():
-                with self.built.autocast():
-                    if self.pipeline is not None:  # the schedule runs forward and backward of all its microbatches
-                        self._pipeline_batch, self._pipeline_metrics = mb, {}
-                        losses = self.pipeline.step(inputs, backward=backward)
-                        if losses:
-                            loss_total += torch.stack([loss.detach() for loss in losses]).sum() * self._divisor
-                        # (only the losses the schedule kept: it may also call the loss to infer shapes)
-                        for loss in losses:
-                            self._metric_sums += self._pipeline_metrics[id(loss)]
-                        continue
-                    if self.objective.loss_input == "hidden":
-                        output = ModelOutput(hidden=self.model(**inputs, project=False), projection=self.model.output)
-                    else:
-                        output = ModelOutput(logits=self.model(**inputs))
-                    loss_sum, metrics = self._loss(output, mb)
-                del output  # the logits: the backward keeps what it needs of them
-                if backward:  # outside autocast, whose cache of low-precision weight copies is freed on exit
-                    (loss_sum / self._divisor + self._aux_loss()).backward()
-            self._metric_sums += metrics
-            loss_total += loss_sum.detach()
-            del loss_sum
-        return loss_total, global_count, tokens
-
-    def _aux_loss(self) -> torch.Tensor | float:
-        """A term the model adds to the microbatch's loss (an MoE model's load-balancing loss), or 0."""
-        aux = self.load_balancer.aux_loss() if self.load_balancer is not None else None
-        return 0.0 if aux is None else aux
+    def forward_backward(self, microbatches: list[Batch], backward: bool = True) -> StepResult:
+        """Prepare and run ``microbatches`` as one step (no optimizer step); ``backward=False``: the losses only."""
+        return self.executor.run(self.prepare_step(microbatches), backward=backward)
 
     def _global_loss_sum(self, local: torch.Tensor) -> torch.Tensor:
         """The loss sum over all ranks, in one all-reduce and without a host sync: tensor-parallel ranks hold
-        copies of one value (only tp rank 0 adds it) and pipeline ranks without the last stage hold zeros."""
+        copies of one value (only tp rank 0 adds it); ranks that computed no loss hold zeros."""
         if self.meshes.tp.get_local_rank() != 0:
             local = torch.zeros_like(local)
         return funcol.all_reduce(local, "sum", dist.group.WORLD)
 
     @torch.no_grad()
-    def _validation_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _held_out_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Global (loss sum, count) of one held-out microbatch: the training forward under the same plan."""
-        loss_total, global_count, _ = self.forward_backward([batch], backward=False)
-        return self._global_loss_sum(loss_total), global_count
-
-    def _model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        inputs = self.objective.model_inputs(batch)
-        if "positions" in batch:  # context parallelism: the global positions of this rank's tokens
-            inputs["positions"] = batch["positions"]
-        return inputs
-
-    def _loss(self, output: ModelOutput, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """The objective's loss sum (a plain tensor) and its metrics as [sum, count, sum, count, ...]."""
-        result: LossResult = self.objective.loss(output, batch)
-        metrics = torch.zeros(2 * len(self._metric_names), device=self.device)
-        for i, name in enumerate(self._metric_names):
-            if name in result.metrics:
-                total, count = result.metrics[name]
-                metrics[2 * i] = total.detach().float()
-                metrics[2 * i + 1] = count.detach().float()
-        loss_sum = result.loss_sum
-        return (loss_sum.full_tensor() if isinstance(loss_sum, DTensor) else loss_sum), metrics
-
-    def _pipeline_loss(self, output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """The last stage's loss: the objective sees every key of its microbatch, for this pipeline
-        microbatch's rows."""
-        batch = self._pipeline_batch
-        n_rows = batch["input"].shape[0]
-        sliced = {k: v[rows] if v.dim() and v.shape[0] == n_rows else v for k, v in batch.items()}
-        loss_sum, metrics = self._loss(ModelOutput(logits=output), sliced)
-        loss = loss_sum / self._divisor
-        self._pipeline_metrics[id(loss)] = metrics
-        return loss
+        result = self.forward_backward([batch], backward=False)
+        return self._global_loss_sum(result.loss_sum), result.units
 
     def _clip_grad_norm(self) -> torch.Tensor:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        pp_group = self.pipeline.pp_group if self.pipeline is not None else None
-        return clip_grad_norm(params, self.cfg.training.max_norm, pp_group, device=self.device)
+        return self.executor.clip_grad_norm(self.cfg.training.max_norm)
 
     def train(self) -> None:
         t = self.cfg.training
@@ -475,15 +327,17 @@ class Trainer:
             self.dims.dp_degree,
             self.device,
         )
-        if step == 0:
-            self._evaluate(0)  # the starting point, to compare with
+        if step == 0:  # the starting point, to compare with
+            for task in self.evaluations:
+                if task.at_start:
+                    self.metrics.log(0, task.run(0))
         gc.disable()
         gc.collect()
         self.memory.reset_peak()
         profiler = Profiler(self.cfg.profiling, self.cfg.job.dump_folder, self.env.rank, start_step=step).start()
         while step < t.steps:
             self.throughput.start_step()
-            loss_total, global_count, grad_norm, tokens = self.train_step()
+            result, grad_norm, tokens = self.train_step()
             step = self.train_state.step + 1  # (not step + 1: a replica group that rejoins takes its peer's step)
             self.throughput.end_step(tokens)
             self.train_state.step = step
@@ -491,11 +345,10 @@ class Trainer:
             if step == 1:
                 set_train_timeout(self.cfg.comm)
             if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
-                self._log(step, loss_total, global_count, grad_norm)
-            if self.cfg.eval.interval and (step % self.cfg.eval.interval == 0 or step == t.steps):
-                self._evaluate(step)
-            if self.validator is not None and self.validator.due(step, t.steps):
-                self.metrics.log(step, self.validator.run(step))
+                self._log(step, result, grad_norm)
+            for task in self.evaluations:
+                if task.due(step, t.steps):
+                    self.metrics.log(step, task.run(step))
             if self.checkpointer.should_save(step, t.steps):
                 self.guard.check(step)  # never save a state that follows a non-finite step it must stop on
                 self.checkpointer.save(step, final=step == t.steps)
@@ -509,17 +362,16 @@ class Trainer:
         self._export()
 
     def _export(self) -> None:
-        """End of training: each converter's own artifacts (LoRA: a PEFT adapter), then the HF export."""
+        """End of training: what the export hooks write (e.g. a converter's own artifacts), then the HF export."""
         ck = self.checkpointer.cfg  # (under fault tolerance only replica group 0 exports)
         ctx = ExportContext(
             spec=self.model_spec,
             args=self.model_args,
             dump_folder=Path(self.cfg.job.dump_folder),
             base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
-            pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+            pp_group=self.built.pp_group,
         )
-        for converter in self.built.converters:
-            converter.export(self.model, ctx)
+        self.hooks.export(ctx)
         if ck.last_save_in_hf:
             export_final_hf(
                 self.model,
@@ -528,14 +380,14 @@ class Trainer:
                 ck,
                 dump_folder=self.cfg.job.dump_folder,
                 flavor=self.cfg.model.flavor,
-                pp_group=self.pipeline.pp_group if self.pipeline is not None else None,
+                pp_group=self.built.pp_group,
             )
 
-    def _log(self, step: int, loss_total: torch.Tensor, global_count: torch.Tensor, grad_norm: torch.Tensor) -> None:
+    def _log(self, step: int, result: StepResult, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""
         guard_scalars = self.guard.check(step)  # (stops the run here after a non-finite step, if configured)
-        loss = (loss_total / global_count.clamp(min=1)).item()
-        objective_metrics = self._reduce_metrics()
+        loss = (result.loss_sum / result.units.clamp(min=1)).item()
+        objective_metrics = self._reduce_metrics(result.metrics)
         scalars = {
             "loss": loss,
             **guard_scalars,
@@ -547,24 +399,24 @@ class Trainer:
             **objective_metrics,
             **self.objective.log_metrics(),
             **self.fault_tolerance.metrics(),
-            **(self.load_balancer.metrics() if self.load_balancer is not None else {}),
+            **{k: v for numbers in self.hooks.metrics(step) for k, v in numbers.items()},
         }
         self.memory.reset_peak()
         self.metrics.log(step, scalars)
         if self.env.rank == 0:
             color = not self.cfg.metrics.disable_color_printing and sys.stderr.isatty()
-            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, self._metric_names))
+            names = self.executor.metrics.names
+            logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, names))
 
-    def _reduce_metrics(self) -> dict[str, float]:
+    def _reduce_metrics(self, sums: torch.Tensor) -> dict[str, float]:
         """The objective's metrics of this step: sums and counts added over ranks, then divided."""
-        if not self._metric_names:
+        names = self.executor.metrics.names
+        if not names:
             return {}
-        sums = self._metric_sums
-        dist.all_reduce(sums, group=self.loss_group)
-        if self.pipeline is not None:  # only the last stage computed them
-            dist.all_reduce(sums, group=self.pipeline.pp_group)
+        for group in self.executor.metric_groups(self.loss_group):
+            dist.all_reduce(sums, group=group)
         values = sums.view(-1, 2).tolist()
-        return {name: total / count for name, (total, count) in zip(self._metric_names, values) if count}
+        return {name: total / count for name, (total, count) in zip(names, values) if count}
 
     def close(self) -> None:
         self.checkpointer.close()

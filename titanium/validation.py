@@ -10,6 +10,7 @@ only) and reduced like the training loss: the sum over every rank's loss units d
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 import math
 import time
@@ -17,8 +18,10 @@ from collections.abc import Callable
 
 import torch
 
+from titanium.batch import Batch
 from titanium.config.sections import ValidationSection
-from titanium.trainers.base import Batch, Objective
+from titanium.periodic import EvaluationContext
+from titanium.trainers.base import Objective
 
 logger = logging.getLogger("titanium")
 
@@ -27,6 +30,8 @@ LossSums = Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]
 
 
 class Validator:
+    at_start = False
+
     def __init__(self, cfg: ValidationSection, objective: Objective, loss_sums: LossSums) -> None:
         self.cfg, self.objective, self.loss_sums = cfg, objective, loss_sums
         self._start = copy.deepcopy(objective.state_dict())
@@ -35,7 +40,8 @@ class Validator:
         return step % self.cfg.interval == 0 or step == last_step
 
     def run(self, step: int) -> dict[str, float]:
-        """Loss and perplexity over ``steps`` held-out microbatches (one host sync, at the end)."""
+        """Loss over ``steps`` held-out microbatches (one host sync, at the end), the number of loss units it is
+        the mean over (``validation/<unit>``: tokens, pairs, ...), and, for a token loss, the perplexity."""
         start = time.perf_counter()
         self.objective.load_state_dict(copy.deepcopy(self._start))
         totals = []
@@ -43,14 +49,21 @@ class Validator:
             loss_sum, count = self.loss_sums(self.objective.next_microbatch())
             totals.append(torch.stack([loss_sum.float(), count.float()]))
         loss_sum, count = torch.stack(totals).sum(0).tolist()
-        loss = loss_sum / max(count, 1.0)
-        perplexity = math.exp(loss) if loss < 700 else math.inf
+        loss, unit = loss_sum / max(count, 1.0), self.objective.loss_unit
+        scalars = {"validation/loss": loss, f"validation/{unit}": count}
+        if unit == "tokens":  # (a token cross-entropy: its exponential is the perplexity)
+            scalars["validation/perplexity"] = math.exp(loss) if loss < 700 else math.inf
+        shown = f", perplexity {scalars['validation/perplexity']:.2f}" if "validation/perplexity" in scalars else ""
+        seconds = time.perf_counter() - start
         logger.info(
-            "validation step %d: loss %.4f, perplexity %.2f over %d scored held-out tokens (%.1fs)",
-            step,
-            loss,
-            perplexity,
-            count,
-            time.perf_counter() - start,
+            "validation step %d: loss %.4f%s over %d held-out %s (%.1fs)", step, loss, shown, count, unit, seconds
         )
-        return {"validation/loss": loss, "validation/perplexity": perplexity, "validation/tokens": count}
+        return scalars
+
+
+def build_validator(cfg: ValidationSection, ctx: EvaluationContext) -> Validator | None:
+    """Held-out loss (``interval`` > 0): the training objective's data pipeline on ``path``, its loss."""
+    if cfg.interval == 0:
+        return None
+    data = dataclasses.replace(ctx.data, path=cfg.path)
+    return Validator(cfg, ctx.objective(data, 1), ctx.loss_sums)  # (seed + 1: other synthetic windows)

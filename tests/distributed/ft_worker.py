@@ -47,10 +47,10 @@ def main() -> None:
 def _add_test_knobs(trainer: Trainer) -> None:
     die_in_step = int(os.environ.get("FT_DIE_IN_STEP", 0))
     alone_step_seconds = float(os.environ.get("FT_ALONE_STEP_SECONDS", 0))
-    forward_backward, train_step = trainer.forward_backward, trainer.train_step
+    run, train_step = trainer.executor.run, trainer.train_step
 
-    def forward_backward_then_maybe_die(*args, **kwargs):
-        result = forward_backward(*args, **kwargs)
+    def run_then_maybe_die(*args, **kwargs):
+        result = run(*args, **kwargs)
         if trainer.train_state.step + 1 == die_in_step:
             os.kill(os.getpid(), signal.SIGKILL)
         return result
@@ -62,7 +62,7 @@ def _add_test_knobs(trainer: Trainer) -> None:
             time.sleep(max(0.0, start + alone_step_seconds - time.monotonic()))
         return result
 
-    trainer.forward_backward, trainer.train_step = forward_backward_then_maybe_die, paced_train_step
+    trainer.executor.run, trainer.train_step = run_then_maybe_die, paced_train_step
 
 
 if __name__ == "__main__":

@@ -46,12 +46,11 @@ def _probe(trainer: Trainer) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     rank, last = trainer.env.rank, trainer.cfg.training.steps
     loads: dict[int, dict[int, list[float]]] = {}
-    balancer = trainer.load_balancer
-    assert isinstance(balancer, LoadBalancer)
-    after_step, clip = balancer.after_optimizer_step, trainer._clip_grad_norm
+    clip = trainer._clip_grad_norm
+    balancer_step = LoadBalancer.after_optimizer_step  # (the loop calls it through its hook, never by name)
 
-    def after_optimizer_step() -> None:
-        after_step()
+    def after_optimizer_step(balancer: LoadBalancer) -> None:
+        balancer_step(balancer)
         if balancer._loads is not None:
             step = trainer.train_state.step + 1
             loads[step] = {layer: row for layer, row in zip(balancer.layers, balancer._loads.tolist())}
@@ -69,7 +68,7 @@ def _probe(trainer: Trainer) -> None:
                 torch.save(grads, folder / f"grads_step{step}_rank{rank}.pt")
         return clip()
 
-    balancer.after_optimizer_step = after_optimizer_step
+    LoadBalancer.after_optimizer_step = after_optimizer_step  # type: ignore[method-assign]
     trainer._clip_grad_norm = clip_grad_norm
 
 
@@ -88,9 +87,11 @@ def main() -> None:
     for argv in _jobs(sys.argv[1:]):
         cfg = load_config(argv)
         trainer = Trainer(cfg, check_job(cfg, world))
+        balancer_step = LoadBalancer.after_optimizer_step
         _probe(trainer)
         trainer.train()
         trainer.close()
+        LoadBalancer.after_optimizer_step = balancer_step  # type: ignore[method-assign]
         if dist.is_initialized() and world > 1:
             dist.barrier()
     wait_for_all_ranks()

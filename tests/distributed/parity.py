@@ -7,6 +7,7 @@ losses to 1e-5 relative, grad norms to 2e-4 (reason in test_fsdp_parity.py's doc
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -47,16 +48,34 @@ def layout_run(
     """(losses, grad norms) by step of a STEPS-step run of the tiny debug model (synthetic data by default),
     by ``titanium.train`` or a test's wrapper ``module``."""
     out = tmp_path / name
-    args = tiny_args(out, *data, "--training.steps", str(STEPS), *extra)
+    _run_retrying(tiny_args(out, *data, "--training.steps", str(STEPS), *extra), nproc, module, [out])
+    return scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")
+
+
+def layout_runs(tmp_path: Path, nproc: int, jobs: dict[str, tuple[str, ...]], *common: str) -> dict[str, Run]:
+    """``layout_run`` of several jobs (name -> extra arguments, after ``common``) in one launch of ``nproc``
+    processes (tests/distributed/jobs_worker.py): one torchrun start for the lot."""
+    outs = {name: tmp_path / name for name in jobs}
+    argv = [
+        tiny_args(outs[name], *SYNTHETIC, "--training.steps", str(STEPS), *common, *extra)
+        for name, extra in jobs.items()
+    ]
+    jobs_file = tmp_path / f"jobs_{nproc}.json"
+    jobs_file.write_text(json.dumps(argv))
+    _run_retrying([str(jobs_file)], nproc, "tests.distributed.jobs_worker", list(outs.values()))
+    return {name: (scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")) for name, out in outs.items()}
+
+
+def _run_retrying(args: list[str], nproc: int, module: str, outs: list[Path]) -> None:
     for attempt in range(1, _ATTEMPTS + 1):
         try:
-            run_train(args, nproc=nproc, module=module)
-            break
+            run_train(args, nproc=nproc, module=module, timeout=600)
+            return
         except AssertionError as e:
             if attempt == _ATTEMPTS or not any(crash in str(e) for crash in _GLOO_CRASHES):
                 raise
-            shutil.rmtree(out, ignore_errors=True)
-    return scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")
+            for out in outs:
+                shutil.rmtree(out, ignore_errors=True)
 
 
 def single_process_run(tmp_path: Path) -> Run:

@@ -23,7 +23,7 @@ from tests.distributed.parity import STEPS, Run, assert_matches, layout_run
 from tests.helpers import REPO, scalars
 
 DPO = (
-    "--training.objective", "dpo", "--data.kind", "preference", "--sft.chat_template", "llama3",
+    "--training.objective", "dpo", "--data.kind", "preference", "--chat.chat_template", "llama3",
     "--data.shards", "2",  # one process reads the file's 2 byte ranges in turn, 2 DP ranks one each: same pairs
 )  # fmt: skip
 PAIRS = 64

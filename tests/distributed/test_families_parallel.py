@@ -17,14 +17,12 @@ All jobs of a layout run in one launch (tests/distributed/jobs_worker.py): one t
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.helpers import REPO, env, scalars, tiny_args, train_cmd
+from tests.helpers import run_jobs, scalars, tiny_args
 from tests.parity.harness import randomize_
 from titanium.checkpoint.hf import HFCheckpoint
 from titanium.models import get_model_spec
@@ -81,7 +79,7 @@ def make_source(folder: Path, source: str) -> None:
     model.save_pretrained(folder, max_shard_size="2MB")
 
 
-def run_jobs(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path]) -> None:
+def run_layout(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path]) -> None:
     """Every job of JOBS in one launch of ``nproc`` processes (1 or 4), into ``tmp_path / layout / <job>``."""
     common = ["--data.kind", "synthetic", "--training.steps", str(STEPS), "--checkpoint.last_save_in_hf"]
     common += OPTIMIZER
@@ -95,19 +93,15 @@ def run_jobs(tmp_path: Path, layout: str, nproc: int, sources: dict[str, Path]) 
         )
         for name, (source, single, parallel) in JOBS.items()
     ]
-    jobs_file = tmp_path / f"{layout}.json"
-    jobs_file.write_text(json.dumps(jobs))
-    cmd = train_cmd([str(jobs_file)], nproc, module="tests.distributed.jobs_worker")
-    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
-    assert result.returncode == 0, f"{layout} failed:\n{result.stderr[-4000:]}"
+    run_jobs(jobs, nproc, tmp_path / f"{layout}.json")
 
 
 def test_parallel_layouts_match_one_process_for_every_family(tmp_path: Path) -> None:
     sources = {source: tmp_path / f"source-{source}" for source, _, _ in JOBS.values()}
     for source, folder in sources.items():
         make_source(folder, source)
-    run_jobs(tmp_path, "single", 1, sources)
-    run_jobs(tmp_path, "parallel", 4, sources)
+    run_layout(tmp_path, "single", 1, sources)
+    run_layout(tmp_path, "parallel", 4, sources)
     for name in JOBS:
         ref, run = tmp_path / "single" / name, tmp_path / "parallel" / name
         losses, ref_losses = scalars(run / "tb"), scalars(ref / "tb")

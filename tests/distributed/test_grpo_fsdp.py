@@ -20,7 +20,7 @@ from tests.helpers import run_train, scalars, tiny_args
 GRPO = (
     "--training.objective", "grpo",
     "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--sft.chat_template", "llama3",
+    "--chat.chat_template", "llama3",
     "--data.shards", "2",  # one process reads the file's 2 byte ranges in turn, 2 DP ranks one each: same prompts
     "--grpo.group_size", "4", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
     "--grpo.minibatches", "2",

@@ -24,7 +24,7 @@ SFT = (
     "--training.objective", "sft",
     "--data.kind", "chat",
     "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--sft.chat_template", "llama3",
+    "--chat.chat_template", "llama3",
     "--optimizer.lr", "1e-3",
     "--data.shards", "2",  # one process reads the file's 2 byte ranges in turn, 2 DP ranks one each: same rows
 )  # fmt: skip

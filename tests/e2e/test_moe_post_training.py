@@ -19,7 +19,7 @@ from tests.helpers import REPO, scalars, tiny_args
 SFT = (
     "--model.name", "qwen3_moe", "--model.flavor", "debugmodel_moe", "--training.objective", "sft",
     "--data.kind", "chat", "--data.path", str(REPO / "assets/tasks/arithmetic/train.jsonl"),
-    "--sft.chat_template", "llama3", "--training.local_batch_size", "2", "--training.steps", "2",
+    "--chat.chat_template", "llama3", "--training.local_batch_size", "2", "--training.steps", "2",
 )  # fmt: skip
 
 

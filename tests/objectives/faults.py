@@ -13,11 +13,15 @@ microbatch per step (the tests' setting) the faulty microbatch is step FAULT_STE
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from titanium.trainers.base import Batch, LossResult, ModelOutput
+from titanium.batch import Batch
+from titanium.trainers.base import LossResult, ModelOutput
+from titanium.trainers.cross_entropy import TokenFields
 from titanium.trainers.pretrain import PretrainObjective
 
 FAULT_STEP = 3
@@ -35,6 +39,12 @@ class _NanGradient(torch.autograd.Function):
         return grad * float("nan")
 
 
+@dataclass
+class FaultFields(TokenFields):
+    fault: torch.Tensor | None = None
+    """A 0-d flag (kept whole): this microbatch's loss goes wrong."""
+
+
 class _Faulty(PretrainObjective):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -44,12 +54,12 @@ class _Faulty(PretrainObjective):
     def next_microbatch(self) -> Batch:
         batch = super().next_microbatch()
         self.handed_out += 1
-        batch["fault"] = torch.tensor(float(self.handed_out == FAULT_STEP and self.dp_rank == 0))
-        return batch
+        fault = torch.tensor(float(self.handed_out == FAULT_STEP and self.dp_rank == 0))
+        return dataclasses.replace(batch, fields=FaultFields(batch.fields.labels, fault=fault))
 
-    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+    def loss(self, output: ModelOutput, batch: Batch[FaultFields]) -> LossResult:
         loss = super().loss(output, batch).loss_sum
-        return LossResult(self.fault(loss) if batch["fault"].item() else loss)  # (a test may sync)
+        return LossResult(self.fault(loss) if batch.fields.fault.item() else loss)  # (a test may sync)
 
     def fault(self, loss: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

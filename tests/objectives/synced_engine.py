@@ -29,13 +29,9 @@ def _engine(trainer: Trainer) -> TitaniumEngine:
     return trainer.engine
 
 
-def _pp_group(trainer: Trainer):
-    return trainer.pipeline.pp_group if trainer.pipeline is not None else None
-
-
 def train_step_then_sync(self: Trainer):
     out = _train_step(self)
-    _engine(self).sync_from(self.model, self.train_state.step + 1, _pp_group(self))
+    _engine(self).sync_from(self.model, self.train_state.step + 1, self.built.pp_group)
     return out
 
 

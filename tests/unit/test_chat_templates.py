@@ -242,7 +242,7 @@ def test_jinja_refuses_templates_without_the_prefix_property(hf_tok):
         JinjaTemplate(hf_tok, changing)
     with pytest.raises(ChatTemplateError, match="not valid Jinja"):
         JinjaTemplate(hf_tok, "{% for %}")
-    with pytest.raises(ChatTemplateError, match="plain user/assistant conversation .*no tools.*--sft.chat_template"):
+    with pytest.raises(ChatTemplateError, match="plain user/assistant conversation .*no tools.*--chat.chat_template"):
         JinjaTemplate(hf_tok, "{{ raise_exception('no tools') }}")
 
 
@@ -331,13 +331,13 @@ def test_build_chat_template_choices(tiktoken_tok, tmp_path):
     assert plain.chat_template is None
     assert type(build_chat_template("auto", plain, "qwen3")) is Qwen3Template
     assert type(build_chat_template("auto", plain, "qwen2")) is ChatMLTemplate  # (the family's registered format)
-    with pytest.raises(ChatTemplateError, match="no default format; set --sft.chat_template"):
+    with pytest.raises(ChatTemplateError, match="no default format; set --chat.chat_template"):
         build_chat_template("auto", ByteTokenizer(), "mystery")
     with pytest.raises(ChatTemplateError, match="model 'gemma2' has no default format"):  # its tokenizer's, or none
         build_chat_template("auto", plain, "gemma2")
     with pytest.raises(ChatTemplateError, match="has no chat_template"):
         build_chat_template("tokenizer", tiktoken_tok, "llama3")
-    with pytest.raises(ChatTemplateError, match="unknown --sft.chat_template"):
+    with pytest.raises(ChatTemplateError, match="unknown --chat.chat_template"):
         build_chat_template("vicuna", tiktoken_tok, "llama3")
 
 

@@ -13,12 +13,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from tests.helpers import scalars, tiny_args
+from titanium.batch import Batch
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
 from titanium.debug.memory import peak_memory_bytes
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainers.base import IGNORE_INDEX, ModelOutput
-from titanium.trainers.cross_entropy import TokenCrossEntropy, cross_entropy_sum, linear_cross_entropy_sum
+from titanium.trainers.cross_entropy import (
+    TokenCrossEntropy,
+    TokenFields,
+    cross_entropy_sum,
+    linear_cross_entropy_sum,
+)
 
 
 def _inputs(n: int, dim: int, vocab: int, dtype=torch.float32, seed: int = 0):
@@ -74,18 +80,18 @@ def _batch(rows: int = 3, seq: int = 20, vocab: int = 101, dim: int = 16):
     labels[2, -7:] = IGNORE_INDEX  # padding
     hidden = torch.randn(rows, seq, dim, generator=g, requires_grad=True)
     projection = torch.nn.Linear(dim, vocab, bias=False)
-    return {"label": labels}, hidden, projection
+    return Batch(torch.zeros_like(labels), TokenFields(labels)), hidden, projection
 
 
 def test_token_loss_drops_unlabelled_tokens_and_matches_the_logits_path():
     batch, hidden, projection = _batch()
     logits_loss = TokenCrossEntropy(0)(ModelOutput(logits=projection(hidden)), batch)
     expected = torch.autograd.grad(logits_loss, (hidden, projection.weight))
-    assert logits_loss == cross_entropy_sum(projection(hidden), batch["label"])
+    assert logits_loss == cross_entropy_sum(projection(hidden), batch.fields.labels)
     chunked = TokenCrossEntropy(8)
     assert chunked.loss_input == "hidden" and TokenCrossEntropy(0).loss_input == "logits"
     (batch,) = chunked.prepare([batch])
-    assert batch["label_index"].numel() == (batch["label"] != IGNORE_INDEX).sum() == 60 - 12
+    assert batch.fields.label_index.numel() == batch.units() == 60 - 12
     loss = chunked(ModelOutput(hidden=hidden, projection=projection), batch)
     got = torch.autograd.grad(loss, (hidden, projection.weight))
     torch.testing.assert_close(loss, logits_loss, rtol=1e-5, atol=0)
@@ -128,7 +134,7 @@ SFT = (
     "--training.objective", "sft",
     "--data.kind", "chat",
     "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--sft.chat_template", "llama3",
+    "--chat.chat_template", "llama3",
     "--training.steps", "3",
     "--debug.deterministic",
 )  # fmt: skip

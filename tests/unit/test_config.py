@@ -123,3 +123,29 @@ def test_shipped_configs_parse(path, monkeypatch, tmp_path):
         args += ["--checkpoint.initial_load_path", str(tmp_path)]
     cfg = load_config(args)
     assert cfg.training.steps >= 1
+
+
+def test_an_objective_given_by_import_path_brings_its_section(tmp_path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    objective = "tests.objectives.reference:ReferenceObjective"
+    path = write(tmp_path, f'[training]\nobjective = "{objective}"\n[reference]\npenalty = 2\n')
+    assert load_config(["--job.config_file", path]).reference.penalty == 2.0  # from the TOML file
+    cfg = load_config(["--training.objective", objective, "--reference.penalty", "3"])
+    assert cfg.reference.penalty == 3.0  # from the command line
+    with pytest.raises(ConfigError, match=r"unknown section \[reference\]"):
+        load_config(["--job.config_file", write(tmp_path, "[reference]\npenalty = 2\n")])  # another objective
+    with pytest.raises(ConfigError, match="cannot import tests.objectives.reference:Nope"):
+        load_config(["--training.objective", "tests.objectives.reference:Nope"])
+
+
+def test_chat_settings_moved_from_sft_still_read_with_a_warning(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(REPO)
+    path = write(tmp_path, '[sft]\nchat_template = "chatml"\npacking = false\n')
+    cfg = load_config(["--job.config_file", path, "--sft.system_prompt", "Be brief."])
+    assert (cfg.chat.chat_template, cfg.chat.system_prompt, cfg.sft.packing) == ("chatml", "Be brief.", False)
+    assert "[sft] chat_template is deprecated" in caplog.text and "use [chat] chat_template" in caplog.text
+    assert "--sft.system_prompt is deprecated" in caplog.text and "use --chat.system_prompt" in caplog.text
+    with pytest.raises(ConfigError, match=r"\[sft\] chat_template and \[chat\] chat_template are the same setting"):
+        load_config(["--job.config_file", write(tmp_path, '[sft]\nchat_template = "a"\n[chat]\nchat_template = "b"\n')])
+    with pytest.raises(ConfigError, match="--sft.chat_template and --chat.chat_template are the same setting"):
+        load_config(["--sft.chat_template", "llama3", "--chat.chat_template", "llama3"])

@@ -6,7 +6,9 @@ from types import SimpleNamespace
 
 import torch
 
+from titanium.batch import Batch
 from titanium.parallel.context import headtail_indices, shard_batch
+from titanium.trainers.dpo import PreferenceFields
 
 
 def test_headtail_chunks_cover_the_sequence_once():
@@ -15,10 +17,17 @@ def test_headtail_chunks_cover_the_sequence_once():
     assert sorted(sum((headtail_indices(24, 3, r).tolist() for r in range(3)), [])) == list(range(24))
 
 
-def test_shard_batch_slices_every_sequence_tensor():
-    batch = {"input": torch.arange(32).view(2, 16), "label": torch.arange(32).view(2, 16) + 100}
+def test_shard_batch_slices_the_core_and_per_token_fields():
+    fields = PreferenceFields(
+        labels=torch.arange(32).view(2, 16) + 100,
+        response_ids=torch.zeros(2, 16, dtype=torch.long),
+        pairs_per_row=torch.tensor([1, 0]),
+    )
+    batch = Batch(torch.arange(32).view(2, 16), fields)
     mesh = SimpleNamespace(size=lambda: 2, get_local_rank=lambda: 1)
     out = shard_batch(batch, mesh)
-    assert out["input"][0].tolist() == list(range(4, 12))
-    assert out["label"][1].tolist() == [116 + i for i in range(4, 12)]
-    assert out["positions"].shape == (2, 8) and out["positions"][1].tolist() == list(range(4, 12))
+    assert out.tokens[0].tolist() == list(range(4, 12))
+    assert out.fields.labels[1].tolist() == [116 + i for i in range(4, 12)]
+    assert out.fields.pairs_per_row.tolist() == [1, 0]  # per row: whole
+    assert out.positions.shape == (2, 8) and out.positions[1].tolist() == list(range(4, 12))
+    assert out.fields.reference_logps is None

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from tests.helpers import REPO
-from titanium.config.sections import DataSection, JobConfig
+from titanium.config import JobConfig
+from titanium.config.sections import DataSection
 from titanium.config.validate import validate
 from titanium.data.chat import ChatTemplateError, Llama3Template, Message
 from titanium.data.lines import row_number
@@ -89,7 +90,7 @@ def test_every_row_shape_gives_the_same_pair(tmp_path):
         pair = take(dataset(jsonl(tmp_path / f"{name}.jsonl", [row]), **options), 1)[0]
         assert (pair.chosen, pair.rejected) == expected, name
         assert (targets(pair.chosen), targets(pair.rejected)) == ("4|", "5|"), name
-    # A system message in the shared prefix stays prompt; --sft.system_prompt style replacement applies to it.
+    # A system message in the shared prefix stays prompt; --chat.system_prompt style replacement applies to it.
     row = {"chosen": [system, user("2+2?"), assistant("4")], "rejected": [system, user("2+2?"), assistant("5")]}
     pair = take(dataset(jsonl(tmp_path / "sys.jsonl", [row]), system_prompt="Be exact."), 1)[0]
     assert (pair.chosen, pair.rejected) == expected_pair(

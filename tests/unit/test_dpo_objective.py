@@ -11,8 +11,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.helpers import REPO
-from titanium.config.sections import DataSection, DPOSection, JobConfig
+from tests.helpers import REPO, LocalModels
+from titanium.batch import Batch
+from titanium.config import JobConfig
+from titanium.config.sections import ChatSection, DataSection, DPOSection
 from titanium.config.validate import validate
 from titanium.data.chat import build_chat_template
 from titanium.data.preference import PreferenceDataset, PreferencePair
@@ -23,7 +25,7 @@ from titanium.model_builder import WeightSource
 from titanium.models import build_model_args, get_model_spec
 from titanium.tools import eval_preference
 from titanium.trainers.base import ModelOutput, ObjectiveContext
-from titanium.trainers.dpo import METRICS, DPOObjective, response_sums, token_logps
+from titanium.trainers.dpo import METRICS, DPOObjective, PreferenceFields, response_sums, token_logps
 from titanium.trainers.dpo_reference import ReferenceCache
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
@@ -56,14 +58,18 @@ def frozen(model: torch.nn.Module):
     """What the loop's frozen model does: the model's logits for a microbatch, without gradients."""
 
     @torch.no_grad()
-    def run(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        return model(batch["input"], positions=batch["positions"], document_ids=batch["document_ids"])
+    def run(batch: Batch) -> torch.Tensor:
+        return model(**batch.model_inputs())
 
     return run
 
 
 def never_built():
     raise AssertionError("the reference model must not be built when the cache has the log-probs")
+
+
+def local_models(reference=lambda: REFERENCE, identity: str = "reference A") -> LocalModels:
+    return LocalModels(reference, identity=identity)
 
 
 @pytest.fixture
@@ -74,9 +80,7 @@ def pairs_file(tmp_path: Path) -> Path:
     return path
 
 
-def objective(
-    tmp_path: Path, path: Path, cfg: DPOSection, frozen_model=lambda: frozen(REFERENCE), **ctx
-) -> DPOObjective:
+def objective(tmp_path: Path, path: Path, cfg: DPOSection, models=None, **ctx) -> DPOObjective:
     context = dict(
         tokenizer=TOKENIZER,
         model_name="llama3",
@@ -86,9 +90,8 @@ def objective(
         dp_rank=0,
         dp_world=1,
         seed=0,
-        frozen_model=frozen_model,
-        frozen_model_id="reference A",
-        chat_template="llama3",
+        models=models or local_models(),
+        chat=ChatSection("llama3"),
         dump_folder=str(tmp_path / "run"),
     )
     context.update(ctx)
@@ -113,10 +116,10 @@ def first_pairs(path: Path, n: int) -> list[PreferencePair]:
 def test_loss_and_metrics_equal_each_sequence_run_alone(tmp_path, pairs_file, packing):
     beta = 0.5
     obj = objective(tmp_path, pairs_file, DPOSection(beta=beta, packing=packing))
-    [batch] = obj.prepare([obj.next_microbatch()])
-    n = int(obj.count(batch))
+    [batch] = obj.prepare([obj.next_microbatch()]).batches
+    n = int(batch.units())
     assert n == PAIRS if not packing else n > PAIRS  # packed row pairs hold more pairs
-    result = obj.loss(ModelOutput(logits=POLICY(**obj.model_inputs(batch))), batch)
+    result = obj.loss(ModelOutput(logits=POLICY(**batch.model_inputs())), batch)
 
     losses, metrics = [], {name: [] for name in METRICS}
     for pair in first_pairs(pairs_file, n):
@@ -135,9 +138,10 @@ def test_loss_and_metrics_equal_each_sequence_run_alone(tmp_path, pairs_file, pa
         torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-4, msg=name)
 
 
-def reference_sums(batch: dict[str, torch.Tensor], slots: int, online: bool) -> torch.Tensor:
-    per_token = token_logps(frozen(REFERENCE)(batch), batch["label"]) if online else batch["reference_logps"]
-    return response_sums(per_token, batch["response_ids"], slots)
+def reference_sums(batch: Batch[PreferenceFields], slots: int, online: bool) -> torch.Tensor:
+    fields = batch.fields
+    per_token = token_logps(frozen(REFERENCE)(batch), fields.labels) if online else fields.reference_logps
+    return response_sums(per_token, fields.response_ids, slots)
 
 
 @pytest.mark.parametrize("packing", [False, True])
@@ -147,8 +151,10 @@ def test_cached_reference_logps_equal_online_ones(tmp_path, pairs_file, packing)
     online = objective(tmp_path, pairs_file, DPOSection(packing=packing))
     for _ in range(4):  # past the end of the 24 pairs: the second epoch reads the cache too
         a, b = cached.next_microbatch(), online.next_microbatch()
-        assert all(torch.equal(a[k], b[k]) for k in b)  # the same rows
-        assert cached.prepare([a]) == [a] and cached.reference is None  # nothing to run: the model is gone
+        same = [(a.tokens, b.tokens), (a.positions, b.positions), (a.fields.labels, b.fields.labels)]
+        assert all(torch.equal(x, y) for x, y in same)  # the same rows
+        assert b.fields.reference_logps is None and a.fields.reference_logps is not None  # cached: already there
+        assert cached.prepare([a]).batches[0] is a and cached.reference is None  # nothing to run: the model is gone
         expected = reference_sums(b, cached.slots, online=True)
         torch.testing.assert_close(reference_sums(a, cached.slots, online=False), expected, rtol=1e-5, atol=1e-5)
         assert (expected != 0).any()
@@ -163,13 +169,14 @@ def test_the_cache_is_read_back_and_keyed_by_what_the_values_depend_on(tmp_path,
     next(objective(tmp_path, pairs_file, cfg).loader)
     [first] = cache_files(tmp_path)
     assert (tmp_path / "run/reference_logps" / first).with_suffix(".json").is_file()  # what the key hashed
-    next(objective(tmp_path, pairs_file, cfg, frozen_model=never_built).loader)  # read, nothing built
-    assert cache_files(tmp_path) == [first]
+    models = local_models(never_built)
+    next(objective(tmp_path, pairs_file, cfg, models=models).loader)  # read, nothing built
+    assert cache_files(tmp_path) == [first] and models.released == 1  # the handle was let go at once
 
     changes = [
-        {"frozen_model_id": "reference B"},  # other weights, precision, ...
+        {"models": local_models(identity="reference B")},  # other weights, precision, ...
         {"seq_len": 48},
-        {"system_prompt": "Be brief."},
+        {"chat": ChatSection("llama3", system_prompt="Be brief.")},
         {"tokenizer": ByteTokenizer()},
     ]
     for n, change in enumerate(changes, start=2):

@@ -127,7 +127,7 @@ def test_broken_lines_are_bad_rows_named_by_file_and_row(tmp_path: Path) -> None
 
 
 def test_system_prompt_is_used_as_in_training(tmp_path: Path) -> None:
-    """--sft.system_prompt replaces or adds the system message of eval prompts exactly as of SFT samples."""
+    """--chat.system_prompt replaces or adds the system message of eval prompts exactly as of SFT samples."""
     rows = [
         _chat_row("What is 40 + 2?", "42"),
         {"messages": [{"role": "system", "content": "old"}, *_chat_row("q", "7")["messages"]]},
@@ -143,7 +143,7 @@ def test_system_prompt_is_used_as_in_training(tmp_path: Path) -> None:
     assert [s.prompt for s in evaluator.mine] == expected
     # The training sample of the same row starts with exactly the eval prompt, then the answer.
     sft = SFTDataset(
-        DataSection(kind="chat", path=cfg.path), SFTSection(system_prompt="Be brief."), tokenizer, template, 256
+        DataSection(kind="chat", path=cfg.path), SFTSection(), tokenizer, template, 256, system_prompt="Be brief."
     )
     sample = next(iter(sft))["tokens"]
     assert sample[: len(expected[0])] == expected[0]

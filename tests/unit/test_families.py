@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from tests.helpers import REPO
+from titanium.batch import Batch
 from titanium.checkpoint.hf import hf_model_args
 from titanium.config.loader import ConfigError
 from titanium.config.reference import render_reference
@@ -30,7 +31,7 @@ from titanium.models.hf_adapter import HFConfigError
 from titanium.parallel.dims import ParallelDims
 from titanium.tools.dry_run import dry_run
 from titanium.trainers.base import ModelOutput
-from titanium.trainers.cross_entropy import TokenCrossEntropy, cross_entropy_sum
+from titanium.trainers.cross_entropy import TokenCrossEntropy, TokenFields, cross_entropy_sum
 
 # Exact totals (a tied embedding counted once) and the size the Hugging Face hub shows for the published
 # checkpoints: Qwen/Qwen2.5-*, mistralai/Mistral-7B-v0.3, mistralai/Mistral-Nemo-Base-2407,
@@ -192,18 +193,18 @@ def test_gemma2_flex_and_dense_kernels_agree(documents: bool) -> None:
 def test_gemma2_chunked_cross_entropy_applies_the_final_cap() -> None:
     model = _gemma2()
     tokens, positions, documents = _packed()
-    batch = {"label": tokens.roll(-1, 1)}
-    full = cross_entropy_sum(model(tokens), batch["label"])
+    labels = tokens.roll(-1, 1)
+    full = cross_entropy_sum(model(tokens), labels)
     expected = torch.autograd.grad(full, [model.output.weight, model.layers["0"].attention.wq.weight])
     chunked = TokenCrossEntropy(16)
-    (batch,) = chunked.prepare([batch])
+    (batch,) = chunked.prepare([Batch(tokens, TokenFields(labels))])
     loss = chunked(ModelOutput(hidden=model(tokens, project=False), projection=model.output), batch)
     got = torch.autograd.grad(loss, [model.output.weight, model.layers["0"].attention.wq.weight])
     torch.testing.assert_close(loss, full, rtol=1e-5, atol=0)
     for a, b in zip(got, expected, strict=True):  # (sums in another order: 1e-6 of the largest entry)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6 * b.abs().max().item())
     with torch.no_grad():  # (the cap mattered: the uncapped logits score otherwise)
-        uncapped = cross_entropy_sum(model.output(model(tokens, project=False)).float(), batch["label"])
+        uncapped = cross_entropy_sum(model.output(model(tokens, project=False)).float(), labels)
     assert model.output.logit_softcap == 4.0 and not torch.allclose(uncapped, full, rtol=1e-3)
 
 

@@ -3,25 +3,24 @@ policy lag), its loss against values computed independently, its metrics, and it
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import statistics
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
-from titanium.config.sections import DataSection, GRPOSection
+from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, tiny_args, train_until_first_save
+from titanium.config.sections import ChatSection, DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
 from titanium.generation.rollout import Rollout, to_rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.parallel.distributed import shutdown_distributed
-from titanium.trainers.base import ModelOutput, ObjectiveContext
+from titanium.trainers.base import LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.trainers.grpo import GRPOObjective
 
 GROUP = 4
@@ -52,14 +51,6 @@ def _objective(
 ) -> GRPOObjective:
     """A GRPO objective as the loop builds it, lending ``model`` as the policy and a copy of it as the reference."""
     reference = copy.deepcopy(model).requires_grad_(False)
-
-    @contextlib.contextmanager
-    def lend() -> Iterator[Transformer]:
-        model.eval()
-        with torch.no_grad():
-            yield model
-        model.train()
-
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
         model_name="llama3",
@@ -69,9 +60,8 @@ def _objective(
         dp_rank=0,
         dp_world=1,
         seed=0,
-        frozen_model=lambda: lambda batch: reference(**objective.model_inputs(batch)),
-        chat_template="llama3",
-        policy=lend,
+        models=LocalModels(lambda: reference, policy=model),
+        chat=ChatSection("llama3"),
     )
     settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
     objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))
@@ -79,7 +69,7 @@ def _objective(
     return objective
 
 
-def _steps(objective: GRPOObjective, steps: int, microbatches: int = 1) -> tuple[list[list[dict]], list[int]]:
+def _steps(objective: GRPOObjective, steps: int, microbatches: int = 1) -> tuple[list[Prepared], list[int]]:
     """Serve ``steps`` steps (no training in between): each step's microbatches, and the steps that generated."""
     served, generated = [], []
     made = objective.batches_made
@@ -91,21 +81,26 @@ def _steps(objective: GRPOObjective, steps: int, microbatches: int = 1) -> tuple
     return served, generated
 
 
+def _means(prepared: Prepared, result: LossResult | None = None) -> dict[str, float]:
+    """The step's metrics as the loop shows them (sum / count), from prepare and from the loss."""
+    metrics = {**prepared.metrics, **(result.metrics if result is not None else {})}
+    return {name: total.item() / count.item() for name, (total, count) in metrics.items()}
+
+
 def test_a_rollout_batch_serves_ppo_epochs_x_minibatches_steps(tokenizer) -> None:
     objective = _objective(tokenizer, _model(tokenizer.vocab_size), ppo_epochs=2, minibatches=2)
     served, generated = _steps(objective, 8, microbatches=2)
     assert generated == [1, 5]  # one batch per 2 x 2 steps
     batch = objective.current
     assert batch is not None and batch.rows["tokens"].shape[0] == 2 * 8 * 2  # microbatches x responses x minibatches
-    first = torch.cat([mb["tokens"] for mb in served[0]])
-    second = torch.cat([mb["tokens"] for mb in served[1]])
+    first = torch.cat([mb.tokens for mb in served[0].batches])
+    second = torch.cat([mb.tokens for mb in served[1].batches])
     assert first.shape[0] == second.shape[0] == 16 and not torch.equal(first, second)  # the two minibatches
-    assert torch.equal(torch.cat([mb["tokens"] for mb in served[2]]), first)  # epoch 2: the same again
-    assert torch.equal(torch.cat([mb["tokens"] for mb in served[3]]), second)
-    lags = [float(step[0]["grpo/policy_lag"][0]) for step in served]
+    assert torch.equal(torch.cat([mb.tokens for mb in served[2].batches]), first)  # epoch 2: the same again
+    assert torch.equal(torch.cat([mb.tokens for mb in served[3].batches]), second)
+    lags = [_means(step)["grpo/policy_lag"] for step in served]
     assert lags == [0, 1, 2, 3, 0, 1, 2, 3]  # each step on the same rollouts is one update further from them
-    assert objective.tokens({}) == served[-1][0]["tokens"].numel()
-    assert "generated_tokens" in served[0][0] and "generated_tokens" not in served[1][0]
+    assert "grpo/gen_tokens_per_s" in served[0].metrics and "grpo/gen_tokens_per_s" not in served[1].metrics
 
 
 LAG_CASES = [(1, [0, 1, 1, 2, 1, 2], [1, 2, 4, 6]), (2, [0, 1, 2, 3, 2, 3], [1, 3, 5])]
@@ -116,7 +111,7 @@ def test_bounded_policy_lag_makes_the_next_batch_while_this_one_trains(tokenizer
     """minibatches 2: a batch serves 2 steps. Its successor is made as early as its lag at first use allows."""
     objective = _objective(tokenizer, _model(tokenizer.vocab_size), minibatches=2, max_policy_lag=max_lag)
     served, made_at = _steps(objective, 6)
-    assert [float(step[0]["grpo/policy_lag"][0]) for step in served] == lags
+    assert [_means(step)["grpo/policy_lag"] for step in served] == lags
     assert made_at == generated
     first_uses = [lag for i, lag in enumerate(lags) if i % 2 == 0][1:]
     assert max(first_uses) == max_lag and objective.queue.dropped == 0
@@ -146,7 +141,8 @@ def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) 
     (n_i: response i's tokens), clip fraction and KL are 0, and the metrics are plain means of the rollouts."""
     model = _model(tokenizer.vocab_size)
     objective = _objective(tokenizer, model, local_batch_size=8, beta=0.1)
-    (microbatch,) = objective.prepare([objective.next_microbatch()])
+    prepared = objective.prepare([objective.next_microbatch()])
+    (microbatch,) = prepared.batches
     rows = objective.current.rows
     rewards = rows["grpo/reward"].tolist()
     lengths = rows["loss_mask"].sum(dim=1)
@@ -154,19 +150,19 @@ def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) 
     advantages = _independent_advantages(rewards)
     assert rows["advantages"].tolist() == pytest.approx(advantages, rel=1e-5, abs=1e-6)
 
-    logits = model(**objective.model_inputs(microbatch))
+    logits = model(**microbatch.model_inputs())
     result = objective.loss(ModelOutput(logits=logits), microbatch)
     expected = -sum(a * float(n) for a, n in zip(advantages, lengths))
     assert result.loss_sum.item() == pytest.approx(expected, rel=1e-4, abs=1e-4)
-    assert objective.count(microbatch).item() == lengths.sum().item()
-    metrics = {name: (total.item() / count.item()) for name, (total, count) in result.metrics.items()}
+    assert microbatch.units().item() == lengths.sum().item()
+    metrics = _means(prepared, result)
     assert metrics["grpo/reward"] == pytest.approx(statistics.fmean(rewards), rel=1e-6)
     assert metrics["grpo/response_len"] == pytest.approx(lengths.float().mean().item())
     assert metrics["grpo/clip_frac"] == 0 and metrics["grpo/kl"] == pytest.approx(0, abs=1e-6)
     group_stds = [statistics.stdev(rewards[g : g + GROUP]) for g in range(0, len(rewards), GROUP)]
     assert metrics["grpo/reward_std"] == pytest.approx(statistics.fmean(group_stds), rel=1e-5)
     assert metrics[f"grpo/reward/{__name__}:characters"] == pytest.approx(metrics["grpo/reward"])
-    responses = [row[: int(n)] for row, n in zip(microbatch["tokens"][:, -6:].tolist(), lengths)]
+    responses = [row[: int(n)] for row, n in zip(microbatch.tokens[:, -6:].tolist(), lengths)]
     truncated = [not any(t in objective.stop_ids for t in response) for response in responses]
     assert metrics["grpo/truncated"] == pytest.approx(statistics.fmean(truncated))
     assert 0 < metrics["grpo/entropy"] <= torch.log(torch.tensor(float(tokenizer.vocab_size))).item()
@@ -181,23 +177,24 @@ def test_after_an_update_the_ratio_clip_and_kl_follow_the_formulas(tokenizer) ->
     model = _model(tokenizer.vocab_size)
     beta, eps = 0.1, 0.05
     objective = _objective(tokenizer, model, beta=beta, ppo_epochs=2, epsilon_low=eps, epsilon_high=eps)
-    (first,) = objective.prepare([objective.next_microbatch()])
-    objective.loss(ModelOutput(logits=model(**objective.model_inputs(first))), first).loss_sum.backward()
+    (first,) = objective.prepare([objective.next_microbatch()]).batches
+    objective.loss(ModelOutput(logits=model(**first.model_inputs())), first).loss_sum.backward()
     with torch.no_grad():
         for p in model.parameters():
             p -= 0.5 * p.grad.sign() * 1e-2  # a large enough step that some ratios leave [1 - eps, 1 + eps]
-    (second,) = objective.prepare([objective.next_microbatch()])
-    assert torch.equal(second["tokens"], first["tokens"])
-    logits = model(**objective.model_inputs(second))
+    (second,) = objective.prepare([objective.next_microbatch()]).batches
+    assert torch.equal(second.tokens, first.tokens)
+    logits = model(**second.model_inputs())
     result = objective.loss(ModelOutput(logits=logits), second)
 
-    width = second["old_logprobs"].shape[1]
+    fields = second.fields
+    width = fields.old_logprobs.shape[1]
     logp = torch.log_softmax(logits[:, -width - 1 : -1].double(), dim=-1)
-    logp = logp.gather(-1, second["tokens"][:, -width:, None]).squeeze(-1)
-    mask, adv = second["loss_mask"], second["advantages"].double()
-    ratio = torch.exp(logp - second["old_logprobs"].double())
+    logp = logp.gather(-1, second.tokens[:, -width:, None]).squeeze(-1)
+    mask, adv = fields.loss_mask, fields.advantages.double()
+    ratio = torch.exp(logp - fields.old_logprobs.double())
     policy = -torch.minimum(ratio * adv[:, None], ratio.clamp(1 - eps, 1 + eps) * adv[:, None])
-    log_ref_ratio = second["ref_logprobs"].double() - logp
+    log_ref_ratio = fields.ref_logprobs.double() - logp
     kl = torch.exp(log_ref_ratio) - log_ref_ratio - 1
     expected = ((policy + beta * kl) * mask).sum().item()
     assert result.loss_sum.item() == pytest.approx(expected, rel=1e-5)
@@ -210,12 +207,12 @@ def test_after_an_update_the_ratio_clip_and_kl_follow_the_formulas(tokenizer) ->
 def test_truncated_responses_masked_and_sequence_units(tokenizer) -> None:
     model = _model(tokenizer.vocab_size)
     objective = _objective(tokenizer, model, stop_every=16, mask_truncated=True, loss_type="grpo")
-    (microbatch,) = objective.prepare([objective.next_microbatch()])
-    finished = microbatch["grpo/truncated"] == 0
+    (microbatch,) = objective.prepare([objective.next_microbatch()]).batches
+    finished = objective.current.rows["grpo/truncated"] == 0
     assert finished.any() and not finished.all(), "degenerate test"
-    mask = microbatch["loss_mask"]
+    mask = microbatch.fields.loss_mask
     assert not mask[~finished].any() and mask[finished].any(dim=1).all()
-    assert objective.count(microbatch).item() == len(finished)  # units: every response, masked ones too (TRL)
+    assert microbatch.units().item() == len(finished)  # units: every response, masked ones too (TRL)
 
 
 def test_resume_makes_the_in_flight_batch_again_from_the_same_prompts(tokenizer) -> None:
@@ -232,7 +229,7 @@ def test_resume_makes_the_in_flight_batch_again_from_the_same_prompts(tokenizer)
     replay, generated = _steps(again, 4)
     assert generated == [1, 3]
     for got, want in zip(replay, served):
-        assert torch.equal(got[0]["tokens"], want[0]["tokens"])
+        assert torch.equal(got.batches[0].tokens, want.batches[0].tokens)
     at_boundary = straight.state_dict()  # after step 4 the second batch is used up
     assert at_boundary["batches_made"] == 2 and at_boundary["prompts"] == straight.prompts.state_dict()
 
@@ -257,17 +254,19 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
         return to_rollout(samples, GROUP, out, objective.rewards, tokenizer)
 
     objective.sample = answer_every_other
-    (microbatch,) = objective.prepare([objective.next_microbatch()])
-    result = objective.loss(ModelOutput(logits=model(**objective.model_inputs(microbatch))), microbatch)
-    metrics = {name: (total.item() / count.item()) for name, (total, count) in result.metrics.items()}
+    prepared = objective.prepare([objective.next_microbatch()])
+    (microbatch,) = prepared.batches
+    result = objective.loss(ModelOutput(logits=model(**microbatch.model_inputs())), microbatch)
+    metrics = _means(prepared, result)
     assert metrics["grpo/accuracy"] == metrics["grpo/reward/exact_match"] == 0.5
     assert metrics["grpo/reward/format"] == 0 and metrics["grpo/reward"] == 0.5
-    assert microbatch["advantages"][0::2].gt(0).all() and microbatch["advantages"][1::2].lt(0).all()
+    advantages = microbatch.fields.advantages
+    assert advantages[0::2].gt(0).all() and advantages[1::2].lt(0).all()
 
 
 GRPO_JOB = (
     "--training.objective", "grpo",
-    "--data.kind", "chat", "--data.path", TASKS, "--sft.chat_template", "llama3",
+    "--data.kind", "chat", "--data.path", TASKS, "--chat.chat_template", "llama3",
     "--grpo.group_size", "4", "--grpo.max_new_tokens", "6", "--grpo.max_prompt_len", "40",
     "--grpo.rewards", f"{__name__}:characters", "--grpo.minibatches", "2",
     "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
@@ -291,3 +290,21 @@ def test_the_loop_resumes_a_grpo_run_exactly_where_a_rollout_batch_ends(make_tra
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
         assert [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
     assert len({expected[s] for s in range(1, 7)}) > 1
+
+
+def test_a_step_retried_under_fault_tolerance_trains_on_the_same_rollouts(make_trainer, tmp_path) -> None:
+    """A step the replica groups do not commit is run again on the same prepared microbatches: prepare (which
+    serves the next minibatch of rollouts, and counts policy versions) is not repeated, so the run logs what an
+    uninterrupted one does."""
+    common = (*GRPO_JOB, "--training.steps", "3", "--debug.deterministic")
+    make_trainer(*tiny_args(tmp_path / "straight", *common)).train()
+    shutdown_distributed()
+
+    retried = make_trainer(*tiny_args(tmp_path / "retried", *common))
+    votes = iter([False])  # the first vote fails (a group died mid-step), every later one commits
+    retried.fault_tolerance.commit_gradients = lambda model: next(votes, True)
+    retried.train()
+    assert retried.objective.version == 3
+    for tag in (LOSS_TAG, "grpo/reward"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "retried/tb", tag)
+        assert got == expected, tag

@@ -10,6 +10,7 @@ produce such shards in practice run in ``tests/distributed/test_hf_streaming.py`
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from safetensors.torch import save_file
 import titanium.checkpoint.hf_stream as hf_stream
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.models import build_model_args, get_model_spec, list_models
+from titanium.models.reward_hf import sequence_classification_adapter
 
 
 def made_up_shard(shape: torch.Size, generator: torch.Generator) -> list[torch.Tensor | None]:
@@ -36,14 +38,20 @@ def made_up_shard(shape: torch.Size, generator: torch.Generator) -> list[torch.T
     return index
 
 
-@pytest.mark.parametrize("model", list_models())
+@pytest.mark.parametrize("model", [*list_models(), "phi3_reward"])
 def test_shards_read_equal_the_whole_conversion(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model: str) -> None:
-    spec = get_model_spec(model)
+    """(``phi3_reward``: the sequence-classification adapter around Phi-3's, with its fused tensors.)"""
+    spec = get_model_spec(model.removesuffix("_reward"))
     args = build_model_args(spec, next(iter(spec.flavors)), vocab_size=64)
     if model == "qwen3":  # the other tied families are covered by their flavors; check untied Qwen3 too
         args = type(args)(**{**vars(args), "tie_word_embeddings": False})
+    adapter = spec.hf_adapter
     with torch.device("meta"):
-        shapes = {k: v.shape for k, v in spec.model_cls(args).state_dict().items() if spec.hf_adapter.has_hf_slot(k)}
+        shapes = {k: v.shape for k, v in spec.model_cls(args).state_dict().items() if adapter.has_hf_slot(k)}
+    if model.endswith("_reward"):
+        adapter = sequence_classification_adapter(adapter, pad_token_id=0)
+        shapes[adapter.output_key] = torch.Size([1, args.dim])
+    spec = dataclasses.replace(spec, hf_adapter=adapter)
     generator = torch.Generator().manual_seed(0)
     ours = {key: torch.randn(shape, generator=generator) for key, shape in shapes.items()}
     if spec.hf_adapter.tied(args):

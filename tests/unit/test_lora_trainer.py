@@ -14,7 +14,7 @@ SFT = (
     "--training.objective", "sft",
     "--data.kind", "chat",
     "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--sft.chat_template", "llama3",
+    "--chat.chat_template", "llama3",
     "--optimizer.lr", "3e-3",
     "--debug.deterministic",
 )  # fmt: skip

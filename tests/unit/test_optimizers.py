@@ -183,10 +183,10 @@ def test_in_backward_resume_equals_uninterrupted_run(make_trainer, tmp_path):
 def test_in_backward_step_reports_its_grad_norm_on_the_training_device(make_trainer, tmp_path):
     """No gradient is left after an in-backward step, so there is no norm to measure; the placeholder must still
     live on the training device, where the step guard stacks it with the loss (on the H200 it was made on the
-    CPU and the guard failed). A CPU-only check: the trainer told its device is ``meta`` must answer on ``meta``."""
+    CPU and the guard failed). A CPU-only check: the step executor told its device is ``meta`` answers on ``meta``."""
     trainer = make_trainer(*tiny_args(tmp_path, "--optimizer.early_step_in_backward", "--training.max_norm", "0"))
     assert all(p.grad is None for p in trainer.model.parameters())
-    trainer.device = torch.device("meta")
+    trainer.executor.device = torch.device("meta")
     assert trainer._clip_grad_norm().device == torch.device("meta")
 
 

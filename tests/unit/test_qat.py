@@ -66,7 +66,7 @@ def test_lora_adapts_the_fake_quantized_layers(make_trainer, tmp_path):
         "--training.objective", "sft",
         "--data.kind", "chat",
         "--data.path", "assets/tasks/arithmetic/train.jsonl",
-        "--sft.chat_template", "llama3",
+        "--chat.chat_template", "llama3",
         "--lora.rank", "4",
     )  # fmt: skip
     trainer = _trained(make_trainer, tmp_path / "qlora", *sft)

@@ -99,10 +99,10 @@ def test_bad_reward_names_and_values(tmp_path: Path, monkeypatch) -> None:
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     for spec, message in [
-        ("exact", "unknown reward function 'exact'; built in: exact_match, format"),
-        ("no_such_module:f", "cannot import 'no_such_module'"),
-        ("bad_rewards:missing", "bad_rewards has no function 'missing'"),
-        ("bad_rewards:NOT_A_FUNCTION", "has no function 'NOT_A_FUNCTION'"),
+        ("exact", "'exact' is not a known reward function; valid: exact_match, format"),
+        ("no_such_module:f", "cannot import no_such_module:f (No module named 'no_such_module')"),
+        ("bad_rewards:missing", "module 'bad_rewards' has no attribute 'missing'"),
+        ("bad_rewards:NOT_A_FUNCTION", "'bad_rewards:NOT_A_FUNCTION' is not a function"),
     ]:
         with pytest.raises(ConfigError, match="--grpo.rewards") as err:
             RewardSet([spec])

@@ -38,8 +38,9 @@ def chat(user: str, answer: str, system: str | None = None) -> dict:
 def dataset(path: str, seq_len: int = 256, kind: str = "chat", **options: Any) -> SFTDataset:
     data_keys = set(DataSection.__dataclass_fields__)
     data = DataSection(kind=kind, path=path, **{k: v for k, v in options.items() if k in data_keys})  # type: ignore[arg-type]
+    system_prompt = options.pop("system_prompt", None)
     sft = SFTSection(**{k: v for k, v in options.items() if k not in data_keys})
-    return SFTDataset(data, sft, TOK, TEMPLATE, seq_len)
+    return SFTDataset(data, sft, TOK, TEMPLATE, seq_len, system_prompt=system_prompt)
 
 
 def take(iterable, n: int) -> list:

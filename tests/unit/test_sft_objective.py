@@ -76,5 +76,5 @@ def test_padding_share_counts_padding_not_eos_standing_in_for_pad(tmp_path: Path
     ctx = ObjectiveContext(tokenizer, "llama3", tokenizer.vocab_size, seq_len, 2, dp_rank=0, dp_world=1, seed=0)
     objective = SFTObjective(ctx, DataSection(kind="text", path=str(path)), SFTSection(packing=packing))
     batch = objective.next_microbatch()
-    assert int((batch["input"] == tokenizer.eos_id).sum()) > (0 if packing else 6)  # EOS is everywhere
+    assert int((batch.tokens == tokenizer.eos_id).sum()) > (0 if packing else 6)  # EOS is everywhere
     assert objective.log_metrics()["data/padding_pct"] == pytest.approx(expected_pct)

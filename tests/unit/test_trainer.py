@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from tests.helpers import scalars, tiny_args, train_until_first_save
+from titanium.batch import Batch
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainer import Trainer
+from titanium.trainers.cross_entropy import TokenFields
 
 
 def grads_after_one_step(trainer: Trainer) -> dict[str, torch.Tensor]:
@@ -38,11 +40,12 @@ def test_grad_accumulation_is_a_token_mean_with_padding(make_trainer, tmp_path):
     """Microbatches with different numbers of valid tokens: the step is the mean over all valid tokens."""
     trainer = make_trainer(*tiny_args(tmp_path, "--data.kind", "synthetic", "--training.local_batch_size", "2"))
     a, b = trainer.objective.next_microbatch(), trainer.objective.next_microbatch()
-    b["label"][:, 10:] = -100  # second microbatch mostly padding
+    b.fields.labels[:, 10:] = -100  # second microbatch mostly padding
     trainer.forward_backward([a, b])
     accumulated = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
     trainer.optimizer.zero_grad()
-    trainer.forward_backward([{k: torch.cat([a[k], b[k]]) for k in a}])
+    both = Batch(torch.cat([a.tokens, b.tokens]), TokenFields(torch.cat([a.fields.labels, b.fields.labels])))
+    trainer.forward_backward([both])
     for name, p in trainer.model.named_parameters():
         torch.testing.assert_close(accumulated[name], p.grad, rtol=1e-5, atol=1e-7, msg=name)
 

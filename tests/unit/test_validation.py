@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from tests.helpers import scalars, tiny_args
+from tests.helpers import REPO, scalars, tiny_args
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainers import build_objective
 from titanium.trainers.base import IGNORE_INDEX
@@ -31,15 +32,13 @@ def direct_validation_loss(trainer) -> float:
     tokens and divided by their number (the validation data read by a fresh objective, the loss by hand)."""
     cfg = trainer.cfg
     data = dataclasses.replace(cfg.data, path=cfg.validation.path)
-    held_out = build_objective(
-        cfg.training.objective, trainer._objective_ctx, data, getattr(cfg, cfg.training.objective, None)
-    )
+    held_out = build_objective(cfg.training.objective, trainer._objective_ctx, data, cfg)
     total, count = 0.0, 0
     with torch.no_grad():
         for _ in range(BATCHES):
             batch = held_out.next_microbatch()
-            logits = trainer.model(**held_out.model_inputs(batch))
-            labels = batch["label"]
+            logits = trainer.model(**batch.model_inputs())
+            labels = batch.fields.labels
             total += F.cross_entropy(
                 logits.flatten(0, 1), labels.flatten(), reduction="sum", ignore_index=IGNORE_INDEX
             ).item()
@@ -67,3 +66,22 @@ def test_validation_loss_is_the_held_out_cross_entropy(make_trainer, tmp_path, o
     plain.train()
     plain.metrics.close()
     assert scalars(tmp_path / "plain/tb") == scalars(tmp_path / "val/tb")  # same training losses, bit for bit
+
+
+def test_dpo_validation_counts_pairs_and_shows_no_perplexity(make_trainer, tmp_path):
+    """A DPO loss is a mean over pairs, not a token cross-entropy: no perplexity, and the count is of pairs."""
+    pairs = tmp_path / "pairs.jsonl"
+    lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines(keepends=True)
+    pairs.write_text("".join(lines[:8]))
+    dpo = (
+        "--training.objective", "dpo", "--data.kind", "preference", "--data.path", str(pairs),
+        "--chat.chat_template", "llama3", "--training.local_batch_size", "2", "--training.steps", "1",
+        "--validation.interval", "1", "--validation.steps", "2", "--validation.path", str(pairs),
+    )  # fmt: skip
+    trainer = make_trainer(*tiny_args(tmp_path / "run", *dpo))
+    trainer.train()
+    trainer.metrics.close()
+    tags = EventAccumulator(str(tmp_path / "run/tb")).Reload().Tags()["scalars"]
+    assert {"validation/loss", "validation/pairs"} <= set(tags)
+    assert "validation/perplexity" not in tags and "validation/tokens" not in tags
+    assert scalars(tmp_path / "run/tb", "validation/pairs") == {1: 4.0}  # 2 microbatches of 2 pairs

@@ -202,11 +202,12 @@ def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: M
 
     The expected Hugging Face keys and shapes are what the adapter makes of empty (meta) tensors of ours, so
     renamed, permuted and fused tensors (Phi-3's ``qkv_proj``) are checked alike. A tied checkpoint may hold
-    ``lm_head`` anyway (some exporters store it); it is ignored.
+    ``lm_head`` anyway (some exporters store it), and a reward model started from a causal LM skips its
+    ``lm_head``: the adapter's ``ignored_hf_keys``.
     """
     meta = {key: torch.empty(shape, device="meta") for key, shape in expected.items()}
     wanted = {key: tuple(value.shape) for key, value in adapter.to_hf(meta, args).items()}
-    tolerated = {adapter.hf_key(adapter.output_key)} if adapter.tied(args) and adapter.output_key in expected else set()
+    tolerated = adapter.ignored_hf_keys(args, expected)
     missing = set(wanted) - set(ckpt.shapes)
     unknown = set(ckpt.shapes) - set(wanted) - tolerated
     wrong = [
@@ -244,6 +245,8 @@ def load_hf_weights(
     """
     ckpt = HFCheckpoint.open(folder)
     base = {k: v for k, v in model.state_dict().items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
+    if whole is not None:
+        whole = {k: shape for k, shape in whole.items() if adapter.has_hf_slot(k)}
     check_hf_keys(ckpt, adapter, args, {k: tuple(v.shape) for k, v in base.items()} if whole is None else whole)
     try:
         with SliceReader(ckpt.folder, ckpt.weight_map) as reader:

@@ -16,9 +16,11 @@ from typing import Any, Literal, get_args, get_origin
 
 import tyro
 
-from titanium.config.sections import JobConfig
+from titanium.config.components import OBJECTIVES
+from titanium.config.errors import ConfigError
+from titanium.config.moved import move_flags, move_toml_keys
+from titanium.config.registry import SectionSpec, job_config_class
 from titanium.config.validate import validate
-from titanium.errors import UserError
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -26,34 +28,45 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
-class ConfigError(UserError, ValueError):
-    """A user mistake in the job config; reported as one line, exit code 2, no traceback."""
-
-    label = "config error"
-
-
-def load_config(argv: list[str]) -> JobConfig:
-    """Parse `argv` (without the program name) into a validated JobConfig."""
-    base = JobConfig()
-    config_file = _find_config_file(argv)
+def load_config(argv: list[str]) -> Any:
+    """Parse `argv` (without the program name) into a validated job config (titanium.config.JobConfig, plus the
+    section of an objective given by import path)."""
+    argv = move_flags(argv)
+    config_file = _flag(argv, "--job.config_file")
+    data = move_toml_keys(_read_toml(config_file), config_file) if config_file is not None else {}
+    training = data.get("training", {})
+    objective = _flag(argv, "--training.objective") or (
+        training.get("objective") if isinstance(training, dict) else None
+    )
+    job_config = job_config_class(_objective_sections(objective or "pretrain"))
+    base = job_config()
     if config_file is not None:
-        _apply_toml(base, _read_toml(config_file))
+        _apply_toml(base, data, config_file)
         base.job.config_file = config_file
-    cfg = tyro.cli(JobConfig, args=argv, default=base, use_underscores=True)
+    cfg = tyro.cli(job_config, args=argv, default=base, use_underscores=True)
     for problem in validate(cfg):
         raise ConfigError(problem)
     return cfg
 
 
-def _find_config_file(argv: list[str]) -> str | None:
-    names = ("--job.config_file", "--job.config-file")
+def _objective_sections(objective: str) -> tuple[SectionSpec, ...]:
+    """The section of an objective given by import path (registered ones have theirs in the job config)."""
+    if not isinstance(objective, str) or objective in OBJECTIVES or ":" not in objective:
+        return ()  # (validation names what is wrong)
+    section = OBJECTIVES.section(objective)
+    return (section,) if section is not None else ()
+
+
+def _flag(argv: list[str], name: str) -> str | None:
+    """The value of ``--section.key`` in ``argv`` (also spelled with hyphens, or ``=value``), if given."""
+    names = (name, name.replace("_", "-"))
     for i, arg in enumerate(argv):
         if arg in names:
             if i + 1 >= len(argv):
-                raise ConfigError("--job.config_file needs a path to a TOML file")
+                raise ConfigError(f"{name} needs a value")
             return argv[i + 1]
-        for name in names:
-            if arg.startswith(name + "="):
+        for spelling in names:
+            if arg.startswith(spelling + "="):
                 return arg.split("=", 1)[1]
     return None
 
@@ -68,9 +81,8 @@ def _read_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
 
 
-def _apply_toml(cfg: JobConfig, data: dict[str, Any]) -> None:
+def _apply_toml(cfg: Any, data: dict[str, Any], where: str) -> None:
     """Copy TOML sections onto the default config, checking names and types."""
-    where = cfg.job.config_file or "config"
     sections = {f.name: f for f in dataclasses.fields(cfg)}
     for section_name, values in data.items():
         if section_name not in sections:
@@ -128,7 +140,7 @@ def _type_problem(value: Any, hint: Any) -> str | None:
     raise AssertionError(f"config field type {hint!r} has no TOML check; add it to _type_problem")
 
 
-def to_toml_dict(cfg: JobConfig) -> dict[str, Any]:
+def to_toml_dict(cfg: Any) -> dict[str, Any]:
     """The resolved config as TOML-ready nested dicts (None values dropped: TOML has no null)."""
     return {
         name: {k: v for k, v in section.items() if v is not None} for name, section in dataclasses.asdict(cfg).items()

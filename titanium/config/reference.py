@@ -11,7 +11,7 @@ import dataclasses
 import inspect
 import typing
 
-from titanium.config.sections import JobConfig
+from titanium.config.components import JobConfig
 
 
 def field_docs(cls: type) -> dict[str, str]:

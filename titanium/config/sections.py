@@ -1,7 +1,9 @@
 """One dataclass per TOML section. Each component receives its own section, never the whole job.
 
 Every field has a default and a docstring; the docstrings are what `--help` and
-`docs/configuration.md` show, so write them for users. Range checks live in `validate.py`.
+`docs/configuration.md` show, so write them for users. Range checks live in `validate.py`. The job config is
+``CoreConfig`` plus the sections of the registered components (titanium/config/components.py); component sections
+live here too because the loader must read them before anything heavy is imported.
 """
 
 from __future__ import annotations
@@ -110,9 +112,9 @@ class DataSection:
 class TrainingSection:
     objective: str = "pretrain"
     """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows),
-    sft (supervised fine-tuning on chat/instruct/text samples; see [sft]) or dpo (preference pairs against
-    a frozen reference; see [dpo]); or your own objective class as 'package.module:ClassName' (see
-    docs/extending.md)."""
+    sft (supervised fine-tuning on chat/instruct/text samples; see [sft]), dpo (preference pairs against
+    a frozen reference; see [dpo]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
+    objective class as 'package.module:ClassName', whose config section comes with it (see docs/extending.md)."""
     steps: int = 1000
     """Number of optimizer steps to train for."""
     local_batch_size: int = 8
@@ -375,17 +377,23 @@ class DebugSection:
 
 
 @dataclass
-class SFTSection:
+class ChatSection:
     chat_template: Literal["auto", "llama3", "chatml", "qwen3", "tokenizer"] = "auto"
-    """How messages become tokens. llama3: <|start_header_id|>role<|end_header_id|>... <|eot_id|>.
-    chatml: <|im_start|>role ... <|im_end|> (Qwen). qwen3: ChatML as Qwen3's own template renders chats
-    without reasoning (the last answer opens with an empty <think></think> block, not learned).
-    tokenizer: the HF tokenizer's own Jinja chat_template. auto: the tokenizer's template if it has
-    one, else the model family's format (llama3, qwen3). DPO's pairs and the evaluation use it too."""
+    """How messages become tokens, for every objective that reads conversations (SFT samples, DPO pairs, GRPO
+    prompts) and for evaluation. llama3: <|start_header_id|>role<|end_header_id|>... <|eot_id|>. chatml:
+    <|im_start|>role ... <|im_end|> (Qwen). qwen3: ChatML as Qwen3's own template renders chats without reasoning
+    (the last answer opens with an empty <think></think> block, not learned). tokenizer: the HF tokenizer's own
+    Jinja chat_template. auto: the tokenizer's template if it has one, else the model family's format (llama3,
+    qwen3). Formerly [sft] chat_template, which is still read (with a deprecation warning)."""
+    system_prompt: str | None = None
+    """Replace (or add) the system message of every conversation (SFT samples, DPO pairs, GRPO and evaluation
+    prompts). Formerly [sft] system_prompt, which is still read (with a deprecation warning)."""
+
+
+@dataclass
+class SFTSection:
     train_on_input: bool = False
     """Also put loss on system/user (prompt) tokens. Off by default: only assistant tokens are learned."""
-    system_prompt: str | None = None
-    """Replace (or add) the system message of every sample (and of DPO's pairs and evaluation prompts)."""
     on_long_sample: Literal["truncate", "drop"] = "truncate"
     """A sample longer than training.seq_len is cut to fit (truncate) or left out (drop); either is
     counted in the log."""
@@ -402,9 +410,10 @@ class DPOSection:
     """How strongly the policy is held to the reference: the loss sees beta x (policy - reference)
     log-ratio differences. Small beta lets the policy move far from the reference; for ipo it is the
     regularization strength tau (the target margin is 1 / (2 beta))."""
-    loss_type: Literal["sigmoid", "ipo", "hinge"] = "sigmoid"
+    loss_type: str = "sigmoid"
     """sigmoid: DPO, -log sigmoid(beta h) with h the chosen-minus-rejected log-ratio difference.
-    ipo: (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC)."""
+    ipo: (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). Or your own per-pair loss as
+    'package.module:function', called as fn(h, dpo_section) (see titanium/config/components.py)."""
     label_smoothing: float = 0.0
     """Conservative DPO (loss_type sigmoid only): the share of pairs assumed mislabeled, in [0, 0.5);
     the loss becomes -(1-e) log sigmoid(beta h) - e log sigmoid(-beta h)."""
@@ -549,9 +558,10 @@ class GuardsSection:
 @dataclass
 class ValidationSection:
     interval: int = 0
-    """Every N steps (and after the last), compute the loss and perplexity on held-out data: the training
-    objective's data pipeline on validation.path, its loss, forward only, under the same parallel plan (FSDP, TP,
-    PP, CP). Logged as validation/loss and validation/perplexity. 0 turns validation off."""
+    """Every N steps (and after the last), compute the loss on held-out data: the training objective's data
+    pipeline on validation.path, its loss, forward only, under the same parallel plan (FSDP, TP, PP, CP). Logged as
+    validation/loss, the number of loss units it averages (validation/tokens; validation/pairs for DPO) and, for a
+    token loss, validation/perplexity. 0 turns validation off."""
     path: str = "assets/corpus/validation.jsonl"
     """Held-out data in the training data's format ([data] kind and columns). Every validation reads it from its
     start, so the numbers are comparable over the run. With data.kind synthetic the windows are drawn from another
@@ -703,18 +713,19 @@ class FaultToleranceSection:
 
 
 @dataclass
-class JobConfig:
-    """The whole job. Built from dataclass defaults < TOML file < CLI flags."""
+class CoreConfig:
+    """The job: the loop's own sections. Each component registered in titanium/config/components.py adds its
+    section after these (titanium/config/registry.py); built from dataclass defaults < TOML file < CLI flags."""
 
     job: JobSection = field(default_factory=JobSection)
     model: ModelSection = field(default_factory=ModelSection)
     tokenizer: TokenizerSection = field(default_factory=TokenizerSection)
     data: DataSection = field(default_factory=DataSection)
+    chat: ChatSection = field(default_factory=ChatSection)
     training: TrainingSection = field(default_factory=TrainingSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     lr_scheduler: LRSchedulerSection = field(default_factory=LRSchedulerSection)
     parallelism: ParallelismSection = field(default_factory=ParallelismSection)
-    moe: MoESection = field(default_factory=MoESection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     activation_checkpoint: ActivationCheckpointSection = field(default_factory=ActivationCheckpointSection)
     compile: CompileSection = field(default_factory=CompileSection)
@@ -722,14 +733,6 @@ class JobConfig:
     comm: CommSection = field(default_factory=CommSection)
     profiling: ProfilingSection = field(default_factory=ProfilingSection)
     debug: DebugSection = field(default_factory=DebugSection)
-    sft: SFTSection = field(default_factory=SFTSection)
-    dpo: DPOSection = field(default_factory=DPOSection)
-    lora: LoRASection = field(default_factory=LoRASection)
-    float8: Float8Section = field(default_factory=Float8Section)
-    qat: QATSection = field(default_factory=QATSection)
-    eval: EvalSection = field(default_factory=EvalSection)
-    validation: ValidationSection = field(default_factory=ValidationSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
-    grpo: GRPOSection = field(default_factory=GRPOSection)
     rollout: RolloutSection = field(default_factory=RolloutSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

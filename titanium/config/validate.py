@@ -10,7 +10,8 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-from titanium.config.sections import GRPOSection, JobConfig, RolloutSection
+from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
+from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 
 PIPELINE_SCHEDULES = (
@@ -23,9 +24,6 @@ PIPELINE_SCHEDULES = (
     "DualPipeV",
 )
 """torch's schedule names (torch.distributed.pipelining.schedules.get_schedule_class)."""
-
-OBJECTIVE_NAMES = ("pretrain", "sft", "dpo", "grpo")
-"""The built-in objectives (titanium/trainers/); their config section has the same name."""
 
 _LOCAL_SUFFIXES = (".json", ".jsonl", ".parquet", ".txt", ".gz", ".zst")
 
@@ -166,9 +164,9 @@ def validate(cfg: JobConfig) -> Iterator[str]:
 def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
     """SFT data, LoRA and evaluation: the combinations that cannot work, named before anything starts."""
     objective, kind, par = cfg.training.objective, cfg.data.kind, cfg.parallelism
-    if objective not in OBJECTIVE_NAMES and ":" not in objective:
+    if not OBJECTIVES.known(objective):
         yield (
-            f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVE_NAMES)}, "
+            f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVES.names())}, "
             "or your own as 'package.module:ClassName'"
         )
     if kind in ("chat", "instruct") and objective not in ("sft", "grpo"):
@@ -228,6 +226,11 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
             "dpo, whose log-probs come from the full logits; set it to 0"
         )
     d = cfg.dpo
+    if not DPO_LOSSES.known(d.loss_type):
+        yield (
+            f"--dpo.loss_type {d.loss_type!r} is not a DPO loss; valid: {', '.join(DPO_LOSSES.names())}, or your "
+            "own as 'package.module:function'"
+        )
     if d.beta <= 0:
         yield f"--dpo.beta must be > 0, got {d.beta}"
     if not 0 <= d.label_smoothing < 0.5:

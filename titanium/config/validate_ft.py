@@ -6,7 +6,7 @@ import importlib.util
 import os
 from collections.abc import Iterator
 
-from titanium.config.sections import JobConfig
+from titanium.config.components import JobConfig
 
 
 def validate_fault_tolerance(cfg: JobConfig) -> Iterator[str]:

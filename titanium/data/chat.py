@@ -158,7 +158,7 @@ def _require_specials(tokenizer: Tokenizer, names: Sequence[str], template: str)
     missing = [n for n in names if n not in tokenizer.special_tokens]
     if missing:
         raise ChatTemplateError(
-            f"--sft.chat_template {template} needs the special tokens {', '.join(names)}, and the tokenizer "
+            f"--chat.chat_template {template} needs the special tokens {', '.join(names)}, and the tokenizer "
             f"({tokenizer!r}) lacks {', '.join(missing)}; choose the template that matches the tokenizer "
             "(llama3 for Llama 3 / titanium tokenizers, qwen3 for Qwen3, chatml for other Qwen models) or "
             "'tokenizer' for its own template"
@@ -250,7 +250,7 @@ class Qwen3Template(ChatMLTemplate):
         if any(m.role == "assistant" and "</think>" in m.content for m in messages):
             raise RowError(
                 "an assistant message holds a </think> reasoning block, which Qwen3's template would move; "
-                "the qwen3 template trains chats without reasoning (use --sft.chat_template tokenizer)"
+                "the qwen3 template trains chats without reasoning (use --chat.chat_template tokenizer)"
             )
         segments = super()._segments(messages, generation=False)
         last = messages[-1] if messages else None
@@ -299,7 +299,7 @@ class JinjaTemplate(ChatTemplate):
         except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
             raise ChatTemplateError(
                 f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
-                "set --sft.chat_template llama3, qwen3 or chatml"
+                "set --chat.chat_template llama3, qwen3 or chatml"
             ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
 
@@ -327,7 +327,7 @@ class JinjaTemplate(ChatTemplate):
         if not after.startswith(before):
             raise ChatTemplateError(
                 "the tokenizer's chat_template renders earlier messages differently as the conversation grows, "
-                "so per-message loss masks cannot be derived from it; set --sft.chat_template llama3, qwen3 or "
+                "so per-message loss masks cannot be derived from it; set --chat.chat_template llama3, qwen3 or "
                 "chatml"
             )
         return after[len(before) :]
@@ -366,14 +366,14 @@ def _family_format(model_name: str) -> str:
 
 
 def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
-    """--sft.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
+    """--chat.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
     source = getattr(tokenizer, "chat_template", None)
     if name == "auto":
         name = "tokenizer" if source else _family_format(model_name)
         if not name:
             raise ChatTemplateError(
-                f"--sft.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
-                "default format; set --sft.chat_template llama3, qwen3 or chatml"
+                f"--chat.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
+                "default format; set --chat.chat_template llama3, qwen3 or chatml"
             )
     if name == "llama3":
         return Llama3Template(tokenizer)
@@ -384,9 +384,9 @@ def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> Cha
     if name == "tokenizer":
         if not source:
             raise ChatTemplateError(
-                f"--sft.chat_template tokenizer: {tokenizer!r} has no chat_template (a Hugging Face "
+                f"--chat.chat_template tokenizer: {tokenizer!r} has no chat_template (a Hugging Face "
                 "tokenizer_config.json 'chat_template' or a chat_template.jinja file); "
-                "set --sft.chat_template llama3, qwen3 or chatml"
+                "set --chat.chat_template llama3, qwen3 or chatml"
             )
         return JinjaTemplate(tokenizer, source)
-    raise ChatTemplateError(f"unknown --sft.chat_template {name!r}; expected auto, llama3, chatml, qwen3 or tokenizer")
+    raise ChatTemplateError(f"unknown --chat.chat_template {name!r}; expected auto, llama3, chatml, qwen3 or tokenizer")

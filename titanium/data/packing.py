@@ -9,8 +9,9 @@ its queries still see a key (no fully masked attention rows, hence no NaN) and t
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -23,6 +24,28 @@ class SampleStream(Protocol):
     def __iter__(self) -> Iterator[Sample]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+PadTo = Literal["seq_len", "longest"]
+"""How wide a batch's rows are: always seq_len (fixed shapes, e.g. for pipeline parallelism), or the batch's
+longest row rounded up to a bucket (``bucket_width``), so short rows do not pay for seq_len."""
+
+
+def bucket_width(longest: int, seq_len: int, pad_multiple: int = 8) -> int:
+    """The row width for a batch whose longest row has ``longest`` tokens: rounded up to a bucket, at most seq_len.
+
+    Buckets are quarter octaves: a length in (2^k, 2^(k+1)] rounds up to a multiple of 2^(k-2) (and of
+    ``pad_multiple``), e.g. 36 -> 40, 600 -> 640, 1100 -> 1280. So padding past the longest row is at most a
+    quarter of it (plus the ``pad_multiple`` rounding of short rows), and a run sees at most four widths per
+    doubling of length (28 up to 2048 with the default): torch.compile, which specializes on shapes, compiles
+    a handful of graphs instead of one per step. ``pad_multiple`` is what every width must divide by: 8 suits
+    tensor cores; under tensor (sequence) or context parallelism it must also be a multiple of the tp degree
+    and of 2 x cp. ``seq_len`` itself (already divisible by those) is the cap, whatever the bucket.
+    """
+    if longest > seq_len or pad_multiple < 1:
+        raise ValueError(f"no width for a row of {longest} tokens at seq_len {seq_len}, pad_multiple {pad_multiple}")
+    step = math.lcm(pad_multiple, 1 << max((longest - 1).bit_length() - 3, 0))
+    return min(seq_len, -(-longest // step) * step)
 
 
 def make_row(samples: Iterable[Sample], seq_len: int, pad_id: int) -> dict[str, torch.Tensor]:

@@ -1,6 +1,6 @@
 """Preference pairs -> microbatches that run chosen and rejected through the model in one forward.
 
-A microbatch of B pairs is 2B rows of seq_len, taken as B *row pairs* (rows 2g and 2g + 1), and every
+A microbatch of B pairs is 2B rows, taken as B *row pairs* (rows 2g and 2g + 1), and every
 preference pair lies whole inside one row pair. So any run of an even number of rows holds whole pairs:
 a pipeline microbatch (a slice of rows) can compute the loss of its pairs with nothing from other rows.
 
@@ -10,14 +10,20 @@ in the first of the two rows with room; each sequence is a document of its own, 
 restarting and attention kept inside it, as in SFT packing. A row pair always has room for one more pair
 of sequences (each at most seq_len), so a packed microbatch holds at least B pairs.
 
-Besides ``input``, ``label``, ``positions`` and ``document_ids`` (titanium.data.packing.make_row), a
-batch carries, all row-aligned (first dimension 2B):
+Rows are seq_len wide (``pad_to="seq_len"``, fixed shapes), or as wide as the microbatch's longest row
+rounded up to a bucket (``pad_to="longest"``, titanium.data.packing.bucket_width): the same batch with the
+padding columns that no row uses cut off. Causal attention never lets a token see the padding after it,
+so every key (labels, response ids, reference values) and every result is the same either way; short pairs
+just stop paying for seq_len.
 
-- ``response_ids`` [2B, seq_len]: ``2m + side`` where a label belongs to the m-th pair of its row pair
+Besides ``input``, ``label``, ``positions`` and ``document_ids`` (titanium.data.packing.make_row), a
+batch carries, all row-aligned (first dimension 2B, second the width W):
+
+- ``response_ids`` [2B, W]: ``2m + side`` where a label belongs to the m-th pair of its row pair
   (side 0: chosen, 1: rejected), -1 where there is no label. Summing token log-probs by it gives every
   pair's two response log-probs in either layout (titanium.trainers.dpo.response_sums).
 - ``pairs_per_row`` [2B]: pairs whose chosen sequence is in the row (they add up to the pairs).
-- ``reference_logps`` [2B, seq_len] float32, only when the pairs carry cached reference log-probs: each
+- ``reference_logps`` [2B, W] float32, only when the pairs carry cached reference log-probs: each
   response's value at its first label position, 0 elsewhere, so the same sums give the reference's.
 """
 
@@ -29,7 +35,7 @@ from typing import Any, Protocol
 
 import torch
 
-from titanium.data.packing import make_row
+from titanium.data.packing import PadTo, bucket_width, make_row
 from titanium.data.preference import PreferencePair
 from titanium.data.sft import IGNORE_INDEX, Sample
 
@@ -52,10 +58,17 @@ def pair_slots(seq_len: int, packing: bool) -> int:
 
 
 def preference_batch(
-    placements: list[Placement], row_pairs: int, rows_of: list[tuple[int, int]], seq_len: int, pad_id: int
+    placements: list[Placement],
+    row_pairs: int,
+    rows_of: list[tuple[int, int]],
+    seq_len: int,
+    pad_id: int,
+    pad_to: PadTo = "seq_len",
+    pad_multiple: int = 8,
 ) -> dict[str, torch.Tensor]:
     """The batch of ``row_pairs`` row pairs holding ``placements``; ``rows_of[i]`` are the rows (0 or 1 in
-    the row pair) of placement i's chosen and rejected sequences, filled in placement order."""
+    the row pair) of placement i's chosen and rejected sequences, filled in placement order. Its width is
+    seq_len, or with ``pad_to="longest"`` the longest row's length rounded up by ``bucket_width``."""
     rows: list[list[tuple[Sample, int, float | None]]] = [[] for _ in range(2 * row_pairs)]
     chosen_rows = [0] * (2 * row_pairs)
     for (pair, g, m), (chosen_row, rejected_row) in zip(placements, rows_of):
@@ -63,10 +76,14 @@ def preference_batch(
         rows[2 * g + chosen_row].append((pair.chosen, 2 * m, reference[0]))
         rows[2 * g + rejected_row].append((pair.rejected, 2 * m + 1, reference[1]))
         chosen_rows[2 * g + chosen_row] += 1
-    made = [make_row([sample for sample, _, _ in row], seq_len, pad_id) for row in rows]
+    width = seq_len
+    if pad_to == "longest":
+        longest = max(sum(len(sample["tokens"]) for sample, _, _ in row) for row in rows)
+        width = bucket_width(longest, seq_len, pad_multiple)
+    made = [make_row([sample for sample, _, _ in row], width, pad_id) for row in rows]
     batch = {key: torch.stack([m[key] for m in made]) for key in made[0]}
-    ids = torch.full((2 * row_pairs, seq_len), -1, dtype=torch.long)
-    reference = torch.zeros(2 * row_pairs, seq_len)
+    ids = torch.full((2 * row_pairs, width), -1, dtype=torch.long)
+    reference = torch.zeros(2 * row_pairs, width)
     for r, row in enumerate(rows):
         start = 0
         for sample, rid, value in row:
@@ -86,16 +103,32 @@ def preference_batch(
 class PreferenceBatchLoader:
     """Microbatches of preference pairs (padded or packed, see the module docstring); checkpointable.
 
+    ``pad_to``/``pad_multiple``: the rows' width (see the module docstring and bucket_width). Keep "seq_len"
+    where shapes must not change (pipeline parallelism); under tensor or context parallelism ``pad_multiple``
+    must be a multiple of the tp degree and of 2 x cp. Packing decides which pairs share a microbatch by
+    seq_len alone, so the batches (and a resumed run's) are the same whatever the width.
+
     The state is the pair stream's position plus, when packing, the pair read but not placed yet (it
     opens the next microbatch), so a resumed run builds the very same batches. A finite stream ends
     with a last microbatch of fewer pairs (its other rows padding), then StopIteration.
     """
 
-    def __init__(self, pairs: PairStream, pairs_per_batch: int, seq_len: int, pad_id: int, packing: bool) -> None:
+    def __init__(
+        self,
+        pairs: PairStream,
+        pairs_per_batch: int,
+        seq_len: int,
+        pad_id: int,
+        packing: bool,
+        pad_to: PadTo = "seq_len",
+        pad_multiple: int = 8,
+    ) -> None:
         if pairs_per_batch < 1:
             raise ValueError(f"pairs_per_batch must be >= 1, got {pairs_per_batch}")
+        if pad_to not in ("seq_len", "longest") or pad_multiple < 1:
+            raise ValueError(f"pad_to must be seq_len or longest and pad_multiple >= 1, got {pad_to}, {pad_multiple}")
         self.pairs, self.pairs_per_batch, self.seq_len, self.pad_id = pairs, pairs_per_batch, seq_len, pad_id
-        self.packing = packing
+        self.packing, self.pad_to, self.pad_multiple = packing, pad_to, pad_multiple
         self.slots = pair_slots(seq_len, packing)
         """Pairs a row pair can hold: a batch has ``pairs_per_batch x slots`` pair slots."""
         self._stream: Iterator[PreferencePair] | None = None
@@ -145,7 +178,9 @@ class PreferenceBatchLoader:
         placements, rows_of = self._place()
         if not placements:
             raise StopIteration  # only a finite stream ends
-        batch = preference_batch(placements, self.pairs_per_batch, rows_of, self.seq_len, self.pad_id)
+        batch = preference_batch(
+            placements, self.pairs_per_batch, rows_of, self.seq_len, self.pad_id, self.pad_to, self.pad_multiple
+        )
         return batch, placements
 
     def __next__(self) -> dict[str, torch.Tensor]:

@@ -60,6 +60,7 @@ class SFTDataset(RowReader):
         seq_len: int,
         dp_rank: int = 0,
         dp_world: int = 1,
+        system_prompt: str | None = None,
     ) -> None:
         if data.kind not in ("chat", "instruct", "text"):
             raise DataError(f"--data.kind {data.kind} has no fine-tuning samples; use chat, instruct or text")
@@ -67,13 +68,14 @@ class SFTDataset(RowReader):
             raise ValueError(f"--data.kind {data.kind} needs a chat template")
         super().__init__(data, dp_rank, dp_world)
         self.sft, self.tokenizer, self.template, self.seq_len = sft, tokenizer, template, seq_len
+        self.system_prompt = system_prompt
         self.truncated = 0
         self.dropped = 0
         self._warned: set[str] = set()  # kinds of long sample already shown with an example row
 
     def _messages(self, item: Any) -> list[Message]:
         parse = parse_chat_row if self.cfg.kind == "chat" else parse_instruct_row
-        return with_system_prompt(parse(item, self.cfg), self.sft.system_prompt)
+        return with_system_prompt(parse(item, self.cfg), self.system_prompt)
 
     def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], list[bool]] | None:
         if self.cfg.kind == "text":

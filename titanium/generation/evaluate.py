@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,13 +19,14 @@ import torch.distributed as dist
 from torch import nn
 
 from titanium.config.sections import DataSection, EvalSection
-from titanium.data.chat import ChatTemplate, RowError, parse_chat_row, with_system_prompt
+from titanium.data.chat import ChatTemplate, RowError, build_chat_template, parse_chat_row, with_system_prompt
 from titanium.data.lines import BadLine
 from titanium.data.sft import ROW_FIX
 from titanium.data.text import BROKEN_LINE_FIX, DataError, Source, bad_row_error, resolve_sources, stream_rows
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.generate import all_ranks_done, check_room, generate
 from titanium.generation.sampling import SamplingParams
+from titanium.periodic import EvaluationContext
 
 logger = logging.getLogger(__name__)
 
@@ -158,3 +160,47 @@ class ExactMatchEvaluator:
             dist.all_reduce(counts, group=self.group)
         correct_all, n = counts.tolist()
         return {"eval/exact_match": correct_all / n, "eval/samples": n / k}
+
+
+class ExactMatchEvaluation:
+    """``[eval]`` as the loop runs it: before the first step, every ``interval`` steps and after the last, on the
+    live policy."""
+
+    at_start = True
+
+    def __init__(self, evaluator: ExactMatchEvaluator, interval: int, policy: Any) -> None:
+        self.evaluator, self.interval, self.policy = evaluator, interval, policy
+
+    def due(self, step: int, last_step: int) -> bool:
+        return step % self.interval == 0 or step == last_step
+
+    def run(self, step: int) -> dict[str, float]:
+        start = time.perf_counter()
+        scalars = self.evaluator(self.policy.model)
+        logger.info(
+            "eval step %d: exact match %.1f%% of %d held-out samples (%.1fs)",
+            step,
+            100 * scalars["eval/exact_match"],
+            scalars["eval/samples"],
+            time.perf_counter() - start,
+        )
+        return scalars
+
+
+def build_evaluator(cfg: EvalSection, ctx: EvaluationContext) -> ExactMatchEvaluation | None:
+    """Held-out exact match of greedy answers (``interval`` > 0), on every data-parallel rank."""
+    if cfg.interval == 0:
+        return None
+    template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+    evaluator = ExactMatchEvaluator(
+        cfg,
+        ctx.data,
+        template,
+        ctx.tokenizer,
+        dp_rank=ctx.dp_rank,
+        dp_world=ctx.dp_world,
+        group=ctx.dp_group,
+        device=ctx.device,
+        system_prompt=ctx.chat.system_prompt,
+    )
+    return ExactMatchEvaluation(evaluator, cfg.interval, ctx.policy)

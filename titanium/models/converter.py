@@ -17,6 +17,18 @@ from torch import nn
 
 
 @dataclass(frozen=True)
+class ConverterContext:
+    """What a converter may need to know about the job besides its own config section."""
+
+    shard_degree: int = 1
+    """FSDP shards per weight (dp_shard x cp)."""
+    fsdp: bool = False
+    """The weights are FSDP-sharded."""
+    device_type: str | None = None
+    """Where the run computes; None: a dry run (no hardware checks)."""
+
+
+@dataclass(frozen=True)
 class ExportContext:
     """What an end-of-training export needs to know about the run (no config beyond it)."""
 
@@ -32,7 +44,10 @@ class ExportContext:
 
 
 class ModelConverter:
-    """Rewrites modules of the meta model; optional hooks after materialization and after each optimizer step."""
+    """Rewrites modules of the meta model; optional hooks after materialization and after each optimizer step.
+
+    A converter is registered with its config section (titanium/config/components.py) and made by ``from_config``.
+    """
 
     name = "converter"
     materialize_before_parallelize = False
@@ -41,6 +56,11 @@ class ModelConverter:
     freezes_base = False
     """True when the converter freezes the original weights (LoRA): checkpoints then hold only what trains,
     and the base is read from where the run started on every start, resumed or not."""
+
+    @classmethod
+    def from_config(cls, section: Any, ctx: ConverterContext) -> ModelConverter | None:
+        """The converter its section asks for, or None when the section leaves it off."""
+        raise NotImplementedError(f"{cls.__name__} has no from_config")
 
     def convert(self, model: nn.Module) -> None:
         """Rewrite ``model`` (on the meta device, before the pipeline split) in place."""
@@ -80,9 +100,14 @@ def set_trainable(converters: list[ModelConverter], model: nn.Module) -> None:
             param.requires_grad_(verdicts[-1])
 
 
+def can_switch_off(converters: list[ModelConverter], model: nn.Module) -> bool:
+    """Whether ``model`` can run without every one of ``converters`` in place (each offers ``without_conversion``)."""
+    return all(converter.without_conversion(model) is not None for converter in converters)
+
+
 @contextlib.contextmanager
 def unconverted(converters: list[ModelConverter], model: nn.Module) -> Iterator[None]:
-    """Run ``model`` as the unconverted model inside the block (every converter must offer that)."""
+    """Run ``model`` without ``converters`` inside the block (each must offer that: ``can_switch_off``)."""
     with contextlib.ExitStack() as stack:
         for converter in converters:
             ctx = converter.without_conversion(model)

@@ -15,7 +15,7 @@ are permuted within each head: our row ``2i + j`` is HF row ``j * D/2 + i``.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -180,6 +180,11 @@ class HFAdapter:
         if self.tied(args) and key == self.output_key:
             return RowSource(self.hf_key(self.embedding_key))
         return RowSource(self.hf_key(key), rope_head_dim=args.head_dim if self._is_rope(key) else None)
+
+    def ignored_hf_keys(self, args: Any, ours: Collection[str]) -> set[str]:
+        """Keys a checkpoint may hold that loading a model with the keys ``ours`` skips: a tied model's
+        ``lm_head`` (some exporters store it anyway)."""
+        return {self.hf_key(self.output_key)} if self.tied(args) and self.output_key in ours else set()
 
     def hf_shapes(self, shapes: Mapping[str, tuple[int, ...]], args: Any) -> dict[str, tuple[int, ...]]:
         """The keys and shapes an HF checkpoint of a model with ``shapes`` (ours) holds: no ``lm_head`` when

@@ -35,5 +35,5 @@ class ModelSpec(Generic[A]):
     hf_adapter: HFAdapter | None = None
     """Converts weights and config.json to and from the Hugging Face format; None if absent."""
     chat_template: str | None = None
-    """The built-in chat format (``--sft.chat_template`` value) of the family's instruct models, used by ``auto``
+    """The built-in chat format (``--chat.chat_template`` value) of the family's instruct models, used by ``auto``
     when the tokenizer brings no template of its own; None: the tokenizer's template is required."""

@@ -29,8 +29,10 @@ import torch
 import torch.distributed._functional_collectives as funcol
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.nn.functional import all_reduce as all_reduce_with_grad
 from torch.nn.attention.flex_attention import BlockMask
 
+from titanium.batch import Batch, F, Placement
 from titanium.models.common.attention import Attention, AttentionInputs, document_causal_mask
 from titanium.models.common.attention_kernels import (
     PLAIN_SCORES,
@@ -52,14 +54,32 @@ def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.dev
     return torch.cat([head, torch.arange(tail_start, tail_start + chunk, device=device)])
 
 
-def shard_batch(batch: dict[str, torch.Tensor], cp_mesh: DeviceMesh) -> dict[str, torch.Tensor]:
-    """This rank's part of every ``[B, S]`` tensor of ``batch``, plus ``positions`` ``[B, S / cp]``."""
-    seq_len = batch["input"].shape[1]
-    index = headtail_indices(seq_len, cp_mesh.size(), cp_mesh.get_local_rank(), batch["input"].device)
-    out = {k: v[:, index] if v.dim() >= 2 and v.shape[1] == seq_len else v for k, v in batch.items()}
-    if "positions" not in batch:  # packed samples bring their own (restarting) positions
-        out["positions"] = index.expand(batch["input"].shape[0], -1)
-    return out
+class ContextParallelPlacement(Placement):
+    """Each rank of ``cp_mesh`` holds its head-tail part of every sequence (``shard_batch``)."""
+
+    split = True
+
+    def __init__(self, device: torch.device, cp_mesh: DeviceMesh) -> None:
+        super().__init__(device)
+        self.cp_mesh = cp_mesh
+
+    def place(self, batch: Batch[F]) -> Batch[F]:
+        return super().place(shard_batch(batch, self.cp_mesh))
+
+    def add_parts(self, values: torch.Tensor) -> torch.Tensor:
+        return all_reduce_with_grad(values, group=self.cp_mesh.get_group())
+
+
+def sequence_placement(device: torch.device, cp_mesh: DeviceMesh | None) -> Placement:
+    """Where this rank's microbatches run: split over ``cp_mesh`` (None: whole sequences), on ``device``."""
+    return Placement(device) if cp_mesh is None else ContextParallelPlacement(device, cp_mesh)
+
+
+def shard_batch(batch: Batch, cp_mesh: DeviceMesh) -> Batch:
+    """This rank's part of every sequence of ``batch`` (the core and the objective's per-token fields), with the
+    tokens' global positions."""
+    index = headtail_indices(batch.tokens.shape[1], cp_mesh.size(), cp_mesh.get_local_rank(), batch.tokens.device)
+    return batch.split_sequence(index)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from torch import nn
 
 from titanium.config.sections import LoRASection
-from titanium.models.converter import ExportContext, ModelConverter
+from titanium.models.converter import ConverterContext, ExportContext, ModelConverter
 from titanium.peft.expert_lora import expert_lora_modules
 from titanium.peft.export import export_peft_adapter
 from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale
@@ -32,6 +32,10 @@ class LoRAConverter(ModelConverter):
         self.cfg = cfg
         self.shard_degree = shard_degree
         self.materialize_before_parallelize = cfg.quantize_base == "nf4"
+
+    @classmethod
+    def from_config(cls, section: LoRASection, ctx: ConverterContext) -> LoRAConverter | None:
+        return cls(section, shard_degree=ctx.shard_degree) if section.rank > 0 else None
 
     def convert(self, model: nn.Module) -> None:
         adapted = apply_lora(model, self.cfg)

@@ -29,7 +29,7 @@ from torchao.float8.fsdp_utils import WeightWithDynamicFloat8CastTensor
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import Float8Section
-from titanium.models.converter import ModelConverter
+from titanium.models.converter import ConverterContext, ModelConverter
 from titanium.parallel.params import clean_fqn
 from titanium.quantize import filtered_by_name
 
@@ -90,6 +90,10 @@ class Float8Converter(ModelConverter):
         if cfg.enable_fsdp_float8_all_gather and not fsdp:
             logger.warning("--float8.enable_fsdp_float8_all_gather is ignored: this run does not shard with FSDP")
         self.precompute = cfg.precompute_float8_dynamic_scale_for_fsdp and self.all_gather
+
+    @classmethod
+    def from_config(cls, section: Float8Section, ctx: ConverterContext) -> Float8Converter | None:
+        return cls(section, fsdp=ctx.fsdp, device_type=ctx.device_type) if section.enable else None
 
     def convert(self, model: nn.Module) -> None:
         config = dataclasses.replace(

@@ -39,7 +39,7 @@ from torchao.quantization.qat import FakeQuantizedLinear, QATConfig
 
 from titanium.config.sections import QATSection
 from titanium.files import replace_folder
-from titanium.models.converter import ExportContext, ModelConverter
+from titanium.models.converter import ConverterContext, ExportContext, ModelConverter
 from titanium.parallel.params import clean_fqn
 from titanium.peft.lora import LORA_CLASSES, LoRALinear, is_lora_param
 from titanium.quantize.schemes import SCHEMES, quantized_layers
@@ -80,6 +80,10 @@ class QATConverter(ModelConverter):
     def __init__(self, cfg: QATSection) -> None:
         self.cfg = cfg
         self.layers: list[str] = []
+
+    @classmethod
+    def from_config(cls, section: QATSection, ctx: ConverterContext) -> QATConverter | None:
+        return cls(section) if section.enable else None
 
     def convert(self, model: nn.Module) -> None:
         self.layers = qat_layers(model, self.cfg)

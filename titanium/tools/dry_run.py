@@ -30,15 +30,14 @@ from torch.distributed.tensor import DTensor
 
 from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.sections import CompileSection
-from titanium.converters import build_converters
 from titanium.errors import UserError
-from titanium.model_builder import DTYPES, ModelBuilder
+from titanium.model_builder import ModelBuilder
+from titanium.model_setup import job_converters, job_plan
 from titanium.parallel.compile import check_compile
 from titanium.parallel.dims import Meshes, ParallelDims
-from titanium.parallel.parallelize import PlanConfig
 from titanium.parallel.params import clean_fqn
 from titanium.parallel.pipeline import Pipeline
-from titanium.precision import compute_dtype, dtype_name
+from titanium.precision import dtype_name
 from titanium.preflight import check_job
 from titanium.tools.memory_estimate import Job, MemoryEstimate, estimate_memory
 
@@ -144,26 +143,12 @@ def dry_run(
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     meshes = dims.build_meshes("cpu")
     t = cfg.training
-    plan = PlanConfig(
-        parallelism=cfg.parallelism,
-        activation_checkpoint=cfg.activation_checkpoint,
-        compile=CompileSection(),  # (checked above; it places nothing, and the memory trace is eager)
-        param_dtype=compute_dtype(t.mixed_precision_param, device_type),
-        reduce_dtype=DTYPES[t.mixed_precision_reduce],
-        pipeline=dims.pp > 1,
-    )
+    # (compile is checked above; it places nothing, and the memory trace is eager)
+    plan = job_plan(cfg, dims, device_type, compile=CompileSection())
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
     spec, args = builder.resolve(cfg.model, seq_len=t.seq_len, checkpoint=cfg.checkpoint)
-    converters = partial(
-        build_converters,
-        lora=cfg.lora,
-        float8=cfg.float8,
-        qat=cfg.qat,
-        shard_degree=dims.dp_shard * dims.cp,
-        fsdp=dims.fsdp_enabled,
-        device_type=None,
-    )
+    converters = partial(job_converters, cfg, dims, device_type=None)
     built = builder.build(spec, args, converters=converters(), materialize=False)
     stage_ids, stages = None, [(True, True, args.n_layers)]
     if (pipeline := built.pipeline) is not None:

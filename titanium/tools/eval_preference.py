@@ -6,7 +6,7 @@
 
 POLICY and REFERENCE are titanium checkpoint folders (step-N, with the whole model: not a LoRA run's,
 whose merged Hugging Face export works instead) or Hugging Face folders. The job config (a TOML file and
---section.key overrides, as for training) gives the model, tokenizer, chat template ([sft]), seq_len,
+--section.key overrides, as for training) gives the model, tokenizer, chat template ([chat]), seq_len,
 the preference columns ([data]) and beta ([dpo]). It prints one JSON line of means over the pairs:
 
 - reward_accuracy: share of pairs whose implicit reward beta x (log pi - log pi_ref) is higher for the
@@ -80,10 +80,10 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
     cfg = load_config(overrides)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = build_tokenizer(cfg.tokenizer)
-    template = build_chat_template(cfg.sft.chat_template, tokenizer, cfg.model.name)
+    template = build_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)
     seq_len = cfg.training.seq_len
     data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
-    pairs = PreferenceDataset(data, template, seq_len, tokenizer.bos_id, cfg.sft.system_prompt, cfg.dpo.on_long_pair)
+    pairs = PreferenceDataset(data, template, seq_len, tokenizer.bos_id, cfg.chat.system_prompt, cfg.dpo.on_long_pair)
     loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
     builder = ModelBuilder(device, cfg.debug.seed)
     weights = [weights_of(folder) for folder in (args.policy, args.reference)]

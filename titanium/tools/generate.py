@@ -152,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
         "--chat-template",
         default="auto",
         choices=["auto", "llama3", "chatml", "tokenizer", "none"],
-        help="as --sft.chat_template; none: plain text prompts (default: auto)",
+        help="as --chat.chat_template; none: plain text prompts (default: auto)",
     )
     p.add_argument("--system-prompt", help="system message for chat prompts")
     p.add_argument("--max-new-tokens", type=int, default=128)

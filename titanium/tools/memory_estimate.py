@@ -56,7 +56,8 @@ from torch.utils._python_dispatch import (
 )
 from torch.utils._pytree import tree_leaves
 
-from titanium.config.sections import JobConfig
+from titanium.batch import Batch
+from titanium.config.components import JobConfig
 from titanium.models.common.moe import expert_swiglu, grouped_gemm_kind, moe_layers
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable
 from titanium.models.spec import ModelSpec
@@ -68,7 +69,7 @@ from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, keep_only
 from titanium.trainers.base import ModelOutput
-from titanium.trainers.cross_entropy import LABEL_INDEX, TokenCrossEntropy
+from titanium.trainers.cross_entropy import TokenCrossEntropy, TokenFields
 
 GIB = 2**30
 
@@ -380,7 +381,8 @@ def _microbatch(
                 tracker.module = "loss"
                 if job.plan.pipeline:  # a stage keeps its output until its backward (the trainer lets go of it)
                     kept.append(output)
-                out = loss(output, {"label": labels, LABEL_INDEX: torch.arange(labels.numel())})  # (all labelled)
+                batch = Batch(labels, TokenFields(labels, label_index=torch.arange(labels.numel())))  # (all labelled)
+                out = loss(output, batch)
                 out = out.full_tensor() if isinstance(out, DTensor) else out
                 tracker.module = None
                 del output

@@ -1,32 +1,34 @@
 """The objective interface: what to optimize. The loop in titanium/trainer.py owns everything else.
 
 An objective owns its data pipeline, its config section and any extra frozen models (a reference policy),
-which it asks the loop for. Each step it may run a no-grad ``prepare`` phase over the step's microbatches
-(reference log-probs; later rollouts). For each microbatch it says how many loss units it holds (valid
-tokens for cross-entropy, pairs for DPO) and returns the *sum* of the per-unit losses, plus metrics as
-(sum, count) pairs. The loop divides the loss by the global unit count of the whole step, all-reduced once
-before the forward, so gradient accumulation, any data-parallel degree and padding all give the exact
-mean gradient of the full batch; it reduces the metric sums and counts over the ranks the same way.
+which it asks the loop for. Its microbatches are typed (titanium/trainers/batch.py): a core the loop owns
+(tokens, positions, document ids) plus the objective's own fields, which say how many loss units the batch
+holds (valid tokens for cross-entropy, pairs for DPO). Each step it may run a no-grad ``prepare`` phase over
+the step's microbatches (reference log-probs, rollouts). For each microbatch it returns the *sum* of the
+per-unit losses, plus metrics as (sum, count) pairs. The loop divides the loss by the global unit count of the
+whole step, all-reduced once before the forward, so gradient accumulation, any data-parallel degree and padding
+all give the exact mean gradient of the full batch; it reduces the metric sums and counts over the ranks the
+same way.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
+from titanium.batch import Batch, Placement
+from titanium.config.registry import SectionSpec
+from titanium.config.sections import ChatSection
 from titanium.data.tokenizer import Tokenizer
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
-
-Batch = dict[str, torch.Tensor]
 
 Metrics = dict[str, tuple[torch.Tensor, torch.Tensor]]
 """name -> (sum, count) over this microbatch's units, as device tensors; shown as sum / count after the
@@ -48,15 +50,58 @@ class ModelOutput:
 
 
 @dataclass
+class Prepared:
+    """What ``prepare`` hands the loop: the step's microbatches, ready for the forward, and metrics of the
+    step it measured on the way (as (sum, count); added once per step, e.g. rollout rewards)."""
+
+    batches: list[Batch]
+    metrics: Metrics = field(default_factory=dict)
+
+
+@dataclass
 class LossResult:
     loss_sum: torch.Tensor
     """Sum (not mean) of the per-unit losses of the microbatch."""
     metrics: Metrics = field(default_factory=dict)
 
 
-FrozenForward = Callable[[Batch], "torch.Tensor | None"]
-"""A frozen model run without gradients on a microbatch (as ``prepare`` receives it): its logits
-``[B, S, vocab]`` (float32, full vocabulary), or None on ranks without the last pipeline stage."""
+class FrozenModel(Protocol):
+    """A frozen model an objective holds (``ctx.models.frozen()``; titanium/model_handles.py): built when first
+    run, by the same builder and parallel plan as the policy; freed once every owner released it."""
+
+    id: str
+    """What its outputs depend on (family, args, weights and their files, converters, precision), for an owner
+    that caches them: a different id means stale outputs."""
+
+    def __call__(self, batch: Batch) -> torch.Tensor | None:
+        """Its logits ``[rows, seq, vocab]`` (float32, full vocabulary) for a microbatch as ``prepare`` gets it,
+        without gradients; None on pipeline ranks without the last stage."""
+        ...
+
+    def release(self) -> None:
+        """This owner is done with it."""
+        ...
+
+
+class PolicyModel(Protocol):
+    """The live policy an objective may generate with (``ctx.models.policy()``)."""
+
+    def lend(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model being trained, sharded as it trains, in eval mode, without gradients, under the training
+        forward's mixed precision. Under FSDP every forward is a collective: all data-parallel ranks generate
+        together."""
+        ...
+
+
+class Models(Protocol):
+    """The models of the job an objective may ask for, besides the one it trains (titanium/model_handles.py)."""
+
+    def frozen(self, *, keep: Collection[str] = (), source: Any = None) -> FrozenModel:
+        """A frozen model: ``source`` (a ``titanium.model_builder.ModelSource``; default: the policy as it started)
+        with the policy's converters named in ``keep`` (default: none, e.g. a reference without LoRA)."""
+        ...
+
+    def policy(self) -> PolicyModel: ...
 
 
 @dataclass(frozen=True)
@@ -74,33 +119,29 @@ class ObjectiveContext:
     seed: int
     loss_chunk_size: int = 0
     """``[training] loss_chunk_size``: tokens per chunk of a chunked cross-entropy (0: from full logits)."""
-    frozen_model: Callable[[], FrozenForward] | None = None
-    """Asks the loop for a frozen copy of the starting policy, built by the same builder and parallel plan
-    (with LoRA: the policy itself with its adapters off, no second copy). Call it once, at construction or
-    when first needed; the function it returns runs once the objective is built (not in its constructor)."""
-    frozen_model_id: str = ""
-    """What the frozen model's outputs depend on (family, args, starting weights and their files, precision),
-    for objectives that cache those outputs: a different id means the cached outputs are stale."""
+    models: Models | None = None
+    """Frozen models (a reference, a teacher) and the live policy, each with a lifetime the objective controls."""
     device: torch.device = torch.device("cpu")
     """Where the models run (for work an objective does outside the step, e.g. a precompute pass)."""
-    cp_mesh: DeviceMesh | None = None
-    """The context-parallel mesh when sequences are split over ranks (titanium.parallel.context.shard_batch);
-    a loss that is non-linear in a sequence's sum adds the ranks' parts over its group first."""
-    chat_template: str = "auto"
-    """The job's chat format ([sft] chat_template), for objectives that render conversations."""
-    system_prompt: str | None = None
-    """[sft] system_prompt: replaces or adds each conversation's system message."""
+    placement: Placement = field(default_factory=Placement)
+    """Puts a CPU microbatch where the loop would (this rank's part of each sequence under context parallelism,
+    on the device), and completes per-sequence sums from every rank's part (``add_parts``)."""
+    chat: ChatSection = field(default_factory=ChatSection)
+    """``[chat]``: how conversations become tokens, and the system prompt, for every objective that renders them."""
     dump_folder: str = "./outputs"
     """The job's output folder (job.dump_folder)."""
-    policy: Callable[[], contextlib.AbstractContextManager[nn.Module]] | None = None
-    """Lends the live policy (the model being trained, sharded as it trains) for generation, e.g. rollouts in
-    ``prepare``: inside the context it is in eval mode, without gradients, under the training forward's mixed
-    precision. Under FSDP every forward is a collective: all data-parallel ranks must generate together."""
 
 
 class Objective(ABC):
+    section: ClassVar[SectionSpec | None] = None
+    """An objective given by import path brings its config section here (``SectionSpec("name", Dataclass)``): the
+    job config then has ``[name]`` and the constructor gets it. Built-in objectives register theirs with their name
+    (titanium/config/components.py)."""
     loss_input = "logits"
     """``"logits"`` (default) or ``"hidden"``: what ``ModelOutput`` carries into ``loss``."""
+    loss_unit = "tokens"
+    """What the loss is a mean over, in the plural, for logs (``validation/tokens``, ``validation/pairs``); with
+    "tokens" the loss is taken for a token cross-entropy, and validation shows its perplexity."""
     metric_names: tuple[str, ...] = ()
     """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
     they show on the console line and in TensorBoard/W&B."""
@@ -109,32 +150,20 @@ class Objective(ABC):
     def next_microbatch(self) -> Batch:
         """The next microbatch for this data-parallel rank, as CPU tensors."""
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+    def prepare(self, microbatches: list[Batch]) -> Prepared:
         """No-grad work on the step's microbatches (on the device, after any context-parallel split) before
-        the forward: e.g. add reference log-probs as extra keys. Timed apart from data loading."""
-        return microbatches
-
-    @abstractmethod
-    def count(self, batch: Batch) -> torch.Tensor:
-        """Number of loss units in `batch` (an integer tensor); known before the forward pass."""
-
-    @abstractmethod
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward (``tokens`` first; ``positions``, ``document_ids``)."""
+        the forward: e.g. fill reference log-probs into their fields. Runs once per step (a step retried under
+        fault tolerance reuses it) and is timed apart from data loading."""
+        return Prepared(microbatches)
 
     @abstractmethod
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
         """The loss sum of `batch` and its metrics. Under pipeline parallelism `batch` is this pipeline
-        microbatch's rows of the objective's microbatch, with every key it carries."""
+        microbatch's rows of the objective's microbatch, with every field it carries."""
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
         """Raise ``ConfigError`` for a parallel layout this objective cannot run under (None: no pipeline)."""
         return None
-
-    def tokens(self, batch: Batch) -> int:
-        """Tokens the model processes for `batch` (for throughput), known without a device sync. Asked after
-        ``prepare``, of the microbatch as ``next_microbatch`` returned it (whole sequences)."""
-        return batch["input"].numel()
 
     def log_metrics(self) -> dict[str, float]:
         """Host-side numbers for the log line (e.g. skipped rows); no device sync."""

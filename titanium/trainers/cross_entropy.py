@@ -16,6 +16,9 @@ sync they need (their number decides the shapes) waits for nothing but the label
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -23,11 +26,33 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from titanium.batch import Batch, Fields, per_token
 from titanium.config.loader import ConfigError
-from titanium.trainers.base import IGNORE_INDEX, Batch, ModelOutput
+from titanium.trainers.base import IGNORE_INDEX, ModelOutput
 
-LABEL_INDEX = "label_index"
-"""The batch key ``prepare`` adds: flat positions of the tokens that carry a label."""
+
+@dataclass
+class TokenFields(Fields):
+    """A next-token cross-entropy batch's own fields: the label of every position; units are labelled tokens."""
+
+    labels: torch.Tensor = per_token()
+    """``[rows, seq]`` the token each position must predict; IGNORE_INDEX where nothing is learned."""
+    label_index: torch.Tensor | None = None
+    """Chunked: flat positions of the labelled tokens, found in ``prepare`` (whole: no pipeline with chunks)."""
+
+    def units(self) -> torch.Tensor:
+        return (self.labels != IGNORE_INDEX).sum()
+
+
+def token_batch(rows: dict[str, torch.Tensor], fields: type[TokenFields] = TokenFields, **extra: Any) -> Batch:
+    """A typed batch from a data loader's rows (``input``, ``label``; packed rows also ``positions`` and
+    ``document_ids``); ``extra`` are further fields of ``fields``."""
+    return Batch(
+        rows["input"],
+        fields(labels=rows["label"], **extra),
+        positions=rows.get("positions"),
+        document_ids=rows.get("document_ids"),
+    )
 
 
 def cross_entropy_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -147,7 +172,7 @@ def linear_cross_entropy_sum(
 
 
 class TokenCrossEntropy:
-    """The summed next-token cross-entropy of a batch (``batch["label"]``), as the pretrain and SFT objectives
+    """The summed next-token cross-entropy of a batch of ``TokenFields``, as the pretrain and SFT objectives
     compute it: from the model's logits (``chunk_size == 0``), or chunk by chunk from its hidden states."""
 
     def __init__(self, chunk_size: int) -> None:
@@ -161,12 +186,13 @@ class TokenCrossEntropy:
         """Chunked: add each microbatch's labelled-token positions (see the module docstring)."""
         if self.chunk_size:
             for mb in microbatches:
-                mb[LABEL_INDEX] = (mb["label"].flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+                mb.fields.label_index = (mb.fields.labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
         return microbatches
 
-    def __call__(self, output: ModelOutput, batch: Batch) -> torch.Tensor:
+    def __call__(self, output: ModelOutput, batch: Batch[TokenFields]) -> torch.Tensor:
+        labels = batch.fields.labels
         if not self.chunk_size:
-            return cross_entropy_sum(output.logits, batch["label"])
+            return cross_entropy_sum(output.logits, labels)
         layer_cls = type(output.projection)
         if issubclass(layer_cls, FSDPModule):  # FSDP2 swaps in FSDP<Name>(FSDPModule, <Name>)
             layer_cls = layer_cls.__bases__[-1]
@@ -180,8 +206,9 @@ class TokenCrossEntropy:
         if isinstance(hidden, DTensor):  # sequence parallel: every rank scores every token (see the docstring)
             n = hidden.device_mesh.ndim
             hidden = hidden.redistribute(placements=[Replicate()] * n).to_local(grad_placements=[Partial()] * n)
-        index = batch[LABEL_INDEX]
+        index = batch.fields.label_index
+        assert index is not None, "prepare finds the labelled tokens"
         hidden = hidden.flatten(0, 1).index_select(0, index)
-        targets = batch["label"].flatten().index_select(0, index)
+        targets = labels.flatten().index_select(0, index)
         softcap = getattr(output.projection, "logit_softcap", None)  # (set by the decoder: Gemma 2's final cap)
         return linear_cross_entropy_sum(hidden, output.projection.weight, targets, self.chunk_size, softcap)

@@ -8,6 +8,7 @@ response tokens (or averaged, with length_normalize). The losses per pair are
   -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h);
 - ipo (Azar et al. 2023): (h - 1 / (2 beta))^2;
 - hinge (SLiC, Zhao et al. 2023): max(0, 1 - beta h);
+- or any loss registered in titanium/config/components.py's DPO_LOSSES, or given as ``module:function``;
 
 plus, with rpo_alpha > 0, rpo_alpha times the chosen response's mean token NLL (RPO, Pang et al. 2024).
 The implicit rewards are beta x each side's log-ratio. Losses come back per pair, to be summed: the
@@ -16,31 +17,30 @@ loop divides by the global number of pairs, so every layout and accumulation giv
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.nn.functional import all_reduce as all_reduce_with_grad
 from torch.distributed.tensor import DTensor
 
+from titanium.batch import Batch, Fields, per_row, per_token
+from titanium.config.components import DPO_LOSSES
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
-from titanium.parallel.context import shard_batch
 from titanium.trainers.base import (
     IGNORE_INDEX,
-    Batch,
-    FrozenForward,
+    FrozenModel,
     LossResult,
     ModelOutput,
+    Models,
     Objective,
     ObjectiveContext,
+    Prepared,
 )
 from titanium.trainers.dpo_reference import (
     CachedReferencePairs,
@@ -85,11 +85,49 @@ def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) 
 
 
 @dataclass
+class PreferenceFields(Fields):
+    """A preference microbatch's own fields (titanium/data/preference_batch.py says how pairs lie in rows)."""
+
+    labels: torch.Tensor = per_token()
+    response_ids: torch.Tensor = per_token()
+    """``2m + side`` where a label belongs to the m-th pair of its row pair, -1 elsewhere."""
+    pairs_per_row: torch.Tensor = per_row()
+    reference_logps: torch.Tensor | None = per_token(default=None)
+    """The reference's token log-probs: from the cache (precompute_reference), else filled in ``prepare``."""
+
+    def units(self) -> torch.Tensor:
+        return self.pairs_per_row.sum()
+
+
+def pair_batch(rows: dict[str, torch.Tensor]) -> Batch[PreferenceFields]:
+    """The typed batch of a PreferenceBatchLoader's rows."""
+    fields = PreferenceFields(
+        rows["label"], rows["response_ids"], rows["pairs_per_row"], reference_logps=rows.get("reference_logps")
+    )
+    return Batch(rows["input"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
+
+
+@dataclass
 class DPOLoss:
     losses: torch.Tensor
     """[pairs] per-pair losses (with gradient); sum them, the loop divides by the global pair count."""
     metrics: dict[str, torch.Tensor]
     """Sums over the pairs (detached 0-d tensors): divide by the global pair count to report means."""
+
+
+def sigmoid_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
+    """DPO (with label smoothing e: conservative DPO)."""
+    eps, beta = cfg.label_smoothing, cfg.beta
+    return -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
+
+
+def ipo_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
+    return (h - 1 / (2 * cfg.beta)) ** 2
+
+
+def hinge_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
+    """SLiC."""
+    return torch.relu(1 - cfg.beta * h)
 
 
 def dpo_loss(
@@ -122,15 +160,7 @@ def dpo_loss(
     rejected_ratio = policy_rejected - reference_rejected
     h = chosen_ratio - rejected_ratio
     beta = cfg.beta
-    if cfg.loss_type == "sigmoid":
-        eps = cfg.label_smoothing
-        losses = -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
-    elif cfg.loss_type == "ipo":
-        losses = (h - 1 / (2 * beta)) ** 2
-    elif cfg.loss_type == "hinge":
-        losses = torch.relu(1 - beta * h)
-    else:
-        raise ValueError(f"unknown --dpo.loss_type {cfg.loss_type!r}; expected sigmoid, ipo or hinge")
+    losses = DPO_LOSSES.load(cfg.loss_type)(h, cfg)
     if cfg.rpo_alpha > 0:
         assert chosen_nll is not None
         losses = losses + cfg.rpo_alpha * chosen_nll
@@ -151,27 +181,27 @@ class DPOObjective(Objective):
     """DPO on preference pairs (``[data] kind = "preference"``), configured by ``[dpo]``.
 
     The loss unit is a pair: ``training.local_batch_size`` pairs per microbatch (2 x as many rows, see
-    titanium.data.preference_batch). The reference policy's token log-probs come from the loop's frozen
-    model in ``prepare``, or, with ``precompute_reference``, from a cache made once before training (then
-    the reference model is not kept). Every key is row-aligned and each pair lies in one row pair, so a
-    pipeline microbatch computes the loss of its own pairs; under context parallelism each rank sums its
-    part of every response, and the sums are added over the cp group (differentiably) before the loss.
+    titanium.data.preference_batch). The reference policy's token log-probs come from a frozen model handle
+    (``ctx.models``) in ``prepare``, or, with ``precompute_reference``, from a cache made once before training
+    (the reference model is released right after). Every field is row-aligned and each pair lies in one row
+    pair, so a pipeline microbatch computes the loss of its own pairs; under context parallelism each rank sums
+    its part of every response, and the placement adds the parts (differentiably) before the loss.
     """
 
     metric_names = tuple(f"dpo/{name}" for name in METRICS)
+    loss_unit = "pairs"
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
         self.cfg, self.ctx, self.data = dpo, ctx, data
-        self.template = build_chat_template(ctx.chat_template, ctx.tokenizer, ctx.model_name)
+        self.template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
-        self.cp_group = ctx.cp_mesh.get_group() if ctx.cp_mesh is not None else None
-        self.reference: FrozenForward | None = None
+        self.reference: FrozenModel | None = None
         stream: PairStream = self.pairs
         if dpo.precompute_reference:
             stream = CachedReferencePairs(self.pairs, self._reference_cache)
         else:
-            self.reference = self._frozen_model()
+            self.reference = self._models().frozen()  # (the policy as it started, without converters: no LoRA)
         self.loader = self._loader(stream)
         self.meter = DataMeter(self.pairs)
 
@@ -182,7 +212,7 @@ class DPOObjective(Objective):
             self.template,
             ctx.seq_len,
             ctx.tokenizer.bos_id,
-            ctx.system_prompt,
+            ctx.chat.system_prompt,
             dpo.on_long_pair,
             dp_rank,
             dp_world,
@@ -192,80 +222,70 @@ class DPOObjective(Objective):
         ctx = self.ctx
         return PreferenceBatchLoader(stream, ctx.local_batch_size, ctx.seq_len, ctx.tokenizer.pad_id, self.cfg.packing)
 
-    def _frozen_model(self) -> FrozenForward:
-        if self.ctx.frozen_model is None:
-            raise ValueError("the dpo objective needs a reference: ObjectiveContext.frozen_model is not set")
-        return self.ctx.frozen_model()
+    def _models(self) -> Models:
+        if self.ctx.models is None:
+            raise ValueError("the dpo objective needs a reference: ObjectiveContext.models is not set")
+        return self.ctx.models
 
     def _reference_cache(self) -> ReferenceCache:
-        """The cached reference log-probs, read or computed when the first microbatch is asked for (the loop
-        can run its frozen model only once the objective exists); the reference model is dropped after."""
+        """The cached reference log-probs, read or computed when the first microbatch is asked for; the reference
+        model is built only to compute them and released right after."""
         ctx = self.ctx
+        reference = self._models().frozen()
         identity = {
-            "reference": ctx.frozen_model_id,
+            "reference": reference.id,
             "data": data_identity(self.data),
             "tokenizer": tokenizer_identity(ctx.tokenizer),
-            "template": [ctx.chat_template, type(self.template).__name__, ctx.system_prompt],
+            "template": [ctx.chat.chat_template, type(self.template).__name__, ctx.chat.system_prompt],
             "seq_len": ctx.seq_len,
             "on_long_pair": self.cfg.on_long_pair,
         }
 
         def compute() -> dict[bytes, tuple[float, float]]:
-            self.reference = self._frozen_model()
+            self.reference = reference
             try:
                 return precompute(self._pairs(0, 1), self._loader, self.reference_sums, ctx.dp_rank, ctx.dp_world)
             finally:
                 self.reference = None
 
-        cache = load_or_compute(Path(ctx.dump_folder) / self.cfg.reference_cache_folder, identity, compute)
-        gc.collect()
-        return cache
+        try:
+            return load_or_compute(Path(ctx.dump_folder) / self.cfg.reference_cache_folder, identity, compute)
+        finally:
+            reference.release()
 
     @torch.no_grad()
-    def reference_sums(self, batch: Batch) -> torch.Tensor | None:
+    def reference_sums(self, rows: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The reference's (chosen, rejected) log-prob sums of each pair slot of a CPU microbatch [slots, 2]
         (the precompute pass), or None on pipeline ranks without the last stage."""
         assert self.reference is not None
-        if self.ctx.cp_mesh is not None:
-            batch = shard_batch(batch, self.ctx.cp_mesh)
-        batch = {k: v.to(self.ctx.device) for k, v in batch.items()}
+        batch = self.ctx.placement.place(pair_batch(rows))
         logits = self.reference(batch)
         if logits is None:
             return None
-        sums = response_sums(token_logps(logits, batch["label"]), batch["response_ids"], self.slots)
-        if self.cp_group is not None:
-            dist.all_reduce(sums, group=self.cp_group)
-        return sums
+        fields = batch.fields
+        sums = response_sums(token_logps(logits, fields.labels), fields.response_ids, self.slots)
+        return self.ctx.placement.add_parts(sums)
 
-    def next_microbatch(self) -> Batch:
-        batch = next(self.loader)
-        self.meter.add(batch)
-        return batch
+    def next_microbatch(self) -> Batch[PreferenceFields]:
+        rows = next(self.loader)
+        self.meter.add(rows)
+        return pair_batch(rows)
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
-        if self.reference is None:  # cached: the batches carry reference_logps already
-            return microbatches
-        for mb in microbatches:
-            logits = self.reference(mb)
-            if logits is not None:  # (pipeline ranks without the last stage get None)
-                mb["reference_logps"] = token_logps(logits, mb["label"])
-        return microbatches
+    def prepare(self, microbatches: list[Batch[PreferenceFields]]) -> Prepared:
+        if self.reference is not None:  # (cached: the batches carry reference_logps already)
+            for mb in microbatches:
+                logits = self.reference(mb)
+                if logits is not None:  # (pipeline ranks without the last stage get None)
+                    mb.fields.reference_logps = token_logps(logits, mb.fields.labels)
+        return Prepared(microbatches)
 
-    def count(self, batch: Batch) -> torch.Tensor:
-        return batch["pairs_per_row"].sum()
-
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
-
-    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+    def loss(self, output: ModelOutput, batch: Batch[PreferenceFields]) -> LossResult:
         assert output.logits is not None
-        ids = batch["response_ids"]
-        per_token = torch.stack(
-            [token_logps(output.logits, batch["label"]), batch["reference_logps"], (ids >= 0).float()]
-        )
-        sums = response_sums(per_token, ids, self.slots)
-        if self.cp_group is not None:  # each rank holds a part of every response: add them before the loss
-            sums = all_reduce_with_grad(sums, group=self.cp_group)
+        fields = batch.fields
+        ids = fields.response_ids
+        assert fields.reference_logps is not None
+        per_token = torch.stack([token_logps(output.logits, fields.labels), fields.reference_logps, (ids >= 0).float()])
+        sums = self.ctx.placement.add_parts(response_sums(per_token, ids, self.slots))  # (whole responses)
         policy, reference, lengths = sums.unbind(0)
         present = lengths[:, 0] > 0  # slots that hold a pair
         out = dpo_loss(*policy.unbind(1), *reference.unbind(1), self.cfg, *lengths.unbind(1), mask=present)

@@ -15,12 +15,14 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.chat import build_chat_template
@@ -30,8 +32,16 @@ from titanium.generation.rollout import Rollout, batch_logprobs, response_logpro
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams
 from titanium.rewards import RewardSet, exact_match
-from titanium.trainers.base import Batch, FrozenForward, LossResult, ModelOutput, Objective, ObjectiveContext
-from titanium.trainers.grpo_loss import grpo_loss, loss_mask, loss_units
+from titanium.trainers.base import (
+    FrozenModel,
+    LossResult,
+    Metrics,
+    ModelOutput,
+    Objective,
+    ObjectiveContext,
+    Prepared,
+)
+from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
 
 
 def group_advantages(
@@ -90,6 +100,49 @@ def batch_reward_std(rewards: torch.Tensor, device: torch.device, dp_world: int)
     return math.sqrt(max(squares - total * total / n, 0.0) / max(n - 1, 1))
 
 
+@dataclass
+class RolloutFields(Fields):
+    """A microbatch of rollouts' own fields: per response, its response tokens' old and reference log-probs,
+    which of them carry loss, and its advantage (the prompt and response tokens are the batch's core)."""
+
+    old_logprobs: torch.Tensor = per_row()
+    """``[B, T]`` under the policy that sampled them."""
+    loss_mask: torch.Tensor = per_row()
+    """``[B, T]`` the response tokens that carry loss."""
+    advantages: torch.Tensor = per_row()
+    ref_logprobs: torch.Tensor | None = per_row(default=None)
+    """``[B, T]`` under the frozen reference (beta > 0)."""
+    loss_type: LossType = "dapo"
+    """What a loss unit is (``titanium.trainers.grpo_loss.loss_units``)."""
+    max_new_tokens: int = 0
+
+    def units(self) -> torch.Tensor:
+        return loss_units(self.loss_mask, self.loss_type, self.max_new_tokens)
+
+
+LOSS_UNITS: dict[str, str] = {
+    "dapo": "tokens",
+    "cispo": "tokens",
+    "grpo": "responses",
+    "gspo": "responses",
+    "dr_grpo": "response slots",
+    "bnpo": "microbatches",
+}
+"""What each loss type's loss is a mean over, for logs."""
+
+
+def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection) -> Batch[RolloutFields]:
+    fields = RolloutFields(
+        rows["old_logprobs"],
+        rows["loss_mask"],
+        rows["advantages"],
+        rows.get("ref_logprobs"),
+        cfg.loss_type,
+        cfg.max_new_tokens,
+    )
+    return Batch(rows["tokens"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
+
+
 class GRPOObjective(Objective):
     """GRPO in the loop: rollouts from the live policy in ``prepare``, the clipped loss on response tokens.
 
@@ -102,32 +155,31 @@ class GRPOObjective(Objective):
     one is still being trained on, as early as its lag at first use allows; a queued batch that would be
     staler is dropped (``grpo/stale_rollouts_dropped``).
 
-    ``next_microbatch`` hands out empty placeholders: the rows are made in ``prepare``. A checkpoint holds the
+    ``next_microbatch`` hands out empty batches: the rows are made in ``prepare``. A checkpoint holds the
     prompt position before the batches in flight, which are not saved: a resumed run makes them again from
     the same prompts with the same sampling seeds (with the policy as saved).
     """
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection) -> None:
-        if ctx.policy is None:
-            raise ValueError("GRPO generates with the live policy: the loop must lend it (ObjectiveContext.policy)")
+        if ctx.models is None:
+            raise ValueError("GRPO generates with the live policy: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
-        self.cfg, self.policy, self.device = cfg, ctx.policy, ctx.device
+        self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
+        self.loss_unit = LOSS_UNITS[cfg.loss_type]
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
-            template = build_chat_template(ctx.chat_template, ctx.tokenizer, ctx.model_name)
+            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
-        self.prompts = PromptDataset(data, cfg, ctx.tokenizer, template, ctx.system_prompt, ctx.dp_rank, ctx.dp_world)
+        prompts = PromptDataset(data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world)
+        self.prompts = prompts
         self._prompt_stream: Iterator[PromptSample] | None = None
         self.rewards = RewardSet.from_config(cfg)
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self.all_done = all_ranks_done(None, ctx.device) if ctx.dp_world > 1 else None  # (data parallelism only)
-        self.reference: FrozenForward | None = None
-        if cfg.beta > 0:  # beta = 0 builds no reference model
-            if ctx.frozen_model is None:
-                raise ValueError("--grpo.beta > 0 needs a frozen reference model from the loop (ObjectiveContext)")
-            self.reference = ctx.frozen_model()
+        # beta = 0 builds no reference model
+        self.reference: FrozenModel | None = ctx.models.frozen() if cfg.beta > 0 else None
         self.row_metrics = (
             "grpo/reward",
             "grpo/reward_std",
@@ -135,22 +187,20 @@ class GRPOObjective(Objective):
             *(("grpo/accuracy",) if cfg.answer_column else ()),
             "grpo/response_len",
             "grpo/truncated",
-            "grpo/policy_lag",
         )
         token_metrics = ("grpo/entropy", "grpo/clip_frac", *(("grpo/kl",) if cfg.beta > 0 else ()))
-        self.metric_names = (*self.row_metrics, *token_metrics, "grpo/gen_tokens_per_s")
+        self.metric_names = (*self.row_metrics, "grpo/policy_lag", *token_metrics, "grpo/gen_tokens_per_s")
         self.queue = RolloutQueue(cfg.max_policy_lag)
         self.current: RolloutBatch | None = None
         self.version = 0  # optimizer steps taken (each prepare is followed by one)
         self.batches_made = 0
-        self._microbatch_tokens = 0
 
-    # ----- data: placeholders out, rollouts made in prepare -----
+    # ----- data: empty batches out, rollouts made in prepare -----
 
     def next_microbatch(self) -> Batch:
-        return {}
+        return empty_batch()
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
+    def prepare(self, microbatches: list[Batch]) -> Prepared:
         made: list[RolloutBatch] = []
         if self.current is None or self.current.steps_left == 0:
             self.current = self.queue.pop_fresh(self.version)
@@ -160,23 +210,24 @@ class GRPOObjective(Objective):
         current = self.current
         lag = self.version - current.version
         parts = current.next_step(len(microbatches))
-        lag_rows = torch.full((self.local_batch_size,), float(lag), device=self.device)
-        for part in parts:
-            part["grpo/policy_lag"] = lag_rows
         # The next batch's lag at its first use is the steps left on this one, plus one.
         if not self.queue and current.steps_left < self.cfg.max_policy_lag:
             made.append(self._make_batch(len(microbatches)))
             self.queue.put(made[-1])
-        if made:  # generation throughput, reported once, with this step
-            generated = float(sum(b.generated_tokens for b in made))
-            parts[0]["generated_tokens"] = torch.tensor(generated, device=self.device)
-            parts[0]["generation_seconds"] = torch.tensor(sum(b.generation_seconds for b in made), device=self.device)
-        self._microbatch_tokens = parts[0]["tokens"].numel()
         self.version += 1
-        return parts
+        return Prepared([rollout_batch(part, self.cfg) for part in parts], self._metrics(parts, lag, made))
 
-    def tokens(self, batch: Batch) -> int:
-        return self._microbatch_tokens
+    def _metrics(self, parts: list[dict[str, torch.Tensor]], lag: int, made: list[RolloutBatch]) -> Metrics:
+        """The step's per-response metrics (sums over its responses), its policy lag, and the generation
+        throughput of the batches made with it."""
+        responses = torch.tensor(float(sum(part["tokens"].shape[0] for part in parts)), device=self.device)
+        metrics = {name: (sum(part[name].sum() for part in parts), responses) for name in self.row_metrics}
+        metrics["grpo/policy_lag"] = (lag * responses, responses)
+        if made:
+            generated = torch.tensor(float(sum(b.generated_tokens for b in made)), device=self.device)
+            seconds = torch.tensor(sum(b.generation_seconds for b in made), device=self.device)
+            metrics["grpo/gen_tokens_per_s"] = (generated, seconds)
+        return metrics
 
     def sample(self, model: nn.Module, samples: list[PromptSample], index: int) -> Rollout:
         """``group_size`` sampled responses to each of ``samples`` from ``model`` (the live policy), for this
@@ -207,7 +258,7 @@ class GRPOObjective(Objective):
         resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size)
         start = time.perf_counter()
-        with self.policy() as model:
+        with self.policy.lend() as model:
             out = self.sample(model, samples, self.batches_made)
         seconds = time.perf_counter() - start
         self.batches_made += 1
@@ -248,38 +299,37 @@ class GRPOObjective(Objective):
             generation_seconds=seconds,
         )
 
-    def _reference_logprobs(self, rows: Batch) -> torch.Tensor:
+    def _reference_logprobs(self, rows: dict[str, torch.Tensor]) -> torch.Tensor:
         """The frozen reference's log-probs of the response tokens, a microbatch of rows at a time."""
         assert self.reference is not None
-        width = rows["old_logprobs"].shape[1]
-        return batch_logprobs(self.reference, rows, width, self.cfg.temperature, self.local_batch_size)
+        return batch_logprobs(
+            self._reference_logits, rows, rows["old_logprobs"].shape[1], self.cfg.temperature, self.local_batch_size
+        )
+
+    def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        assert self.reference is not None
+        core = Batch(inputs["tokens"], Fields(), positions=inputs["positions"], document_ids=inputs["document_ids"])
+        return self.reference(core)
 
     # ----- the loss -----
 
-    def count(self, batch: Batch) -> torch.Tensor:
-        return loss_units(batch["loss_mask"], self.cfg.loss_type, self.cfg.max_new_tokens)
-
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {"tokens": batch["tokens"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
-
-    def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
+    def loss(self, output: ModelOutput, batch: Batch[RolloutFields]) -> LossResult:
         assert output.logits is not None
-        width, mask, temperature = batch["old_logprobs"].shape[1], batch["loss_mask"], self.cfg.temperature
-        logprobs = response_logprobs(output.logits, batch["tokens"], width, temperature)
+        fields, temperature = batch.fields, self.cfg.temperature
+        width, mask = fields.old_logprobs.shape[1], fields.loss_mask
+        logprobs = response_logprobs(output.logits, batch.tokens, width, temperature)
         loss_sum, _, sums = grpo_loss(
-            logprobs, batch["old_logprobs"], batch["advantages"], mask, self.cfg, batch.get("ref_logprobs")
+            logprobs, fields.old_logprobs, fields.advantages, mask, self.cfg, fields.ref_logprobs
         )
         tokens = sums["tokens"]
-        responses = torch.tensor(float(mask.shape[0]), device=mask.device)
         with torch.no_grad():
             entropy = masked_entropy_sum(output.logits[:, -width - 1 : -1], mask, temperature)
-        metrics = {name: (batch[name].sum(), responses) for name in self.row_metrics}
-        metrics["grpo/entropy"] = (entropy, tokens)
-        metrics["grpo/clip_frac"] = (sums["clipped_low"] + sums["clipped_high"], tokens)
+        metrics = {
+            "grpo/entropy": (entropy, tokens),
+            "grpo/clip_frac": (sums["clipped_low"] + sums["clipped_high"], tokens),
+        }
         if "kl" in sums:
             metrics["grpo/kl"] = (sums["kl"], tokens)
-        if "generated_tokens" in batch:
-            metrics["grpo/gen_tokens_per_s"] = (batch["generated_tokens"], batch["generation_seconds"])
         return LossResult(loss_sum, metrics)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from titanium.batch import Batch
 from titanium.config.sections import DataSection
 from titanium.data.loader import BatchLoader
 from titanium.data.synthetic import SyntheticDataset
 from titanium.data.text import TextDataset
-from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
-from titanium.trainers.cross_entropy import TokenCrossEntropy
+from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
 
 
 class PretrainObjective(Objective):
@@ -27,16 +26,10 @@ class PretrainObjective(Objective):
         self.loader = BatchLoader(dataset, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
 
     def next_microbatch(self) -> Batch:
-        return next(self.loader)
+        return token_batch(next(self.loader))
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
-        return self.cross_entropy.prepare(microbatches)
-
-    def count(self, batch: Batch) -> torch.Tensor:
-        return (batch["label"] != IGNORE_INDEX).sum()
-
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {"tokens": batch["input"]}
+    def prepare(self, microbatches: list[Batch]) -> Prepared:
+        return Prepared(self.cross_entropy.prepare(microbatches))
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
         return LossResult(self.cross_entropy(output, batch))

@@ -11,22 +11,24 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
+from titanium.batch import Batch
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_chat_template
 from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
 from titanium.data.packing import PackedDataset, PaddedDataset
 from titanium.data.sft import SFTDataset
-from titanium.trainers.base import IGNORE_INDEX, Batch, LossResult, ModelOutput, Objective, ObjectiveContext
-from titanium.trainers.cross_entropy import TokenCrossEntropy
+from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
 
 
 class SFTObjective(Objective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
-        template = build_chat_template(sft.chat_template, ctx.tokenizer, ctx.model_name)
-        self.samples = SFTDataset(data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world)
+        chat = ctx.chat
+        template = build_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
+        self.samples = SFTDataset(
+            data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
+        )
         pad_id = ctx.tokenizer.pad_id
         if sft.packing:
             rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
@@ -39,18 +41,12 @@ class SFTObjective(Objective):
         self.loss_input = self.cross_entropy.loss_input
 
     def next_microbatch(self) -> Batch:
-        batch = next(self.loader)
-        self.meter.add(batch)
-        return batch
+        rows = next(self.loader)
+        self.meter.add(rows)
+        return token_batch(rows)
 
-    def prepare(self, microbatches: list[Batch]) -> list[Batch]:
-        return self.cross_entropy.prepare(microbatches)
-
-    def count(self, batch: Batch) -> torch.Tensor:
-        return (batch["label"] != IGNORE_INDEX).sum()
-
-    def model_inputs(self, batch: Batch) -> dict[str, torch.Tensor]:
-        return {"tokens": batch["input"], "positions": batch["positions"], "document_ids": batch["document_ids"]}
+    def prepare(self, microbatches: list[Batch]) -> Prepared:
+        return Prepared(self.cross_entropy.prepare(microbatches))
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
         return LossResult(self.cross_entropy(output, batch))

@@ -5,10 +5,9 @@ On disk (``save_pretrained``) transformers keeps one tensor per expert and proje
 (``w1`` = gate, ``w3`` = up, ``w2`` = down), so loading stacks and exporting splits them. The format has no
 slot for the aux-loss-free routing bias (``moe.expert_bias``): see ``HFAdapter.no_hf_slot``.
 
-``config.json`` decides the layer placement (``decoder_sparse_step``, ``mlp_only_layers``) and the router
-settings (``norm_topk_prob``, ``router_aux_loss_coef``) of a loaded model; a flavor only has to match its
-sizes. Features of other MoE families (shared experts, sigmoid or group-limited routing, dense first layers)
-are refused by name.
+``config.json`` gives a loaded model its whole shape, the layer placement (``decoder_sparse_step``,
+``mlp_only_layers``) and router settings (``norm_topk_prob``, ``router_aux_loss_coef``) included. Features of
+other MoE families (shared experts, sigmoid or group-limited routing, dense first layers) are refused by name.
 """
 
 from __future__ import annotations

@@ -1,0 +1,56 @@
+"""titanium's built-in components, each registered with what implements it and its config section.
+
+Adding one is a line here plus its file (and its section dataclass in sections.py, light enough to be read before
+anything heavy is imported). Code that is not titanium's registers the same way (``OBJECTIVES.register(...)``
+before the config is loaded), or needs no registration at all: an import path works wherever a name does.
+"""
+
+from __future__ import annotations
+
+from titanium.config.registry import Registry, SectionSpec, job_config_class
+from titanium.config.sections import (
+    DPOSection,
+    EvalSection,
+    Float8Section,
+    GRPOSection,
+    LoRASection,
+    MoESection,
+    QATSection,
+    SFTSection,
+    ValidationSection,
+)
+
+OBJECTIVES = Registry("objective", "--training.objective")
+"""What to optimize (titanium/trainers/); the class takes ``(ObjectiveContext, DataSection, its section)``."""
+OBJECTIVES.register("pretrain", "titanium.trainers.pretrain:PretrainObjective")
+OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sft", SFTSection))
+OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
+OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
+
+CONVERTERS = Registry("model converter", "model converter")
+"""Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before
+LoRA, so LoRA adapts the layers as they will run. Each class's ``from_config(section, ConverterContext)`` returns
+the converter, or None when its section leaves it off; a section at its defaults is off (titanium.model_setup)."""
+CONVERTERS.register("float8", "titanium.quantize.float8:Float8Converter", SectionSpec("float8", Float8Section))
+CONVERTERS.register("qat", "titanium.quantize.qat:QATConverter", SectionSpec("qat", QATSection))
+CONVERTERS.register("lora", "titanium.peft.converter:LoRAConverter", SectionSpec("lora", LoRASection))
+
+EVALUATIONS = Registry("evaluation", "evaluation")
+"""What runs every N steps besides training; ``build(section, EvaluationContext)`` returns a ``Periodic`` (or None
+when its section leaves it off)."""
+EVALUATIONS.register("eval", "titanium.generation.evaluate:build_evaluator", SectionSpec("eval", EvalSection))
+EVALUATIONS.register("validation", "titanium.validation:build_validator", SectionSpec("validation", ValidationSection))
+
+TRAINING_HOOKS = Registry("training hook", "training hook")
+"""Features that hook into the loop (titanium/hooks.py) without the loop knowing them; ``register(section,
+HookContext, TrainingHooks)`` registers what its section turns on (nothing for a model it does not apply to)."""
+TRAINING_HOOKS.register("moe", "titanium.moe_balance:register_load_balancing", SectionSpec("moe", MoESection))
+
+DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
+"""Per-pair preference losses ``(h, DPOSection) -> losses`` (titanium/trainers/dpo.py)."""
+DPO_LOSSES.register("sigmoid", "titanium.trainers.dpo:sigmoid_loss")
+DPO_LOSSES.register("ipo", "titanium.trainers.dpo:ipo_loss")
+DPO_LOSSES.register("hinge", "titanium.trainers.dpo:hinge_loss")
+
+JobConfig = job_config_class()
+"""The job config with every built-in section (``load_config`` adds an import-path objective's)."""

@@ -1,0 +1,123 @@
+"""Registries of titanium's pluggable components, and the job config they shape.
+
+A component (an objective, a model converter, an evaluation, a loss variant, a reward function) registers under a
+name with the ``module:attribute`` that implements it, imported only when used, and with its config section, if it
+has one: a name and a dataclass. The job config is the core sections plus every registered section, so the TOML
+file, the command line, ``--help`` and docs/configuration.md know them all before anything heavy is imported, and
+each component is handed its own section and nothing else. Wherever a name is asked for, an import path
+``package.module:attribute`` works too (your own component, no registration needed); an objective given that way
+brings its section along as its class attribute ``section`` (a ``SectionSpec``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from titanium.config.errors import ConfigError
+from titanium.config.sections import CoreConfig
+
+
+@dataclass(frozen=True)
+class SectionSpec:
+    """A component's config section: ``[name]`` in TOML, ``--name.key`` on the command line."""
+
+    name: str
+    cls: type
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    target: Any
+    """``"module:attribute"`` (imported when first used) or the object itself."""
+    section: SectionSpec | None = None
+
+
+class Registry:
+    """Components of one kind by name, in registration order (converters apply in it)."""
+
+    def __init__(self, kind: str, flag: str) -> None:
+        self.kind, self.flag = kind, flag
+        """What they are ("objective") and the config key that names them ("--training.objective")."""
+        self._components: dict[str, Component] = {}
+
+    def register(self, name: str, target: Any, section: SectionSpec | None = None) -> Component:
+        """Add ``name``; registering a taken name with another target is an error (the same one again is not)."""
+        component = Component(name, target, section)
+        if self._components.get(name, component) != component:
+            raise ValueError(f"{self.kind} {name!r} is already registered")
+        if section is not None and section.name in SECTIONS and SECTIONS[section.name] is not section.cls:
+            raise ValueError(f"config section [{section.name}] is already taken")
+        self._components[name] = component
+        if section is not None:
+            SECTIONS[section.name] = section.cls
+        return component
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._components
+
+    def __iter__(self):
+        return iter(self._components.values())
+
+    def names(self) -> list[str]:
+        return list(self._components)
+
+    def known(self, name: str) -> bool:
+        """Registered, or shaped like an import path (whether it imports is found when it is loaded)."""
+        return name in self._components or ":" in name
+
+    def load(self, name: str) -> Any:
+        """The object registered as ``name``, or at the import path ``name``."""
+        component = self._components.get(name)
+        target = component.target if component is not None else name
+        if not isinstance(target, str):
+            return target
+        if component is None and ":" not in name:
+            valid = ", ".join(self.names())
+            raise ConfigError(
+                f"{self.flag} {name!r} is not a known {self.kind}; valid: {valid}, or your own as "
+                "'package.module:attribute'"
+            )
+        module_name, _, attribute = target.partition(":")
+        try:
+            obj = importlib.import_module(module_name)
+            for part in attribute.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            raise ConfigError(f"{self.flag} {name!r}: cannot import {target} ({e})") from None
+        return obj
+
+    def section(self, name: str) -> SectionSpec | None:
+        """The config section of ``name``: registered with it, or (an import path) the class's ``section``."""
+        component = self._components.get(name)
+        if component is not None:
+            return component.section
+        return getattr(self.load(name), "section", None)
+
+
+SECTIONS: dict[str, type] = {}
+"""Component config sections by name, in registration order (the core ones are ``CoreConfig``'s fields)."""
+
+
+def job_config_class(extra: tuple[SectionSpec, ...] = ()) -> type:
+    """The job config: the core sections, every registered component's section and ``extra`` ones (an objective
+    given by import path), one dataclass field each."""
+    return _job_config_class(tuple(SECTIONS.items()), extra)
+
+
+@functools.cache
+def _job_config_class(registered: tuple[tuple[str, type], ...], extra: tuple[SectionSpec, ...]) -> type:
+    core = {f.name for f in dataclasses.fields(CoreConfig)}
+    sections = [*registered, *((s.name, s.cls) for s in extra)]
+    for name, _ in sections:
+        if name in core:
+            raise ConfigError(f"config section [{name}] is a core section; give the component another name")
+    fields = [(name, cls, dataclasses.field(default_factory=cls)) for name, cls in dict(sections).items()]
+    cls = dataclasses.make_dataclass("JobConfig", fields, bases=(CoreConfig,))
+    cls.__doc__ = CoreConfig.__doc__
+    cls.__module__ = CoreConfig.__module__
+    return cls

@@ -1,0 +1,167 @@
+"""Handles on the models an objective uses besides the one it trains, each with a lifetime its owner controls.
+
+- A **frozen** handle: a model run without gradients (a DPO/GRPO reference, a distillation teacher), built by the
+  job's one ``ModelBuilder`` under the same parallel plan as the policy, when it first runs, and freed when every
+  owner has released it (``release``). It declares which of the policy's converters it keeps (``keep``, by
+  converter name; the rest are dropped). When it is the policy as it started (``source`` left out), a converter
+  froze the policy's base (LoRA) and every dropped converter can be switched off in place, it *is* the policy
+  with those switched off: no second copy. Otherwise (a converter that cannot be switched off, such as float8;
+  another model) it is a separate copy built with the kept converters only.
+- The **policy** handle: the live model being trained, lent for generation (rollouts).
+
+Objectives get a ``ModelHandles`` in their context (``ctx.models``) and never reach the trainer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from titanium.batch import Batch
+from titanium.hooks import TrainingHooks
+from titanium.model_builder import BuiltModel, FrozenModel, ModelBuilder, ModelSource
+from titanium.models.converter import can_switch_off
+from titanium.models.spec import ModelSpec
+from titanium.precision import dtype_name
+
+
+@dataclass
+class _Shared:
+    """One frozen model, what it is built from, and how many live handles hold it."""
+
+    source: ModelSource
+    holders: int = 0
+    model: FrozenModel | None = None
+
+
+class FrozenHandle:
+    """A frozen model for one owner: call it on a microbatch (as ``prepare`` gets it) for its logits ``[rows,
+    seq, vocab]`` (float32, full vocabulary; None on pipeline ranks without the last stage)."""
+
+    def __init__(self, handles: ModelHandles, key: tuple, identity: str) -> None:
+        self._handles, self._key = handles, key
+        self.id = identity
+        """What the model's outputs depend on (family, args, weights and their files, converters, precision), for
+        an owner that caches them: a different id means stale outputs."""
+        self.released = False
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor | None:
+        assert not self.released, "a released model handle was run"
+        return self._handles._model(self._key)(batch.model_inputs())
+
+    def release(self) -> None:
+        """This owner is done: the model is freed once no other handle holds it (built again if asked later)."""
+        if not self.released:
+            self.released = True
+            self._handles._release(self._key)
+
+
+class PolicyHandle:
+    """The live policy (the model being trained, sharded as it trains), lent for generation."""
+
+    def __init__(self, built: BuiltModel, hooks: TrainingHooks) -> None:
+        self._built, self._hooks = built, hooks
+
+    def on_update(self, function: Callable[[int], None]) -> None:
+        """Call ``function(step)`` whenever the policy's weights change: once they are in place at the start
+        (loaded or initialized; step 0 or the resumed step) and after every optimizer step, e.g. to sync a rollout
+        engine's weights. Under FSDP every rank calls it: gather the weights together."""
+        self._hooks.after_load.register(function)
+        self._hooks.after_optimizer_step.register(function)
+
+    @property
+    def spec(self) -> ModelSpec:
+        """The policy's family (its Hugging Face adapter names the weights for an engine)."""
+        return self._built.spec
+
+    @property
+    def model(self) -> nn.Module:
+        """The live model itself, as it trains (for tools that manage its mode themselves)."""
+        return self._built.model
+
+    @contextlib.contextmanager
+    def lend(self) -> Iterator[nn.Module]:
+        """The policy in eval mode, without gradients, under the training forward's mixed precision; in train mode
+        again afterwards. Under FSDP every forward is a collective: all data-parallel ranks generate together."""
+        model = self._built.model
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), self._built.autocast():
+                yield model
+        finally:
+            model.train(was_training)
+
+
+class ModelHandles:
+    """The models of a job an objective may ask for (``ctx.models``): frozen ones and the live policy.
+
+    ``start`` is the policy as it started (its family, args and starting weights), ``batch_size`` the rows a
+    frozen model's pipeline schedule takes at once (the microbatch size).
+    """
+
+    def __init__(
+        self, builder: ModelBuilder, policy: BuiltModel, start: ModelSource, hooks: TrainingHooks, *, batch_size: int
+    ) -> None:
+        self.builder, self.built, self.start, self.batch_size = builder, policy, start, batch_size
+        self.hooks = hooks
+        self._shared: dict[tuple, _Shared] = {}
+
+    def frozen(self, *, keep: Collection[str] = (), source: ModelSource | None = None) -> FrozenHandle:
+        """A handle on a frozen model: ``source`` (default: the policy as it started) with the policy's converters
+        named in ``keep`` (default: none). Nothing is built until it first runs."""
+        source = source or self.start
+        identity = self._identity(frozenset(keep), source)
+        key = (frozenset(keep), identity)
+        self._shared.setdefault(key, _Shared(source)).holders += 1
+        return FrozenHandle(self, key, identity)
+
+    def policy(self) -> PolicyHandle:
+        return PolicyHandle(self.built, self.hooks)
+
+    # ----- one built model per (keep, source), shared by the handles that hold it -----
+
+    def _in_place(self, keep: frozenset[str], source: ModelSource) -> bool:
+        """Whether the frozen model is the policy itself with the dropped converters switched off."""
+        dropped = [c for c in self.built.converters if c.name not in keep]
+        return (
+            source == self.start and any(c.freezes_base for c in dropped) and can_switch_off(dropped, self.built.model)
+        )
+
+    def _identity(self, keep: frozenset[str], source: ModelSource) -> str:
+        converters = self.built.converters
+        if not self._in_place(keep, source):
+            converters = [c for c in converters if c.name in keep]
+        precision = dtype_name(self.builder.plan.param_dtype if self.builder.plan is not None else torch.float32)
+        weights = source.weights.fingerprint() or f"initialized with seed {self.builder.seed}"
+        parts = [source.spec.name, repr(source.args), weights, *(c.describe() for c in converters), precision]
+        return "\n".join(parts)
+
+    def _model(self, key: tuple) -> FrozenModel:
+        shared = self._shared[key]
+        if shared.model is None:
+            keep, source = key[0], shared.source
+            if self._in_place(keep, source):
+                dropped = [c for c in self.built.converters if c.name not in keep]
+                shared.model = self.builder.switched_off(self.built, dropped, batch_size=self.batch_size)
+            else:
+                kept = [c for c in self.built.converters if c.name in keep]
+                shared.model = self.builder.frozen_copy(
+                    source.spec, source.args, source.weights, converters=kept, batch_size=self.batch_size
+                )
+        return shared.model
+
+    def _release(self, key: tuple) -> None:
+        shared = self._shared[key]
+        shared.holders -= 1
+        if shared.holders == 0:
+            built = shared.model is not None
+            del self._shared[key]
+            if built:
+                gc.collect()  # (cycles in the modules: free the memory now, not at the next collection)

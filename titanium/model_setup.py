@@ -1,0 +1,84 @@
+"""A job's model setup, shared by the trainer and the dry run so the two cannot differ: the parallel plan, the
+converters its config turns on, and where the weights start from."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from titanium.checkpoint.manager import complete_steps
+from titanium.config.components import CONVERTERS
+from titanium.config.sections import CheckpointSection, CompileSection
+from titanium.model_builder import DTYPES, WeightSource
+from titanium.models.converter import ConverterContext, ModelConverter
+from titanium.parallel.dims import ParallelDims
+from titanium.parallel.parallelize import PlanConfig
+from titanium.precision import compute_dtype
+
+logger = logging.getLogger("titanium")
+
+
+def job_plan(
+    cfg: Any, dims: ParallelDims, device_type: str, compile: CompileSection | None = None, announce: bool = False
+) -> PlanConfig:
+    """The parallel plan of the job config ``cfg`` on ``device_type`` (``compile`` replaces its [compile] section;
+    ``announce``: log the compute dtype chosen, on one rank)."""
+    t = cfg.training
+    return PlanConfig(
+        parallelism=cfg.parallelism,
+        activation_checkpoint=cfg.activation_checkpoint,
+        compile=compile or cfg.compile,
+        param_dtype=compute_dtype(t.mixed_precision_param, device_type, announce=announce),
+        reduce_dtype=DTYPES[t.mixed_precision_reduce],
+        pipeline=dims.pp > 1,
+    )
+
+
+def job_converters(cfg: Any, dims: ParallelDims, device_type: str | None) -> list[ModelConverter]:
+    """The registered converters (titanium/config/components.py) that their own sections of ``cfg`` turn on, in
+    registration order; each sees only its section. ``device_type``: where the run computes (None: a dry run, no
+    hardware checks). A section left at its defaults is off, and its converter is not even imported (torchao is
+    slow to import)."""
+    ctx = ConverterContext(shard_degree=dims.dp_shard * dims.cp, fsdp=dims.fsdp_enabled, device_type=device_type)
+    converters = []
+    for component in CONVERTERS:
+        assert component.section is not None, f"converter {component.name} has no config section"
+        section = getattr(cfg, component.section.name)
+        if section == type(section)():
+            continue
+        converter = CONVERTERS.load(component.name).from_config(section, ctx)
+        if converter is not None:
+            converters.append(converter)
+    return converters
+
+
+@dataclass(frozen=True)
+class StartingWeights:
+    """Where the policy's weights start from ([checkpoint] initial_load_path), for the policy and for models of the
+    policy as it started (a reference, a frozen base)."""
+
+    checkpoint: CheckpointSection
+    dump_folder: str
+
+    def policy(self, converters: list[ModelConverter]) -> WeightSource:
+        """The Hugging Face folder to build the policy from, unless this run resumes its own checkpoint (loaded
+        later, it wins). With a frozen base (LoRA) the checkpoints hold only what trains, so the base is always
+        loaded. A titanium initial checkpoint is read by the checkpoint manager (with its other state)."""
+        ck = self.checkpoint
+        if not ck.initial_load_in_hf:
+            return WeightSource()
+        resuming = ck.enable and complete_steps(Path(self.dump_folder) / ck.folder)
+        if resuming and not any(c.freezes_base for c in converters):
+            logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
+            return WeightSource()
+        return WeightSource(hf_folder=ck.initial_load_path)
+
+    def start(self) -> WeightSource:
+        """The starting policy's weights (also a frozen base's): a Hugging Face folder, a titanium checkpoint, or
+        none (the seeded initialization)."""
+        ck = self.checkpoint
+        if ck.initial_load_path and not ck.initial_load_in_hf:
+            return WeightSource(dcp_folder=ck.initial_load_path)
+        return WeightSource(hf_folder=ck.initial_load_path) if ck.initial_load_in_hf else WeightSource()
