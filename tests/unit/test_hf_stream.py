@@ -82,8 +82,8 @@ def test_shards_read_equal_the_whole_conversion(tmp_path: Path, monkeypatch: pyt
 def test_export_block_by_block_writes_files_as_they_complete(tmp_path: Path, with_source: bool) -> None:
     """``save_hf_weights`` given blocks (as ``export_hf`` feeds it, one gathered block at a time) writes each file
     once it is complete, before the later blocks exist; the folder is byte-identical to saving the whole state dict."""
+    from titanium.checkpoint.full_blocks import block_name
     from titanium.checkpoint.hf import HFCheckpoint, save_hf_weights
-    from titanium.generation.weight_sync import block_name
     from titanium.model_builder import ModelBuilder
 
     spec = get_model_spec("qwen3_moe")

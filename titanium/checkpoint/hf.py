@@ -29,11 +29,11 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from titanium.checkpoint.full_blocks import full_blocks
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.files import replace_folder
-from titanium.generation.weight_sync import full_blocks
 from titanium.models import hf_family, list_models
 from titanium.models.hf_adapter import HFAdapter, HFConfigError
 from titanium.peft.lora import is_lora_param
