@@ -388,6 +388,7 @@ class Trainer:
         guard_scalars = self.guard.check(step)  # (stops the run here after a non-finite step, if configured)
         loss = (result.loss_sum / result.units.clamp(min=1)).item()
         objective_metrics = self._reduce_metrics(result.metrics)
+        counters = self.objective.log_metrics()  # (host-side: skipped rows, long prompts, stale rollouts, ...)
         scalars = {
             "loss": loss,
             **guard_scalars,
@@ -397,7 +398,7 @@ class Trainer:
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),
             **objective_metrics,
-            **self.objective.log_metrics(),
+            **counters,
             **self.fault_tolerance.metrics(),
             **{k: v for numbers in self.hooks.metrics(step) for k, v in numbers.items()},
         }
@@ -405,7 +406,7 @@ class Trainer:
         self.metrics.log(step, scalars)
         if self.env.rank == 0:
             color = not self.cfg.metrics.disable_color_printing and sys.stderr.isatty()
-            names = self.executor.metrics.names
+            names = (*self.executor.metrics.names, *counters)
             logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, names))
 
     def _reduce_metrics(self, sums: torch.Tensor) -> dict[str, float]:
