@@ -550,7 +550,8 @@ class GuardsSection:
     checked at log and checkpoint steps; 0 sets no limit."""
     loss_spike_ratio: float = 1.5
     """Log a warning naming the step when a step's loss is more than this multiple of its running mean (the worst
-    spike since the last log line, and how many there were); 0 turns spike logging off."""
+    spike since the last log line, and how many there were); 0 turns spike logging off. Objectives whose loss sits
+    near 0 with either sign (grpo) have no spike logging: a ratio to their mean is noise."""
     loss_spike_window: int = 100
     """The running mean of the loss for spike logging is an exponential average over about this many steps."""
 
