@@ -29,8 +29,10 @@ import torch.distributed._functional_collectives as funcol
 from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
+from titanium.checkpoint.manager import complete_steps
 from titanium.config import JobConfig, to_toml_dict
 from titanium.config.components import EVALUATIONS, TRAINING_HOOKS
+from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
@@ -91,11 +93,14 @@ class Trainer:
             torch.backends.cudnn.benchmark = False
 
     def _save_config(self) -> None:
-        """Print (rank 0) and save the resolved config next to the outputs, so a run can be repeated."""
+        """Print (rank 0) and save the resolved config next to the outputs, so a run can be repeated; resuming a
+        run configured otherwise, name the keys that differ."""
         if self.env.rank != 0:
             return
         text = tomli_w.dumps(to_toml_dict(self.cfg))
         folder = Path(self.cfg.job.dump_folder)
+        if self.cfg.checkpoint.enable and complete_steps(folder / self.cfg.checkpoint.folder):
+            warn_if_changed(folder / "config.toml", to_toml_dict(self.cfg))  # (before it is written over)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.toml").write_text(text)
         if self.cfg.job.print_config:
