@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,3 +150,28 @@ def test_chat_settings_moved_from_sft_still_read_with_a_warning(tmp_path, monkey
         load_config(["--job.config_file", write(tmp_path, '[sft]\nchat_template = "a"\n[chat]\nchat_template = "b"\n')])
     with pytest.raises(ConfigError, match="--sft.chat_template and --chat.chat_template are the same setting"):
         load_config(["--sft.chat_template", "llama3", "--chat.chat_template", "llama3"])
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        (["--learning_rate", "1e-4"], "--learning_rate is TRL's name; titanium's is --optimizer.lr"),
+        (["--per-device-train-batch-size=8"], "titanium's is --training.local_batch_size"),
+        (["--num_train_epochs", "3"], "--training.steps (titanium counts optimizer steps, not epochs)"),
+        (["--max_length", "512"], "titanium's is --training.seq_len"),
+        (["--beta", "0.1"], "titanium's is --dpo.beta (DPO) or --grpo.beta (GRPO)"),
+    ],
+)
+def test_a_trl_option_name_gets_titaniums(flag, hint):
+    """It used to be the CLI parser's "Unrecognized options"; each TRL name maps to an option that exists."""
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        load_config(flag)
+
+
+def test_every_trl_name_maps_to_an_existing_option():
+    from titanium.config.trl_names import TRL_NAMES
+
+    cfg = load_config([])
+    for name, target in TRL_NAMES.items():
+        for option in re.findall(r"--(\w+)\.(\w+)", target):
+            assert hasattr(getattr(cfg, option[0]), option[1]), (name, option)
