@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -340,3 +341,16 @@ def test_wandb_offline(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
         ml.log(1, {"loss": 3.0, "mfu_pct": None})
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, "W&B offline run folder was not created"
+
+
+def test_run_name_names_the_wandb_run_and_a_tensorboard_folder(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inits: list[dict] = []
+    run = types.SimpleNamespace(log=lambda values, step: None, finish=lambda: None)
+    fake = types.SimpleNamespace(init=lambda **kwargs: inits.append(kwargs) or run)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    cfg = MetricsSection(enable_wandb=True, run_name="lr-1e-4")
+    with MetricsLogger(cfg, str(tmp_path), rank=0) as ml:
+        ml.log(1, {"loss": 2.0})
+    assert inits[0]["name"] == "lr-1e-4"
+    assert _read_scalars(str(tmp_path / "tb" / "lr-1e-4"))["loss_metrics/global_avg_loss"] == [(1, 2.0)]

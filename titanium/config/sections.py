@@ -326,6 +326,10 @@ class MetricsSection:
     """Log to Weights & Biases (pip install 'titanium[wandb]'); set WANDB_MODE=offline to stay local."""
     wandb_project: str = "titanium"
     """W&B project name."""
+    run_name: str = ""
+    """This run's name: the W&B run's name, and a TensorBoard folder of its own under save_tb_folder
+    (tb/<run_name>), so runs sharing a tb folder show side by side. "": W&B's generated name, and save_tb_folder
+    itself."""
     disable_color_printing: bool = False
     """Plain console lines without ANSI colors."""
     save_for_all_ranks: bool = False

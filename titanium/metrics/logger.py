@@ -97,7 +97,7 @@ class MetricsLogger:
             raise WandbNotInstalledError(_WANDB_HINT)
 
         if cfg.enable_tensorboard and (rank == 0 or cfg.save_for_all_ranks):
-            base = os.path.join(dump_folder, cfg.save_tb_folder)
+            base = os.path.join(dump_folder, cfg.save_tb_folder, cfg.run_name)  # ("": the tb folder itself)
             self.tb_dir = os.path.join(base, f"rank_{rank}") if cfg.save_for_all_ranks else base
             # Imported here: tensorboard is only needed when this rank actually writes.
             from torch.utils.tensorboard import SummaryWriter
@@ -116,7 +116,9 @@ class MetricsLogger:
                 raise WandbNotInstalledError(f"{_WANDB_HINT} Import failed with: {exc}") from exc
             os.makedirs(dump_folder, exist_ok=True)
             self._wandb = wandb
-            self._wandb_run = wandb.init(project=cfg.wandb_project, dir=dump_folder, config=run_config)
+            self._wandb_run = wandb.init(
+                project=cfg.wandb_project, name=cfg.run_name or None, dir=dump_folder, config=run_config
+            )
 
     @property
     def active(self) -> bool:
