@@ -30,7 +30,7 @@ from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
 from titanium.checkpoint.manager import complete_steps
-from titanium.config import JobConfig, to_toml_dict
+from titanium.config import ConfigError, JobConfig, to_toml_dict
 from titanium.config.components import EVALUATIONS, TRAINING_HOOKS
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
@@ -318,6 +318,9 @@ class Trainer:
             self.checkpointer.save(0, final=True, model_only=True)
             logger.info("seed checkpoint written; train from it with the same --job.dump_folder at any layout")
             return
+        if t.steps == 0:
+            self.evaluate_only(step)
+            return
         if step >= t.steps:
             logger.info("checkpoint is at step %d >= training.steps %d; nothing to do", step, t.steps)
             return
@@ -365,6 +368,21 @@ class Trainer:
         gc.enable()
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
         self._export()
+
+    def evaluate_only(self, step: int) -> None:
+        """``--training.steps 0``: run every evaluation the config turns on, once, on the weights as loaded (the
+        run's checkpoint, ``initial_load_path``, or a Hugging Face folder), log the numbers at ``step``, and
+        stop: no optimizer step, no checkpoint, no export."""
+        if not self.evaluations:
+            raise ConfigError(
+                "--training.steps 0 evaluates only, and no evaluation is on: set --validation.interval 1 (held-out "
+                "loss of the objective) or --eval.interval 1 (exact match of generated answers)"
+            )
+        for task in self.evaluations:
+            numbers = task.run(step)
+            self.metrics.log(step, numbers)
+            if self.env.rank == 0:
+                logger.info("evaluation at step %d: %s", step, "  ".join(f"{k} {v:.4g}" for k, v in numbers.items()))
 
     def _export(self) -> None:
         """End of training: what the export hooks write (e.g. a converter's own artifacts), then the HF export."""

@@ -47,7 +47,7 @@ def test_cli_accepts_equals_and_hyphens(monkeypatch):
         ("[training]\nsteps = 1.5\n", "expected an integer"),
         ("[checkpoint]\nenable = 1\n", "expected true or false"),
         ('[lr_scheduler]\ndecay_type = "cosin"\n', "expected one of 'linear', 'cosine', 'sqrt'"),
-        ("[training]\nsteps = 0\n", "--training.steps must be >= 1, got 0"),
+        ("[training]\nsteps = -1\n", "--training.steps must be >= 0 (0: evaluate only, no training), got -1"),
         ("[lr_scheduler]\ndecay_ratio = 1.5\n", "decay_ratio must be in (0, 1]"),
         ('[tokenizer]\npath = "nope.tiktoken"\n', "--tokenizer.path: file not found: nope.tiktoken"),
         ('[data]\npath = "missing/*.jsonl"\n', "--data.path: no file matches missing/*.jsonl"),
@@ -78,7 +78,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     "args, message",
     [
         (["--job.config_file", "nope.toml"], "config file not found"),
-        (["--training.steps", "-3"], "--training.steps must be >= 1"),
+        (["--training.steps", "-3"], "--training.steps must be >= 0"),
         (["--training.stepz", "3"], "--training.steps"),  # tyro's did-you-mean
         (["--training.steps", "x"], "--training.steps"),
         (["--parallelism.data_parallel_shard_degree", "3"], "world size is 1"),

@@ -116,7 +116,9 @@ class TrainingSection:
     a frozen reference; see [dpo]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
     objective class as 'package.module:ClassName', whose config section comes with it (see docs/extending.md)."""
     steps: int = 1000
-    """Number of optimizer steps to train for."""
+    """Number of optimizer steps to train for. 0: evaluate only: run the evaluations the config turns on
+    ([validation], [eval]) once on the weights as loaded (the run's checkpoint, checkpoint.initial_load_path, or a
+    Hugging Face folder with initial_load_in_hf), log them and exit."""
     local_batch_size: int = 8
     """Sequences per microbatch on each data-parallel rank."""
     global_batch_size: int = -1
