@@ -599,8 +599,9 @@ class GRPOSection:
     rows have none (a row without it is a bad row otherwise)."""
     rewards: list[str] = field(default_factory=lambda: ["exact_match"])
     """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
-    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function"
-    for your own, called as fn(completion, answer, row) -> float."""
+    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function" /
+    "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or TRL's batched
+    fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists)."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function, in the same order; empty: every weight is 1."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
