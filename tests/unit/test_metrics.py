@@ -354,3 +354,12 @@ def test_run_name_names_the_wandb_run_and_a_tensorboard_folder(tmp_path, monkeyp
         ml.log(1, {"loss": 2.0})
     assert inits[0]["name"] == "lr-1e-4"
     assert _read_scalars(str(tmp_path / "tb" / "lr-1e-4"))["loss_metrics/global_avg_loss"] == [(1, 2.0)]
+
+
+def test_objective_metrics_are_also_logged_under_trls_names(tmp_path) -> None:
+    with MetricsLogger(MetricsSection(), str(tmp_path), rank=0) as ml:
+        ml.log(1, {"dpo/margin": 0.5, "dpo/accuracy": 0.75, "grpo/clip_frac": 0.1, "grpo/reward/exact_match": 0.25})
+    scalars = _read_scalars(str(tmp_path / "tb"))
+    assert scalars["dpo/margin"] == scalars["rewards/margins"] == [(1, 0.5)]
+    assert scalars["rewards/accuracies"] == [(1, 0.75)] and scalars["clip_ratio"] == [(1, pytest.approx(0.1))]
+    assert scalars["rewards/exact_match/mean"] == [(1, 0.25)]

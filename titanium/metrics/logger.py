@@ -44,6 +44,33 @@ SCALAR_TAGS: dict[str, str] = {
 caller can pass a fully qualified tag such as ``"eval/loss"`` directly."""
 
 
+TRL_ALIASES: dict[str, str] = {
+    "dpo/reward_chosen": "rewards/chosen",
+    "dpo/reward_rejected": "rewards/rejected",
+    "dpo/margin": "rewards/margins",
+    "dpo/accuracy": "rewards/accuracies",
+    "dpo/logp_chosen": "logps/chosen",
+    "dpo/logp_rejected": "logps/rejected",
+    "grpo/reward": "reward",
+    "grpo/reward_std": "reward_std",
+    "grpo/response_len": "completions/mean_length",
+    "grpo/kl": "kl",
+    "grpo/entropy": "entropy",
+    "grpo/clip_frac": "clip_ratio",
+}
+"""Objective metric -> the name TRL's trainers log the same quantity under: also logged under that name in
+TensorBoard / W&B, so dashboards built for TRL runs read titanium's (``grpo/reward/<function>`` is also
+``rewards/<function>/mean``)."""
+
+
+def trl_aliases(values: Mapping[str, float]) -> dict[str, float]:
+    """The TRL-named copies of the objective metrics among ``values`` (tag -> value)."""
+    aliases = {TRL_ALIASES[k]: v for k, v in values.items() if k in TRL_ALIASES}
+    prefix = "grpo/reward/"
+    aliases.update({f"rewards/{k[len(prefix) :]}/mean": v for k, v in values.items() if k.startswith(prefix)})
+    return aliases
+
+
 class WandbNotInstalledError(ImportError):
     """``metrics.enable_wandb`` is set but the ``wandb`` package cannot be imported."""
 
@@ -136,6 +163,7 @@ class MetricsLogger:
         if not self.active:
             return
         values = {self.tag_for(k): float(v) for k, v in scalars.items() if v is not None}
+        values.update(trl_aliases(values))
         if not values:
             return
         if self._tb is not None:
