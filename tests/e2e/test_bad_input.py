@@ -78,7 +78,10 @@ def write_bad_inputs(tmp_path):
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"body": f"row {i}"}) + "\n" for i in range(20)))
     return [
         (("--tokenizer.path", str(tmp_path / "bad.tiktoken")), "bad.tiktoken:1: not a 'base64_token rank' line"),
-        (("--data.path", str(tmp_path / "bad.jsonl")), "nothing to train on (20 bad rows skipped)"),
+        (
+            ("--data.path", str(tmp_path / "bad.jsonl")),
+            "nothing to train on (20 bad rows skipped: check the file's columns",
+        ),
     ]
 
 
