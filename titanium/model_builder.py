@@ -126,6 +126,23 @@ class FrozenModel:
             out = built.pipeline.forward(inputs) if built.pipeline is not None else built.model(**inputs)
         return out.full_tensor() if isinstance(out, DTensor) else out
 
+    @torch.no_grad()
+    def hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Its final (normed) hidden states ``[rows, seq, dim]``, not projected, for losses that project chunk by
+        chunk (distillation). Not under pipeline parallelism."""
+        built = self.built
+        assert built.pipeline is None, "hidden states of a pipelined model are not supported"
+        with self.context(), built.autocast():
+            return built.model(**inputs, project=False)
+
+    def projection(self) -> tuple[torch.Tensor, float | None]:
+        """Its output projection's weight ``[vocab, dim]``, whole (gathered once under FSDP: a copy of its own),
+        and the final logit soft-cap, if any."""
+        output = self.built.model.output
+        weight = output.weight
+        weight = weight.full_tensor() if isinstance(weight, DTensor) else weight.detach().clone()
+        return weight, getattr(output, "logit_softcap", None)
+
 
 @dataclass
 class ModelBuilder:

@@ -31,7 +31,7 @@ from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, Tra
 from titanium.checkpoint.hf import export_final_hf
 from titanium.checkpoint.manager import complete_steps
 from titanium.config import ConfigError, JobConfig, to_toml_dict
-from titanium.config.components import EVALUATIONS, TRAINING_HOOKS
+from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
@@ -121,6 +121,8 @@ class Trainer:
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
+        hf_start = cfg.checkpoint.initial_load_path if cfg.checkpoint.initial_load_in_hf else None
+        self.model_spec = OBJECTIVES.load(t.objective).policy_spec(self.model_spec, self.tokenizer, hf_start)
         converters = job_converters(cfg, self.dims, self.device.type)
         weights = StartingWeights(cfg.checkpoint, cfg.job.dump_folder)
         self.built = self.builder.build(

@@ -471,9 +471,15 @@ def export_final_hf(
     pp_group: dist.ProcessGroup | None = None,
 ) -> Path | None:
     """The ``[checkpoint] last_save_in_hf`` export to ``{dump_folder}/{hf_folder}`` in ``export_dtype``:
-    in the layout of ``initial_load_path`` when the run started from a Hugging Face folder."""
+    in the layout of ``initial_load_path`` when the run started from a Hugging Face folder of the same kind of
+    model."""
     source = cfg.initial_load_path if cfg.initial_load_in_hf else None
-    if source is None:
+    if source is not None and not spec.hf_adapter.exports_in_source_layout():
+        # Another kind of model than its source (a reward model from a causal LM): a fresh layout and config.json,
+        # with the source's context length.
+        length = read_hf_config(source).get("max_position_embeddings", args.max_seq_len)
+        args, source = dataclasses.replace(args, max_seq_len=length), None
+    elif source is None:
         # A fresh config.json states the flavor's context length, not this run's training seq_len.
         args = dataclasses.replace(args, max_seq_len=spec.flavors[flavor].max_seq_len)
     return export_hf(

@@ -13,9 +13,11 @@ from titanium.config.sections import (
     EvalSection,
     Float8Section,
     GRPOSection,
+    KDSection,
     LoRASection,
     MoESection,
     QATSection,
+    RewardSection,
     SFTSection,
     ValidationSection,
 )
@@ -26,6 +28,8 @@ OBJECTIVES.register("pretrain", "titanium.trainers.pretrain:PretrainObjective")
 OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sft", SFTSection))
 OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
 OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
+OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
+OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before

@@ -446,6 +446,41 @@ class DPOSection:
 
 
 @dataclass
+class RewardSection:
+    center_rewards_coefficient: float = 0.0
+    """Adds this times (r_chosen + r_rejected)^2 per pair to the Bradley-Terry loss (Eisenstein et al. 2023): it
+    pulls the scores towards zero mean, which the loss alone leaves free. 0: off."""
+    on_long_pair: Literal["truncate", "drop"] = "truncate"
+    """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first, then both
+    responses) or left out (drop); either is counted in the log."""
+
+
+@dataclass
+class KDSection:
+    teacher_path: str = ""
+    """The teacher's weights: a Hugging Face folder (its config.json gives the shape) or a titanium checkpoint step
+    folder (``.../checkpoint/step-N``; shape from teacher_model and teacher_flavor). Required."""
+    teacher_model: str = ""
+    """The teacher's model family (registry name); empty: the student's ([model] name)."""
+    teacher_flavor: str = ""
+    """The teacher's flavor, for a titanium checkpoint teacher (a Hugging Face teacher's config.json wins)."""
+    alpha: float = 0.5
+    """Weight of the divergence: loss = (1 - alpha) * CE + alpha * T^2 * D, in [0, 1]; 0 is SFT."""
+    temperature: float = 1.0
+    """Softens both distributions in D (softmax(logits / T)); > 0."""
+    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
+    """D: KL(teacher || student), KL(student || teacher), or the generalized Jensen-Shannon divergence with beta."""
+    beta: float = 0.5
+    """The generalized JSD's interpolation (divergence jsd only), in [0, 1]."""
+    chunk_size: int = 1024
+    """Tokens projected at once by both models (the [tokens, vocab] logits never exist whole)."""
+    train_on_input: bool = False
+    """As [sft] train_on_input: also learn (and distill) the prompt tokens."""
+    packing: bool = True
+    """As [sft] packing: several samples per row, attention kept inside each."""
+
+
+@dataclass
 class LoRASection:
     rank: int = 0
     """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and

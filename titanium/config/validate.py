@@ -13,6 +13,7 @@ from pathlib import Path
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
 from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
+from titanium.config.validate_objectives import validate_kd, validate_reward
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -151,6 +152,8 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
+    yield from validate_reward(cfg)
+    yield from validate_kd(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
@@ -170,10 +173,10 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVES.names())}, "
             "or your own as 'package.module:ClassName'"
         )
-    if kind in ("chat", "instruct") and objective not in ("sft", "grpo"):
-        yield f"--data.kind {kind} needs --training.objective sft or grpo (pretraining reads text windows)"
-    if objective == "sft" and kind == "synthetic":
-        yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
+    if kind in ("chat", "instruct") and objective not in ("sft", "kd", "grpo"):
+        yield f"--data.kind {kind} needs --training.objective sft, kd or grpo (pretraining reads text windows)"
+    if objective in ("sft", "kd") and kind == "synthetic":
+        yield f"--training.objective {objective} needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
         yield f"--sft.pack_buffer must be >= 1, got {cfg.sft.pack_buffer}"
     lora = cfg.lora  # (the target names are checked by titanium.peft, before any process group)
@@ -215,12 +218,17 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
 
 
+PREFERENCE_OBJECTIVES = ("dpo", "reward")
+"""Objectives trained on chosen/rejected pairs ([data] kind preference)."""
+
+
 def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     """Preference data and the [dpo] ranges."""
-    if cfg.data.kind == "preference" and cfg.training.objective != "dpo":
-        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo"
-    if cfg.training.objective == "dpo" and cfg.data.kind != "preference":
-        yield "--training.objective dpo needs preference pairs: --data.kind preference"
+    objective = cfg.training.objective
+    if cfg.data.kind == "preference" and objective not in PREFERENCE_OBJECTIVES:
+        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
+    if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
+        yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "

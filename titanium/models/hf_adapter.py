@@ -202,6 +202,12 @@ class HFAdapter:
 
     # ----- tensors -----
 
+    def exports_in_source_layout(self) -> bool:
+        """Whether a model loaded from a checkpoint through this adapter is saved back in that checkpoint's layout
+        (keys, files, config.json); False when the model is another kind than its source (a reward model started
+        from a causal LM): it is then saved in this adapter's own layout and config."""
+        return True
+
     def tied(self, args: Any) -> bool:
         return args.tie_word_embeddings
 

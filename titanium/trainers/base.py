@@ -26,6 +26,7 @@ from titanium.batch import Batch, Placement
 from titanium.config.registry import SectionSpec
 from titanium.config.sections import ChatSection
 from titanium.data.tokenizer import Tokenizer
+from titanium.models.spec import ModelSpec
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
@@ -149,6 +150,13 @@ class Objective(ABC):
     metric_names: tuple[str, ...] = ()
     """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
     they show on the console line and in TensorBoard/W&B."""
+
+    @classmethod
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
+        """The spec the trained model is built (and exported) from, given the family's and the Hugging Face folder
+        the run starts from (None: another start). The family's by default; a reward model's swaps the
+        language-model head for a scalar one (titanium/trainers/reward.py). Called before the objective exists."""
+        return spec
 
     @abstractmethod
     def next_microbatch(self) -> Batch:
