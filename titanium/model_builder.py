@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_config, require_hf_adapter
+from titanium.checkpoint.manager import load_model_weights
 from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
@@ -330,7 +330,7 @@ class ModelBuilder:
                     whole = {k: tuple(v.shape) for k, v in built.spec.model_cls(built.args).state_dict().items()}
             load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args, whole)
         elif weights.dcp_folder is not None:
-            dcp.load({"model": ModelState(built.model)}, checkpoint_id=weights.dcp_folder)
+            load_model_weights(Path(weights.dcp_folder), built.model, "--checkpoint.initial_load_path")
             logger.info("loaded model weights from %s", weights.dcp_folder)
 
     def _after_materialize(self, built: BuiltModel) -> None:

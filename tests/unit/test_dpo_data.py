@@ -371,3 +371,21 @@ def test_preference_config_checks():
     cfg.dpo.loss_type, cfg.dpo.label_smoothing = "ipo", 0.1
     expected = "--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for ipo"
     assert list(validate(cfg)) == [expected]
+
+
+def test_a_pass_with_every_pair_dropped_says_why(tmp_path):
+    """Every pair too long with on_long_pair drop (and one bad row): the error counts each cause and names the
+    options to change, not only the bad rows."""
+    long = {"prompt": "q" * 80, "chosen": "a", "rejected": "b"}
+    path = jsonl(tmp_path / "long.jsonl", [long, long, {"prompt": "q"}, long])
+    with pytest.raises(DataError) as error:
+        take(dataset(path, seq_len=32, on_long_pair="drop"), 1)
+    message = str(error.value)
+    assert "nothing to train on (1 bad rows skipped: check the file's columns" in message
+    assert "3 pairs longer than --training.seq_len 32 dropped: raise it, or set --dpo.on_long_pair truncate" in message
+    mixed = jsonl(tmp_path / "ok.jsonl", [long, {"prompt": "q", "chosen": "a", "rejected": "b"}])
+    ds = dataset(mixed, seq_len=32, on_long_pair="drop")
+    take(ds, 1)
+    restored = dataset(mixed, seq_len=32)
+    restored.load_state_dict(ds.state_dict())
+    assert (restored.dropped, restored.long_dropped) == (1, 1)

@@ -116,7 +116,9 @@ class TrainingSection:
     a frozen reference; see [dpo]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
     objective class as 'package.module:ClassName', whose config section comes with it (see docs/extending.md)."""
     steps: int = 1000
-    """Number of optimizer steps to train for."""
+    """Number of optimizer steps to train for. 0: evaluate only: run the evaluations the config turns on
+    ([validation], [eval]) once on the weights as loaded (the run's checkpoint, checkpoint.initial_load_path, or a
+    Hugging Face folder with initial_load_in_hf), log them and exit."""
     local_batch_size: int = 8
     """Sequences per microbatch on each data-parallel rank."""
     global_batch_size: int = -1
@@ -326,6 +328,10 @@ class MetricsSection:
     """Log to Weights & Biases (pip install 'titanium[wandb]'); set WANDB_MODE=offline to stay local."""
     wandb_project: str = "titanium"
     """W&B project name."""
+    run_name: str = ""
+    """This run's name: the W&B run's name, and a TensorBoard folder of its own under save_tb_folder
+    (tb/<run_name>), so runs sharing a tb folder show side by side. "": W&B's generated name, and save_tb_folder
+    itself."""
     disable_color_printing: bool = False
     """Plain console lines without ANSI colors."""
     save_for_all_ranks: bool = False
@@ -569,7 +575,8 @@ class GuardsSection:
     checked at log and checkpoint steps; 0 sets no limit."""
     loss_spike_ratio: float = 1.5
     """Log a warning naming the step when a step's loss is more than this multiple of its running mean (the worst
-    spike since the last log line, and how many there were); 0 turns spike logging off."""
+    spike since the last log line, and how many there were); 0 turns spike logging off. Objectives whose loss sits
+    near 0 with either sign (grpo) have no spike logging: a ratio to their mean is noise."""
     loss_spike_window: int = 100
     """The running mean of the loss for spike logging is an exponential average over about this many steps."""
 
@@ -611,8 +618,9 @@ class GRPOSection:
     rows have none (a row without it is a bad row otherwise)."""
     rewards: list[str] = field(default_factory=lambda: ["exact_match"])
     """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
-    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function"
-    for your own, called as fn(completion, answer, row) -> float."""
+    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function" /
+    "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or TRL's batched
+    fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists)."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function, in the same order; empty: every weight is 1."""
     scale_rewards: Literal["group", "batch", "none"] = "group"

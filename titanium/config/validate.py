@@ -40,8 +40,9 @@ def looks_local(path: str) -> bool:
 
 def validate(cfg: JobConfig) -> Iterator[str]:
     t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
+    if t.steps < 0:
+        yield f"--training.steps must be >= 0 (0: evaluate only, no training), got {t.steps}"
     for name, value in [
-        ("training.steps", t.steps),
         ("training.local_batch_size", t.local_batch_size),
         ("training.seq_len", t.seq_len),
         ("training.gc_freq", t.gc_freq),

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanium.models.hf_adapter import HFAdapter, HFConfigError
+from titanium.models.hf_adapter import HFAdapter, HFConfigError, RowSource
 
 SCORE_KEY = "score.weight"
 SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
@@ -52,6 +52,9 @@ class SequenceClassificationAdapter(HFAdapter):
 
     def hf_key(self, key: str) -> str:
         return SCORE_KEY if key == self.output_key else self.family.hf_key(key)
+
+    def hf_source(self, key: str, args: Any) -> RowSource:
+        return RowSource(SCORE_KEY) if key == self.output_key else self.family.hf_source(key, args)
 
     def our_key(self, hf_key: str) -> str | None:
         if hf_key == SCORE_KEY:

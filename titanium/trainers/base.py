@@ -147,6 +147,10 @@ class Objective(ABC):
     loss_unit = "tokens"
     """What the loss is a mean over, in the plural, for logs (``validation/tokens``, ``validation/pairs``); with
     "tokens" the loss is taken for a token cross-entropy, and validation shows its perplexity."""
+    loss_spikes = True
+    """Whether a step's loss far above its running mean is worth a warning (``[guards] loss_spike_ratio``): False
+    for a loss that sits near 0 with either sign (GRPO's advantage-weighted loss), whose ratio to its mean is
+    noise."""
     metric_names: tuple[str, ...] = ()
     """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
     they show on the console line and in TensorBoard/W&B."""
