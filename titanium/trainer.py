@@ -170,6 +170,8 @@ class Trainer:
             placement=self.placement,
             chat=self.cfg.chat,
             dump_folder=self.cfg.job.dump_folder,
+            fixed_shapes=self.dims.pp > 1,
+            sequence_multiple=self.dims.sequence_multiple,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(

@@ -369,7 +369,8 @@ def test_preference_config_checks():
     assert "--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0" in problems
     cfg = JobConfig()
     cfg.dpo.loss_type, cfg.dpo.label_smoothing = "ipo", 0.1
-    assert list(validate(cfg)) == ["--dpo.label_smoothing applies to --dpo.loss_type sigmoid only; set it to 0 for ipo"]
+    expected = "--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for ipo"
+    assert list(validate(cfg)) == [expected]
 
 
 def test_a_pass_with_every_pair_dropped_says_why(tmp_path):

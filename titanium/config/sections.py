@@ -417,18 +417,29 @@ class DPOSection:
     log-ratio differences. Small beta lets the policy move far from the reference; for ipo it is the
     regularization strength tau (the target margin is 1 / (2 beta))."""
     loss_type: str = "sigmoid"
-    """sigmoid: DPO, -log sigmoid(beta h) with h the chosen-minus-rejected log-ratio difference.
-    ipo: (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). Or your own per-pair loss as
-    'package.module:function', called as fn(h, dpo_section) (see titanium/config/components.py)."""
+    """With h the chosen-minus-rejected log-ratio difference: sigmoid: DPO, -log sigmoid(beta h). ipo:
+    (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). robust: DPO unbiased under label noise
+    label_smoothing. bco_pair: -log sigmoid(beta rho_chosen) - log sigmoid(-beta rho_rejected). Reference-free
+    (no reference model is built), on each response's mean token log-prob m: simpo: -log sigmoid(beta (m_chosen
+    - m_rejected) - simpo_gamma) (+ cpo_alpha NLL); orpo: -beta log sigmoid(log odds ratio) + the chosen
+    sequence's token-mean NLL. Each equals TRL 1.16's (docs/post_training.md). Or your own per-pair loss as
+    'package.module:function', called as fn(chosen, rejected, dpo_section) with each side's log-ratio (see
+    titanium/trainers/dpo_losses.py)."""
     label_smoothing: float = 0.0
-    """Conservative DPO (loss_type sigmoid only): the share of pairs assumed mislabeled, in [0, 0.5);
-    the loss becomes -(1-e) log sigmoid(beta h) - e log sigmoid(-beta h)."""
+    """The share of pairs assumed mislabeled, in [0, 0.5), for sigmoid (conservative DPO: -(1-e) log
+    sigmoid(beta h) - e log sigmoid(-beta h)), robust and simpo."""
     length_normalize: bool = False
     """Use each response's mean token log-prob instead of its sum, so long responses do not dominate
-    (with loss_type ipo this is what TRL's ipo does)."""
+    (with loss_type ipo this is what TRL's ipo does; simpo and orpo always do)."""
     rpo_alpha: float = 0.0
     """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
     RPO; 0 turns it off."""
+    simpo_gamma: float = 0.5
+    """loss_type simpo: the target reward margin gamma (TRL's simpo_gamma, default 0.5; the SimPO paper
+    tunes beta in [2, 2.5] with gamma / beta in [0.3, 0.8])."""
+    cpo_alpha: float = 0.0
+    """loss_type simpo: weight of the chosen responses' token-mean NLL (CPO-SimPO). 0 is the paper's pure
+    SimPO; TRL's CPOTrainer defaults to 1.0 (set 1.0 to match it)."""
     precompute_reference: bool = False
     """Compute the reference policy's log-probs once over the data (one pass, before training) and cache
     them on disk; training then never holds or runs the reference model. The cache is keyed by the
@@ -443,6 +454,14 @@ class DPOSection:
     """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first,
     from its start but keeping at least half of seq_len, then both responses to the same length) or left
     out (drop); either is counted in the log."""
+    pad_to: Literal["auto", "longest", "seq_len"] = "auto"
+    """How wide a microbatch's rows are. longest: the microbatch's longest row rounded up to a bucket (a few
+    widths per doubling, so compile sees few shapes); short pairs stop paying for seq_len, with the same loss.
+    seq_len: every row seq_len wide (fixed shapes). auto: longest, but seq_len under pipeline parallelism
+    (whose schedule needs fixed shapes; longest asked for there is overridden with a warning)."""
+    pad_multiple: int = 8
+    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
+    tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
 
 
 @dataclass

@@ -244,10 +244,20 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
         yield f"--dpo.beta must be > 0, got {d.beta}"
     if not 0 <= d.label_smoothing < 0.5:
         yield f"--dpo.label_smoothing must be in [0, 0.5), got {d.label_smoothing}"
-    elif d.label_smoothing > 0 and d.loss_type != "sigmoid":
-        yield f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid only; set it to 0 for {d.loss_type}"
-    if d.rpo_alpha < 0:
-        yield f"--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got {d.rpo_alpha}"
+    elif d.label_smoothing > 0 and d.loss_type not in ("sigmoid", "robust", "simpo"):
+        yield f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for {d.loss_type}"
+    for name, value in (("rpo_alpha", d.rpo_alpha), ("cpo_alpha", d.cpo_alpha)):
+        if value < 0:
+            yield f"--dpo.{name} must be >= 0 (0 turns the NLL term off), got {value}"
+    if d.cpo_alpha > 0 and d.loss_type != "simpo":
+        yield f"--dpo.cpo_alpha applies to --dpo.loss_type simpo (CPO-SimPO); set it to 0 for {d.loss_type}"
+    if d.loss_type in ("simpo", "orpo"):
+        if d.precompute_reference:
+            yield f"--dpo.loss_type {d.loss_type} needs no reference model: set --dpo.precompute_reference false"
+        if d.length_normalize:
+            yield f"--dpo.loss_type {d.loss_type} always averages log-probs: set --dpo.length_normalize false"
+    if d.pad_multiple < 1:
+        yield f"--dpo.pad_multiple must be >= 1 (8 suits tensor cores), got {d.pad_multiple}"
 
 
 def _validate_debugging(cfg: JobConfig) -> Iterator[str]:

@@ -131,6 +131,11 @@ class ObjectiveContext:
     """``[chat]``: how conversations become tokens, and the system prompt, for every objective that renders them."""
     dump_folder: str = "./outputs"
     """The job's output folder (job.dump_folder)."""
+    fixed_shapes: bool = False
+    """Every microbatch must be seq_len wide (pipeline parallelism: the schedule is built for one shape)."""
+    sequence_multiple: int = 1
+    """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
+    split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
 
 
 class Objective(ABC):
