@@ -30,7 +30,11 @@ def no_process_group(monkeypatch):
 
 
 CONFIG_MISTAKES = [
-    (("--model.name", "gpt5"), "--model.name 'gpt5' is not a known model; known models: gemma2, llama3, mistral, phi3, qwen2, qwen3, qwen3_moe"),
+    (
+        ("--model.name", "gpt5"),
+        "--model.name 'gpt5' is not a known model; known models: gemma2, llama3, mistral, phi3, qwen2, qwen3, "
+        "qwen3_moe",
+    ),
     (("--model.flavor", "7B"), "--model.flavor '7B' is not a flavor of llama3; valid flavors: debugmodel, 1B, 3B"),
     (
         ("--training.global_batch_size", "6"),
