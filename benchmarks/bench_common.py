@@ -60,6 +60,16 @@ def python_path() -> str:
     return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 
 
+def launcher(nproc: int) -> list[str]:
+    """The start of a command that runs a script in ``nproc`` processes: python for one, torchrun for several."""
+    if nproc == 1:
+        return [sys.executable]
+    return [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+        "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
+    ]  # fmt: skip
+
+
 def vocab_tokenizer(folder: Path, vocab_size: int) -> Path:
     """A tiktoken ranks file giving exactly ``vocab_size`` ids (its ranks plus titanium's 256 special tokens):
     the 256 bytes, then byte pairs, then byte triples. Throughput depends on the vocabulary's size, not on

@@ -10,8 +10,9 @@ trivial log 2 of a policy equal to its reference. The pairs are the first ``--ba
 of the bundled preference set, tokenized once by titanium (llama3 chat template, ``--seq-len``) and handed to
 both sides as the same token ids: TRL gets them as ``prompt_ids``/``chosen_ids``/``rejected_ids`` through its
 own ``DataCollatorForPreference`` (right padding to the batch's longest sequence), titanium through its
-``PreferenceBatchLoader``, once with every row padded to seq_len (the old layout) and once trimmed to the
-longest row rounded up to a bucket (``pad_to="longest"``). Two more rows have the reference's log-probs
+``PreferenceBatchLoader`` with the widths the objective resolves from ``[dpo]``, once with every row padded to
+seq_len (``pad_to="seq_len"``) and once as configured by default (``pad_to="auto"``: trimmed to the longest row
+rounded up to a bucket). Two more rows have the reference's log-probs
 precomputed on both sides (titanium ``precompute_reference``, TRL ``precompute_ref_log_probs``; the values
 come from one titanium pass over the reference and go into both sides' batches), so no reference forward.
 
@@ -19,7 +20,7 @@ One step is what each library does per microbatch, on the same batch of pairs, w
 (the same on both sides):
 
 - titanium: ``DPOObjective.prepare`` (the reference forward and its token log-probs, as in training), the
-  policy forward on ``model_inputs``, ``DPOObjective.loss`` and the backward of loss_sum / pairs;
+  policy forward on the batch's ``model_inputs``, ``DPOObjective.loss`` and the backward of loss_sum / pairs;
 - TRL: ``DPOTrainer.training_step`` (its ``compute_loss``: policy and reference forwards through TRL's fused
   log-prob head, the sigmoid loss; then the backward).
 
@@ -57,7 +58,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's titanium, then the shared helpers
 from bench_common import command_line, device_name, python_path, write  # noqa: E402
 
-from titanium.config.sections import DataSection, DPOSection  # noqa: E402
+from titanium.batch import Batch  # noqa: E402
+from titanium.config.sections import ChatSection, DataSection, DPOSection  # noqa: E402
 from titanium.data.preference import PreferencePair  # noqa: E402
 from titanium.data.preference_batch import PreferenceBatchLoader  # noqa: E402
 from titanium.data.sft import IGNORE_INDEX  # noqa: E402
@@ -71,7 +73,7 @@ BETA = 0.1
 @dataclasses.dataclass(frozen=True)
 class Variant:
     library: str  # "titanium" or "trl"
-    pad_to: str = "longest"  # titanium's PreferenceBatchLoader pad_to (TRL always pads to the longest)
+    pad_to: str = "auto"  # --dpo.pad_to (auto, the default: the longest row; TRL always pads to the longest)
     cached: bool = False  # reference log-probs precomputed (titanium precompute_reference, TRL's
     # precompute_ref_log_probs): the step has no reference forward
     baseline: str = "TRL DPOTrainer"  # the row its ratio is taken against
@@ -79,7 +81,7 @@ class Variant:
 
 VARIANTS = {
     "titanium, rows padded to seq_len": Variant("titanium", "seq_len"),
-    "titanium, rows trimmed (pad_to longest)": Variant("titanium"),
+    "titanium, default (pad_to auto: trimmed to the longest)": Variant("titanium"),
     "TRL DPOTrainer": Variant("trl"),
     "titanium, trimmed, reference cached": Variant("titanium", cached=True, baseline="TRL, reference precomputed"),
     "TRL, reference precomputed": Variant("trl", cached=True, baseline="TRL, reference precomputed"),
@@ -164,12 +166,30 @@ def with_reference(folder: Path, pairs: list[PreferencePair], args: argparse.Nam
     return out
 
 
+class FrozenReference:
+    """The objective's model handles (``ctx.models``): the reference model as its frozen handle."""
+
+    def __init__(self, reference: torch.nn.Module | None) -> None:
+        self.reference, self.id = reference, "reference"
+
+    def frozen(self, *, keep=(), source=None) -> FrozenReference:
+        return self
+
+    @torch.no_grad()
+    def __call__(self, batch: Batch) -> torch.Tensor:
+        assert self.reference is not None
+        return self.reference(**batch.model_inputs())
+
+    def release(self) -> None:
+        self.reference = None
+
+
 def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Namespace, variant: Variant):
     """(step, batches, policy, its HF gradients) for titanium's DPO objective."""
     from titanium.model_builder import ModelBuilder
     from titanium.models import get_model_spec
     from titanium.trainers.base import ModelOutput, ObjectiveContext
-    from titanium.trainers.dpo import DPOObjective
+    from titanium.trainers.dpo import DPOObjective, pair_batch
 
     spec = get_model_spec("llama3")
     builder = ModelBuilder(torch.device("cpu"))
@@ -180,15 +200,6 @@ def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Name
         for p in reference.parameters():
             p.requires_grad_(False)
     tokenizer = TiktokenTokenizer(str(TOKENIZER))
-
-    def frozen_model():
-        @torch.no_grad()
-        def forward(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-            assert reference is not None
-            return reference(**objective.model_inputs(batch))
-
-        return forward
-
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
         model_name="llama3",
@@ -198,20 +209,23 @@ def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Name
         dp_rank=0,
         dp_world=1,
         seed=0,
-        frozen_model=frozen_model,
-        chat_template="llama3",
+        models=FrozenReference(reference),
+        chat=ChatSection("llama3"),
     )
-    dpo = DPOSection(beta=BETA, precompute_reference=variant.cached)
+    dpo = DPOSection(beta=BETA, precompute_reference=variant.cached, pad_to=variant.pad_to)
     objective = DPOObjective(ctx, DataSection(kind="preference", path=str(PAIRS)), dpo)
     stream = ListStream(with_reference(folder, pairs, args) if variant.cached else pairs)
-    loader = PreferenceBatchLoader(stream, args.pairs_per_batch, args.seq_len, tokenizer.pad_id, False, variant.pad_to)
+    # The objective's own widths (pad_to and pad_multiple as the config resolves them), over the same pairs.
+    loader = PreferenceBatchLoader(
+        stream, args.pairs_per_batch, args.seq_len, tokenizer.pad_id, False, objective.pad_to, objective.pad_multiple
+    )
     batches = list(loader)
 
-    def step(batch: dict[str, Any]) -> torch.Tensor:
-        mb = objective.prepare([dict(batch)])[0]
-        logits = policy(**objective.model_inputs(mb))
+    def step(rows: dict[str, Any]) -> torch.Tensor:
+        mb = objective.prepare([pair_batch(rows)]).batches[0]
+        logits = policy(**mb.model_inputs())
         result = objective.loss(ModelOutput(logits=logits), mb)
-        loss = result.loss_sum / objective.count(mb)
+        loss = result.loss_sum / mb.units()
         loss.backward()
         return loss.detach()
 

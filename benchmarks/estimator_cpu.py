@@ -21,7 +21,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
-from bench_common import python_path  # noqa: E402
+from bench_common import launcher, python_path  # noqa: E402
 
 GIB = 2**30
 
@@ -62,13 +62,7 @@ def estimate(args: list[str], nproc: int, rank: int) -> float:
 def measure(args: list[str], nproc: int) -> list[float]:
     """The measured peak (bytes) of each rank of the real run (this script's worker mode, under torchrun)."""
     with tempfile.TemporaryDirectory() as out:
-        launcher = [sys.executable]
-        if nproc > 1:
-            launcher += [
-                "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-                "--rdzv_backend=c10d", "--rdzv_endpoint=localhost:0",
-            ]  # fmt: skip
-        cmd = [*launcher, __file__, "--measure", out, *args, "--job.dump_folder", out]
+        cmd = [*launcher(nproc), __file__, "--measure", out, *args, "--job.dump_folder", out]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": python_path()}
         result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         if result.returncode:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU proof, cut into parts that each fit one device lease (8 minutes of wall time on one H100, install
 # included). Part 1 is the one to run first: the CUDA tests (compile, FlexAttention on packed documents, float8,
-# compiled decoding, memory) and the headline, a Llama-3-8B-shaped model's tokens/s and MFU beside torchtitan's.
+# compiled decoding, memory, MoE grouped GEMM) and the headline, a Llama-3-8B-shaped model's tokens/s and MFU beside
+# torchtitan's. Part 5 is Mixture of Experts: the experts' grouped GEMM three ways and a Qwen3-30B-A3B-shaped model.
 #
 #   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands; runs nothing
 #   bash benchmarks/gpu_suite.sh --part 1 --out "$OUT"  # one part; its results and logs into that folder
@@ -44,6 +45,9 @@ STEPS=(
     "4|optimizer_memory|80|$PY benchmarks/optimizer_memory.py --out \$R/optimizer_memory_\$TAG.md"
     "4|checkpoint_async|60|$PY benchmarks/checkpoint_async.py --out \$R/checkpoint_async_\$TAG.md"
     "4|sft_ladder_4b|140|$PY benchmarks/sft_ladder.py --models 4B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_4b_\$TAG.md"
+    "5|install|20|$INSTALL"
+    "5|moe_layer|70|$PY benchmarks/moe_layer.py --device cuda --dtype bfloat16 --shape 8192,2048,768,128,8 --shape 16384,2048,768,128,8 --shape 16384,4096,1536,128,8 --out \$R/moe_layer_\$TAG.md"
+    "5|pretrain_moe|250|$PY benchmarks/pretrain_speed.py --models 30B-A3B --variants eager compile --steps 10 --log-freq 3 --run-timeout 120 --out \$R/pretrain_moe_\$TAG.md"
 )
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }

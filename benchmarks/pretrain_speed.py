@@ -13,6 +13,11 @@ device, MFU and peak memory (means of the logged windows after step 1, so compil
   of 8B, i.e. at the same MFU), the number comparable to the papers' rows.
 - Llama 3.2 1B (16 blocks, tied embeddings), local batch 2 (train_configs/llama3_1b.toml's 4 is for 8 GPUs with
   FSDP; on one, the dry run estimates 91 GiB at 4 and 53 GiB at 2); no paper row.
+- Qwen3-30B-A3B-shaped (``--models 30B-A3B``): every dimension of Qwen3-30B-A3B (dim 2048, 32 heads, 4 KV heads,
+  128 experts of width 768, top-8, vocabulary 151,936) but ``--layers-moe`` of its 48 blocks, local batch 2 (the
+  dry run, with its 1.25 routing-imbalance margin, estimates 61 GiB for 3 blocks, 69 GiB for 4, 52 GiB for 4 at
+  batch 1). Experts run through ``torch._grouped_mm`` in bf16. MFU counts the parameters a token computes with
+  (8 of 128 experts); no paper row.
 
 The vocabulary is a generated tokenizer file of the model's size (no hub download; the data is random tokens).
 The reference rows are the papers' measured numbers, quoted with their table:
@@ -23,7 +28,8 @@ The reference rows are the papers' measured numbers, quoted with their table:
   Float8 all-gather, which one GPU has no use for; rowwise with a bf16 all-gather).
 
     python benchmarks/pretrain_speed.py --models 8B --out benchmarks/results/pretrain_8b_h100.md  # one GPU
-    python benchmarks/pretrain_speed.py --device cpu --smoke                                      # the CPU check
+    python benchmarks/pretrain_speed.py --models 30B-A3B --variants eager compile                 # the MoE model
+    python benchmarks/pretrain_speed.py --device cpu --smoke [--models 30B-A3B]                   # the CPU check
 """
 
 from __future__ import annotations
@@ -76,13 +82,14 @@ class Model:
     """Blocks kept (None: the flavor's)."""
     paper: bool = False
     """Compared with the papers' Llama 3.1 8B rows."""
+    family: str = "llama3"
 
 
 def flops_scale(model: Model, seq_len: int) -> float:
     """FLOPs per token of the cut model over those of the full flavor (1.0 when nothing is cut)."""
     from titanium.models import build_model_args, get_model_spec
 
-    spec = get_model_spec("llama3")
+    spec = get_model_spec(model.family)
     full = build_model_args(spec, model.flavor, max_seq_len=seq_len)
     cut = dataclasses.replace(full, n_layers=model.layers or full.n_layers)
     return spec.flops_per_token(cut, seq_len) / spec.flops_per_token(full, seq_len)
@@ -92,9 +99,10 @@ def run(model: Model, variant: str, opts: argparse.Namespace, folder: Path) -> d
     """The trainer's means for one row, or why there are none (the table still gets written)."""
     from titanium.models import build_model_args, get_model_spec
 
-    vocab = build_model_args(get_model_spec("llama3"), model.flavor).vocab_size
+    vocab = build_model_args(get_model_spec(model.family), model.flavor).vocab_size
     flags = [
-        *BASE, "--model.flavor", model.flavor, "--tokenizer.path", str(vocab_tokenizer(folder.parent, vocab)),
+        *BASE, "--model.name", model.family, "--model.flavor", model.flavor,
+        "--tokenizer.path", str(vocab_tokenizer(folder.parent, vocab)),
         "--training.seq_len", str(opts.seq_len), "--training.local_batch_size", str(model.local_batch),
         "--training.steps", str(opts.steps), "--metrics.log_freq", str(opts.log_freq), *VARIANTS[variant],
     ]  # fmt: skip
@@ -135,11 +143,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--smoke", action="store_true", help="the debug model, 2 steps, 2 variants (a CPU check)")
-    parser.add_argument("--models", nargs="+", default=["8B", "1B"], choices=["8B", "1B"])
+    parser.add_argument("--models", nargs="+", default=["8B", "1B"], choices=["8B", "1B", "30B-A3B"])
     parser.add_argument(
         "--variants", nargs="+", default=list(SHORT_NAMES), choices=list(SHORT_NAMES), help="which rows to train"
     )
     parser.add_argument("--layers-8b", type=int, default=8, help="blocks of the 8B-shaped model (the real 8B: 32)")
+    parser.add_argument("--layers-moe", type=int, default=3, help="blocks of the 30B-A3B-shaped model (real: 48)")
     parser.add_argument("--seq-len", type=int, default=8192)
     parser.add_argument("--steps", type=int, default=15)
     parser.add_argument("--log-freq", type=int, default=5)
@@ -151,12 +160,20 @@ def main() -> None:
     models = {
         "8B": Model(f"Llama 3 8B-shaped, {opts.layers_8b} of 32 blocks", "8B", 2, opts.layers_8b, paper=True),
         "1B": Model("Llama 3.2 1B", "1B", 2),
+        "30B-A3B": Model(
+            f"Qwen3-30B-A3B-shaped, {opts.layers_moe} of 48 blocks", "30B-A3B", 2, opts.layers_moe, family="qwen3_moe"
+        ),
     }
     variants = [SHORT_NAMES[v] for v in opts.variants]
-    if opts.smoke:
-        models = {"debug": Model("Llama 3 debug model (smoke run)", "debugmodel", 2, 2, paper=True)}
-        opts.seq_len, opts.steps, opts.log_freq, variants = 64, 2, 1, ["eager", "compile + float8 tensorwise"]
-    chosen = [models[m] for m in (models if opts.smoke else opts.models)]
+    if opts.smoke:  # the debug model of the family asked for (MoE: eager only)
+        moe = "30B-A3B" in opts.models
+        debug = Model("Llama 3 debug model (smoke run)", "debugmodel", 2, 2, paper=True)
+        if moe:
+            debug = Model("Qwen3-MoE debug model (smoke run)", "debugmodel_moe", 2, 2, family="qwen3_moe")
+        models, opts.models = {"debug": debug}, ["debug"]
+        opts.seq_len, opts.steps, opts.log_freq = 64, 2, 1
+        variants = ["eager"] if moe else ["eager", "compile + float8 tensorwise"]
+    chosen = [models[m] for m in opts.models]
     lines = [
         "# Pretraining speed on one GPU" + (" (smoke run: debug model, no compile, emulated float8)" * opts.smoke),
         "",

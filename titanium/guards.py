@@ -30,8 +30,13 @@ class NonFiniteError(UserError, FloatingPointError):
 class StepGuard:
     """Skips (or holds, in stop mode) optimizer steps whose loss or gradient norm is not finite; logs loss spikes."""
 
-    def __init__(self, cfg: GuardsSection, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    def __init__(
+        self, cfg: GuardsSection, optimizer: torch.optim.Optimizer, device: torch.device, loss_spikes: bool = True
+    ) -> None:
+        """``loss_spikes``: whether the objective's loss spikes mean something (``Objective.loss_spikes``); when not,
+        spikes are not tracked whatever ``loss_spike_ratio`` says."""
         self.cfg, self.optimizer = cfg, optimizer
+        self.track_spikes = loss_spikes and cfg.loss_spike_ratio > 0
         # Optimizers that GradScaler can drive read `found_inf` in their step (torch's fused Adam/AdamW).
         self.in_kernel = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
         if not self.in_kernel and cfg.on_nonfinite == "skip":
@@ -64,7 +69,7 @@ class StepGuard:
         else:
             self._skip = bad
         self._skipped = self._skipped + self._skip
-        if self.cfg.loss_spike_ratio > 0:
+        if self.track_spikes:
             self._track_spikes(step, loss, bad)
 
     def _track_spikes(self, step: int, loss: torch.Tensor, bad: torch.Tensor) -> None:

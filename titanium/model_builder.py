@@ -24,11 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_config, require_hf_adapter
+from titanium.checkpoint.manager import load_model_weights
 from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
@@ -125,6 +125,23 @@ class FrozenModel:
         with self.context(), built.autocast():
             out = built.pipeline.forward(inputs) if built.pipeline is not None else built.model(**inputs)
         return out.full_tensor() if isinstance(out, DTensor) else out
+
+    @torch.no_grad()
+    def hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Its final (normed) hidden states ``[rows, seq, dim]``, not projected, for losses that project chunk by
+        chunk (distillation). Not under pipeline parallelism."""
+        built = self.built
+        assert built.pipeline is None, "hidden states of a pipelined model are not supported"
+        with self.context(), built.autocast():
+            return built.model(**inputs, project=False)
+
+    def projection(self) -> tuple[torch.Tensor, float | None]:
+        """Its output projection's weight ``[vocab, dim]``, whole (gathered once under FSDP: a copy of its own),
+        and the final logit soft-cap, if any."""
+        output = self.built.model.output
+        weight = output.weight
+        weight = weight.full_tensor() if isinstance(weight, DTensor) else weight.detach().clone()
+        return weight, getattr(output, "logit_softcap", None)
 
 
 @dataclass
@@ -330,7 +347,7 @@ class ModelBuilder:
                     whole = {k: tuple(v.shape) for k, v in built.spec.model_cls(built.args).state_dict().items()}
             load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args, whole)
         elif weights.dcp_folder is not None:
-            dcp.load({"model": ModelState(built.model)}, checkpoint_id=weights.dcp_folder)
+            load_model_weights(Path(weights.dcp_folder), built.model, "--checkpoint.initial_load_path")
             logger.info("loaded model weights from %s", weights.dcp_folder)
 
     def _after_materialize(self, built: BuiltModel) -> None:

@@ -58,6 +58,18 @@ class FrozenHandle:
         assert not self.released, "a released model handle was run"
         return self._handles._model(self._key)(batch.model_inputs())
 
+    @torch.no_grad()
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        """Its final hidden states ``[rows, seq, dim]`` for a microbatch, unprojected (not under pipeline
+        parallelism); project them with ``projection()``."""
+        assert not self.released, "a released model handle was run"
+        return self._handles._model(self._key).hidden(batch.model_inputs())
+
+    def projection(self) -> tuple[torch.Tensor, float | None]:
+        """Its output projection's whole weight ``[vocab, dim]`` (a copy under FSDP) and final logit soft-cap."""
+        assert not self.released, "a released model handle was run"
+        return self._handles._model(self._key).projection()
+
     def release(self) -> None:
         """This owner is done: the model is freed once no other handle holds it (built again if asked later)."""
         if not self.released:

@@ -6,19 +6,28 @@ A reward function scores one response:
 
 ``completion`` is the decoded response (without its end-of-turn token), ``answer`` the prompt row's
 reference answer (``--grpo.answer_column``; None when there is none) and ``row`` the whole prompt row,
-for any other column. ``--grpo.rewards`` names built-in functions (``exact_match``, ``format``) or
-yours as ``"package.module:function"`` (importable, e.g. on PYTHONPATH); ``register_reward`` adds a
-name from your own code. The total reward is the weighted sum (``--grpo.reward_weights``); each
-function's values are kept for metrics.
+for any other column. TRL's batched form is taken too:
+
+    def my_reward(completions: list[str], **columns) -> list[float]: ...
+
+called once per batch with the responses and, by column name, each column of their prompt rows as a list
+(TRL's ``**kwargs``). ``--grpo.rewards`` names built-in functions (``exact_match``, ``format``) or yours as
+``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``;
+``register_reward`` adds a name from your own code. A function of neither form is refused at start-up, naming
+it. The total reward is the weighted sum (``--grpo.reward_weights``); each function's values are kept for
+metrics.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import math
 import numbers
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -120,11 +129,47 @@ def think_format(completion: str, answer: str | None, row: Mapping[str, Any]) ->
 
 
 def resolve_reward(spec: str) -> RewardFn:
-    """A registered name, or ``"package.module:function"`` imported; errors name ``--grpo.rewards``."""
-    fn = REWARDS.load(spec)
+    """A registered name, ``"package.module:function"`` imported, or ``"path/to/file.py:function"``; errors name
+    ``--grpo.rewards``."""
+    path, _, attribute = spec.rpartition(":")
+    fn = _from_file(spec, Path(path), attribute) if path.endswith(".py") else REWARDS.load(spec)
     if not callable(fn):
         raise ConfigError(f"--grpo.rewards {spec!r} is not a function")
     return fn
+
+
+def _from_file(spec: str, path: Path, attribute: str) -> Any:
+    """``attribute`` of the Python file ``path``, run as a module of its own."""
+    if not path.is_file():
+        raise ConfigError(f"--grpo.rewards {spec!r}: no file {path}")
+    module_spec = importlib.util.spec_from_file_location(f"titanium_rewards_{path.stem}", path)
+    assert module_spec is not None and module_spec.loader is not None
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)  # (an error inside the user's file keeps its traceback)
+    if not hasattr(module, attribute):
+        raise ConfigError(f"--grpo.rewards {spec!r}: {path} has no {attribute!r}")
+    return getattr(module, attribute)
+
+
+def is_batched(name: str, fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is TRL's batched form ``fn(completions, **columns) -> list[float]`` (else it scores one
+    response, ``fn(completion, answer, row) -> float``). ConfigError, naming it, for a function of neither form:
+    at start-up, not after the first rollout."""
+    try:
+        parameters = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False  # (a builtin without a signature: called as one response's scorer)
+    if "completions" in parameters and any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        return True
+    try:
+        inspect.signature(fn).bind("completion", "answer", {})
+    except TypeError as e:
+        raise ConfigError(
+            f"--grpo.rewards {name!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} cannot be called as a "
+            f"reward function ({e}); write it as fn(completion, answer, row) -> float, or as TRL's batched "
+            "fn(completions, **kwargs) -> list[float]"
+        ) from None
+    return False
 
 
 @dataclass(frozen=True)
@@ -142,6 +187,7 @@ class RewardSet:
         if weights and len(weights) != len(names):
             raise ValueError(f"{len(weights)} weights for {len(names)} reward functions")
         self.functions = {name: resolve_reward(name) for name in names}
+        self.batched = {name for name, fn in self.functions.items() if is_batched(name, fn)}
         self.weights = dict(zip(names, weights or [1.0] * len(names)))
 
     @classmethod
@@ -152,7 +198,11 @@ class RewardSet:
         self, completions: Sequence[str], answers: Sequence[str | None], rows: Sequence[Mapping[str, Any]]
     ) -> Rewards:
         per_function = {
-            name: torch.tensor([self._score(name, fn, *args) for args in zip(completions, answers, rows)])
+            name: torch.tensor(
+                self._batch(name, fn, completions, rows)
+                if name in self.batched
+                else [self._score(name, fn, *args) for args in zip(completions, answers, rows)]
+            )
             for name, fn in self.functions.items()
         }
         total = torch.zeros(len(completions))
@@ -168,6 +218,30 @@ class RewardSet:
             raise
         except Exception as e:  # the user's function: say which one and on what, keep its traceback
             raise RuntimeError(f"reward function {name!r} failed on the response {completion[:80]!r}: {e}") from e
-        if not isinstance(value, numbers.Real) or not math.isfinite(value):
-            raise UserError(f"reward function {name!r} returned {value!r}; it must return a finite number")
-        return float(value)
+        return _finite(name, value)
+
+    @staticmethod
+    def _batch(
+        name: str, fn: Callable[..., Any], completions: Sequence[str], rows: Sequence[Mapping[str, Any]]
+    ) -> list[float]:
+        """TRL's batched call: the responses, and each column of their rows as a list, by name."""
+        columns = {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)}
+        columns.pop("completions", None)
+        try:
+            values = fn(completions=list(completions), **columns)
+        except UserError:
+            raise
+        except Exception as e:  # the user's function: say which one, keep its traceback
+            raise RuntimeError(f"reward function {name!r} failed on a batch of {len(completions)}: {e}") from e
+        if not isinstance(values, Sequence) or len(values) != len(completions):
+            raise UserError(
+                f"reward function {name!r} returned {type(values).__name__} for {len(completions)} completions; a "
+                "batched reward function returns a list of one number per completion"
+            )
+        return [_finite(name, value) for value in values]
+
+
+def _finite(name: str, value: Any) -> float:
+    if not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise UserError(f"reward function {name!r} returned {value!r}; it must return a finite number")
+    return float(value)

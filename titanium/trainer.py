@@ -29,8 +29,10 @@ import torch.distributed._functional_collectives as funcol
 from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
-from titanium.config import JobConfig, to_toml_dict
-from titanium.config.components import EVALUATIONS, TRAINING_HOOKS
+from titanium.checkpoint.manager import complete_steps
+from titanium.config import ConfigError, JobConfig, to_toml_dict
+from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
+from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
@@ -73,9 +75,9 @@ class Trainer:
         self._build_model()
         self.optimizer = build_optimizer(self.model, cfg.optimizer)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
-        self.guard = StepGuard(cfg.guards, self.optimizer, self.device)
         self._register_hooks()
         self._build_objective()
+        self.guard = StepGuard(cfg.guards, self.optimizer, self.device, loss_spikes=self.objective.loss_spikes)
         self._build_evaluations()
         self._build_checkpointer()
         self._build_metrics()
@@ -91,11 +93,14 @@ class Trainer:
             torch.backends.cudnn.benchmark = False
 
     def _save_config(self) -> None:
-        """Print (rank 0) and save the resolved config next to the outputs, so a run can be repeated."""
+        """Print (rank 0) and save the resolved config next to the outputs, so a run can be repeated; resuming a
+        run configured otherwise, name the keys that differ."""
         if self.env.rank != 0:
             return
         text = tomli_w.dumps(to_toml_dict(self.cfg))
         folder = Path(self.cfg.job.dump_folder)
+        if self.cfg.checkpoint.enable and complete_steps(folder / self.cfg.checkpoint.folder):
+            warn_if_changed(folder / "config.toml", to_toml_dict(self.cfg))  # (before it is written over)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.toml").write_text(text)
         if self.cfg.job.print_config:
@@ -116,6 +121,8 @@ class Trainer:
         self.model_spec, self.model_args = self.builder.resolve(
             cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
         )
+        hf_start = cfg.checkpoint.initial_load_path if cfg.checkpoint.initial_load_in_hf else None
+        self.model_spec = OBJECTIVES.load(t.objective).policy_spec(self.model_spec, self.tokenizer, hf_start)
         converters = job_converters(cfg, self.dims, self.device.type)
         weights = StartingWeights(cfg.checkpoint, cfg.job.dump_folder)
         self.built = self.builder.build(
@@ -163,6 +170,8 @@ class Trainer:
             placement=self.placement,
             chat=self.cfg.chat,
             dump_folder=self.cfg.job.dump_folder,
+            fixed_shapes=self.dims.pp > 1,
+            sequence_multiple=self.dims.sequence_multiple,
             rollout=self.cfg.rollout,
         )
         self.objective = self._new_objective(self.cfg.data)
@@ -314,6 +323,9 @@ class Trainer:
             self.checkpointer.save(0, final=True, model_only=True)
             logger.info("seed checkpoint written; train from it with the same --job.dump_folder at any layout")
             return
+        if t.steps == 0:
+            self.evaluate_only(step)
+            return
         if step >= t.steps:
             logger.info("checkpoint is at step %d >= training.steps %d; nothing to do", step, t.steps)
             return
@@ -362,6 +374,21 @@ class Trainer:
         logger.info("training done: %d steps, %d tokens", step, self.train_state.tokens_seen)
         self._export()
 
+    def evaluate_only(self, step: int) -> None:
+        """``--training.steps 0``: run every evaluation the config turns on, once, on the weights as loaded (the
+        run's checkpoint, ``initial_load_path``, or a Hugging Face folder), log the numbers at ``step``, and
+        stop: no optimizer step, no checkpoint, no export."""
+        if not self.evaluations:
+            raise ConfigError(
+                "--training.steps 0 evaluates only, and no evaluation is on: set --validation.interval 1 (held-out "
+                "loss of the objective) or --eval.interval 1 (exact match of generated answers)"
+            )
+        for task in self.evaluations:
+            numbers = task.run(step)
+            self.metrics.log(step, numbers)
+            if self.env.rank == 0:
+                logger.info("evaluation at step %d: %s", step, "  ".join(f"{k} {v:.4g}" for k, v in numbers.items()))
+
     def _export(self) -> None:
         """End of training: what the export hooks write (e.g. a converter's own artifacts), then the HF export."""
         ck = self.checkpointer.cfg  # (under fault tolerance only replica group 0 exports)
@@ -389,6 +416,7 @@ class Trainer:
         guard_scalars = self.guard.check(step)  # (stops the run here after a non-finite step, if configured)
         loss = (result.loss_sum / result.units.clamp(min=1)).item()
         objective_metrics = self._reduce_metrics(result.metrics)
+        counters = self.objective.log_metrics()  # (host-side: skipped rows, long prompts, stale rollouts, ...)
         scalars = {
             "loss": loss,
             **guard_scalars,
@@ -398,7 +426,7 @@ class Trainer:
             **self.memory.stats(),
             **self.throughput.summary(step, self.cfg.training.steps),
             **objective_metrics,
-            **self.objective.log_metrics(),
+            **counters,
             **self.fault_tolerance.metrics(),
             **{k: v for numbers in self.hooks.metrics(step) for k, v in numbers.items()},
         }
@@ -406,7 +434,7 @@ class Trainer:
         self.metrics.log(step, scalars)
         if self.env.rank == 0:
             color = not self.cfg.metrics.disable_color_printing and sys.stderr.isatty()
-            names = self.executor.metrics.names
+            names = (*self.executor.metrics.names, *counters)
             logger.info(format_log_line(step, self.cfg.training.steps, scalars, color, names))
 
     def _reduce_metrics(self, sums: torch.Tensor) -> dict[str, float]:

@@ -7,7 +7,8 @@ All layouts run in one 4-process launch (``moe_worker``), the references in one 
 wrong gate or exchange shows there first). Gradients of every parameter at steps 1 and 5 to 1e-5 absolute
 (they are up to ~1). The auxiliary loss (its statistics summed over the data-parallel ranks) equals one process's
 to 1e-5 relative. Layouts with pipeline parallelism use the aux-loss-free bias (the aux loss needs all layers at
-once), with a large update rate so the bias changes the routing within the 5 steps; so do two others.
+once), with a large update rate so the bias changes the routing within the 5 steps; so do two others. One
+trains LoRA adapters on the stacked experts (and ``wq``) under EP 2 x FSDP 2, the adapters sharded by expert.
 """
 
 from __future__ import annotations
@@ -22,33 +23,37 @@ from tests.helpers import run_train, scalars, tiny_args
 
 STEPS = 5
 BIAS = ("--moe.load_balance", "bias", "--moe.bias_update_rate", "0.05")
-LAYOUTS = {
-    "ep4": (False, ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "4")),
+LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "experts", "--optimizer.lr", "1e-2")
+REFERENCES = {"aux": (), "bias": BIAS, "lora": LORA}
+"""Each layout's one-process reference: its flags beyond the layout's."""
+LAYOUTS = {  # name -> (reference, layout flags)
+    "ep4": ("aux", ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "4")),
     "ep2_fsdp2_ac": (
-        False,
+        "aux",
         ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2",
          "--activation_checkpoint.mode", "full"),
     ),
     "ep2_cp2": (
-        False,
+        "aux",
         ("--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2",
          "--parallelism.context_parallel_degree", "2"),
     ),
     "ep2_tp2": (
-        False,
+        "aux",
         ("--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2",
          "--parallelism.tensor_parallel_degree", "2"),
     ),
     "ep2_pp2": (
-        True,
+        "bias",
         ("--training.local_batch_size", "2", "--parallelism.expert_parallel_degree", "2",
          "--parallelism.pipeline_parallel_degree", "2"),
     ),
     "hsdp2_ep2": (
-        True,
+        "bias",
         ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2",
          "--parallelism.data_parallel_replicate_degree", "2"),
     ),
+    "ep2_fsdp2_lora": ("lora", ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2")),
 }  # fmt: skip
 
 
@@ -83,15 +88,15 @@ def grads(folder: Path, step: int) -> dict[str, torch.Tensor]:
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("moe_layouts")
     single = ("--training.local_batch_size", "4")
-    launch(1, [moe_job(root / "single_aux", *single), moe_job(root / "single_bias", *single, *BIAS)])
-    launch(4, [moe_job(root / name, *extra, *(BIAS if bias else ())) for name, (bias, extra) in LAYOUTS.items()])
+    launch(1, [moe_job(root / f"single_{name}", *single, *flags) for name, flags in REFERENCES.items()])
+    launch(4, [moe_job(root / name, *extra, *REFERENCES[reference]) for name, (reference, extra) in LAYOUTS.items()])
     return root
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_expert_parallel_layout_matches_one_process(runs, name):
-    bias = LAYOUTS[name][0]
-    reference, got = runs / ("single_bias" if bias else "single_aux"), runs / name
+    kind = LAYOUTS[name][0]
+    reference, got = runs / f"single_{kind}", runs / name
     ref_losses, losses = scalars(reference / "tb"), scalars(got / "tb")
     assert sorted(losses) == list(range(1, STEPS + 1))
     for step in losses:
@@ -99,7 +104,7 @@ def test_expert_parallel_layout_matches_one_process(runs, name):
     ref_loads, got_loads = loads(reference), loads(got)
     assert sorted(got_loads) == list(range(1, STEPS + 1)) and sorted(got_loads[1]) == [0, 1, 2, 3]
     assert got_loads == ref_loads
-    if not bias:
+    if kind != "bias":
         ref_aux, aux = scalars(reference / "tb", "moe/aux_loss"), scalars(got / "tb", "moe/aux_loss")
         for step in aux:
             assert aux[step] == pytest.approx(ref_aux[step], rel=1e-5), (step, aux, ref_aux)

@@ -3,9 +3,9 @@
 ``tests/objectives/synced_engine.py`` trains the debug model 3 steps (fp32, lr 1e-2 so each step moves every
 weight) and syncs a titanium engine on every rank after every optimizer step, as the loop's after-step hook will.
 At the end each rank's engine must hold exactly the weights of the run's Hugging Face export
-(``--checkpoint.last_save_in_hf``: ``merged_full_state_dict`` / the pipeline stage gather, LoRA merged): bitwise,
-on every rank. A sync that was skipped, stale or went to the wrong block would hold a step's update too little
-(checked by hand: with the last sync skipped, the fsdp2 case fails).
+(``--checkpoint.last_save_in_hf``, LoRA merged; itself checked against one process by test_pp_hf_export.py and
+test_hf_fsdp.py): bitwise, on every rank. A sync that was skipped, stale or went to the wrong block would hold a
+step's update too little (checked by hand: with the last sync skipped, the fsdp2 case fails).
 """
 
 from __future__ import annotations

@@ -30,7 +30,11 @@ def no_process_group(monkeypatch):
 
 
 CONFIG_MISTAKES = [
-    (("--model.name", "gpt5"), "--model.name 'gpt5' is not a known model; known models: llama3, qwen3, qwen3_moe"),
+    (
+        ("--model.name", "gpt5"),
+        "--model.name 'gpt5' is not a known model; known models: gemma2, llama3, mistral, phi3, qwen2, qwen3, "
+        "qwen3_moe",
+    ),
     (("--model.flavor", "7B"), "--model.flavor '7B' is not a flavor of llama3; valid flavors: debugmodel, 1B, 3B"),
     (
         ("--training.global_batch_size", "6"),
@@ -78,7 +82,10 @@ def write_bad_inputs(tmp_path):
     (tmp_path / "bad.jsonl").write_text("".join(json.dumps({"body": f"row {i}"}) + "\n" for i in range(20)))
     return [
         (("--tokenizer.path", str(tmp_path / "bad.tiktoken")), "bad.tiktoken:1: not a 'base64_token rank' line"),
-        (("--data.path", str(tmp_path / "bad.jsonl")), "nothing to train on (20 bad rows skipped)"),
+        (
+            ("--data.path", str(tmp_path / "bad.jsonl")),
+            "nothing to train on (20 bad rows skipped: check the file's columns",
+        ),
     ]
 
 

@@ -70,3 +70,26 @@ def test_debug_dpo_raises_heldout_preference_accuracy_and_keeps_exact_match(tmp_
     assert result["reward_accuracy"] >= 0.7, result  # 0 before DPO; measured 0.79-0.845
     assert result["margin"] >= 0.15, result  # 0 before DPO; measured 0.22-0.24
     assert result["exact_match_after"] >= result["exact_match_before"] - 0.1, result  # measured -0.8 to +11 points
+
+
+SIMPO_STEPS = 12
+
+
+def test_simpo_lowers_its_loss_without_a_reference(tmp_path: Path) -> None:
+    """SimPO (reference-free) from a fresh debug model on 16 pairs seen every step: the loss must fall. Short on
+    purpose (the chain above already takes minutes); the loss itself is checked against TRL's function in
+    tests/unit/test_dpo_objective.py."""
+    pairs = tmp_path / "pairs.jsonl"
+    lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines(keepends=True)
+    pairs.write_text("".join(lines[:16]))
+    run_train([
+        "--job.config_file", str(REPO / "train_configs/debug_dpo.toml"), "--job.dump_folder", str(tmp_path / "run"),
+        "--data.path", str(pairs), "--checkpoint.no_enable", "--checkpoint.initial_load_path", "",
+        "--eval.interval", "0", "--dpo.loss_type", "simpo", "--dpo.rpo_alpha", "0", "--dpo.beta", "2.0",
+        "--dpo.simpo_gamma", "1.0", "--training.steps", str(SIMPO_STEPS), "--metrics.log_freq", "1",
+        "--optimizer.lr", "1e-3", "--lr_scheduler.warmup_steps", "2", "--job.no_print_config",
+    ])  # fmt: skip
+    loss = scalars(tmp_path / "run/tb")
+    first, last = loss[1], loss[SIMPO_STEPS]
+    print(json.dumps({"first": first, "last": last}))
+    assert last < 0.7 * first, loss

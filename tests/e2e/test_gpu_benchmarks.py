@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from tests.helpers import REPO, env, load_script
 from titanium.config.loader import tomllib
@@ -47,6 +48,7 @@ def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
     assert [name for p, name, _, _ in steps if p == 1][1:3] == ["cuda_tests", "pretrain_8b"]
     names = {name for _, name, _, _ in steps}
     assert {"sft_ladder", "float8_linear", "pretrain_1b", "generation", "chunked_ce", "dpo_memory"} <= names
+    assert {"moe_layer", "pretrain_moe"} <= names
     outs = []
     for _, name, _, argv in steps:
         if name == "install":
@@ -94,9 +96,9 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
 
 
-def smoke(script: str, tmp_path: Path) -> str:
+def smoke(script: str, tmp_path: Path, *extra: str) -> str:
     out = tmp_path / f"{Path(script).stem}.md"
-    cmd = [sys.executable, script, "--device", "cpu", "--smoke", "--out", str(out)]
+    cmd = [sys.executable, script, "--device", "cpu", "--smoke", "--out", str(out), *extra]
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     return out.read_text()
@@ -135,6 +137,20 @@ def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(tmp_path):
     assert tensorwise_speedup == pytest.approx(bf16_ms / tensorwise_ms, rel=0.05)  # (of the rounded times)
 
 
+def test_moe_benchmarks_run_on_cpu(tmp_path):
+    """Part 5's two scripts on CPU shapes: the MoE model (``--models 30B-A3B``, smoke: its debug flavor) trains and
+    logs tokens/s; the layer benchmark times all three grouped GEMMs, which agree with the loop."""
+    rows = table_rows(smoke("benchmarks/pretrain_speed.py", tmp_path, "--models", "30B-A3B"))
+    assert set(rows) == {"eager"} and float(rows["eager"][0].replace(",", "")) > 0
+
+    layer = load_script("benchmarks/moe_layer.py")
+    (row,) = layer.measure("128,32,32,8,2", torch.float32, torch.device("cpu"), repeats=1)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "128x32, F 32, E 8, top-2" and cells[1] == "float32"
+    assert all(float(ms.replace(",", "")) > 0 for ms in cells[2:5]), cells  # (a failing kind writes "fails: ...")
+    assert float(cells[5]) < 1e-5 and cells[7] == "padded_bmm"
+
+
 def test_vocab_tokenizer_has_the_asked_size_and_encodes_text(tmp_path):
     common = load_script("benchmarks/bench_common.py")
     from titanium.data.tokenizer import TiktokenTokenizer
@@ -165,7 +181,7 @@ def test_full_depth_scale_and_the_papers_figure():
 
 def test_every_benchmark_row_is_a_valid_job(tmp_path):
     """Each row's flags pass the config checks that run before training (a refused combination would cost a GPU
-    run): every variant of pretrain_speed for both models, every row of the SFT ladder (the rows differ by flags
+    run): every variant of pretrain_speed for its three models, every row of the SFT ladder (the rows differ by flags
     alone; their models by flavor, checked for the first and last rows)."""
     import argparse
 
@@ -174,10 +190,10 @@ def test_every_benchmark_row_is_a_valid_job(tmp_path):
 
     speed, ladder = load_script("benchmarks/pretrain_speed.py"), load_script("benchmarks/sft_ladder.py")
     tokenizer = REPO / "assets/tokenizer/titanium_debug.tiktoken"  # (the checks only look that it exists)
-    for flavor in ("8B", "1B"):
+    for family, flavor in (("llama3", "8B"), ("llama3", "1B"), ("qwen3_moe", "30B-A3B")):
         for variant in speed.VARIANTS.values():
-            flags = [*speed.BASE, "--model.flavor", flavor, "--tokenizer.path", str(tokenizer), *variant]
-            check_job(load_config(flags), 1)
+            flags = [*speed.BASE, "--model.name", family, "--model.flavor", flavor, "--tokenizer.path", str(tokenizer)]
+            check_job(load_config([*flags, *variant]), 1)
     opts = argparse.Namespace(smoke=False, data_kind="chat", data_path=ladder.DEFAULT_DATA, steps=4, log_freq=2)
     ladder.vocab_tokenizer = lambda folder, vocab: tokenizer
     rows = [*ladder.LADDER, *ladder.PACKED]

@@ -86,3 +86,9 @@ class NanGrad(_Faulty):
 class LossSpike(_Faulty):
     def fault(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * 20
+
+
+class UnscaledLossSpike(LossSpike):
+    """LossSpike from an objective that declares its loss spikes meaningless (as GRPO's loss near 0)."""
+
+    loss_spikes = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,7 +47,7 @@ def test_cli_accepts_equals_and_hyphens(monkeypatch):
         ("[training]\nsteps = 1.5\n", "expected an integer"),
         ("[checkpoint]\nenable = 1\n", "expected true or false"),
         ('[lr_scheduler]\ndecay_type = "cosin"\n', "expected one of 'linear', 'cosine', 'sqrt'"),
-        ("[training]\nsteps = 0\n", "--training.steps must be >= 1, got 0"),
+        ("[training]\nsteps = -1\n", "--training.steps must be >= 0 (0: evaluate only, no training), got -1"),
         ("[lr_scheduler]\ndecay_ratio = 1.5\n", "decay_ratio must be in (0, 1]"),
         ('[tokenizer]\npath = "nope.tiktoken"\n', "--tokenizer.path: file not found: nope.tiktoken"),
         ('[data]\npath = "missing/*.jsonl"\n', "--data.path: no file matches missing/*.jsonl"),
@@ -77,7 +78,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     "args, message",
     [
         (["--job.config_file", "nope.toml"], "config file not found"),
-        (["--training.steps", "-3"], "--training.steps must be >= 1"),
+        (["--training.steps", "-3"], "--training.steps must be >= 0"),
         (["--training.stepz", "3"], "--training.steps"),  # tyro's did-you-mean
         (["--training.steps", "x"], "--training.steps"),
         (["--parallelism.data_parallel_shard_degree", "3"], "world size is 1"),
@@ -149,3 +150,28 @@ def test_chat_settings_moved_from_sft_still_read_with_a_warning(tmp_path, monkey
         load_config(["--job.config_file", write(tmp_path, '[sft]\nchat_template = "a"\n[chat]\nchat_template = "b"\n')])
     with pytest.raises(ConfigError, match="--sft.chat_template and --chat.chat_template are the same setting"):
         load_config(["--sft.chat_template", "llama3", "--chat.chat_template", "llama3"])
+
+
+@pytest.mark.parametrize(
+    "flag, hint",
+    [
+        (["--learning_rate", "1e-4"], "--learning_rate is TRL's name; titanium's is --optimizer.lr"),
+        (["--per-device-train-batch-size=8"], "titanium's is --training.local_batch_size"),
+        (["--num_train_epochs", "3"], "--training.steps (titanium counts optimizer steps, not epochs)"),
+        (["--max_length", "512"], "titanium's is --training.seq_len"),
+        (["--beta", "0.1"], "titanium's is --dpo.beta (DPO) or --grpo.beta (GRPO)"),
+    ],
+)
+def test_a_trl_option_name_gets_titaniums(flag, hint):
+    """It used to be the CLI parser's "Unrecognized options"; each TRL name maps to an option that exists."""
+    with pytest.raises(ConfigError, match=re.escape(hint)):
+        load_config(flag)
+
+
+def test_every_trl_name_maps_to_an_existing_option():
+    from titanium.config.trl_names import TRL_NAMES
+
+    cfg = load_config([])
+    for name, target in TRL_NAMES.items():
+        for option in re.findall(r"--(\w+)\.(\w+)", target):
+            assert hasattr(getattr(cfg, option[0]), option[1]), (name, option)

@@ -369,4 +369,23 @@ def test_preference_config_checks():
     assert "--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0" in problems
     cfg = JobConfig()
     cfg.dpo.loss_type, cfg.dpo.label_smoothing = "ipo", 0.1
-    assert list(validate(cfg)) == ["--dpo.label_smoothing applies to --dpo.loss_type sigmoid only; set it to 0 for ipo"]
+    expected = "--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for ipo"
+    assert list(validate(cfg)) == [expected]
+
+
+def test_a_pass_with_every_pair_dropped_says_why(tmp_path):
+    """Every pair too long with on_long_pair drop (and one bad row): the error counts each cause and names the
+    options to change, not only the bad rows."""
+    long = {"prompt": "q" * 80, "chosen": "a", "rejected": "b"}
+    path = jsonl(tmp_path / "long.jsonl", [long, long, {"prompt": "q"}, long])
+    with pytest.raises(DataError) as error:
+        take(dataset(path, seq_len=32, on_long_pair="drop"), 1)
+    message = str(error.value)
+    assert "nothing to train on (1 bad rows skipped: check the file's columns" in message
+    assert "3 pairs longer than --training.seq_len 32 dropped: raise it, or set --dpo.on_long_pair truncate" in message
+    mixed = jsonl(tmp_path / "ok.jsonl", [long, {"prompt": "q", "chosen": "a", "rejected": "b"}])
+    ds = dataset(mixed, seq_len=32, on_long_pair="drop")
+    take(ds, 1)
+    restored = dataset(mixed, seq_len=32)
+    restored.load_state_dict(ds.state_dict())
+    assert (restored.dropped, restored.long_dropped) == (1, 1)

@@ -1,8 +1,10 @@
 """The DPO objective in one process: loss and metrics against each sequence run alone, padded and packed
-microbatches alike; cached reference log-probs equal online ones; what the cache is keyed by."""
+microbatches alike, for every loss type (reference-free ones build no reference); cached reference log-probs
+equal online ones; what the cache is keyed by; bad loss settings; row widths under each layout."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -23,10 +25,12 @@ from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.model_builder import WeightSource
 from titanium.models import build_model_args, get_model_spec
+from titanium.parallel.dims import ParallelDims
 from titanium.tools import eval_preference
 from titanium.trainers.base import ModelOutput, ObjectiveContext
 from titanium.trainers.dpo import METRICS, DPOObjective, PreferenceFields, response_sums, token_logps
 from titanium.trainers.dpo_reference import ReferenceCache
+from titanium.trainers.preference_losses import bco_pair_loss, orpo_loss, robust_dpo_loss, simpo_loss, token_mean_nll
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
 SEQ_LEN = 64
@@ -223,3 +227,130 @@ def test_eval_preference_refuses_a_folder_without_weights(tmp_path, capsys):
     )
     assert code == 2
     assert "neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder" in capsys.readouterr().err
+
+
+def alone_sequence_logp(model: torch.nn.Module, sample: dict) -> tuple[torch.Tensor, int]:
+    """Summed log-prob of every token of a sequence after its first (prompt and response: ORPO's NLL) and their
+    count, the sequence run by itself."""
+    tokens = sample["tokens"]
+    log_probs = F.log_softmax(model(torch.tensor([tokens])).float(), dim=-1)[0]
+    return sum(log_probs[i, t] for i, t in enumerate(tokens[1:])), len(tokens) - 1
+
+
+def labels_of(sample: dict) -> int:
+    return sum(t != IGNORE_INDEX for t in sample["labels"])
+
+
+# Each new loss type with non-default settings, and its pure function (titanium/trainers/preference_losses.py,
+# equal to TRL's) on the per-sequence log-probs: (config, fn(pc, pr, rc, rr, lc, lr) -> per-pair losses, SFT
+# term: None, "response" or "sequence", its weight).
+LOSS_TYPES = {
+    "robust": (
+        DPOSection(loss_type="robust", beta=0.5, label_smoothing=0.2),
+        lambda pc, pr, rc, rr, lc, lr: robust_dpo_loss(pc, pr, rc, rr, beta=0.5, label_smoothing=0.2),
+        None,
+    ),
+    "bco_pair": (
+        DPOSection(loss_type="bco_pair", beta=0.7),
+        lambda pc, pr, rc, rr, lc, lr: bco_pair_loss(pc, pr, rc, rr, beta=0.7),
+        None,
+    ),
+    "simpo": (
+        DPOSection(loss_type="simpo", beta=2.0, simpo_gamma=1.0, label_smoothing=0.1),
+        lambda pc, pr, rc, rr, lc, lr: simpo_loss(pc, pr, lc, lr, beta=2.0, gamma=1.0, label_smoothing=0.1),
+        None,
+    ),
+    "cpo_simpo": (
+        DPOSection(loss_type="simpo", cpo_alpha=1.0),
+        lambda pc, pr, rc, rr, lc, lr: simpo_loss(pc, pr, lc, lr),
+        "response",
+    ),
+    "orpo": (
+        DPOSection(loss_type="orpo", beta=0.3),
+        lambda pc, pr, rc, rr, lc, lr: orpo_loss(pc, pr, lc, lr, beta=0.3),
+        "sequence",
+    ),
+}
+
+
+@pytest.mark.parametrize(
+    ("case", "packing"), [(case, False) for case in LOSS_TYPES] + [("simpo", True), ("orpo", True)]
+)
+@torch.no_grad()
+def test_each_loss_type_equals_its_function_on_each_sequence_run_alone(tmp_path, pairs_file, case, packing):
+    cfg, fn, sft = LOSS_TYPES[case]
+    cfg = dataclasses.replace(cfg, packing=packing)
+    reference_free = cfg.loss_type in ("simpo", "orpo")
+    models = local_models(never_built if reference_free else lambda: REFERENCE)
+    obj = objective(tmp_path, pairs_file, cfg, models=models)
+    [batch] = obj.prepare([obj.next_microbatch()]).batches
+    assert (obj.reference is None) == reference_free and (batch.fields.reference_logps is None) == reference_free
+    result = obj.loss(ModelOutput(logits=POLICY(**batch.model_inputs())), batch)
+
+    n = int(batch.units())
+    pairs = first_pairs(pairs_file, n)
+    pc, pr, rc, rr = (
+        torch.stack([alone_logp(model, getattr(pair, side)) for pair in pairs])
+        for model, side in [(POLICY, "chosen"), (POLICY, "rejected"), (REFERENCE, "chosen"), (REFERENCE, "rejected")]
+    )
+    lc, lr = (
+        torch.tensor([float(labels_of(getattr(pair, side))) for pair in pairs]) for side in ("chosen", "rejected")
+    )
+    expected = fn(pc, pr, rc, rr, lc, lr)
+    total = expected.losses.sum()
+    if sft == "response":
+        total = total + cfg.cpo_alpha * token_mean_nll(pc, lc) * n
+    elif sft == "sequence":
+        logp, count = zip(*(alone_sequence_logp(POLICY, pair.chosen) for pair in pairs))
+        total = total + token_mean_nll(torch.stack(logp), torch.tensor(count, dtype=torch.float)) * n
+    torch.testing.assert_close(result.loss_sum, total, rtol=1e-5, atol=1e-5)
+    assert set(result.metrics) == set(obj.metric_names)
+    reward, count = result.metrics["dpo/reward_chosen"]
+    assert int(count) == n
+    torch.testing.assert_close(reward, expected.chosen_rewards.sum(), rtol=1e-5, atol=1e-5)
+    for name, values in expected.extra.items():
+        torch.testing.assert_close(result.metrics[f"dpo/{name}"][0], values.sum(), rtol=1e-5, atol=1e-5)
+    assert ("dpo/nll_loss" in result.metrics) == (sft is not None)
+
+
+def test_bad_loss_settings_are_refused_one_message_each():
+    def problems(**dpo) -> list[str]:
+        cfg = JobConfig()
+        cfg.training.objective, cfg.data.kind = "dpo", "preference"
+        for key, value in dpo.items():
+            setattr(cfg.dpo, key, value)
+        return list(validate(cfg))
+
+    assert problems(loss_type="simpo", cpo_alpha=1.0, simpo_gamma=2.0, label_smoothing=0.2) == []
+    assert problems(loss_type="orpo", precompute_reference=True) == [
+        "--dpo.loss_type orpo needs no reference model: set --dpo.precompute_reference false"
+    ]
+    assert problems(loss_type="simpo", length_normalize=True) == [
+        "--dpo.loss_type simpo always averages log-probs: set --dpo.length_normalize false"
+    ]
+    assert problems(cpo_alpha=1.0) == [
+        "--dpo.cpo_alpha applies to --dpo.loss_type simpo (CPO-SimPO); set it to 0 for sigmoid"
+    ]
+    assert problems(loss_type="simpo", cpo_alpha=-1.0) == [
+        "--dpo.cpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0"
+    ]
+    assert problems(loss_type="bco_pair", label_smoothing=0.1) == [
+        "--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for bco_pair"
+    ]
+    assert problems(loss_type="robust", label_smoothing=0.5) == ["--dpo.label_smoothing must be in [0, 0.5), got 0.5"]
+    assert problems(pad_multiple=0) == ["--dpo.pad_multiple must be >= 1 (8 suits tensor cores), got 0"]
+
+
+def test_rows_are_trimmed_by_default_and_as_wide_as_the_layout_needs(tmp_path, pairs_file, caplog):
+    def width(cfg: DPOSection, **ctx) -> int:
+        return objective(tmp_path, pairs_file, cfg, **ctx).next_microbatch().tokens.shape[1]
+
+    trimmed = width(DPOSection())  # auto: the longest row, in buckets of 8
+    assert trimmed < SEQ_LEN and trimmed % 8 == 0
+    assert width(DPOSection(pad_to="seq_len")) == SEQ_LEN
+    assert width(DPOSection(), sequence_multiple=12) % 24 == 0  # lcm(pad_multiple 8, 2 x cp, cp x tp)
+    assert width(DPOSection(), fixed_shapes=True) == SEQ_LEN and not caplog.records  # pipeline: auto says nothing
+    assert width(DPOSection(pad_to="longest"), fixed_shapes=True) == SEQ_LEN
+    assert "pipeline parallelism needs fixed shapes" in caplog.text
+    dims = [ParallelDims(1, 1, 8, tp=2), ParallelDims(1, 1, 8, cp=2), ParallelDims(1, 1, 8, cp=2, tp=4)]
+    assert [d.sequence_multiple for d in dims] == [2, 4, 8]

@@ -98,13 +98,25 @@ def test_a_loss_spike_is_logged_with_its_step(make_trainer, tmp_path, caplog):
     assert 15 < ratio < 25  # the loss was multiplied by 20 (the running mean is of nearby losses)
 
 
-def test_no_spike_is_logged_for_a_loss_around_zero(caplog):
-    """GRPO's loss is centered at 0: a running mean <= 0 gives no ratio to compare, so nothing is a spike."""
-    guard = StepGuard(
-        GuardsSection(), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), torch.device("cpu")
-    )
-    for step, loss in enumerate([-0.01, -0.02, 0.0, 0.001, -0.005, 0.002], start=1):
-        guard.before_optimizer_step(step, torch.tensor(loss), torch.tensor(1.0))
+def test_no_spike_is_logged_for_an_objective_whose_loss_sits_near_zero(make_trainer, tmp_path, caplog):
+    """GRPO's loss sits near 0 with either sign: its ratio to the running mean is noise (on real GRPO runs the
+    warning fired on 6 of 10 steps). The objective says so (``loss_spikes = False``), and the guard, which the loop
+    builds with that declaration, tracks no spikes; a positive mean near 0 fires without it."""
+    from titanium.trainers.grpo import GRPOObjective
+
+    assert GRPOObjective.loss_spikes is False
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    losses = [0.002, -0.01, 0.004, 0.03, -0.002, 0.02]  # (a GRPO-like series, positive mean)
+    for declared, warnings in ((True, 1), (False, 0)):
+        guard = StepGuard(GuardsSection(), optimizer, torch.device("cpu"), loss_spikes=declared)
+        for step, loss in enumerate(losses, start=1):
+            guard.before_optimizer_step(step, torch.tensor(loss), torch.tensor(1.0))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="titanium"):
+            guard.check(6)
+        assert len([r for r in caplog.records if "loss spike" in r.getMessage()]) == warnings, declared
+    trainer = make_trainer(*_args(tmp_path, "UnscaledLossSpike", "--training.steps", "5", "--metrics.log_freq", "5"))
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="titanium"):
-        guard.check(6)
+        trainer.train()
     assert not [r for r in caplog.records if "loss spike" in r.getMessage()]

@@ -176,6 +176,23 @@ def test_rank_zero_is_a_no_op_and_unadaptable_layers_are_refused() -> None:
     assert not any(isinstance(m, LoRALinear) for m in converted.modules())  # a failed call changes nothing
 
 
+def test_expert_adapters_are_refused_where_they_cannot_work() -> None:
+    """``experts`` on a dense model; dropout, DoRA or an NF4 base with the experts' weight update."""
+    from titanium.models import build_model_args, get_model_spec
+
+    spec = get_model_spec("qwen3_moe")
+    with torch.device("meta"):
+        dense = Transformer(ARGS)
+        moe = spec.model_cls(build_model_args(spec, "debugmodel_moe"))
+    with pytest.raises(UserError, match="the model has no MoE experts named experts"):
+        apply_lora(dense, _lora(target_modules=["experts"]))
+    for bad in ({"dropout": 0.1}, {"use_dora": True}, {"quantize_base": "nf4"}):
+        with pytest.raises(UserError, match="set --lora.dropout 0, --lora.use_dora false and --lora.quantize_base"):
+            apply_lora(moe, _lora(target_modules=["wq", "experts"], **bad))
+    assert not any(isinstance(m, LoRALinear) for m in moe.modules())  # a failed call changes nothing
+    assert len(apply_lora(moe, _lora(target_modules=["experts"]))) == 4
+
+
 @pytest.mark.parametrize("dora", [False, True], ids=["qlora", "qdora"])
 def test_qlora_trains_on_cpu(dora: bool) -> None:
     model = _build(_lora(target_modules=["attention", "mlp"], use_dora=dora))

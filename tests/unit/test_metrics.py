@@ -7,6 +7,7 @@ import logging
 import re
 import sys
 import time
+import types
 
 import pytest
 import torch
@@ -340,3 +341,25 @@ def test_wandb_offline(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
         ml.log(1, {"loss": 3.0, "mfu_pct": None})
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs, "W&B offline run folder was not created"
+
+
+def test_run_name_names_the_wandb_run_and_a_tensorboard_folder(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    inits: list[dict] = []
+    run = types.SimpleNamespace(log=lambda values, step: None, finish=lambda: None)
+    fake = types.SimpleNamespace(init=lambda **kwargs: inits.append(kwargs) or run)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    cfg = MetricsSection(enable_wandb=True, run_name="lr-1e-4")
+    with MetricsLogger(cfg, str(tmp_path), rank=0) as ml:
+        ml.log(1, {"loss": 2.0})
+    assert inits[0]["name"] == "lr-1e-4"
+    assert _read_scalars(str(tmp_path / "tb" / "lr-1e-4"))["loss_metrics/global_avg_loss"] == [(1, 2.0)]
+
+
+def test_objective_metrics_are_also_logged_under_trls_names(tmp_path) -> None:
+    with MetricsLogger(MetricsSection(), str(tmp_path), rank=0) as ml:
+        ml.log(1, {"dpo/margin": 0.5, "dpo/accuracy": 0.75, "grpo/clip_frac": 0.1, "grpo/reward/exact_match": 0.25})
+    scalars = _read_scalars(str(tmp_path / "tb"))
+    assert scalars["dpo/margin"] == scalars["rewards/margins"] == [(1, 0.5)]
+    assert scalars["rewards/accuracies"] == [(1, 0.75)] and scalars["clip_ratio"] == [(1, pytest.approx(0.1))]
+    assert scalars["rewards/exact_match/mean"] == [(1, 0.25)]

@@ -13,7 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 from titanium.config.sections import MoESection
 from titanium.models import get_model_spec
-from titanium.models.common.moe import MoE, MoEArgs, expert_swiglu, moe_layers, switch_aux_loss
+from titanium.models.common.moe import MoE, MoEArgs, expert_swiglu, grouped_gemm_kind, moe_layers, switch_aux_loss
 from titanium.models.flops import count_params_on_meta
 from titanium.models.hf_adapter import HFExportError
 from titanium.models.qwen3_moe import QWEN3_MOE_FLAVORS, Qwen3MoeArgs, Qwen3MoeTransformer
@@ -25,18 +25,25 @@ def _experts(e: int, d: int, f: int, dtype: torch.dtype, seed: int = 0) -> list[
     return [(torch.randn(e, *s, generator=gen) / 4).to(dtype).requires_grad_() for s in ((f, d), (d, f), (f, d))]
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_grouped_gemms_agree_with_the_loop(dtype):
-    """All three kinds give the loop's output and gradients (uneven and empty groups included)."""
-    counts = torch.tensor([5, 0, 3, 9, 0, 1])
-    weights = _experts(6, 16, 24, dtype)  # (grouped_mm needs rows of a multiple of 16 bytes)
-    x = torch.randn(int(counts.sum()), 16, generator=torch.Generator().manual_seed(1)).to(dtype).requires_grad_()
-    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+def test_grouped_gemms_agree_with_the_loop(dtype, device):
+    """All kinds give the loop's output and gradients (uneven and empty groups included), on CPU and on a GPU, where
+    bfloat16 takes ``torch._grouped_mm`` (the GPU's kind; float32 there is padded ``bmm``)."""
+    counts = torch.tensor([5, 0, 3, 9, 0, 1], device=device)
+    weights = [w.detach().to(device).requires_grad_() for w in _experts(6, 16, 24, dtype)]  # (rows: 16-byte multiples)
+    x = torch.randn(int(counts.sum()), 16, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    x.requires_grad_()
+    grad = torch.randn(x.shape, generator=torch.Generator().manual_seed(2)).to(device, dtype)
+    gpu_kind = "grouped_mm" if dtype == torch.bfloat16 else "padded_bmm"
+    if device == "cuda":
+        assert grouped_gemm_kind(x, weights[0]) == gpu_kind
+    kinds = ("padded_bmm", "grouped_mm") if device == "cpu" else (gpu_kind,)
     results = {}
-    for kind in ("loop", "padded_bmm", "grouped_mm"):
+    for kind in ("loop", *kinds):
         out = expert_swiglu(x, counts, *weights, kind=kind)
         results[kind] = [out, *torch.autograd.grad(out, [x, *weights], grad)]
-    for kind in ("padded_bmm", "grouped_mm"):
+    for kind in kinds:
         for got, want in zip(results[kind], results["loop"]):
             torch.testing.assert_close(got, want, rtol=1e-5 if dtype == torch.float32 else 1e-2, atol=1e-5)
 

@@ -114,3 +114,12 @@ def test_data_parallel_split_and_exact_resume(tokenizer) -> None:
     resumed = _dataset(tokenizer, TASKS)
     resumed.load_state_dict(first.state_dict())
     assert [s.answer for s in itertools.islice(resumed, 7)] == whole[5:12]
+
+
+def test_a_pass_with_every_prompt_too_long_says_why(tmp_path: Path, tokenizer) -> None:
+    rows = [{"messages": [{"role": "user", "content": "long " * 200}], "answer": "1"}] * 3
+    with pytest.raises(DataError) as error:
+        next(iter(_dataset(tokenizer, _write(tmp_path / "rows.jsonl", rows), max_prompt_len=64)))
+    assert "nothing to train on (3 prompts longer than --grpo.max_prompt_len 64 tokens skipped: raise it" in str(
+        error.value
+    )

@@ -112,3 +112,30 @@ def test_bad_reward_names_and_values(tmp_path: Path, monkeypatch) -> None:
             RewardSet([spec])(["4"], ["4"], [{}])
     with pytest.raises(RuntimeError, match="reward function 'bad_rewards:boom' failed on the response '4'"):
         RewardSet(["bad_rewards:boom"])(["4"], ["4"], [{}])
+
+
+def test_trl_batched_rewards_file_paths_and_wrong_signatures(tmp_path: Path) -> None:
+    """TRL's batched ``fn(completions, **kwargs) -> list[float]`` gets the responses and each row column as a list;
+    a function given by file path is loaded; a function of neither form is refused when the set is built (at
+    start-up; it used to fail only after the first rollout, with a traceback)."""
+    path = tmp_path / "trl_rewards.py"
+    path.write_text(
+        "def lengths(completions, **kwargs):\n    return [len(c) * s for c, s in zip(completions, kwargs['scale'])]\n"
+        "def one(completion, answer, row):\n    return 1.0\n"
+        "def two_args(completion, answer):\n    return 1.0\n"
+        "def short(completions, **kwargs):\n    return [1.0]\n"
+    )
+    rewards = RewardSet([f"{path}:lengths", f"{path}:one"])
+    out = rewards(["ab", "abcd"], [None, None], [{"scale": 1}, {"scale": 10}])
+    assert out.per_function[f"{path}:lengths"].tolist() == [2.0, 40.0]
+    assert out.total.tolist() == [3.0, 41.0]
+    with pytest.raises(ConfigError) as err:
+        RewardSet([f"{path}:two_args"])
+    assert str(err.value).startswith(f"--grpo.rewards '{path}:two_args': two_args(completion, answer) cannot be ")
+    assert "fn(completion, answer, row) -> float, or as TRL's batched fn(completions, **kwargs)" in str(err.value)
+    with pytest.raises(UserError, match="returned list for 2 completions; a batched reward function returns"):
+        RewardSet([f"{path}:short"])(["a", "b"], [None, None], [{}, {}])
+    with pytest.raises(ConfigError, match=f"no file {tmp_path}/nothing.py"):
+        RewardSet([f"{tmp_path}/nothing.py:f"])
+    with pytest.raises(ConfigError, match="trl_rewards.py has no 'missing'"):
+        RewardSet([f"{path}:missing"])

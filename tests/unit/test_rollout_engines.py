@@ -10,13 +10,13 @@ import dataclasses
 import pytest
 import torch
 
+from titanium.checkpoint.full_blocks import block_name, full_blocks
 from titanium.config.sections import LoRASection, RolloutSection
 from titanium.errors import UserError
 from titanium.generation.engine import build_engine
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.generation.titanium_engine import TitaniumEngine
-from titanium.generation.weight_sync import block_name, full_blocks
 from titanium.models import get_model_spec
 from titanium.models.llama3 import LLAMA3_FLAVORS
 from titanium.peft.lora import apply_lora

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -64,3 +66,16 @@ def test_resume_continues_bitwise(make_trainer, tmp_path):
     resumed.train()
     got = scalars(tmp_path / "resumed/tb")
     assert [got[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]
+
+
+def test_the_objectives_counters_reach_the_console_line(make_trainer, tmp_path, caplog):
+    """What an objective counts on the host (GRPO's long prompts and stale rollouts) is on the console line, by
+    its last part, as docs/post_training.md says; a counter the line shows already is not repeated."""
+    trainer = make_trainer(*tiny_args(tmp_path, "--data.kind", "synthetic", "--training.steps", "1"))
+    counters = {"data/skipped_rows": 2.0, "grpo/long_prompts_skipped": 3.0, "grpo/stale_rollouts_dropped": 1.0}
+    trainer.objective.log_metrics = lambda: counters
+    with caplog.at_level(logging.INFO, logger="titanium"):
+        trainer.train()
+    line = next(r.getMessage() for r in caplog.records if r.getMessage().startswith("step"))
+    assert "long_prompts_skipped 3" in line and "stale_rollouts_dropped 1" in line
+    assert line.count("skipped_rows 2") == 1

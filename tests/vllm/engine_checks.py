@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
+from titanium.checkpoint.full_blocks import full_blocks
 from titanium.config.sections import RolloutSection
 from titanium.generation.engine import build_engine
 from titanium.generation.sampling import SamplingParams, token_logprobs
-from titanium.generation.weight_sync import full_blocks
 from titanium.models import get_model_spec
 
 VOCAB, STOP = 512, set(range(2, 24))

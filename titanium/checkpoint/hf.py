@@ -4,24 +4,21 @@ Loading reads a folder as ``transformers`` writes it (``config.json`` plus ``mod
 shards listed in ``model.safetensors.index.json``), checks it against the configured model before
 reading any tensor (every rank reads only the file headers, so all ranks fail alike), translates names
 and layouts with the family's adapter (``titanium/models/<family>/hf.py``) and loads into any parallel
-layout: a sharded (DTensor) model gets the full state dict from rank 0 through
-``set_model_state_dict(..., broadcast_from_rank0=True)``, which also side-steps DTensor's missing CPU
-RNG support. Saving writes the same keys into the same files with the same index as the source
-checkpoint, plus its ``config.json`` and the tokenizer / generation files next to it, so any tool that
-read the original reads ours. Only safetensors are read: nothing is ever unpickled.
+layout: each rank reads only the slices of the tensors it holds (``hf_stream``). Saving writes the
+same keys into the same files with the same index as the source checkpoint, plus its ``config.json``
+and the tokenizer / generation files next to it, so any tool that read the original reads ours. Only
+safetensors are read: nothing is ever unpickled.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import logging
 import math
 import os
-import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,16 +28,15 @@ import torch.distributed as dist
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch.distributed.tensor import DTensor
 
+from titanium.checkpoint.full_blocks import full_blocks
+from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 from titanium.files import replace_folder
 from titanium.models import hf_family, list_models
 from titanium.models.hf_adapter import HFAdapter, HFConfigError
 from titanium.peft.lora import is_lora_param
-from titanium.peft.merge import merged_full_state_dict
 
 logger = logging.getLogger(__name__)
 
@@ -143,19 +139,12 @@ class HFCheckpoint:
         return cls(folder, config, weight_map, index_metadata, shapes)
 
     def read(self, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
-        """Load tensors (all, or ``keys``) to CPU, file by file."""
-        wanted = set(self.weight_map if keys is None else keys)
-        out: dict[str, torch.Tensor] = {}
-        for name in self.files:
-            path = self.folder / name
-            try:
-                with safe_open(str(path), framework="pt", device="cpu") as f:
-                    for key in f.keys():
-                        if key in wanted:
-                            out[key] = f.get_tensor(key)
-            except (SafetensorError, OSError) as e:
-                raise HFCheckpointError(f"{path}: cannot read tensors (truncated or corrupt?): {e}") from e
-        return out
+        """Load tensors (all, or ``keys``) to CPU."""
+        try:
+            with SliceReader(self.folder, self.weight_map) as reader:
+                return {key: reader.read(key) for key in (self.weight_map if keys is None else keys)}
+        except OSError as e:
+            raise HFCheckpointError(f"cannot read tensors (truncated or corrupt?): {e}") from e
 
 
 def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
@@ -244,41 +233,32 @@ def load_hf_weights(
     args: Any,
     whole: Mapping[str, tuple[int, ...]] | None = None,
 ) -> HFCheckpoint:
-    """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded); returns its description.
+    """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded, any layout); returns its description.
 
-    Collective when the model is sharded: every rank must call it. The checks run on every rank from
-    the headers; only rank 0 reads tensor data, which ``set_model_state_dict`` then scatters. LoRA
-    adapters (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format
-    has no slot for (an MoE's routing bias).
+    Every rank checks the checkpoint from the file headers, then reads only the parts of the tensors it holds
+    (``hf_stream``): no rank reads the whole checkpoint and nothing is sent between ranks. LoRA adapters
+    (``*.lora_a/b.*``) are not in HF base checkpoints and keep their values, as does state the format has no
+    slot for (an MoE's routing bias).
 
     ``whole`` (ours -> shape): the whole model's weights, when ``model`` holds only some of them (this rank's
-    pipeline stages). The checkpoint is checked against the whole model, and every rank reads the tensors of its
-    own stages (rank 0 has not got the others' to send).
+    pipeline stages). The checkpoint is checked against the whole model.
     """
     ckpt = HFCheckpoint.open(folder)
-    model_state = model.state_dict()
-    base = {k: tuple(v.shape) for k, v in model_state.items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
+    base = {k: v for k, v in model.state_dict().items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
     if whole is not None:
         whole = {k: shape for k, shape in whole.items() if adapter.has_hf_slot(k)}
-    check_hf_keys(ckpt, adapter, args, base if whole is None else whole)
-    strict = len(base) == len(model_state)
-    sharded = any(isinstance(v, DTensor) for v in model_state.values())
-    partial = whole is not None and set(base) != set(whole)
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    full: dict[str, torch.Tensor] = {}
-    if rank == 0 or not sharded or partial:
-        meta = {key: torch.empty(shape, device="meta") for key, shape in base.items()}
-        mine = [key for key in adapter.to_hf(meta, args) if key in ckpt.shapes]  # (a tied lm_head is not needed)
-        full = adapter.from_hf(ckpt.read(mine), args)
-        full = {k: v.to(model_state[k].dtype) for k, v in full.items() if k in base}
-    if sharded:
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=not partial, strict=strict)
-        set_model_state_dict(model, full, options=options)
-    else:
-        with torch.no_grad():
-            model.load_state_dict(full, strict=strict)
+    check_hf_keys(ckpt, adapter, args, {k: tuple(v.shape) for k, v in base.items()} if whole is None else whole)
+    try:
+        with SliceReader(ckpt.folder, ckpt.weight_map) as reader:
+            stream_into(base, reader, adapter, args)
+    except OSError as e:
+        raise HFCheckpointError(f"cannot read tensors (truncated or corrupt?): {e}") from e
     logger.info(
-        "loaded Hugging Face weights from %s (%d tensors, %d file(s))", folder, len(ckpt.shapes), len(ckpt.files)
+        "loaded Hugging Face weights from %s (%d tensors, %d file(s); this rank read %.1f MiB of them)",
+        folder,
+        len(ckpt.shapes),
+        len(ckpt.files),
+        reader.bytes_read / 2**20,
     )
     return ckpt
 
@@ -286,21 +266,67 @@ def load_hf_weights(
 # ----- saving -----
 
 
-def _default_layout(tensors: Mapping[str, torch.Tensor], max_shard_bytes: int) -> dict[str, str]:
-    """Greedy shards of at most ``max_shard_bytes`` named as ``transformers`` names them."""
-    shards: list[list[str]] = [[]]
-    size = 0
-    for key, value in tensors.items():
-        nbytes = value.numel() * value.element_size()
-        if shards[-1] and size + nbytes > max_shard_bytes:
-            shards.append([])
-            size = 0
-        shards[-1].append(key)
-        size += nbytes
-    if len(shards) == 1:
-        return dict.fromkeys(shards[0], SINGLE_FILE)
-    n = len(shards)
-    return {key: f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i, keys in enumerate(shards) for key in keys}
+class _FileWriter:
+    """Writes Hugging Face tensors into a folder's safetensors files as they arrive, so a model can be written block
+    by block: with a source ``layout`` (key -> file) a file is written as soon as all its tensors are there; without
+    one, files are cut greedily at ``max_shard_bytes`` in arrival order (as ``transformers`` cuts them) and named
+    once their count is known. Only files not yet complete are held in memory.
+    """
+
+    def __init__(self, folder: Path, layout: Mapping[str, str] | None, max_shard_bytes: int) -> None:
+        self.folder, self.layout, self.max_shard_bytes = folder, layout, max_shard_bytes
+        self.waiting: dict[str, set[str]] = {}  # (layout) file -> its keys not yet added
+        for key, name in (layout or {}).items():
+            self.waiting.setdefault(name, set()).add(key)
+        self.filling: dict[str, dict[str, torch.Tensor]] = {}  # file -> its tensors added so far
+        self.cut: list[list[str]] = []  # (no layout) the keys of each file written so far
+        self.cut_bytes = 0  # (no layout) of the file being filled
+        self.extra: list[str] = []
+        self.total_size = self.total_parameters = 0
+
+    def add(self, key: str, tensor: torch.Tensor) -> None:
+        nbytes = tensor.numel() * tensor.element_size()
+        self.total_size += nbytes
+        self.total_parameters += tensor.numel()
+        if self.layout is None:
+            if self.filling and self.cut_bytes + nbytes > self.max_shard_bytes:
+                self._cut()
+            self.filling.setdefault("", {})[key] = tensor
+            self.cut_bytes += nbytes
+            return
+        name = self.layout.get(key)
+        if name is None:
+            self.extra.append(key)
+            return
+        self.filling.setdefault(name, {})[key] = tensor
+        self.waiting[name].discard(key)
+        if not self.waiting[name]:
+            save_file(self.filling.pop(name), str(self.folder / name), metadata={"format": "pt"})
+
+    def _cut(self) -> None:
+        shard = self.filling.pop("", {})
+        if shard:
+            save_file(shard, str(self.folder / f".shard-{len(self.cut)}"), metadata={"format": "pt"})
+            self.cut.append(list(shard))
+        self.cut_bytes = 0
+
+    def finish(self) -> dict[str, str]:
+        """The files' layout (key -> file), every file written; with a source layout, an error naming the keys
+        that the model and the layout do not share."""
+        if self.layout is not None:
+            missing = {key for keys in self.waiting.values() for key in keys}
+            if missing or self.extra:
+                raise HFCheckpointError(
+                    f"model lacks {_names(missing) or 'nothing'}, source lacks {_names(self.extra) or 'nothing'}"
+                )
+            return dict(self.layout)
+        self._cut()
+        n, layout = len(self.cut), {}
+        for i, keys in enumerate(self.cut):
+            name = SINGLE_FILE if n == 1 else f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            (self.folder / f".shard-{i}").rename(self.folder / name)
+            layout.update(dict.fromkeys(keys, name))
+        return layout
 
 
 def copy_side_files(source: Path, out: Path) -> list[str]:
@@ -331,7 +357,7 @@ def config_with_dtype(config: Mapping[str, Any], dtype: torch.dtype) -> dict[str
 
 
 def save_hf_weights(
-    state_dict: Mapping[str, torch.Tensor],
+    weights: Mapping[str, torch.Tensor] | Iterable[Mapping[str, torch.Tensor]],
     out: str | os.PathLike,
     adapter: HFAdapter,
     args: Any,
@@ -340,47 +366,43 @@ def save_hf_weights(
     source: HFCheckpoint | None = None,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
 ) -> Path:
-    """Write our full (unsharded, CPU) ``state_dict`` as an HF checkpoint folder ``out``.
+    """Write our full (unsharded) state dict, or the model as such full blocks in model order (a block holds whole
+    layers, so fused and stacked tensors convert), as an HF checkpoint folder ``out``, each file as soon as it is
+    complete.
 
     With ``source`` (the checkpoint the run started from) the keys, files and index are the source's
     and its ``config.json`` and side files (tokenizer, generation config...) are copied; otherwise
-    the files are cut at ``max_shard_bytes`` and ``config.json`` comes from the adapter.
+    the files are cut at ``max_shard_bytes`` and ``config.json`` comes from the adapter. The folder appears
+    complete or not at all.
     """
     out = Path(out)
-    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in adapter.to_hf(state_dict, args).items()}
-    if source is not None:
-        layout = dict(source.weight_map)
-        # A tied checkpoint that stored lm_head anyway gets it back (the same values, its own storage).
-        for hf_key in set(layout) - set(tensors):
-            if adapter.tied(args) and hf_key == adapter.hf_key(adapter.output_key):
-                tensors[hf_key] = tensors[adapter.hf_key(adapter.embedding_key)].clone()
-        missing, extra = set(layout) - set(tensors), set(tensors) - set(layout)
-        if missing or extra:
-            raise HFCheckpointError(
-                f"cannot save in the layout of {source.folder}: "
-                f"model lacks {_names(missing) or 'nothing'}, source lacks {_names(extra) or 'nothing'}"
-            )
-        with_index = source.index_metadata is not None
-        config = dict(source.config)
-    else:
-        layout = _default_layout(tensors, max_shard_bytes)
-        with_index = len(set(layout.values())) > 1
-        config = adapter.to_hf_config(args)
-    config = config_with_dtype(config, dtype)
-
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    by_file: dict[str, dict[str, torch.Tensor]] = {}
-    for key, name in layout.items():
-        by_file.setdefault(name, {})[key] = tensors[key]
-    for name, part in sorted(by_file.items()):
-        save_file(part, str(partial / name), metadata={"format": "pt"})
+    writer = _FileWriter(partial, None if source is None else source.weight_map, max_shard_bytes)
+    # A tied checkpoint that stored lm_head anyway gets it back (the same values, its own storage).
+    lm_head = adapter.hf_key(adapter.output_key) if adapter.tied(args) else None
+    lm_head = lm_head if source is not None and lm_head in source.weight_map else None
+    for block in [weights] if isinstance(weights, Mapping) else weights:
+        for key, value in adapter.to_hf(block, args).items():
+            tensor = value.detach().to("cpu", dtype).contiguous()
+            writer.add(key, tensor)
+            if lm_head is not None and key == adapter.hf_key(adapter.embedding_key):
+                writer.add(lm_head, tensor.clone())
+    try:
+        layout = writer.finish()
+    except HFCheckpointError as e:
+        raise HFCheckpointError(f"cannot save in the layout of {source.folder}: {e}") from None  # type: ignore[union-attr]
+    if source is not None:
+        with_index, config = source.index_metadata is not None, dict(source.config)
+    else:
+        with_index, config = len(set(layout.values())) > 1, adapter.to_hf_config(args)
+    config = config_with_dtype(config, dtype)
     if with_index:
         metadata = dict(source.index_metadata or {}) if source is not None else {}
-        metadata["total_size"] = sum(t.numel() * t.element_size() for t in tensors.values())
+        metadata["total_size"] = writer.total_size
         if "total_parameters" in metadata or source is None:
-            metadata["total_parameters"] = sum(t.numel() for t in tensors.values())
+            metadata["total_parameters"] = writer.total_parameters
         index = {"metadata": metadata, "weight_map": dict(sorted(layout.items()))}
         (partial / INDEX_FILE).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
@@ -389,8 +411,8 @@ def save_hf_weights(
     logger.info(
         "saved Hugging Face checkpoint %s (%d tensors in %d file(s), %s%s)",
         out,
-        len(tensors),
-        len(by_file),
+        len(layout),
+        len(set(layout.values())),
         str(dtype).removeprefix("torch."),
         f"; copied {', '.join(copied)}" if copied else "",
     )
@@ -408,57 +430,24 @@ def export_hf(
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
     pp_group: dist.ProcessGroup | None = None,
 ) -> Path | None:
-    """Gather ``model`` (any layout; collective when distributed) and save it on rank 0 as HF.
+    """Save ``model`` (any layout; collective when distributed) on rank 0 as HF, gathered one block at a time
+    (``full_blocks``: no rank holds the whole model; rank 0 holds one block and the files not yet written).
 
     LoRA adapters are merged into their base weights (a plain model any HF tool loads). With pipeline
-    parallelism pass this rank's ``pp_group``: each stage is gathered on its ranks of rank 0's pipeline
-    group, which send their stages to rank 0. Returns the folder on rank 0, None elsewhere.
+    parallelism pass this rank's ``pp_group``: each stage's blocks are sent over it. Returns the folder on rank 0,
+    None elsewhere.
     """
     source = HFCheckpoint.open(source_folder) if source_folder is not None else None
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    stage_holder = pp_group is not None and 0 in dist.get_process_group_ranks(pp_group)
-    state = merged_full_state_dict(model, keep=rank == 0 or stage_holder)
-    if stage_holder:
-        assert state is not None
-        state = _gather_stages(state, pp_group)
+    blocks = full_blocks(model, pp_group)
     path = None
-    if rank == 0:
-        assert state is not None
-        path = save_hf_weights(state, out, adapter, args, dtype=dtype, source=source, max_shard_bytes=max_shard_bytes)
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        path = save_hf_weights(blocks, out, adapter, args, dtype=dtype, source=source, max_shard_bytes=max_shard_bytes)
+    else:
+        for _ in blocks:  # (the gathers are collective)
+            pass
     if dist.is_initialized():
         dist.barrier()
     return path
-
-
-def _gather_stages(state: dict[str, torch.Tensor], pp_group: dist.ProcessGroup) -> dict[str, torch.Tensor]:
-    """Rank 0 of ``pp_group`` receives the other ranks' stages tensor by tensor (through the GPU with NCCL, on
-    CPU with gloo; one tensor in flight) and returns the whole model on CPU in the order one process holds it
-    (embedding, layers by number, the rest); the others return {}.
-    """
-    me, size = dist.get_rank(pp_group), dist.get_world_size(pp_group)
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    layouts: list[Any] = [None] * size
-    dist.all_gather_object(layouts, {key: (value.shape, value.dtype) for key, value in state.items()}, group=pp_group)
-    first = dist.get_global_rank(pp_group, 0)
-    for sender in range(1, size):
-        for key, (shape, dtype) in layouts[sender].items():
-            if me == sender:
-                dist.send(state[key].to(device).contiguous(), dst=first, group=pp_group)
-            elif me == 0:
-                received = torch.empty(shape, dtype=dtype, device=device)
-                dist.recv(received, src=dist.get_global_rank(pp_group, sender), group=pp_group)
-                state[key] = received.cpu()
-    if me != 0:
-        return {}
-    leading = set(itertools.takewhile(lambda key: not key.startswith("layers."), layouts[0]))  # the embedding
-
-    def model_order(key: str) -> tuple[int, int]:
-        match = re.match(r"layers\.(\d+)\.", key)
-        if match:
-            return 1, int(match.group(1))
-        return (0, 0) if key in leading else (2, 0)
-
-    return {key: state[key] for key in sorted(state, key=model_order)}
 
 
 def shard_size_bytes(text: str) -> int:
@@ -482,9 +471,15 @@ def export_final_hf(
     pp_group: dist.ProcessGroup | None = None,
 ) -> Path | None:
     """The ``[checkpoint] last_save_in_hf`` export to ``{dump_folder}/{hf_folder}`` in ``export_dtype``:
-    in the layout of ``initial_load_path`` when the run started from a Hugging Face folder."""
+    in the layout of ``initial_load_path`` when the run started from a Hugging Face folder of the same kind of
+    model."""
     source = cfg.initial_load_path if cfg.initial_load_in_hf else None
-    if source is None:
+    if source is not None and not spec.hf_adapter.exports_in_source_layout():
+        # Another kind of model than its source (a reward model from a causal LM): a fresh layout and config.json,
+        # with the source's context length.
+        length = read_hf_config(source).get("max_position_embeddings", args.max_seq_len)
+        args, source = dataclasses.replace(args, max_seq_len=length), None
+    elif source is None:
         # A fresh config.json states the flavor's context length, not this run's training seq_len.
         args = dataclasses.replace(args, max_seq_len=spec.flavors[flavor].max_seq_len)
     return export_hf(

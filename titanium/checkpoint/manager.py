@@ -22,11 +22,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch import nn
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
+from titanium.checkpoint.states import ModelState
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
 
@@ -101,6 +103,54 @@ def check_checkpoint(path: Path, flag: str) -> Path:
     if problem is not None:
         raise CheckpointError(f"{flag}: checkpoint {path}: {problem}")
     return path
+
+
+def model_mismatch(path: Path, model: dict[str, Any]) -> str | None:
+    """Why the model weights of checkpoint ``path`` do not fit ``model`` (a model state dict, one-process names;
+    sharded tensors count by their global shape), or None: the tensors it lacks and those of another shape, read
+    from ``.metadata`` before any loading, so a checkpoint of another architecture is named with its differences
+    instead of failing inside DCP."""
+    prefix = MODEL_KEY + "."
+    metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved = {
+        k[len(prefix) :]: tuple(v.size) for k, v in metadata.items() if k.startswith(prefix) and hasattr(v, "size")
+    }
+    missing = [name for name in model if name not in saved]
+    wrong = [
+        f"{name} {list(saved[name])} (the model's is {list(value.shape)})"
+        for name, value in model.items()
+        if name in saved and tuple(saved[name]) != tuple(value.shape)
+    ]
+    problems = [f"shape mismatch: {_few(wrong)}"] if wrong else []
+    problems += [f"missing {_few(missing)}"] if missing else []
+    return "; ".join(problems) or None
+
+
+def _few(items: list[str], shown: int = 4) -> str:
+    more = f" and {len(items) - shown} more" if len(items) > shown else ""
+    return "; ".join(items[:shown]) + more
+
+
+def check_model_fits(path: Path, model: dict[str, Any], flag: str) -> None:
+    """CheckpointError naming ``flag``, the folder and the differences unless its model weights fit ``model``."""
+    problem = model_mismatch(path, model)
+    if problem is not None:
+        raise CheckpointError(
+            f"{flag}: checkpoint {path} holds a model of another architecture ({problem}); point it at a checkpoint "
+            "of the configured model (--model.name, --model.flavor), or change those to the checkpoint's"
+        )
+
+
+def load_model_weights(path: Path, model: nn.Module, flag: str) -> None:
+    """Load only the model weights of the titanium checkpoint ``path`` into ``model`` (a frozen copy: a reference,
+    a teacher), through the same checks as a resumed policy: whole files, the same architecture."""
+    check_checkpoint(path, flag)
+    state = ModelState(model)
+    check_model_fits(path, state.state_dict(), flag)
+    try:
+        dcp.load({MODEL_KEY: state}, checkpoint_id=str(path), planner=SafeLoadPlanner())
+    except (Exception, CheckpointException) as e:  # (DCP's CheckpointException is a BaseException)
+        raise CheckpointError(f"{flag}: cannot load the model weights of checkpoint {path}: {_root_causes(e)}") from e
 
 
 def _root_causes(error: BaseException) -> str:
@@ -204,6 +254,9 @@ class CheckpointManager:
         start = time.perf_counter()
         states = {**self.states, **(states or {})}
         keys = self._keys_in_checkpoint(path, keys)
+        if MODEL_KEY in keys:
+            flag = "--checkpoint.initial_load_path" if path.parent != self.folder else "resuming from --job.dump_folder"
+            check_model_fits(path, states[MODEL_KEY].state_dict(), flag)
         try:
             dcp.load({k: states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
         except (Exception, CheckpointException) as e:  # (DCP's CheckpointException is a BaseException)

@@ -13,9 +13,11 @@ from titanium.config.sections import (
     EvalSection,
     Float8Section,
     GRPOSection,
+    KDSection,
     LoRASection,
     MoESection,
     QATSection,
+    RewardSection,
     SFTSection,
     ValidationSection,
 )
@@ -26,6 +28,8 @@ OBJECTIVES.register("pretrain", "titanium.trainers.pretrain:PretrainObjective")
 OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sft", SFTSection))
 OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
 OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
+OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
+OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before
@@ -47,10 +51,15 @@ HookContext, TrainingHooks)`` registers what its section turns on (nothing for a
 TRAINING_HOOKS.register("moe", "titanium.moe_balance:register_load_balancing", SectionSpec("moe", MoESection))
 
 DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
-"""Per-pair preference losses ``(h, DPOSection) -> losses`` (titanium/trainers/dpo.py)."""
-DPO_LOSSES.register("sigmoid", "titanium.trainers.dpo:sigmoid_loss")
-DPO_LOSSES.register("ipo", "titanium.trainers.dpo:ipo_loss")
-DPO_LOSSES.register("hinge", "titanium.trainers.dpo:hinge_loss")
+"""Per-pair preference losses ``(chosen, rejected, DPOSection) -> losses``, or a ``PairLoss`` that says what else
+it needs (titanium/trainers/dpo_losses.py)."""
+DPO_LOSSES.register("sigmoid", "titanium.trainers.dpo_losses:sigmoid_loss")
+DPO_LOSSES.register("ipo", "titanium.trainers.dpo_losses:ipo_loss")
+DPO_LOSSES.register("hinge", "titanium.trainers.dpo_losses:hinge_loss")
+DPO_LOSSES.register("robust", "titanium.trainers.dpo_losses:robust_loss")
+DPO_LOSSES.register("bco_pair", "titanium.trainers.dpo_losses:bco_pair_loss")
+DPO_LOSSES.register("simpo", "titanium.trainers.dpo_losses:SIMPO")
+DPO_LOSSES.register("orpo", "titanium.trainers.dpo_losses:ORPO")
 
 JobConfig = job_config_class()
 """The job config with every built-in section (``load_config`` adds an import-path objective's)."""

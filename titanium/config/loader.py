@@ -20,6 +20,7 @@ from titanium.config.components import OBJECTIVES
 from titanium.config.errors import ConfigError
 from titanium.config.moved import move_flags, move_toml_keys
 from titanium.config.registry import SectionSpec, job_config_class
+from titanium.config.trl_names import check_trl_names
 from titanium.config.validate import validate
 
 if sys.version_info >= (3, 11):
@@ -32,6 +33,7 @@ def load_config(argv: list[str]) -> Any:
     """Parse `argv` (without the program name) into a validated job config (titanium.config.JobConfig, plus the
     section of an objective given by import path)."""
     argv = move_flags(argv)
+    check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
     data = move_toml_keys(_read_toml(config_file), config_file) if config_file is not None else {}
     training = data.get("training", {})

@@ -116,7 +116,9 @@ class TrainingSection:
     a frozen reference; see [dpo]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
     objective class as 'package.module:ClassName', whose config section comes with it (see docs/extending.md)."""
     steps: int = 1000
-    """Number of optimizer steps to train for."""
+    """Number of optimizer steps to train for. 0: evaluate only: run the evaluations the config turns on
+    ([validation], [eval]) once on the weights as loaded (the run's checkpoint, checkpoint.initial_load_path, or a
+    Hugging Face folder with initial_load_in_hf), log them and exit."""
     local_batch_size: int = 8
     """Sequences per microbatch on each data-parallel rank."""
     global_batch_size: int = -1
@@ -326,6 +328,10 @@ class MetricsSection:
     """Log to Weights & Biases (pip install 'titanium[wandb]'); set WANDB_MODE=offline to stay local."""
     wandb_project: str = "titanium"
     """W&B project name."""
+    run_name: str = ""
+    """This run's name: the W&B run's name, and a TensorBoard folder of its own under save_tb_folder
+    (tb/<run_name>), so runs sharing a tb folder show side by side. "": W&B's generated name, and save_tb_folder
+    itself."""
     disable_color_printing: bool = False
     """Plain console lines without ANSI colors."""
     save_for_all_ranks: bool = False
@@ -411,18 +417,29 @@ class DPOSection:
     log-ratio differences. Small beta lets the policy move far from the reference; for ipo it is the
     regularization strength tau (the target margin is 1 / (2 beta))."""
     loss_type: str = "sigmoid"
-    """sigmoid: DPO, -log sigmoid(beta h) with h the chosen-minus-rejected log-ratio difference.
-    ipo: (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). Or your own per-pair loss as
-    'package.module:function', called as fn(h, dpo_section) (see titanium/config/components.py)."""
+    """With h the chosen-minus-rejected log-ratio difference: sigmoid: DPO, -log sigmoid(beta h). ipo:
+    (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). robust: DPO unbiased under label noise
+    label_smoothing. bco_pair: -log sigmoid(beta rho_chosen) - log sigmoid(-beta rho_rejected). Reference-free
+    (no reference model is built), on each response's mean token log-prob m: simpo: -log sigmoid(beta (m_chosen
+    - m_rejected) - simpo_gamma) (+ cpo_alpha NLL); orpo: -beta log sigmoid(log odds ratio) + the chosen
+    sequence's token-mean NLL. Each equals TRL 1.16's (docs/post_training.md). Or your own per-pair loss as
+    'package.module:function', called as fn(chosen, rejected, dpo_section) with each side's log-ratio (see
+    titanium/trainers/dpo_losses.py)."""
     label_smoothing: float = 0.0
-    """Conservative DPO (loss_type sigmoid only): the share of pairs assumed mislabeled, in [0, 0.5);
-    the loss becomes -(1-e) log sigmoid(beta h) - e log sigmoid(-beta h)."""
+    """The share of pairs assumed mislabeled, in [0, 0.5), for sigmoid (conservative DPO: -(1-e) log
+    sigmoid(beta h) - e log sigmoid(-beta h)), robust and simpo."""
     length_normalize: bool = False
     """Use each response's mean token log-prob instead of its sum, so long responses do not dominate
-    (with loss_type ipo this is what TRL's ipo does)."""
+    (with loss_type ipo this is what TRL's ipo does; simpo and orpo always do)."""
     rpo_alpha: float = 0.0
     """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
     RPO; 0 turns it off."""
+    simpo_gamma: float = 0.5
+    """loss_type simpo: the target reward margin gamma (TRL's simpo_gamma, default 0.5; the SimPO paper
+    tunes beta in [2, 2.5] with gamma / beta in [0.3, 0.8])."""
+    cpo_alpha: float = 0.0
+    """loss_type simpo: weight of the chosen responses' token-mean NLL (CPO-SimPO). 0 is the paper's pure
+    SimPO; TRL's CPOTrainer defaults to 1.0 (set 1.0 to match it)."""
     precompute_reference: bool = False
     """Compute the reference policy's log-probs once over the data (one pass, before training) and cache
     them on disk; training then never holds or runs the reference model. The cache is keyed by the
@@ -437,6 +454,49 @@ class DPOSection:
     """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first,
     from its start but keeping at least half of seq_len, then both responses to the same length) or left
     out (drop); either is counted in the log."""
+    pad_to: Literal["auto", "longest", "seq_len"] = "auto"
+    """How wide a microbatch's rows are. longest: the microbatch's longest row rounded up to a bucket (a few
+    widths per doubling, so compile sees few shapes); short pairs stop paying for seq_len, with the same loss.
+    seq_len: every row seq_len wide (fixed shapes). auto: longest, but seq_len under pipeline parallelism
+    (whose schedule needs fixed shapes; longest asked for there is overridden with a warning)."""
+    pad_multiple: int = 8
+    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
+    tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
+
+
+@dataclass
+class RewardSection:
+    center_rewards_coefficient: float = 0.0
+    """Adds this times (r_chosen + r_rejected)^2 per pair to the Bradley-Terry loss (Eisenstein et al. 2023): it
+    pulls the scores towards zero mean, which the loss alone leaves free. 0: off."""
+    on_long_pair: Literal["truncate", "drop"] = "truncate"
+    """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first, then both
+    responses) or left out (drop); either is counted in the log."""
+
+
+@dataclass
+class KDSection:
+    teacher_path: str = ""
+    """The teacher's weights: a Hugging Face folder (its config.json gives the shape) or a titanium checkpoint step
+    folder (``.../checkpoint/step-N``; shape from teacher_model and teacher_flavor). Required."""
+    teacher_model: str = ""
+    """The teacher's model family (registry name); empty: the student's ([model] name)."""
+    teacher_flavor: str = ""
+    """The teacher's flavor, for a titanium checkpoint teacher (a Hugging Face teacher's config.json wins)."""
+    alpha: float = 0.5
+    """Weight of the divergence: loss = (1 - alpha) * CE + alpha * T^2 * D, in [0, 1]; 0 is SFT."""
+    temperature: float = 1.0
+    """Softens both distributions in D (softmax(logits / T)); > 0."""
+    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
+    """D: KL(teacher || student), KL(student || teacher), or the generalized Jensen-Shannon divergence with beta."""
+    beta: float = 0.5
+    """The generalized JSD's interpolation (divergence jsd only), in [0, 1]."""
+    chunk_size: int = 1024
+    """Tokens projected at once by both models (the [tokens, vocab] logits never exist whole)."""
+    train_on_input: bool = False
+    """As [sft] train_on_input: also learn (and distill) the prompt tokens."""
+    packing: bool = True
+    """As [sft] packing: several samples per row, attention kept inside each."""
 
 
 @dataclass
@@ -550,7 +610,8 @@ class GuardsSection:
     checked at log and checkpoint steps; 0 sets no limit."""
     loss_spike_ratio: float = 1.5
     """Log a warning naming the step when a step's loss is more than this multiple of its running mean (the worst
-    spike since the last log line, and how many there were); 0 turns spike logging off."""
+    spike since the last log line, and how many there were); 0 turns spike logging off. Objectives whose loss sits
+    near 0 with either sign (grpo) have no spike logging: a ratio to their mean is noise."""
     loss_spike_window: int = 100
     """The running mean of the loss for spike logging is an exponential average over about this many steps."""
 
@@ -592,8 +653,9 @@ class GRPOSection:
     rows have none (a row without it is a bad row otherwise)."""
     rewards: list[str] = field(default_factory=lambda: ["exact_match"])
     """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
-    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function"
-    for your own, called as fn(completion, answer, row) -> float."""
+    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function" /
+    "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or TRL's batched
+    fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists)."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function, in the same order; empty: every weight is 1."""
     scale_rewards: Literal["group", "batch", "none"] = "group"

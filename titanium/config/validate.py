@@ -13,6 +13,7 @@ from pathlib import Path
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
 from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
+from titanium.config.validate_objectives import validate_kd, validate_reward
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -40,8 +41,9 @@ def looks_local(path: str) -> bool:
 
 def validate(cfg: JobConfig) -> Iterator[str]:
     t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
+    if t.steps < 0:
+        yield f"--training.steps must be >= 0 (0: evaluate only, no training), got {t.steps}"
     for name, value in [
-        ("training.steps", t.steps),
         ("training.local_batch_size", t.local_batch_size),
         ("training.seq_len", t.seq_len),
         ("training.gc_freq", t.gc_freq),
@@ -150,6 +152,8 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
+    yield from validate_reward(cfg)
+    yield from validate_kd(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
@@ -168,10 +172,10 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVES.names())}, "
             "or your own as 'package.module:ClassName'"
         )
-    if kind in ("chat", "instruct") and objective not in ("sft", "grpo"):
-        yield f"--data.kind {kind} needs --training.objective sft or grpo (pretraining reads text windows)"
-    if objective == "sft" and kind == "synthetic":
-        yield "--training.objective sft needs real samples: --data.kind chat, instruct or text (not synthetic)"
+    if kind in ("chat", "instruct") and objective not in ("sft", "kd", "grpo"):
+        yield f"--data.kind {kind} needs --training.objective sft, kd or grpo (pretraining reads text windows)"
+    if objective in ("sft", "kd") and kind == "synthetic":
+        yield f"--training.objective {objective} needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
         yield f"--sft.pack_buffer must be >= 1, got {cfg.sft.pack_buffer}"
     lora = cfg.lora  # (the target names are checked by titanium.peft, before any process group)
@@ -213,12 +217,17 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
 
 
+PREFERENCE_OBJECTIVES = ("dpo", "reward")
+"""Objectives trained on chosen/rejected pairs ([data] kind preference)."""
+
+
 def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     """Preference data and the [dpo] ranges."""
-    if cfg.data.kind == "preference" and cfg.training.objective != "dpo":
-        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo"
-    if cfg.training.objective == "dpo" and cfg.data.kind != "preference":
-        yield "--training.objective dpo needs preference pairs: --data.kind preference"
+    objective = cfg.training.objective
+    if cfg.data.kind == "preference" and objective not in PREFERENCE_OBJECTIVES:
+        yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
+    if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
+        yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
@@ -234,10 +243,20 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
         yield f"--dpo.beta must be > 0, got {d.beta}"
     if not 0 <= d.label_smoothing < 0.5:
         yield f"--dpo.label_smoothing must be in [0, 0.5), got {d.label_smoothing}"
-    elif d.label_smoothing > 0 and d.loss_type != "sigmoid":
-        yield f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid only; set it to 0 for {d.loss_type}"
-    if d.rpo_alpha < 0:
-        yield f"--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got {d.rpo_alpha}"
+    elif d.label_smoothing > 0 and d.loss_type not in ("sigmoid", "robust", "simpo"):
+        yield f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for {d.loss_type}"
+    for name, value in (("rpo_alpha", d.rpo_alpha), ("cpo_alpha", d.cpo_alpha)):
+        if value < 0:
+            yield f"--dpo.{name} must be >= 0 (0 turns the NLL term off), got {value}"
+    if d.cpo_alpha > 0 and d.loss_type != "simpo":
+        yield f"--dpo.cpo_alpha applies to --dpo.loss_type simpo (CPO-SimPO); set it to 0 for {d.loss_type}"
+    if d.loss_type in ("simpo", "orpo"):
+        if d.precompute_reference:
+            yield f"--dpo.loss_type {d.loss_type} needs no reference model: set --dpo.precompute_reference false"
+        if d.length_normalize:
+            yield f"--dpo.loss_type {d.loss_type} always averages log-probs: set --dpo.length_normalize false"
+    if d.pad_multiple < 1:
+        yield f"--dpo.pad_multiple must be >= 1 (8 suits tensor cores), got {d.pad_multiple}"
 
 
 def _validate_debugging(cfg: JobConfig) -> Iterator[str]:

@@ -183,8 +183,8 @@ class PreferenceDataset(RowReader):
     """Infinite, resumable stream of PreferencePairs (each side at most `seq_len` tokens) for one DP rank.
 
     Counters (kept in the state): ``bad_rows`` (skipped, see RowReader), ``truncated`` (pairs cut to fit
-    seq_len), ``dropped`` (pairs too long with on_long_pair=drop, or left without a target or a difference
-    between the two sides by the cut).
+    seq_len), ``dropped`` (pairs too long with on_long_pair=drop, ``long_dropped`` of them, or left without a
+    target or a difference between the two sides by the cut).
     """
 
     def __init__(
@@ -205,6 +205,7 @@ class PreferenceDataset(RowReader):
         self.system_prompt, self.on_long_pair = system_prompt, on_long_pair
         self.truncated = 0
         self.dropped = 0
+        self.long_dropped = 0
 
     def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], Response, Response] | None:
         try:
@@ -221,6 +222,7 @@ class PreferenceDataset(RowReader):
         too_long = len(prompt) + max(len(chosen[0]), len(rejected[0])) > self.seq_len
         if too_long and self.on_long_pair == "drop":
             self.dropped += 1
+            self.long_dropped += 1
             return None
         prompt, chosen, rejected = fit_pair(prompt, chosen, rejected, self.seq_len, self.bos_id)
         pair = PreferencePair(pair_sample(prompt, chosen), pair_sample(prompt, rejected), source, row)
@@ -238,12 +240,28 @@ class PreferenceDataset(RowReader):
                 self._pass_used = True
                 yield pair
 
+    def _unused_rows(self) -> list[str]:
+        reasons = super()._unused_rows()
+        if self.long_dropped:
+            reasons.append(
+                f"{self.long_dropped} pairs longer than --training.seq_len {self.seq_len} dropped: raise it, or set "
+                "--dpo.on_long_pair truncate"
+            )
+        if self.dropped > self.long_dropped:
+            reasons.append(
+                f"{self.dropped - self.long_dropped} pairs left without a response or a difference between the two "
+                f"once cut to --training.seq_len {self.seq_len}: raise it"
+            )
+        return reasons
+
     def state_dict(self) -> dict[str, Any]:
-        return {**self._position(), "truncated": self.truncated, "dropped": self.dropped}
+        counters = {"truncated": self.truncated, "dropped": self.dropped, "long_dropped": self.long_dropped}
+        return {**self._position(), **counters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_position(state)
         self.truncated, self.dropped = state["truncated"], state["dropped"]
+        self.long_dropped = state.get("long_dropped", 0)  # (not in checkpoints saved before it was counted)
 
 
 class OnePass:

@@ -25,6 +25,9 @@ batch carries, all row-aligned (first dimension 2B, second the width W):
 - ``pairs_per_row`` [2B]: pairs whose chosen sequence is in the row (they add up to the pairs).
 - ``reference_logps`` [2B, W] float32, only when the pairs carry cached reference log-probs: each
   response's value at its first label position, 0 elsewhere, so the same sums give the reference's.
+- ``prompt_labels`` [2B, W], only when asked for (``prompt_labels=True``; ORPO's NLL is over the chosen
+  sequence's prompt too): the next token at every position of a chosen sequence that has no label (its
+  prompt and template tokens, all but its last position), IGNORE_INDEX elsewhere.
 """
 
 from __future__ import annotations
@@ -65,6 +68,7 @@ def preference_batch(
     pad_id: int,
     pad_to: PadTo = "seq_len",
     pad_multiple: int = 8,
+    prompt_labels: bool = False,
 ) -> dict[str, torch.Tensor]:
     """The batch of ``row_pairs`` row pairs holding ``placements``; ``rows_of[i]`` are the rows (0 or 1 in
     the row pair) of placement i's chosen and rejected sequences, filled in placement order. Its width is
@@ -84,6 +88,7 @@ def preference_batch(
     batch = {key: torch.stack([m[key] for m in made]) for key in made[0]}
     ids = torch.full((2 * row_pairs, width), -1, dtype=torch.long)
     reference = torch.zeros(2 * row_pairs, width)
+    prompt = torch.full((2 * row_pairs, width), IGNORE_INDEX, dtype=torch.long)
     for r, row in enumerate(rows):
         start = 0
         for sample, rid, value in row:
@@ -92,7 +97,14 @@ def preference_batch(
             ids[r, learned] = rid
             if value is not None:
                 reference[r, learned[0]] = value
+            if prompt_labels and rid % 2 == 0:  # a chosen sequence: the next token where there is no label
+                unlabeled = labels[:-1] == IGNORE_INDEX
+                prompt[r, start : start + len(labels) - 1] = torch.where(
+                    unlabeled, torch.tensor(sample["tokens"][1:]), IGNORE_INDEX
+                )
             start += len(labels)
+    if prompt_labels:
+        batch["prompt_labels"] = prompt
     batch["response_ids"] = ids
     batch["pairs_per_row"] = torch.tensor(chosen_rows, dtype=torch.long)
     if placements and all(pair.reference is not None for pair, _, _ in placements):
@@ -105,8 +117,9 @@ class PreferenceBatchLoader:
 
     ``pad_to``/``pad_multiple``: the rows' width (see the module docstring and bucket_width). Keep "seq_len"
     where shapes must not change (pipeline parallelism); under tensor or context parallelism ``pad_multiple``
-    must be a multiple of the tp degree and of 2 x cp. Packing decides which pairs share a microbatch by
-    seq_len alone, so the batches (and a resumed run's) are the same whatever the width.
+    must be a multiple of the tp degree and of 2 x cp. ``prompt_labels``: add that key (module docstring).
+    Packing decides which pairs share a microbatch by seq_len alone, so the batches (and a resumed run's) are
+    the same whatever the width.
 
     The state is the pair stream's position plus, when packing, the pair read but not placed yet (it
     opens the next microbatch), so a resumed run builds the very same batches. A finite stream ends
@@ -122,6 +135,7 @@ class PreferenceBatchLoader:
         packing: bool,
         pad_to: PadTo = "seq_len",
         pad_multiple: int = 8,
+        prompt_labels: bool = False,
     ) -> None:
         if pairs_per_batch < 1:
             raise ValueError(f"pairs_per_batch must be >= 1, got {pairs_per_batch}")
@@ -129,6 +143,7 @@ class PreferenceBatchLoader:
             raise ValueError(f"pad_to must be seq_len or longest and pad_multiple >= 1, got {pad_to}, {pad_multiple}")
         self.pairs, self.pairs_per_batch, self.seq_len, self.pad_id = pairs, pairs_per_batch, seq_len, pad_id
         self.packing, self.pad_to, self.pad_multiple = packing, pad_to, pad_multiple
+        self.prompt_labels = prompt_labels
         self.slots = pair_slots(seq_len, packing)
         """Pairs a row pair can hold: a batch has ``pairs_per_batch x slots`` pair slots."""
         self._stream: Iterator[PreferencePair] | None = None
@@ -179,7 +194,14 @@ class PreferenceBatchLoader:
         if not placements:
             raise StopIteration  # only a finite stream ends
         batch = preference_batch(
-            placements, self.pairs_per_batch, rows_of, self.seq_len, self.pad_id, self.pad_to, self.pad_multiple
+            placements,
+            self.pairs_per_batch,
+            rows_of,
+            self.seq_len,
+            self.pad_id,
+            self.pad_to,
+            self.pad_multiple,
+            self.prompt_labels,
         )
         return batch, placements
 

@@ -129,6 +129,15 @@ class PromptDataset(RowReader):
                 self._pass_used = True
                 yield sample
 
+    def _unused_rows(self) -> list[str]:
+        reasons = super()._unused_rows()
+        if self.too_long:
+            reasons.append(
+                f"{self.too_long} prompts longer than --grpo.max_prompt_len {self.grpo.max_prompt_len} tokens "
+                "skipped: raise it (with --training.seq_len, which must hold max_prompt_len + max_new_tokens)"
+            )
+        return reasons
+
     def state_dict(self) -> dict[str, Any]:
         return {**self._position(), "too_long": self.too_long}
 

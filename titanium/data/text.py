@@ -185,15 +185,22 @@ class RowReader:
                 self.source_idx += 1
                 self.next_row, self.share, self.stream, self._stream_state = 0, None, None, None
             if full_pass and not self._pass_used:  # looping on would never yield anything
+                why = "; ".join(self._unused_rows()) or "no row gave a sample"
                 raise DataError(
                     f"--data.path {self.cfg.path}: a whole pass gave data-parallel rank {self.dp_rank} of "
-                    f"{self.dp_world} nothing to train on ({self.bad_rows} bad rows skipped); check the file's "
-                    "columns (--data.kind and the column options) or use more rows than data-parallel ranks"
+                    f"{self.dp_world} nothing to train on ({why}); with fewer rows than data-parallel ranks, "
+                    "use more rows"
                 )
             full_pass, self._pass_used = True, False
             self.epoch += 1
             self.source_idx = 0
             logger.info("data: finished pass over %s; starting epoch %d", self.cfg.path, self.epoch)
+
+    def _unused_rows(self) -> list[str]:
+        """Why rows gave nothing, each with its count and what to change: the error of a pass that gave nothing
+        names them. A subclass that leaves rows out for its own reasons (too long) adds those."""
+        fix = "check the file's columns (--data.kind and the column options)"
+        return [f"{self.bad_rows} bad rows skipped: {fix}"] if self.bad_rows else []
 
     def _source_rows(self, source: Source) -> Iterator[tuple[int, Any]]:
         """This rank's rows of one source from the position on: its byte ranges of a line file, else every

@@ -7,8 +7,8 @@ touches the training model. The two calls:
   convention of ``titanium.generation.sampling``: ``log_softmax(logits / T)`` over the whole vocabulary) and the
   policy version of the weights that produced them;
 - ``sync_from(model, version, pp_group)`` after each optimizer step: the training model's weights gathered one
-  block at a time from whatever layout it trains in (``weight_sync.full_blocks``), pushed into the engine without
-  touching disk, then the engine's caches of the old weights are dropped (``finish_sync``). Every rank of the
+  block at a time from whatever layout it trains in (``titanium.checkpoint.full_blocks``), pushed into the engine
+  without touching disk, then the engine's caches of the old weights are dropped (``finish_sync``). Every rank of the
   training job calls it (the gathers are collectives); it returns its seconds, blocks and bytes.
 
 ``load_weights`` takes any subset of the policy's weights under their one-process titanium names (a block), so a
@@ -28,10 +28,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from titanium.checkpoint.full_blocks import full_blocks
 from titanium.config.sections import RolloutSection
 from titanium.generation.generate import Generation
 from titanium.generation.sampling import SamplingParams
-from titanium.generation.weight_sync import full_blocks
 from titanium.model_builder import DTYPES
 from titanium.models.spec import ModelSpec
 

@@ -78,7 +78,8 @@ def format_log_line(
     ``data/truncated_samples`` and ``data/dropped_samples`` (present only when non-zero). A key
     missing from ``scalars`` is omitted; a key present with value None prints ``n/a`` (e.g. MFU on
     CPU), so the reader sees the metric exists but is unavailable. ``extra_keys`` (an objective's
-    metrics, e.g. ``dpo/accuracy``) follow the loss, named by their last part. Other keys are ignored
+    metrics, e.g. ``dpo/accuracy``, and its counters, e.g. ``grpo/long_prompts_skipped``) follow the loss, named by
+    their last part (a key shown above already is not repeated). Other keys are ignored
     here (they still go to TensorBoard / W&B).
     """
 
@@ -105,7 +106,7 @@ def format_log_line(
             parts.append(paint(key, f"{label} {_fmt(scalars[key], spec)}"))
 
     for key in extra_keys:
-        if key in scalars:
+        if key in scalars and not any(key == shown for shown, _, _ in simple):
             parts.append(f"{key.rsplit('/', 1)[-1]} {_fmt(scalars[key], '.4g')}")
 
     if "mem_peak_gib" in scalars:

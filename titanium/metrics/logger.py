@@ -44,6 +44,36 @@ SCALAR_TAGS: dict[str, str] = {
 caller can pass a fully qualified tag such as ``"eval/loss"`` directly."""
 
 
+TRL_ALIASES: dict[str, str] = {
+    "dpo/reward_chosen": "rewards/chosen",
+    "dpo/reward_rejected": "rewards/rejected",
+    "dpo/margin": "rewards/margins",
+    "dpo/accuracy": "rewards/accuracies",
+    "dpo/logp_chosen": "logps/chosen",
+    "dpo/logp_rejected": "logps/rejected",
+    "dpo/nll_loss": "nll_loss",
+    "dpo/log_odds_ratio": "log_odds_ratio",
+    "dpo/log_odds_chosen": "log_odds_chosen",
+    "grpo/reward": "reward",
+    "grpo/reward_std": "reward_std",
+    "grpo/response_len": "completions/mean_length",
+    "grpo/kl": "kl",
+    "grpo/entropy": "entropy",
+    "grpo/clip_frac": "clip_ratio",
+}
+"""Objective metric -> the name TRL's trainers log the same quantity under: also logged under that name in
+TensorBoard / W&B, so dashboards built for TRL runs read titanium's (``grpo/reward/<function>`` is also
+``rewards/<function>/mean``)."""
+
+
+def trl_aliases(values: Mapping[str, float]) -> dict[str, float]:
+    """The TRL-named copies of the objective metrics among ``values`` (tag -> value)."""
+    aliases = {TRL_ALIASES[k]: v for k, v in values.items() if k in TRL_ALIASES}
+    prefix = "grpo/reward/"
+    aliases.update({f"rewards/{k[len(prefix) :]}/mean": v for k, v in values.items() if k.startswith(prefix)})
+    return aliases
+
+
 class WandbNotInstalledError(ImportError):
     """``metrics.enable_wandb`` is set but the ``wandb`` package cannot be imported."""
 
@@ -97,7 +127,7 @@ class MetricsLogger:
             raise WandbNotInstalledError(_WANDB_HINT)
 
         if cfg.enable_tensorboard and (rank == 0 or cfg.save_for_all_ranks):
-            base = os.path.join(dump_folder, cfg.save_tb_folder)
+            base = os.path.join(dump_folder, cfg.save_tb_folder, cfg.run_name)  # ("": the tb folder itself)
             self.tb_dir = os.path.join(base, f"rank_{rank}") if cfg.save_for_all_ranks else base
             # Imported here: tensorboard is only needed when this rank actually writes.
             from torch.utils.tensorboard import SummaryWriter
@@ -116,7 +146,9 @@ class MetricsLogger:
                 raise WandbNotInstalledError(f"{_WANDB_HINT} Import failed with: {exc}") from exc
             os.makedirs(dump_folder, exist_ok=True)
             self._wandb = wandb
-            self._wandb_run = wandb.init(project=cfg.wandb_project, dir=dump_folder, config=run_config)
+            self._wandb_run = wandb.init(
+                project=cfg.wandb_project, name=cfg.run_name or None, dir=dump_folder, config=run_config
+            )
 
     @property
     def active(self) -> bool:
@@ -134,6 +166,7 @@ class MetricsLogger:
         if not self.active:
             return
         values = {self.tag_for(k): float(v) for k, v in scalars.items() if v is not None}
+        values.update(trl_aliases(values))
         if not values:
             return
         if self._tb is not None:

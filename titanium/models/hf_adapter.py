@@ -45,6 +45,17 @@ def rope_rows_from_hf(weight: torch.Tensor, head_dim: int) -> torch.Tensor:
     return weight.reshape(-1, 2, head_dim // 2, *rest).transpose(1, 2).reshape(weight.shape)
 
 
+@dataclass(frozen=True)
+class RowSource:
+    """Where one of our (non-expert) tensors lies in a Hugging Face tensor: the rows from ``offset`` on of ``key``
+    (a fused tensor such as Phi-3's ``qkv_proj`` holds several of ours, one after the other), with the rows of
+    each head of ``rope_head_dim`` rows in HF's RoPE order when set. Every column is ours."""
+
+    key: str
+    offset: int = 0
+    rope_head_dim: int | None = None
+
+
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")
 
 
@@ -81,6 +92,10 @@ class HFAdapter:
     - ``no_hf_slot``: per-block state the HF format has no place for (an MoE's routing bias). Loading leaves
       it at its initial zeros; exporting skips it while it is zero and refuses it otherwise, since dropping
       it would change what the model computes.
+    - ``memory_expert_params``: how ``transformers`` holds the experts *in memory* (where PEFT adapts them), which
+      is not the checkpoint's per-expert layout: per-block stacked expert weight (ours) -> (the HF module's
+      stacked parameter, the index of our part among those it concatenates along its rows), listed in the order the
+      HF module declares its parameters (PEFT wraps them in that order).
     """
 
     model_type: str
@@ -92,6 +107,7 @@ class HFAdapter:
     output_key: str = "output.weight"
     expert_keys: Mapping[str, str] = field(default_factory=dict)
     no_hf_slot: frozenset[str] = frozenset()
+    memory_expert_params: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     _from_hf: dict[str, str] = field(init=False, repr=False, compare=False)
     _hf_layer: re.Pattern[str] = field(init=False, repr=False, compare=False)
     _hf_expert: dict[str, re.Pattern[str]] = field(init=False, repr=False, compare=False)
@@ -150,6 +166,21 @@ class HFAdapter:
         part = self._layer_part(key)
         return part is None or part[1] not in self.no_hf_slot
 
+    def expert_template(self, key: str) -> str | None:
+        """For one of our stacked expert weights, the HF name of one expert's tensor with ``{e}`` for the expert
+        (``model.layers.3.mlp.experts.{e}.gate_proj.weight``); None for every other name."""
+        part = self._layer_part(key)
+        if part is None or part[1] not in self.expert_keys:
+            return None
+        return f"model.layers.{part[0]}.{self.expert_keys[part[1]]}"
+
+    def hf_source(self, key: str, args: Any) -> RowSource:
+        """Where our ``key`` (not a stacked expert weight: see ``expert_template``) lies in the HF checkpoint, so a
+        rank can read just the rows and columns of its shard; a tied output matrix reads the embedding."""
+        if self.tied(args) and key == self.output_key:
+            return RowSource(self.hf_key(self.embedding_key))
+        return RowSource(self.hf_key(key), rope_head_dim=args.head_dim if self._is_rope(key) else None)
+
     def ignored_hf_keys(self, args: Any, ours: Collection[str]) -> set[str]:
         """Keys a checkpoint may hold that loading a model with the keys ``ours`` skips: a tied model's
         ``lm_head`` (some exporters store it anyway)."""
@@ -162,15 +193,20 @@ class HFAdapter:
         for key, shape in shapes.items():
             if (self.tied(args) and key == self.output_key) or not self.has_hf_slot(key):
                 continue
-            part = self._layer_part(key)
-            if part is not None and part[1] in self.expert_keys:
-                template = f"model.layers.{part[0]}.{self.expert_keys[part[1]]}"
+            template = self.expert_template(key)
+            if template is not None:
                 out.update({template.format(e=e): tuple(shape[1:]) for e in range(shape[0])})
             else:
                 out[self.hf_key(key)] = tuple(shape)
         return out
 
     # ----- tensors -----
+
+    def exports_in_source_layout(self) -> bool:
+        """Whether a model loaded from a checkpoint through this adapter is saved back in that checkpoint's layout
+        (keys, files, config.json); False when the model is another kind than its source (a reward model started
+        from a causal LM): it is then saved in this adapter's own layout and config."""
+        return True
 
     def tied(self, args: Any) -> bool:
         return args.tie_word_embeddings
@@ -191,9 +227,8 @@ class HFAdapter:
                         f"{self.model_type}; train with --moe.load_balance aux_loss (or none) to export it"
                     )
                 continue
-            part = self._layer_part(key)
-            if part is not None and part[1] in self.expert_keys:
-                template = f"model.layers.{part[0]}.{self.expert_keys[part[1]]}"
+            template = self.expert_template(key)
+            if template is not None:
                 out.update({template.format(e=e): expert.clone() for e, expert in enumerate(value.unbind(0))})
                 continue
             if self._is_rope(key):

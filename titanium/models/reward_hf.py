@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from titanium.models.hf_adapter import HFAdapter, HFConfigError
+from titanium.models.hf_adapter import HFAdapter, HFConfigError, RowSource
 
 SCORE_KEY = "score.weight"
 SEQUENCE_CLASSIFICATION = "ForSequenceClassification"
@@ -53,6 +53,9 @@ class SequenceClassificationAdapter(HFAdapter):
     def hf_key(self, key: str) -> str:
         return SCORE_KEY if key == self.output_key else self.family.hf_key(key)
 
+    def hf_source(self, key: str, args: Any) -> RowSource:
+        return RowSource(SCORE_KEY) if key == self.output_key else self.family.hf_source(key, args)
+
     def our_key(self, hf_key: str) -> str | None:
         if hf_key == SCORE_KEY:
             return self.output_key
@@ -67,6 +70,9 @@ class SequenceClassificationAdapter(HFAdapter):
     def ignored_hf_keys(self, args: Any, ours: Collection[str]) -> set[str]:
         """A causal LM's ``lm_head`` when starting from one; nothing in a sequence-classification checkpoint."""
         return set() if self.head_in_checkpoint else {self.family.hf_key(self.output_key)}
+
+    def exports_in_source_layout(self) -> bool:
+        return self.head_in_checkpoint  # (a causal LM's folder has no slot for the score head)
 
     def tied(self, args: Any) -> bool:
         return False  # (the score head is never the embedding, whatever the family's args say)

@@ -11,6 +11,7 @@ same ranks, ``(pp, dp_replicate, efsdp, ep, tp)`` with ``efsdp x ep = dp_shard x
 
 from __future__ import annotations
 
+import math
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -179,6 +180,13 @@ class ParallelDims:
     def params_sharded(self) -> bool:
         """Whether parameters become DTensors (sharded or replicated over some mesh)."""
         return self.fsdp_enabled or self.tp_enabled
+
+    @property
+    def sequence_multiple(self) -> int:
+        """What every sequence width must be a multiple of (``check_model`` checks seq_len): 2 x cp (each context
+        rank keeps a chunk from the head and one from the tail) and cp x tp (sequence parallelism splits each
+        context rank's part over the tensor ranks)."""
+        return math.lcm(2 * self.cp if self.cp > 1 else 1, self.cp * self.tp)
 
     @property
     def devices_sharing_batch(self) -> int:

@@ -87,15 +87,16 @@ class ExpertParallelExperts(GroupedExperts):
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         rows, local_counts, exchange = dispatch(x, counts, self.ep_group, self.assumed_imbalance)
         weights = [w.to_local() if isinstance(w, DTensor) else w for w in (self.w1, self.w2, self.w3)]
-        return combine(self.compute(rows, local_counts, *weights), exchange, self.ep_group)
+        return combine(self.compute(rows, local_counts, *self.updated(weights)), exchange, self.ep_group)
 
 
 def apply_expert_parallel(model: nn.Module, ep_mesh: DeviceMesh) -> None:
     """Divide the experts of every MoE layer of ``model`` (on the meta device) over ``ep_mesh``, in place."""
     for moe in moe_layers(model).values():
         experts = moe.experts
-        for name in ("w1", "w2", "w3"):
-            weight = getattr(experts, name)
-            setattr(experts, name, nn.Parameter(distribute_tensor(weight, ep_mesh, [Shard(0)])))
+        for name, weight in list(experts.named_parameters()):  # (a converter's per-expert parameters too: LoRA)
+            owner_name, _, leaf = name.rpartition(".")
+            owner = experts.get_submodule(owner_name)
+            setattr(owner, leaf, nn.Parameter(distribute_tensor(weight, ep_mesh, [Shard(0)]), weight.requires_grad))
         experts.__class__ = ExpertParallelExperts
         experts.ep_group = ep_mesh.get_group()

@@ -10,6 +10,7 @@ from torch import nn
 
 from titanium.config.sections import LoRASection
 from titanium.models.converter import ConverterContext, ExportContext, ModelConverter
+from titanium.peft.expert_lora import expert_lora_modules
 from titanium.peft.export import export_peft_adapter
 from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale
 from titanium.peft.nf4 import quantize_lora_base_nf4
@@ -58,7 +59,7 @@ class LoRAConverter(ModelConverter):
 
     @contextlib.contextmanager
     def _adapters_off(self, model: nn.Module) -> Iterator[None]:
-        modules = [module for _, module in lora_modules(model)]
+        modules = [module for _, module in [*lora_modules(model), *expert_lora_modules(model)]]
         for module in modules:
             module.lora_enabled = False
         try:

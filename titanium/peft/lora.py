@@ -24,10 +24,13 @@ from torch.distributed.tensor import DTensor
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import LoRASection
+from titanium.models.common.moe import GroupedExperts
 from titanium.parallel.params import clean_fqn, copy_full_into
+from titanium.peft.expert_lora import add_expert_adapters, expert_lora_modules, init_expert_lora
 
 TARGET_GROUPS = {"attention": ("wq", "wk", "wv", "wo"), "mlp": ("w1", "w2", "w3")}
-TARGETS = (*TARGET_GROUPS["attention"], *TARGET_GROUPS["mlp"], "output")
+TARGETS = (*TARGET_GROUPS["attention"], *TARGET_GROUPS["mlp"], "output", "experts")
+"""``experts``: the stacked projections of every MoE layer's routed experts (``titanium/peft/expert_lora.py``)."""
 _HF_NAMES = {
     "q_proj": "wq",
     "k_proj": "wk",
@@ -98,11 +101,13 @@ def is_lora_param(name: str) -> bool:
 
 
 def adapter_key_parts(name: str) -> tuple[str, str]:
-    """``layers.0.attention.wq.lora_b.weight`` -> ``("layers.0.attention.wq", "lora_b")``: the adapted layer
-    and the adapter part a parameter name belongs to."""
+    """``layers.0.attention.wq.lora_b.weight`` -> ``("layers.0.attention.wq", "lora_b")``: the adapted weight's
+    name without ``.weight`` and the adapter part a parameter name belongs to. Stacked experts' adapters name the
+    projection last: ``layers.0.moe.experts.lora_b.w1`` -> ``("layers.0.moe.experts.w1", "lora_b")``."""
     parts = name.split(".")
     index = next(i for i, part in enumerate(parts) if part in LORA_PARTS)
-    return ".".join(parts[:index]), parts[index]
+    projection = parts[index + 1 : index + 2]
+    return ".".join(parts[:index] + [p for p in projection if p != "weight"]), parts[index]
 
 
 def lora_scale(cfg: LoRASection) -> float:
@@ -118,7 +123,7 @@ def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
 
 
 def has_lora(model: nn.Module) -> bool:
-    return next(lora_modules(model), None) is not None
+    return next(lora_modules(model), None) is not None or bool(expert_lora_modules(model))
 
 
 def resolve_targets(names: list[str]) -> frozenset[str]:
@@ -179,12 +184,16 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
     targets = resolve_targets(cfg.target_modules)
     shared = _shared_weights(model)
     chosen: list[tuple[str, nn.Linear]] = []
+    experts: list[tuple[str, GroupedExperts]] = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
         if leaf not in targets:
             continue
-        if isinstance(module, LoRALinear):
+        if isinstance(module, LoRALinear) or (isinstance(module, GroupedExperts) and module.weight_update):
             raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")
+        if isinstance(module, GroupedExperts):
+            experts.append((name, module))
+            continue
         if not isinstance(module, nn.Linear):
             continue
         if type(module) not in LORA_CLASSES:
@@ -203,14 +212,23 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
                 f"remove {leaf!r} from --lora.target_modules"
             )
         chosen.append((name, module))
-    missing = targets - {name.rsplit(".", 1)[-1] for name, _ in chosen}
+    missing = targets - {name.rsplit(".", 1)[-1] for name, _ in [*chosen, *experts]}
     if missing:
         names = ", ".join(sorted(missing))
-        raise LoRAConfigError(f"--lora.target_modules: the model has no linear layer named {names}")
+        what = "MoE experts" if missing == {"experts"} else "linear layer"
+        raise LoRAConfigError(f"--lora.target_modules: the model has no {what} named {names}")
+    if experts and (cfg.use_dora or cfg.dropout > 0 or cfg.quantize_base != "none"):
+        raise LoRAConfigError(
+            "--lora.target_modules experts: the experts' adapters are a weight update (no dropout on their input, "
+            "no DoRA, no NF4 base); set --lora.dropout 0, --lora.use_dora false and --lora.quantize_base none, or "
+            "drop experts from the targets"
+        )
     # Only now change the model, so a failed call leaves it as it was.
     for _, module in chosen:
         _add_adapter(module, cfg)
-    return [clean_fqn(name) for name, _ in chosen]
+    for _, module in experts:
+        add_expert_adapters(module, cfg.rank, lora_scale(cfg))
+    return [clean_fqn(name) for name, _ in [*chosen, *experts]]
 
 
 def _add_adapter(module: nn.Linear, cfg: LoRASection) -> None:
@@ -239,6 +257,8 @@ def init_lora(model: nn.Module, seed: int | None = None) -> None:
     """
     if seed is None:
         seed = int(torch.randint(0, 2**62, (1,)).item())
+    for name, experts in expert_lora_modules(model):
+        init_expert_lora(name, experts, seed)
     for name, module in lora_modules(model):
         generator = torch.Generator().manual_seed((seed + zlib.crc32(name.encode())) % 2**63)
         a = torch.empty(tuple(module.lora_a.weight.shape))

@@ -16,13 +16,18 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from torch.distributed.tensor import DTensor
 
 from titanium.peft.dora import merge_direction
+from titanium.peft.expert_lora import PROJECTIONS, expert_lora_modules
 from titanium.peft.lora import adapter_key_parts, is_lora_param, lora_modules
 from titanium.peft.nf4 import dequantize
 
 
 def lora_scales(model: nn.Module) -> dict[str, float]:
-    """Adapted layer name -> its update's scale (``alpha / rank``); empty for a model without adapters."""
-    return {name: module.lora_scale for name, module in lora_modules(model)}
+    """Adapted weight (name without ``.weight``) -> its update's scale (``alpha / rank``); empty for a model without
+    adapters. Stacked experts count each projection (``layers.0.moe.experts.w1``)."""
+    scales = {name: module.lora_scale for name, module in lora_modules(model)}
+    for name, experts in expert_lora_modules(model):
+        scales.update({f"{name}.{projection}": experts.lora_scale for projection in PROJECTIONS})
+    return scales
 
 
 @torch.no_grad()
@@ -32,7 +37,8 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, flo
 
     The merge is computed in float32 and the result keeps the base weight's (dequantized) dtype.
     """
-    orphans = {k for k in state if is_lora_param(k) and adapter_key_parts(k)[0] not in scales}
+    parts = {adapter_key_parts(k): k for k in state if is_lora_param(k)}  # (layer, lora_a) -> its key
+    orphans = {key for (layer, _), key in parts.items() if layer not in scales}
     if orphans:
         raise ValueError(f"merge_lora_state: adapter keys without a scale: {sorted(orphans)[:4]}")
     out: dict[str, torch.Tensor] = {}
@@ -40,12 +46,12 @@ def merge_lora_state(state: Mapping[str, torch.Tensor], scales: Mapping[str, flo
         if is_lora_param(key):
             continue
         layer = key.removesuffix(".weight")
-        if key.endswith(".weight") and layer in scales:
-            a, b = state[f"{layer}.lora_a.weight"], state[f"{layer}.lora_b.weight"]
+        if layer in scales:  # (B @ A is batched over the experts of stacked expert weights)
+            a, b = state[parts[layer, "lora_a"]], state[parts[layer, "lora_b"]]
             dense = dequantize(value)
             delta = b.to(dense.device, torch.float32) @ a.to(dense.device, torch.float32)
             merged = dense.float() + scales[layer] * delta
-            magnitude = state.get(f"{layer}.lora_magnitude")
+            magnitude = state.get(parts.get((layer, "lora_magnitude"), ""))
             if magnitude is not None:
                 merged = merge_direction(merged, magnitude.to(dense.device))
             value = merged.to(dense.dtype)

@@ -32,6 +32,7 @@ from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, hf_model_args, s
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
+from titanium.peft.lora import is_lora_param
 from titanium.quantize.schemes import SCHEMES
 from titanium.quantize.serving import export_quantized_hf
 
@@ -67,6 +68,14 @@ def dcp_to_hf(
     if spec.hf_adapter is None:
         raise UserError(f"model {model!r} has no Hugging Face adapter")
     shapes = _checkpoint_shapes(checkpoint)
+    if any(is_lora_param(name) for name in shapes):
+        raise UserError(
+            f"{checkpoint} is a LoRA run's checkpoint: it holds the adapters only, not a whole model "
+            f"({sum(map(is_lora_param, shapes))} adapter tensors), so there is nothing to convert to a Hugging Face "
+            "folder on its own, and converting one (merged with its base, or as a PEFT adapter) is not supported yet. "
+            "A LoRA run writes its adapter in PEFT layout at its end ([lora] save_adapter, in [lora] "
+            "adapter_folder) and the merged model with --checkpoint.last_save_in_hf"
+        )
     if source is not None:
         args = hf_model_args(spec, source)
     elif flavor is not None:

@@ -26,6 +26,7 @@ from titanium.batch import Batch, Placement
 from titanium.config.registry import SectionSpec
 from titanium.config.sections import ChatSection, RolloutSection
 from titanium.data.tokenizer import Tokenizer
+from titanium.models.spec import ModelSpec
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
@@ -150,6 +151,11 @@ class ObjectiveContext:
     """``[chat]``: how conversations become tokens, and the system prompt, for every objective that renders them."""
     dump_folder: str = "./outputs"
     """The job's output folder (job.dump_folder)."""
+    fixed_shapes: bool = False
+    """Every microbatch must be seq_len wide (pipeline parallelism: the schedule is built for one shape)."""
+    sequence_multiple: int = 1
+    """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
+    split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
     rollout: RolloutSection = field(default_factory=RolloutSection)
     """``[rollout]``: the engine an RL objective generates with (``titanium.generation.engine.build_engine``)."""
 
@@ -164,9 +170,20 @@ class Objective(ABC):
     loss_unit = "tokens"
     """What the loss is a mean over, in the plural, for logs (``validation/tokens``, ``validation/pairs``); with
     "tokens" the loss is taken for a token cross-entropy, and validation shows its perplexity."""
+    loss_spikes = True
+    """Whether a step's loss far above its running mean is worth a warning (``[guards] loss_spike_ratio``): False
+    for a loss that sits near 0 with either sign (GRPO's advantage-weighted loss), whose ratio to its mean is
+    noise."""
     metric_names: tuple[str, ...] = ()
     """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
     they show on the console line and in TensorBoard/W&B."""
+
+    @classmethod
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
+        """The spec the trained model is built (and exported) from, given the family's and the Hugging Face folder
+        the run starts from (None: another start). The family's by default; a reward model's swaps the
+        language-model head for a scalar one (titanium/trainers/reward.py). Called before the objective exists."""
+        return spec
 
     @abstractmethod
     def next_microbatch(self) -> Batch:

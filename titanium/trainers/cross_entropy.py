@@ -171,6 +171,20 @@ def linear_cross_entropy_sum(
         )
 
 
+def plain_projection_weight(projection: nn.Module, flag: str, way_out: str) -> torch.Tensor:
+    """The weight of an output layer that is a plain linear map (a loss that projects by it alone needs one), or a
+    ConfigError naming ``flag``, the setting that projects by hand, and ``way_out``, the other fix."""
+    layer_cls = type(projection)
+    if issubclass(layer_cls, FSDPModule):  # FSDP2 swaps in FSDP<Name>(FSDPModule, <Name>)
+        layer_cls = layer_cls.__bases__[-1]
+    if layer_cls is not nn.Linear:
+        raise ConfigError(
+            f"{flag} projects with the output layer's weight alone, but the output layer is a {layer_cls.__name__} "
+            f"(LoRA, float8 or QAT on 'output'); keep 'output' out of that conversion or {way_out}"
+        )
+    return projection.weight
+
+
 class TokenCrossEntropy:
     """The summed next-token cross-entropy of a batch of ``TokenFields``, as the pretrain and SFT objectives
     compute it: from the model's logits (``chunk_size == 0``), or chunk by chunk from its hidden states."""
@@ -193,15 +207,7 @@ class TokenCrossEntropy:
         labels = batch.fields.labels
         if not self.chunk_size:
             return cross_entropy_sum(output.logits, labels)
-        layer_cls = type(output.projection)
-        if issubclass(layer_cls, FSDPModule):  # FSDP2 swaps in FSDP<Name>(FSDPModule, <Name>)
-            layer_cls = layer_cls.__bases__[-1]
-        if layer_cls is not nn.Linear:
-            raise ConfigError(
-                f"--training.loss_chunk_size projects with the output layer's weight alone, but the output layer is a "
-                f"{layer_cls.__name__} (LoRA, float8 or QAT on 'output'); keep 'output' out of that "
-                "conversion or set --training.loss_chunk_size 0"
-            )
+        weight = plain_projection_weight(output.projection, "--training.loss_chunk_size", "set it to 0")
         hidden = output.hidden
         if isinstance(hidden, DTensor):  # sequence parallel: every rank scores every token (see the docstring)
             n = hidden.device_mesh.ndim
@@ -211,4 +217,4 @@ class TokenCrossEntropy:
         hidden = hidden.flatten(0, 1).index_select(0, index)
         targets = labels.flatten().index_select(0, index)
         softcap = getattr(output.projection, "logit_softcap", None)  # (set by the decoder: Gemma 2's final cap)
-        return linear_cross_entropy_sum(hidden, output.projection.weight, targets, self.chunk_size, softcap)
+        return linear_cross_entropy_sum(hidden, weight, targets, self.chunk_size, softcap)

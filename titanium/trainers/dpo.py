@@ -1,22 +1,25 @@
 """Direct preference optimization: per-response log-probs, the preference losses and the DPO objective.
 
-For a pair (prompt x, chosen y_w, rejected y_l), a policy pi and a frozen reference pi_ref, let
-h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)], log-probs summed over the
-response tokens (or averaged, with length_normalize). The losses per pair are
+For a pair (prompt x, chosen y_w, rejected y_l), a policy pi and a frozen reference pi_ref, each side's
+score is its log-ratio log pi(y|x) - log pi_ref(y|x), log-probs summed over the response tokens (or
+averaged, with length_normalize); for a reference-free loss (SimPO, ORPO) it is log pi(y|x) averaged over the
+response tokens, and no reference model is built. The per-pair loss of the two scores is ``--dpo.loss_type``'s
+(titanium/trainers/dpo_losses.py: sigmoid, ipo, hinge, robust, bco_pair, simpo, orpo, or your own), plus,
+with rpo_alpha > 0, rpo_alpha times the chosen response's mean token NLL (RPO, Pang et al. 2024). The
+implicit rewards are beta x each side's score. Losses come back per pair, to be summed: the loop divides by
+the global number of pairs, so every layout and accumulation gives the exact pair mean.
 
-- sigmoid (DPO, Rafailov et al. 2023): -log sigmoid(beta h); with label smoothing e (conservative DPO),
-  -(1 - e) log sigmoid(beta h) - e log sigmoid(-beta h);
-- ipo (Azar et al. 2023): (h - 1 / (2 beta))^2;
-- hinge (SLiC, Zhao et al. 2023): max(0, 1 - beta h);
-- or any loss registered in titanium/config/components.py's DPO_LOSSES, or given as ``module:function``;
-
-plus, with rpo_alpha > 0, rpo_alpha times the chosen response's mean token NLL (RPO, Pang et al. 2024).
-The implicit rewards are beta x each side's log-ratio. Losses come back per pair, to be summed: the
-loop divides by the global number of pairs, so every layout and accumulation gives the exact pair mean.
+CPO-SimPO (cpo_alpha > 0) and ORPO add TRL's SFT term, a token mean of the chosen sequences' NLL. TRL takes
+it per micro-batch; so does titanium, per microbatch, weighted by the microbatch's pairs (``chosen_nll``): with
+equal microbatches (the padded layout) that is TRL's loss exactly, for any gradient accumulation and
+data-parallel degree. Packed microbatches (varying pair counts) and pipeline microbatches (each its own token
+mean) weigh it slightly differently.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,7 @@ from titanium.config.components import DPO_LOSSES
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
+from titanium.data.packing import PadTo
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
 from titanium.trainers.base import (
@@ -42,6 +46,7 @@ from titanium.trainers.base import (
     ObjectiveContext,
     Prepared,
 )
+from titanium.trainers.dpo_losses import PairLoss, as_pair_loss
 from titanium.trainers.dpo_reference import (
     CachedReferencePairs,
     ReferenceCache,
@@ -50,6 +55,9 @@ from titanium.trainers.dpo_reference import (
     precompute,
     tokenizer_identity,
 )
+from titanium.trainers.preference_losses import token_mean_nll
+
+logger = logging.getLogger(__name__)
 
 METRICS = ("reward_chosen", "reward_rejected", "margin", "accuracy", "logp_chosen", "logp_rejected")
 """The per-pair metrics (sums over pairs in DPOLoss; ``dpo/<name>`` means on the log line)."""
@@ -94,6 +102,8 @@ class PreferenceFields(Fields):
     pairs_per_row: torch.Tensor = per_row()
     reference_logps: torch.Tensor | None = per_token(default=None)
     """The reference's token log-probs: from the cache (precompute_reference), else filled in ``prepare``."""
+    prompt_labels: torch.Tensor | None = per_token(default=None)
+    """ORPO: the next token at the chosen sequences' unlabeled positions (titanium.data.preference_batch)."""
 
     def units(self) -> torch.Tensor:
         return self.pairs_per_row.sum()
@@ -102,7 +112,11 @@ class PreferenceFields(Fields):
 def pair_batch(rows: dict[str, torch.Tensor]) -> Batch[PreferenceFields]:
     """The typed batch of a PreferenceBatchLoader's rows."""
     fields = PreferenceFields(
-        rows["label"], rows["response_ids"], rows["pairs_per_row"], reference_logps=rows.get("reference_logps")
+        rows["label"],
+        rows["response_ids"],
+        rows["pairs_per_row"],
+        reference_logps=rows.get("reference_logps"),
+        prompt_labels=rows.get("prompt_labels"),
     )
     return Batch(rows["input"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
 
@@ -115,26 +129,11 @@ class DPOLoss:
     """Sums over the pairs (detached 0-d tensors): divide by the global pair count to report means."""
 
 
-def sigmoid_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
-    """DPO (with label smoothing e: conservative DPO)."""
-    eps, beta = cfg.label_smoothing, cfg.beta
-    return -(1 - eps) * F.logsigmoid(beta * h) - eps * F.logsigmoid(-beta * h)
-
-
-def ipo_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
-    return (h - 1 / (2 * cfg.beta)) ** 2
-
-
-def hinge_loss(h: torch.Tensor, cfg: DPOSection) -> torch.Tensor:
-    """SLiC."""
-    return torch.relu(1 - cfg.beta * h)
-
-
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
-    reference_chosen: torch.Tensor,
-    reference_rejected: torch.Tensor,
+    reference_chosen: torch.Tensor | None,
+    reference_rejected: torch.Tensor | None,
     cfg: DPOSection,
     chosen_lengths: torch.Tensor | None = None,
     rejected_lengths: torch.Tensor | None = None,
@@ -142,39 +141,59 @@ def dpo_loss(
 ) -> DPOLoss:
     """The loss of every pair from summed response log-probs ([pairs] each; see the module docstring).
 
-    ``chosen_lengths``/``rejected_lengths`` (label tokens per response) are needed with length_normalize
-    and with rpo_alpha > 0. The reference log-probs are treated as constants. ``mask`` (bool, [pairs])
-    says which entries are pairs: the others (empty slots of a batch layout) get loss 0 and no metrics.
+    ``chosen_lengths``/``rejected_lengths`` (label tokens per response) are needed with length_normalize,
+    with rpo_alpha > 0 and by reference-free losses, whose reference log-probs may be None. The reference
+    log-probs are treated as constants. ``mask`` (bool, [pairs]) says which entries are pairs: the others
+    (empty slots of a batch layout) get loss 0 and no metrics.
     """
-    if (cfg.length_normalize or cfg.rpo_alpha > 0) and (chosen_lengths is None or rejected_lengths is None):
-        raise ValueError("length_normalize and rpo_alpha need the response lengths")
-    reference_chosen, reference_rejected = reference_chosen.detach(), reference_rejected.detach()
+    loss = pair_loss(cfg)
+    averaged = cfg.length_normalize or not loss.reference
+    if (averaged or cfg.rpo_alpha > 0) and (chosen_lengths is None or rejected_lengths is None):
+        raise ValueError("length_normalize, rpo_alpha and reference-free losses need the response lengths")
+    chosen, rejected = policy_chosen, policy_rejected
+    if loss.reference:
+        assert reference_chosen is not None and reference_rejected is not None
+        chosen, rejected = chosen - reference_chosen.detach(), rejected - reference_rejected.detach()
     chosen_nll = None
     if chosen_lengths is not None and rejected_lengths is not None:
         chosen_len, rejected_len = chosen_lengths.clamp(min=1), rejected_lengths.clamp(min=1)
         chosen_nll = -policy_chosen / chosen_len
-        if cfg.length_normalize:
-            policy_chosen, reference_chosen = policy_chosen / chosen_len, reference_chosen / chosen_len
-            policy_rejected, reference_rejected = policy_rejected / rejected_len, reference_rejected / rejected_len
-    chosen_ratio = policy_chosen - reference_chosen
-    rejected_ratio = policy_rejected - reference_rejected
-    h = chosen_ratio - rejected_ratio
-    beta = cfg.beta
-    losses = DPO_LOSSES.load(cfg.loss_type)(h, cfg)
+        if averaged:
+            chosen, rejected = chosen / chosen_len, rejected / rejected_len
+    if mask is not None:  # (an empty slot's mean log-prob, 0, would make ORPO's log(1 - p) infinite)
+        chosen, rejected = torch.where(mask, chosen, -1.0), torch.where(mask, rejected, -1.0)
+    losses, extra = loss(chosen, rejected, cfg)
     if cfg.rpo_alpha > 0:
         assert chosen_nll is not None
         losses = losses + cfg.rpo_alpha * chosen_nll
-    weight = torch.ones_like(h) if mask is None else mask.to(h.dtype)
-    chosen_rewards, rejected_rewards = beta * chosen_ratio.detach(), beta * rejected_ratio.detach()
+    weight = torch.ones_like(chosen) if mask is None else mask.to(chosen.dtype)
+    chosen_rewards, rejected_rewards = cfg.beta * chosen.detach(), cfg.beta * rejected.detach()
     per_pair = {
         "reward_chosen": chosen_rewards,
         "reward_rejected": rejected_rewards,
         "margin": chosen_rewards - rejected_rewards,
-        "accuracy": (chosen_rewards > rejected_rewards).to(h.dtype),
+        "accuracy": (chosen_rewards > rejected_rewards).to(chosen.dtype),
         "logp_chosen": policy_chosen.detach(),
         "logp_rejected": policy_rejected.detach(),
+        **extra,
     }
     return DPOLoss(losses * weight, {name: (value * weight).sum() for name, value in per_pair.items()})
+
+
+def pair_loss(cfg: DPOSection) -> PairLoss:
+    """``--dpo.loss_type``'s loss."""
+    return as_pair_loss(DPO_LOSSES.load(cfg.loss_type))
+
+
+def row_width(cfg: DPOSection, ctx: ObjectiveContext) -> tuple[PadTo, int]:
+    """``pad_to`` and ``pad_multiple`` as the layout allows: fixed seq_len-wide rows under pipeline
+    parallelism (``auto`` says so quietly, ``longest`` with a warning), widths that the context- and
+    tensor-parallel sequence split divides."""
+    if ctx.fixed_shapes:
+        if cfg.pad_to == "longest":
+            logger.warning("--dpo.pad_to longest: pipeline parallelism needs fixed shapes; rows are seq_len wide")
+        return "seq_len", cfg.pad_multiple
+    return ("seq_len" if cfg.pad_to == "seq_len" else "longest"), math.lcm(cfg.pad_multiple, ctx.sequence_multiple)
 
 
 class DPOObjective(Objective):
@@ -188,19 +207,23 @@ class DPOObjective(Objective):
     its part of every response, and the placement adds the parts (differentiably) before the loss.
     """
 
-    metric_names = tuple(f"dpo/{name}" for name in METRICS)
     loss_unit = "pairs"
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
         self.cfg, self.ctx, self.data = dpo, ctx, data
+        self.pair_loss = pair_loss(dpo)
+        self.nll_weight = self.pair_loss.nll_weight(dpo)
+        names = (*METRICS, *self.pair_loss.metrics, *(("nll_loss",) if self.nll_weight > 0 else ()))
+        self.metric_names = tuple(f"dpo/{name}" for name in names)
         self.template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
+        self.pad_to, self.pad_multiple = row_width(dpo, ctx)
         self.reference: FrozenModel | None = None
         stream: PairStream = self.pairs
-        if dpo.precompute_reference:
+        if self.pair_loss.reference and dpo.precompute_reference:
             stream = CachedReferencePairs(self.pairs, self._reference_cache)
-        else:
+        elif self.pair_loss.reference:  # (SimPO, ORPO: neither a reference model nor a cache)
             self.reference = self._models().frozen()  # (the policy as it started, without converters: no LoRA)
         self.loader = self._loader(stream)
         self.meter = DataMeter(self.pairs)
@@ -220,7 +243,16 @@ class DPOObjective(Objective):
 
     def _loader(self, stream: PairStream) -> PreferenceBatchLoader:
         ctx = self.ctx
-        return PreferenceBatchLoader(stream, ctx.local_batch_size, ctx.seq_len, ctx.tokenizer.pad_id, self.cfg.packing)
+        return PreferenceBatchLoader(
+            stream,
+            ctx.local_batch_size,
+            ctx.seq_len,
+            ctx.tokenizer.pad_id,
+            self.cfg.packing,
+            self.pad_to,
+            self.pad_multiple,
+            prompt_labels=self.pair_loss.nll_over_prompt and self.nll_weight > 0,
+        )
 
     def _models(self) -> Models:
         if self.ctx.models is None:
@@ -281,16 +313,33 @@ class DPOObjective(Objective):
 
     def loss(self, output: ModelOutput, batch: Batch[PreferenceFields]) -> LossResult:
         assert output.logits is not None
-        fields = batch.fields
-        ids = fields.response_ids
-        assert fields.reference_logps is not None
-        per_token = torch.stack([token_logps(output.logits, fields.labels), fields.reference_logps, (ids >= 0).float()])
-        sums = self.ctx.placement.add_parts(response_sums(per_token, ids, self.slots))  # (whole responses)
-        policy, reference, lengths = sums.unbind(0)
+        fields, reference = batch.fields, self.pair_loss.reference
+        ids, labels = fields.response_ids, fields.labels
+        if fields.prompt_labels is not None:  # (ORPO: the chosen prompts' tokens too, in the same cross-entropy)
+            labels = torch.where(labels == IGNORE_INDEX, fields.prompt_labels, labels)
+        logps = token_logps(output.logits, labels)
+        per_token = [logps, (ids >= 0).float()]
+        if reference:
+            assert fields.reference_logps is not None
+            per_token.append(fields.reference_logps)
+        sums = self.ctx.placement.add_parts(response_sums(torch.stack(per_token), ids, self.slots))  # (whole)
+        policy, lengths, *ref = sums.unbind(0)
         present = lengths[:, 0] > 0  # slots that hold a pair
-        out = dpo_loss(*policy.unbind(1), *reference.unbind(1), self.cfg, *lengths.unbind(1), mask=present)
+        references = ref[0].unbind(1) if reference else (None, None)
+        out = dpo_loss(*policy.unbind(1), *references, self.cfg, *lengths.unbind(1), mask=present)
         pairs = present.sum()
-        return LossResult(out.losses.sum(), {f"dpo/{name}": (value, pairs) for name, value in out.metrics.items()})
+        loss_sum = out.losses.sum()
+        metrics = {f"dpo/{name}": (value, pairs) for name, value in out.metrics.items()}
+        if self.nll_weight > 0:
+            chosen = (ids >= 0) & (ids % 2 == 0)
+            if fields.prompt_labels is not None:
+                chosen |= fields.prompt_labels != IGNORE_INDEX
+            chosen_sums = torch.stack([torch.where(chosen, logps, 0.0).sum(), chosen.sum().to(logps.dtype)])
+            chosen_logp, chosen_tokens = self.ctx.placement.add_parts(chosen_sums).unbind()
+            nll = token_mean_nll(chosen_logp, chosen_tokens) * pairs  # (TRL's micro-batch token mean, see above)
+            loss_sum = loss_sum + self.nll_weight * nll
+            metrics["dpo/nll_loss"] = (nll.detach(), pairs)
+        return LossResult(loss_sum, metrics)
 
     def log_metrics(self) -> dict[str, float]:
         return self.meter.metrics()

@@ -193,6 +193,8 @@ class GRPOObjective(Objective):
     the same prompts with the same sampling seeds (with the policy as saved).
     """
 
+    loss_spikes = False  # (the loss sits near 0, of either sign: a ratio to its running mean is noise)
+
     def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection) -> None:
         if ctx.models is None:
             raise ValueError("GRPO follows the live policy's weights: the loop must hand it (ObjectiveContext.models)")

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -125,8 +125,13 @@ def expert_swiglu(
 class GroupedExperts(nn.Module):
     """``num_experts`` SwiGLU experts with stacked weights; called with rows sorted by expert and their counts.
 
-    Kept as its own module so a parallel plan can wrap the call (expert parallelism) and shard it on its own.
+    Kept as its own module so a parallel plan can wrap the call (expert parallelism) and shard it on its own. Every
+    parameter it holds, a converter's included, is per expert (leading dimension ``num_experts``).
     """
+
+    weight_update: Callable[[GroupedExperts, list[torch.Tensor]], list[torch.Tensor]] | None = None
+    """Set (on the instance) by a converter that trains an update of the experts' weights (LoRA,
+    ``titanium/peft/expert_lora.py``): ``[w1, w2, w3]`` as this rank holds them -> the weights to compute with."""
 
     def __init__(self, dim: int, hidden_dim: int, num_experts: int) -> None:
         super().__init__()
@@ -136,7 +141,11 @@ class GroupedExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
         """``x`` ``[N, D]`` sorted by expert, ``counts`` ``[E]`` -> ``[N, D]``."""
-        return self.compute(x, counts, self.w1, self.w2, self.w3)
+        return self.compute(x, counts, *self.updated([self.w1, self.w2, self.w3]))
+
+    def updated(self, weights: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The weights to compute with: ``weights`` with the converter's update, if one is set."""
+        return weights if self.weight_update is None else self.weight_update(self, weights)
 
     def compute(
         self, x: torch.Tensor, counts: torch.Tensor, w1: torch.Tensor, w2: torch.Tensor, w3: torch.Tensor

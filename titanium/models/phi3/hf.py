@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from titanium.models.common.decoder import DecoderArgs
-from titanium.models.hf_adapter import rope_config, rope_rows_from_hf, rope_rows_to_hf, split_layer_key
+from titanium.models.hf_adapter import RowSource, rope_config, rope_rows_from_hf, rope_rows_to_hf, split_layer_key
 from titanium.models.llama3.hf import LLAMA_LAYER_KEYS, LLAMA_TOP_KEYS, ROPE_PROJECTIONS
 from titanium.models.mistral.hf import WindowedHFAdapter
 
@@ -55,6 +55,16 @@ class Phi3HFAdapter(WindowedHFAdapter):
         if layer is not None and layer[1] in _PART_OF:
             return f"model.layers.{layer[0]}.{_PART_OF[layer[1]]}"
         return super().hf_key(key)
+
+    def hf_source(self, key: str, args: Any) -> RowSource:
+        """A part of a fused tensor is rows of it, after the parts before it."""
+        layer = split_layer_key(key)
+        if layer is None or layer[1] not in _PART_OF:
+            return super().hf_source(key, args)
+        fused = _PART_OF[layer[1]]
+        offset = sum(_split_sizes(args, fused)[: FUSED[fused].index(layer[1])])
+        rope = args.head_dim if layer[1] in self.rope_keys else None
+        return RowSource(f"model.layers.{layer[0]}.{fused}", offset, rope)
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         parts: dict[str, dict[str, torch.Tensor]] = {}  # HF fused key -> our part -> tensor

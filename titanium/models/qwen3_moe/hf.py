@@ -123,4 +123,10 @@ QWEN3_MOE_HF_ADAPTER = Qwen3MoeHFAdapter(
     rope_keys=ROPE_PROJECTIONS | {"attention.q_norm.weight", "attention.k_norm.weight"},
     expert_keys=QWEN3_MOE_EXPERT_KEYS,
     no_hf_slot=frozenset({"moe.expert_bias"}),
+    # transformers 5's Qwen3MoeExperts: gate_up_proj [E, 2F, D] (gate rows, then up), down_proj [E, D, F]
+    memory_expert_params={
+        "moe.experts.w1": ("mlp.experts.gate_up_proj", 0),
+        "moe.experts.w3": ("mlp.experts.gate_up_proj", 1),
+        "moe.experts.w2": ("mlp.experts.down_proj", 0),
+    },
 )

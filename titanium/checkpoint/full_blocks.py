@@ -1,4 +1,5 @@
-"""The policy's weights, whole, from any training layout, one block at a time: what a rollout engine loads.
+"""The model's weights, whole, from any training layout, one block at a time: what a rollout engine loads and what
+the Hugging Face export writes.
 
 A training rank holds its shards (FSDP, HSDP, TP: DTensors) of its pipeline stage's blocks. ``full_blocks`` walks
 the model block by block (each transformer layer, and each module outside the layers on its own): the sharded

@@ -1,0 +1,116 @@
+"""Per-rank streaming reads of a Hugging Face checkpoint: every rank reads only the parts of the safetensors it holds.
+
+A 235B MoE checkpoint is 438 GiB of bf16; no rank can hold it, and one rank reading it for all is slow. Here
+each rank walks its own parameters (plain tensors, or DTensors of any layout: FSDP, TP, EP, their strided
+mixes) and reads from the memory-mapped files just the rows and columns of its shard (``SliceReader``):
+
+- a renamed tensor: the box of its shard (``safe_open(...).get_slice``);
+- a part of a fused tensor (Phi-3's ``qkv_proj``): the same rows, moved by the parts before it;
+- RoPE-permuted rows (``wq``, ``wk``): the whole heads that hold the shard's rows, permuted, then cut;
+- stacked experts: one HF tensor per expert, and only this rank's experts, each cut to its shard.
+
+The adapter says where each tensor lies (``hf_source``, ``expert_template``). Peak host memory per rank is its
+shard plus one tensor's box, and no rank sends anything: the load needs no communication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch.distributed.tensor import DTensor
+
+from titanium.models.hf_adapter import HFAdapter, RowSource, rope_rows_from_hf
+from titanium.parallel.params import local_indices
+
+Index = Sequence[torch.Tensor | None]
+"""Per dimension, the positions to read (int64), or None for all of them."""
+
+
+class SliceReader:
+    """Reads tensors or parts of tensors from the safetensors files of one checkpoint, each file opened once.
+
+    Failures are ``OSError``s that name the file (a truncated or corrupt shard). ``bytes_read`` counts the bytes of
+    the boxes read so far.
+    """
+
+    def __init__(self, folder: Path, weight_map: Mapping[str, str]) -> None:
+        self._folder, self._weight_map = folder, weight_map
+        self._stack = contextlib.ExitStack()
+        self._files: dict[str, Any] = {}
+        self.bytes_read = 0
+
+    def __enter__(self) -> SliceReader:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None) -> None:
+        self._stack.close()
+
+    def read(self, key: str, index: Index | None = None) -> torch.Tensor:
+        """HF tensor ``key``, or the positions ``index`` of it: one read of the box from the first to the last
+        position of each dimension, then the positions picked out of that box (only strided shards need this)."""
+        path = self._folder / self._weight_map[key]
+        try:
+            if path.name not in self._files:
+                self._files[path.name] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            file = self._files[path.name]
+            whole = index is None or all(positions is None for positions in index)
+            box = () if whole else tuple(_span(positions) for positions in index)
+            value = file.get_tensor(key) if whole else file.get_slice(key)[box]
+        except (SafetensorError, OSError) as e:
+            raise OSError(f"{path}: {e}") from e
+        self.bytes_read += value.numel() * value.element_size()
+        if whole:
+            return value
+        for dim, (positions, span) in enumerate(zip(index, box, strict=True)):
+            if positions is not None and value.shape[dim] != positions.numel():
+                value = value.index_select(dim, positions - span.start)
+        return value
+
+
+def _span(positions: torch.Tensor | None) -> slice:
+    """The slice from the first to the last of ``positions`` (all for None)."""
+    if positions is None:
+        return slice(None)
+    if not positions.numel():
+        return slice(0, 0)
+    return slice(int(positions.min()), int(positions.max()) + 1)
+
+
+def _local(target: torch.Tensor) -> torch.Tensor:
+    return target.to_local() if isinstance(target, DTensor) else target
+
+
+def read_rows(reader: SliceReader, source: RowSource, index: Index, rows: int) -> torch.Tensor:
+    """Our tensor of ``rows`` rows at ``index`` from where ``source`` says it lies. RoPE-ordered rows are read in
+    whole heads (the permutation stays within a head), put in our order, and the wanted rows picked out."""
+    if not index:
+        return reader.read(source.key)
+    positions = torch.arange(rows) if index[0] is None else index[0]  # (a fused tensor has more rows than ours)
+    head = source.rope_head_dim
+    if head is None or not positions.numel():
+        return reader.read(source.key, [positions + source.offset, *index[1:]])
+    start, stop = int(positions.min()) // head * head, (int(positions.max()) // head + 1) * head
+    block = reader.read(source.key, [torch.arange(start, stop) + source.offset, *index[1:]])
+    return rope_rows_from_hf(block, head).index_select(0, positions - start)
+
+
+@torch.no_grad()
+def stream_into(targets: Mapping[str, torch.Tensor], reader: SliceReader, adapter: HFAdapter, args: Any) -> None:
+    """Fill ``targets`` (ours -> plain tensor or DTensor, whose local shard is written) from ``reader``'s checkpoint,
+    reading only what this rank holds. The values are those of ``adapter.from_hf`` on the whole checkpoint."""
+    for key, target in targets.items():
+        index = local_indices(target)
+        local = _local(target)
+        template = adapter.expert_template(key)
+        if template is None:
+            local.copy_(read_rows(reader, adapter.hf_source(key, args), index, target.shape[0] if index else 0))
+            continue
+        experts = range(target.shape[0]) if index[0] is None else index[0].tolist()
+        for row, expert in enumerate(experts):
+            local[row].copy_(reader.read(template.format(e=expert), index[1:]))

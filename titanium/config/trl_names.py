@@ -1,0 +1,60 @@
+"""Options as TRL / transformers' TrainingArguments name them, and titanium's for the same setting.
+
+A user coming from TRL types ``--learning_rate 1e-4``; the CLI parser would only say the option is unrecognized.
+``check_trl_names`` turns that into one message naming titanium's option. Only bare names (no section) are
+looked at, so nothing titanium accepts is touched.
+"""
+
+from __future__ import annotations
+
+from titanium.config.errors import ConfigError
+
+TRL_NAMES = {
+    "learning_rate": "--optimizer.lr",
+    "weight_decay": "--optimizer.weight_decay",
+    "per_device_train_batch_size": "--training.local_batch_size",
+    "gradient_accumulation_steps": (
+        "--training.global_batch_size (the whole step's rows: local_batch_size x data-parallel degree x the "
+        "accumulation steps)"
+    ),
+    "max_steps": "--training.steps",
+    "num_train_epochs": "--training.steps (titanium counts optimizer steps, not epochs)",
+    "max_length": "--training.seq_len",
+    "max_seq_length": "--training.seq_len",
+    "max_grad_norm": "--training.max_norm",
+    "bf16": "--training.mixed_precision_param bfloat16",
+    "gradient_checkpointing": "--activation_checkpoint.mode full",
+    "warmup_steps": "--lr_scheduler.warmup_steps",
+    "lr_scheduler_type": "--lr_scheduler.decay_type",
+    "output_dir": "--job.dump_folder",
+    "seed": "--debug.seed",
+    "logging_steps": "--metrics.log_freq",
+    "report_to": "--metrics.enable_tensorboard / --metrics.enable_wandb",
+    "save_steps": "--checkpoint.interval",
+    "save_total_limit": "--checkpoint.keep_latest_k",
+    "eval_steps": "--validation.interval",
+    "model_name_or_path": "--checkpoint.initial_load_path FOLDER --checkpoint.initial_load_in_hf",
+    "dataset_name": "--data.path",
+    "beta": "--dpo.beta (DPO) or --grpo.beta (GRPO)",
+    "loss_type": "--dpo.loss_type (DPO) or --grpo.loss_type (GRPO)",
+    "label_smoothing": "--dpo.label_smoothing",
+    "rpo_alpha": "--dpo.rpo_alpha",
+    "precompute_ref_log_probs": "--dpo.precompute_reference",
+    "num_generations": "--grpo.group_size",
+    "max_completion_length": "--grpo.max_new_tokens",
+    "max_prompt_length": "--grpo.max_prompt_len",
+    "temperature": "--grpo.temperature",
+    "epsilon": "--grpo.epsilon_low and --grpo.epsilon_high",
+    "reward_funcs": "--grpo.rewards",
+}
+"""TRL's option name -> titanium's option (with a word where the two differ in meaning)."""
+
+
+def check_trl_names(argv: list[str]) -> None:
+    """ConfigError naming titanium's option for the first ``--name`` in ``argv`` that is TRL's name for it."""
+    for arg in argv:
+        if not arg.startswith("--") or "." in arg.split("=", 1)[0]:
+            continue
+        name = arg[2:].split("=", 1)[0].replace("-", "_")
+        if name in TRL_NAMES:
+            raise ConfigError(f"--{name} is TRL's name; titanium's is {TRL_NAMES[name]} (--help lists every option)")

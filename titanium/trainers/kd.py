@@ -1,0 +1,127 @@
+"""Knowledge distillation: SFT data, a frozen teacher, and ``(1 - alpha) * CE + alpha * T^2 * D`` per labelled token.
+
+The teacher (another size or family with the same vocabulary, from a Hugging Face folder or a titanium checkpoint)
+is a frozen model handle: built by the job's ModelBuilder under the same plan as the student, without converters,
+when first run. ``prepare`` runs it on each microbatch and keeps its final hidden states at the labelled positions
+only; the loss projects both models' hidden states chunk by chunk (titanium/trainers/distill_loss.py), so neither
+model's ``[tokens, vocab]`` logits exist whole. The teacher's output projection is gathered once (a whole copy
+under FSDP: it never changes). The loss unit is a labelled token, as SFT's: with alpha = 0 the run is an SFT run.
+
+Tensor parallelism (a vocabulary-sharded projection), pipeline and context parallelism are not supported yet
+(refused at config time, titanium/config/validate.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titanium.batch import Batch
+from titanium.checkpoint.hf import hf_model_args
+from titanium.config.loader import ConfigError
+from titanium.config.sections import DataSection, KDSection, SFTSection
+from titanium.model_builder import ModelSource, WeightSource
+from titanium.models import build_model_args, get_model_spec
+from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.cross_entropy import TokenFields, plain_projection_weight
+from titanium.trainers.distill_loss import linear_distillation_sum
+from titanium.trainers.sft import SFTObjective
+
+BETAS = {"forward_kl": 0.0, "reverse_kl": 1.0}
+"""The divergences that fix the generalized JSD's beta (jsd takes [kd] beta)."""
+
+
+@dataclass
+class KDFields(TokenFields):
+    """SFT's labels plus, after ``prepare``, the teacher's final hidden states at the labelled positions."""
+
+    teacher_hidden: torch.Tensor | None = None
+    """``[labelled tokens, teacher dim]``, in the order of ``label_index`` (kept whole: no pipeline, no CP)."""
+
+
+def teacher_source(kd: KDSection, student_model: str, vocab_size: int, seq_len: int) -> ModelSource:
+    """The teacher of ``[kd]``: its family, shape and weights; a teacher with another vocabulary is refused."""
+    folder = Path(kd.teacher_path)
+    if not folder.is_dir():
+        raise ConfigError(f"--kd.teacher_path {folder}: no such folder")
+    spec = get_model_spec(kd.teacher_model or student_model)
+    if (folder / "config.json").is_file():
+        args = hf_model_args(spec, folder, max_seq_len=seq_len)
+        weights = WeightSource(hf_folder=str(folder))
+    else:
+        if not kd.teacher_flavor:
+            raise ConfigError(
+                f"--kd.teacher_path {folder} is a titanium checkpoint (no config.json): give its shape with "
+                "--kd.teacher_flavor (and --kd.teacher_model if it is another family than the student's)"
+            )
+        args = build_model_args(spec, kd.teacher_flavor, max_seq_len=seq_len)
+        weights = WeightSource(dcp_folder=str(folder))
+    if args.vocab_size != vocab_size:
+        raise ConfigError(
+            f"--kd.teacher_path {folder}: the teacher's vocabulary has {args.vocab_size} entries, the student's "
+            f"{vocab_size}; distillation compares next-token distributions, so both need the same tokenizer and "
+            "vocabulary size"
+        )
+    return ModelSource(spec, args, weights)
+
+
+class KDObjective(Objective):
+    """Distillation from ``[kd] teacher_path`` on SFT data (chat, instruct or text rows, packed or padded)."""
+
+    loss_input = "hidden"
+    metric_names = ("kd/ce", "kd/divergence")
+
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, kd: KDSection) -> None:
+        assert ctx.models is not None, "the kd objective needs model handles for its teacher"
+        self.cfg, self.beta = kd, BETAS.get(kd.divergence, kd.beta)
+        source = teacher_source(kd, ctx.model_name, ctx.vocab_size, ctx.seq_len)
+        self.inner = SFTObjective(ctx, data, SFTSection(train_on_input=kd.train_on_input, packing=kd.packing))
+        self.teacher = ctx.models.frozen(source=source)
+        self._teacher_projection: tuple[torch.Tensor, float | None] | None = None
+
+    def next_microbatch(self) -> Batch[KDFields]:
+        batch = self.inner.next_microbatch()
+        return Batch(batch.tokens, KDFields(batch.fields.labels), batch.positions, batch.document_ids)
+
+    def prepare(self, microbatches: list[Batch[KDFields]]) -> Prepared:
+        for mb in microbatches:
+            fields = mb.fields
+            fields.label_index = (fields.labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+            fields.teacher_hidden = self.teacher.hidden(mb).flatten(0, 1).index_select(0, fields.label_index)
+        if self._teacher_projection is None:  # (frozen: gathered once)
+            self._teacher_projection = self.teacher.projection()
+        return Prepared(microbatches)
+
+    def loss(self, output: ModelOutput, batch: Batch[KDFields]) -> LossResult:
+        fields = batch.fields
+        assert output.hidden is not None and output.projection is not None
+        assert fields.label_index is not None and fields.teacher_hidden is not None and self._teacher_projection
+        teacher_weight, teacher_softcap = self._teacher_projection
+        sums = linear_distillation_sum(
+            output.hidden.flatten(0, 1).index_select(0, fields.label_index),
+            plain_projection_weight(output.projection, "--training.objective kd", "use --training.objective sft"),
+            fields.labels.flatten().index_select(0, fields.label_index),
+            (fields.teacher_hidden, teacher_weight),
+            alpha=self.cfg.alpha,
+            temperature=self.cfg.temperature,
+            beta=self.beta,
+            chunk_size=self.cfg.chunk_size,
+            softcap=getattr(output.projection, "logit_softcap", None),
+            teacher_softcap=teacher_softcap,
+        )
+        tokens = sums.tokens
+        return LossResult(
+            sums.loss, {"kd/ce": (sums.cross_entropy, tokens), "kd/divergence": (sums.divergence, tokens)}
+        )
+
+    def log_metrics(self) -> dict[str, float]:
+        return self.inner.log_metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)

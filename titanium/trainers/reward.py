@@ -1,0 +1,147 @@
+"""Reward modelling: a scalar score per sequence, trained with the Bradley-Terry loss on preference pairs.
+
+The trained model is the family's decoder with its language-model head swapped for a one-output ``ScoreHead``
+(``policy_spec``: titanium.models.reward.reward_spec), so it starts from a sequence-classification folder, from a
+causal LM's body with a fresh head (as TRL's reward models start), or from the seeded initialization, and exports
+as an HF ``*ForSequenceClassification`` checkpoint (``num_labels = 1``).
+
+Rows come from the DPO data pipeline (padded, never packed): row 2g holds pair g's chosen sequence, row 2g + 1 its
+rejected one. Those rows are shifted for next-token prediction (the sequence's last token is only a label), so
+each row's input gets its last label appended: the model reads the whole sequence, and the score is read at its
+last non-pad token, ``transformers``' rule, so the exported model scores exactly as trained. The loss unit is a
+pair (titanium/trainers/reward_loss.py).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from titanium.batch import Batch, Fields, per_row
+from titanium.config.loader import ConfigError
+from titanium.config.sections import DataSection, RewardSection
+from titanium.data.chat import build_chat_template
+from titanium.data.meter import DataMeter
+from titanium.data.preference import PreferenceDataset
+from titanium.data.preference_batch import PreferenceBatchLoader
+from titanium.data.tokenizer import Tokenizer
+from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
+from titanium.models.spec import ModelSpec
+from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext
+from titanium.trainers.reward_loss import METRICS, reward_loss
+
+
+@dataclass
+class RewardFields(Fields):
+    """Where each row's sequence ends (its score's position) and which rows open a pair."""
+
+    index: torch.Tensor = per_row()
+    """``[rows]`` the last non-pad position of each row's whole sequence."""
+    pairs_per_row: torch.Tensor = per_row()
+    """``[rows]`` 1 for the chosen row of a pair (rows 2g), 0 otherwise (rejected rows, empty slots)."""
+
+    def units(self) -> torch.Tensor:
+        return self.pairs_per_row.sum()
+
+
+def whole_sequences(rows: dict[str, torch.Tensor], pad_id: int) -> Batch[RewardFields]:
+    """The batch of a padded PreferenceBatchLoader microbatch with each row's last label appended to its input.
+
+    Rows are single sequences, right-padded: plain causal attention (no positions or document ids) sees each
+    sequence as ``transformers`` does, the padding after it changing nothing."""
+    tokens, labels = rows["input"].clone(), rows["label"]
+    learned = labels != IGNORE_INDEX
+    has_label = learned.any(-1)
+    last = (torch.arange(labels.shape[1]) * learned).argmax(-1)  # the last labelled position of each row
+    appended = labels.gather(1, last[:, None]).squeeze(1)
+    at = (last + 1).clamp(max=tokens.shape[1] - 1)  # (fits: the pairs were cut to seq_len - 1 tokens)
+    tokens[has_label, at[has_label]] = appended[has_label]
+    fields = RewardFields(last_non_pad_index(tokens, pad_id), rows["pairs_per_row"])
+    return Batch(tokens, fields)
+
+
+def starts_from_causal_lm(hf_start: str | None) -> bool:
+    """Whether the Hugging Face start folder holds a causal LM (its body loads, the head keeps its seeded values)
+    rather than a sequence classifier."""
+    if hf_start is None:
+        return False
+    config = Path(hf_start) / "config.json"
+    try:
+        architectures = json.loads(config.read_text()).get("architectures") or []
+    except (OSError, ValueError):
+        return False  # (the loader reports an unreadable config.json with its fix)
+    return not any(str(a).endswith("ForSequenceClassification") for a in architectures)
+
+
+class RewardObjective(Objective):
+    """A reward model on preference pairs (``[data] kind = "preference"``), configured by ``[reward]``.
+
+    ``training.local_batch_size`` pairs per microbatch (2 x as many rows). Each pair lies in a row pair, so a
+    pipeline microbatch of an even row count holds whole pairs. Context parallelism is refused (a rank would not
+    hold each sequence's last token), and tensor parallelism by the builder (a one-row head has no vocabulary to
+    shard)."""
+
+    metric_names = tuple(f"reward/{name}" for name in METRICS)
+    loss_unit = "pairs"
+
+    @classmethod
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
+        return reward_spec(spec, pad_token_id=tokenizer.pad_id, from_causal_lm=starts_from_causal_lm(hf_start))
+
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, reward: RewardSection) -> None:
+        if ctx.placement.split:
+            raise ConfigError(
+                "--training.objective reward: context parallelism is not supported (a sequence's score is read at "
+                "its last token, which only one rank would hold); use --parallelism.context_parallel_degree 1"
+            )
+        if ctx.seq_len < 3:
+            raise ConfigError(f"--training.seq_len {ctx.seq_len}: a reward model needs at least 3")
+        self.cfg, self.pad_id = reward, ctx.tokenizer.pad_id
+        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        # One token short of seq_len: the appended last token must fit the row.
+        self.pairs = PreferenceDataset(
+            data,
+            template,
+            ctx.seq_len - 1,
+            ctx.tokenizer.bos_id,
+            ctx.chat.system_prompt,
+            reward.on_long_pair,
+            ctx.dp_rank,
+            ctx.dp_world,
+        )
+        self.loader = PreferenceBatchLoader(self.pairs, ctx.local_batch_size, ctx.seq_len, self.pad_id, False)
+        self.meter = DataMeter(self.pairs)
+
+    def check_layout(self, pipeline_microbatch_size: int | None) -> None:
+        if pipeline_microbatch_size is not None and pipeline_microbatch_size % 2:
+            raise ConfigError(
+                f"--parallelism.pipeline_parallel_microbatch_size {pipeline_microbatch_size}: the reward objective "
+                "keeps each pair's two rows together; use an even number of rows"
+            )
+
+    def next_microbatch(self) -> Batch[RewardFields]:
+        rows = next(self.loader)
+        self.meter.add(rows)
+        return whole_sequences(rows, self.pad_id)
+
+    def loss(self, output: ModelOutput, batch: Batch[RewardFields]) -> LossResult:
+        assert output.logits is not None
+        scores = sequence_scores(output.logits.float(), batch.fields.index)
+        present = batch.fields.pairs_per_row[0::2] > 0
+        out = reward_loss(
+            scores[0::2], scores[1::2], center_rewards_coefficient=self.cfg.center_rewards_coefficient, mask=present
+        )
+        return LossResult(out.loss_sum, {f"reward/{name}": (value, out.pairs) for name, value in out.metrics.items()})
+
+    def log_metrics(self) -> dict[str, float]:
+        return self.meter.metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
