@@ -110,17 +110,21 @@ def train_until_first_save(make_trainer, *args: str, at_step: int | None = None)
 
 class LocalModels:
     """``ObjectiveContext.models`` for an objective tested in one process: the frozen model is ``reference()``,
-    made when first run (so a test can tell whether it ever was), and the policy is ``policy``."""
+    made when first run (so a test can tell whether it ever was), and the policy is ``policy`` (a llama3 model of
+    ``policy_args``)."""
 
-    def __init__(self, reference=None, policy=None, identity: str = "reference A") -> None:
-        self.reference, self._policy, self.id = reference, policy, identity
+    def __init__(self, reference=None, policy=None, identity: str = "reference A", policy_args=None) -> None:
+        self.reference, self._policy, self.id, self.policy_args = reference, policy, identity, policy_args
         self.released = 0
+        self._policy_handle: LocalModels._Policy | None = None
 
     def frozen(self, *, keep=(), source=None) -> LocalModels._Frozen:
         return LocalModels._Frozen(self)
 
     def policy(self) -> LocalModels._Policy:
-        return LocalModels._Policy(self._policy)
+        if self._policy_handle is None:
+            self._policy_handle = LocalModels._Policy(self._policy, self.policy_args)
+        return self._policy_handle
 
     class _Frozen:
         def __init__(self, models: LocalModels) -> None:
@@ -139,8 +143,31 @@ class LocalModels:
             self.models.released += 1
 
     class _Policy:
-        def __init__(self, model) -> None:
-            self.model = model
+        """One process, no parallelism: ``on_update`` follows the weights at once (they are in place) and then
+        whenever the test calls ``updated(step)``, as the loop does after an optimizer step."""
+
+        def __init__(self, model, args) -> None:
+            import torch
+
+            from titanium.models import get_model_spec
+
+            self.model, self.pp_group, self.param_dtype = model, None, torch.float32
+            self.spec, self.args = get_model_spec("llama3"), args
+            self.followers: list = []
+
+        def on_update(self, function) -> None:
+            self.followers.append(function)
+            function(0)
+
+        def updated(self, step: int) -> None:
+            for function in self.followers:
+                function(step)
+
+        def forward(self, inputs):
+            import torch
+
+            with torch.no_grad():
+                return self.model(**inputs)
 
         def lend(self):
             import contextlib

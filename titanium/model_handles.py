@@ -7,7 +7,8 @@
   froze the policy's base (LoRA) and every dropped converter can be switched off in place, it *is* the policy
   with those switched off: no second copy. Otherwise (a converter that cannot be switched off, such as float8;
   another model) it is a separate copy built with the kept converters only.
-- The **policy** handle: the live model being trained, lent for generation (rollouts).
+- The **policy** handle: the live model being trained, lent for generation, run forward-only (recomputed
+  log-probs), and followed by a rollout engine's copy of its weights (``on_update``).
 
 Objectives get a ``ModelHandles`` in their context (``ctx.models``) and never reach the trainer.
 """
@@ -18,8 +19,10 @@ import contextlib
 import gc
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from titanium.batch import Batch
@@ -75,10 +78,16 @@ class FrozenHandle:
 
 
 class PolicyHandle:
-    """The live policy (the model being trained, sharded as it trains), lent for generation."""
+    """The live policy (the model being trained, sharded as it trains): lent for generation, run forward-only
+    (log-probs of rollouts under the weights as they train), and followed by whoever keeps a copy of its weights."""
 
-    def __init__(self, built: BuiltModel, hooks: TrainingHooks) -> None:
-        self._built, self._hooks = built, hooks
+    def __init__(
+        self, built: BuiltModel, hooks: TrainingHooks, forward: Callable[[], FrozenModel], param_dtype: torch.dtype
+    ) -> None:
+        self._built, self._hooks, self._make_forward = built, hooks, forward
+        self._forward: FrozenModel | None = None
+        self.param_dtype = param_dtype
+        """The training forward's parameter precision (what a copy for generation computes in by default)."""
 
     def on_update(self, function: Callable[[int], None]) -> None:
         """Call ``function(step)`` whenever the policy's weights change: once they are in place at the start
@@ -91,6 +100,24 @@ class PolicyHandle:
     def spec(self) -> ModelSpec:
         """The policy's family (its Hugging Face adapter names the weights for an engine)."""
         return self._built.spec
+
+    @property
+    def args(self) -> Any:
+        """The policy's model args (its flavor), for building an unsharded copy."""
+        return self._built.args
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The pipeline group when the policy's stages are spread over ranks (weights gather over it), else None."""
+        return self._built.pp_group
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The live policy's logits (float32, full vocabulary) on model inputs, without gradients, under the training
+        forward's precision, through its pipeline when it has one (None on ranks without the last stage). Every rank
+        of the model's layout calls it together."""
+        if self._forward is None:
+            self._forward = self._make_forward()
+        return self._forward(inputs)
 
     @property
     def model(self) -> nn.Module:
@@ -135,7 +162,13 @@ class ModelHandles:
         return FrozenHandle(self, key, identity)
 
     def policy(self) -> PolicyHandle:
-        return PolicyHandle(self.built, self.hooks)
+        plan = self.builder.plan
+        return PolicyHandle(
+            self.built,
+            self.hooks,
+            lambda: self.builder.switched_off(self.built, [], batch_size=self.batch_size),
+            plan.param_dtype if plan is not None else torch.float32,
+        )
 
     # ----- one built model per (keep, source), shared by the handles that hold it -----
 

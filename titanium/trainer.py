@@ -172,6 +172,7 @@ class Trainer:
             dump_folder=self.cfg.job.dump_folder,
             fixed_shapes=self.dims.pp > 1,
             sequence_multiple=self.dims.sequence_multiple,
+            rollout=self.cfg.rollout,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
@@ -450,3 +451,4 @@ class Trainer:
         self.checkpointer.close()
         self.fault_tolerance.close()
         self.metrics.close()
+        self.objective.close()  # last: a vLLM engine's teardown destroys the default process group

@@ -32,13 +32,18 @@ def join_or_init(comm: CommSection) -> distributed.DistEnv:
     return distributed.DistEnv(dist.get_rank(), dist.get_world_size(), local_rank, torch.device("cpu"))
 
 
-if __name__ == "__main__":
+def run_jobs_file(path: str) -> None:
+    """Every job of the JSON list at ``path``, in this launch (a test's wrapper module may patch first)."""
     titanium.trainer.init_distributed = join_or_init
     titanium.train.shutdown_distributed = lambda: None
     try:
-        for argv in json.loads(Path(sys.argv[1]).read_text()):
+        for argv in json.loads(Path(path).read_text()):
             code = titanium.train.main(argv)
             if code:
                 sys.exit(code)
     finally:
         distributed.shutdown_distributed()
+
+
+if __name__ == "__main__":
+    run_jobs_file(sys.argv[1])

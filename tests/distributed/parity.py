@@ -52,17 +52,24 @@ def layout_run(
     return scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")
 
 
-def layout_runs(tmp_path: Path, nproc: int, jobs: dict[str, tuple[str, ...]], *common: str) -> dict[str, Run]:
+def layout_runs(
+    tmp_path: Path,
+    nproc: int,
+    jobs: dict[str, tuple[str, ...]],
+    *common: str,
+    data: tuple[str, ...] = SYNTHETIC,
+    module: str = "tests.distributed.jobs_worker",
+) -> dict[str, Run]:
     """``layout_run`` of several jobs (name -> extra arguments, after ``common``) in one launch of ``nproc``
-    processes (tests/distributed/jobs_worker.py): one torchrun start for the lot."""
+    processes (tests/distributed/jobs_worker.py, or a test's ``module`` that patches and then runs it): one
+    torchrun start for the lot."""
     outs = {name: tmp_path / name for name in jobs}
     argv = [
-        tiny_args(outs[name], *SYNTHETIC, "--training.steps", str(STEPS), *common, *extra)
-        for name, extra in jobs.items()
+        tiny_args(outs[name], *data, "--training.steps", str(STEPS), *common, *extra) for name, extra in jobs.items()
     ]
     jobs_file = tmp_path / f"jobs_{nproc}.json"
     jobs_file.write_text(json.dumps(argv))
-    _run_retrying([str(jobs_file)], nproc, "tests.distributed.jobs_worker", list(outs.values()))
+    _run_retrying([str(jobs_file)], nproc, module, list(outs.values()))
     return {name: (scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")) for name, out in outs.items()}
 
 

@@ -1,20 +1,22 @@
-"""GRPO under FSDP on gloo: 2 processes train exactly as one process does, given the same rollouts; and
-rollouts sampled from the live, sharded policy.
+"""GRPO under FSDP, TP and PP on gloo: 2 processes train exactly as one process does, given the same rollouts;
+and rollouts sampled by the titanium engine synced from the sharded policy through the real loop.
 
 The layout runs (tests/objectives/fixed_rollouts.py) replace sampling by responses fixed in advance (sampling
-draws differ between layouts); the rest is the real objective. Each step trains on 16 responses (4 prompts x
-group 4) in 2 microbatches; every rollout batch serves 2 minibatches. Per-step losses must agree to 1e-5
-relative and grad norms to 2e-4 (tests/distributed/parity.py says why), and the reduced metrics to 1e-5.
-Two configurations cover the options: token aggregation with a KL-penalized frozen reference, batch-scaled
-rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated responses
-masked and a policy lag of 1.
+draws differ between layouts); the rest is the real objective, engine and weight sync included. Each step trains
+on 16 responses (4 prompts x group 4) in 2 microbatches; every rollout batch serves 2 minibatches. Per-step losses
+must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py says why), and the reduced metrics
+to 1e-5. Two configurations cover the options: token aggregation with a KL-penalized frozen reference,
+batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
+responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
+(under PP: the pipeline's forward, broadcast from the last stage). Every job of a process count runs in one launch
+(tests/distributed/jobs_worker.py).
 """
 
 from __future__ import annotations
 
 import pytest
 
-from tests.distributed.parity import STEPS, assert_matches, layout_run
+from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
 from tests.helpers import run_train, scalars, tiny_args
 
 GRPO = (
@@ -35,26 +37,47 @@ CONFIGS = {
     ),
     "sequence_masked_lag": (
         "--grpo.loss_type", "grpo", "--grpo.mask_truncated", "--grpo.max_policy_lag", "1",
+        "--grpo.old_logprobs", "recompute", "--grpo.is_correction", "sequence_truncate",
     ),
 }  # fmt: skip
 METRICS = ("grpo/reward", "grpo/reward_std", "grpo/response_len", "grpo/entropy", "grpo/clip_frac", "grpo/policy_lag")
-LAYOUTS = {"single": (1, "8"), "fsdp2": (2, "4")}  # processes, responses per microbatch
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2")
+LAYOUTS = {  # processes, what the layout adds
+    "single": (1, ("--training.local_batch_size", "8")),
+    "fsdp2": (2, ("--training.local_batch_size", "4")),
+    "tp2": (2, ("--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2")),
+    "pp2": (2, ("--training.local_batch_size", "8", *PP2)),
+}
 
 
-def _run(tmp_path, config: str, layout: str):
-    nproc, local_batch = LAYOUTS[layout]
-    name = f"{config}_{layout}"
-    extra = (*GRPO, *FIXED, *CONFIGS[config], "--training.local_batch_size", local_batch)
-    run = layout_run(tmp_path, name, nproc, *extra, data=(), module="tests.objectives.fixed_rollouts")
-    metrics = METRICS + (("grpo/kl",) if config == "kl_batch_epochs" else ())
-    return run, {tag: scalars(tmp_path / name / "tb", tag) for tag in metrics}
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]:
+    """``config_layout`` -> ((losses, grad norms), {metric: by step}) of every job, one launch per process count."""
+    out = {}
+    for nproc in (1, 2):
+        tmp = tmp_path_factory.mktemp(f"grpo_{nproc}")
+        jobs = {
+            f"{config}_{layout}": (*FIXED, *CONFIGS[config], *extra)
+            for config in CONFIGS
+            for layout, (n, extra) in LAYOUTS.items()
+            if n == nproc
+        }
+        done = layout_runs(tmp, nproc, jobs, *GRPO, data=(), module="tests.objectives.fixed_rollouts")
+        for name, run in done.items():
+            tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
+            out[name] = (run, {tag: scalars(tmp / name / "tb", tag) for tag in tags})
+    return out
 
 
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "pp2"])
 @pytest.mark.parametrize("config", sorted(CONFIGS))
-def test_fsdp_grpo_step_equals_one_process(tmp_path, config) -> None:
-    (run, metrics), (ref_run, ref_metrics) = _run(tmp_path, config, "fsdp2"), _run(tmp_path, config, "single")
+def test_grpo_step_equals_one_process(runs, config, layout) -> None:
+    (run, metrics), (ref_run, ref_metrics) = runs[f"{config}_{layout}"], runs[f"{config}_single"]
     assert_matches(run, ref_run)
     for tag, values in metrics.items():
+        if tag == "grpo/logprob_mismatch_max":  # of the batches made (steps 1, 2, 4): the engine's copy and the
+            assert sorted(values) == [1, 2, 4] and max(values.values()) < 1e-4, values  # policy hold the same weights
+            continue
         assert sorted(values) == list(range(1, STEPS + 1)), tag
         for step, value in values.items():
             assert value == pytest.approx(ref_metrics[tag][step], rel=1e-5, abs=1e-7), (tag, step, values)
@@ -66,13 +89,23 @@ def test_fsdp_grpo_step_equals_one_process(tmp_path, config) -> None:
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
 
 
-def test_fsdp_rollouts_from_the_live_sharded_policy(tmp_path) -> None:
-    """Real sampling under FSDP: every rank generates its own prompts' responses from the sharded policy
-    (generation is a collective: the ranks step together until all are done), 2 steps."""
+def test_engine_follows_the_sharded_policy_through_the_loop(tmp_path) -> None:
+    """Real sampling under FSDP by the titanium engine: each rank generates its own prompts alone from its synced
+    copy, a batch per step, at a large learning rate (Adam, 1e-2: one step moves log-probs by far more than 1e-4).
+    The trained policy's recomputed log-probs of every batch equal the engine's: the loop's after-optimizer-step
+    hook synced the engine (without it steps 2 and 3 would sample from stale weights), and the step-time
+    breakdown is logged."""
     out = tmp_path / "sampled"
-    args = tiny_args(out, *GRPO, "--training.steps", "2", "--training.local_batch_size", "4")
-    run_train([*args, "--grpo.rewards", "tests.objectives.fixed_rollouts:characters"], nproc=2)
+    args = tiny_args(
+        out, *GRPO, "--training.steps", "3", "--training.local_batch_size", "4", "--grpo.minibatches", "1",
+        "--training.global_batch_size", "8", "--optimizer.lr", "1e-2", "--grpo.old_logprobs", "recompute",
+        "--grpo.rewards", "tests.objectives.fixed_rollouts:characters",
+    )  # fmt: skip
+    run_train(args, nproc=2)
     lengths = scalars(out / "tb", "grpo/response_len")
-    speed = scalars(out / "tb", "grpo/gen_tokens_per_s")
-    assert sorted(lengths) == [1, 2] and all(0 < n <= 8 for n in lengths.values())
-    assert speed[1] > 0  # generated at step 1 (the batch serves steps 1 and 2)
+    assert sorted(lengths) == [1, 2, 3] and all(0 < n <= 8 for n in lengths.values())
+    assert scalars(out / "tb", "grpo/gen_tokens_per_s")[1] > 0
+    mismatch = scalars(out / "tb", "grpo/logprob_mismatch_max")
+    assert sorted(mismatch) == [1, 2, 3] and max(mismatch.values()) < 1e-4, mismatch
+    for part in ("generate", "old_logprobs", "sync", "train"):
+        assert scalars(out / "tb", f"grpo/time/{part}")[2] > 0, part

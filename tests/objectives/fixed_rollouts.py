@@ -1,11 +1,13 @@
-"""``python -m tests.objectives.fixed_rollouts <titanium.train args>``: GRPO with responses fixed in advance.
+"""``python -m tests.objectives.fixed_rollouts <titanium.train args> | JOBS.json``: GRPO with responses fixed in
+advance.
 
 Sampling differs between data-parallel layouts (each rank draws from its own generator for its own share of
 the prompts), so a layout test replaces it: response j to a prompt is drawn from a generator seeded by the
 prompt's tokens, j and the rollout batch's number, some ending with a stop id and some cut at max_new_tokens.
-Everything else is the real objective: the rewards (``characters`` below tells such responses apart),
-advantages, old log-probs from a forward of the live policy (what sampling returns), reference log-probs,
-the serving schedule and the loss. Any layout then trains on exactly the same rollouts.
+Everything else is the real objective: the engine and its weight sync, the rewards (``characters`` below tells
+such responses apart), advantages, old log-probs from a forward of the engine's copy of the policy (what sampling
+returns), reference log-probs, the serving schedule and the loss. Any layout then trains on exactly the same
+rollouts.
 """
 
 from __future__ import annotations
@@ -16,7 +18,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import nn
 
 from titanium.data.prompts import PromptSample
 from titanium.generation.generate import Generation
@@ -29,9 +30,9 @@ def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> f
     return len(completion) / 10
 
 
-def fixed_sample(self: GRPOObjective, model: nn.Module, samples: list[PromptSample], index: int) -> Rollout:
+def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
     """Stands in for ``GRPOObjective.sample``: responses that depend only on the prompt, j and ``index``."""
-    width, stop, rows = self.cfg.max_new_tokens, min(self.stop_ids), []
+    width, stop, rows = self.cfg.max_new_tokens, min(self.engine.stop_ids), []
     for sample in samples:
         for j in range(self.cfg.group_size):
             g = torch.Generator().manual_seed(hash((tuple(sample.prompt), j, index)) & 0xFFFF_FFFF)
@@ -51,13 +52,18 @@ def fixed_sample(self: GRPOObjective, model: nn.Module, samples: list[PromptSamp
         finished=torch.tensor([f for _, _, f in rows], device=self.device),
     )
     made = to_rollout(samples, self.cfg.group_size, out, self.rewards, self.tokenizer)
-    logits = model(**made.model_inputs())  # what the sampler's log-probs are: the policy's
+    with torch.no_grad():  # what the sampler's log-probs are: those of the engine's copy of the policy
+        logits = self.engine.model(**made.model_inputs())
     old = response_logprobs(logits, made.tokens, width, self.cfg.temperature) * made.response_mask
-    return dataclasses.replace(made, old_logprobs=old)
+    return dataclasses.replace(made, old_logprobs=old), self.engine.synced_version()
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs in one launch (jobs_worker)
+    from tests.distributed.jobs_worker import run_jobs_file
     from titanium.train import main
 
     GRPOObjective.sample = fixed_sample
-    sys.exit(main())
+    if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
+        run_jobs_file(sys.argv[1])
+    else:
+        sys.exit(main())

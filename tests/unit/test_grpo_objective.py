@@ -16,12 +16,12 @@ from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, tiny_args, train
 from titanium.config.sections import ChatSection, DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
-from titanium.generation.rollout import Rollout, to_rollout
+from titanium.generation.rollout import Rollout, rollout, to_rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainers.base import LossResult, ModelOutput, ObjectiveContext, Prepared
-from titanium.trainers.grpo import GRPOObjective
+from titanium.trainers.grpo import GRPOObjective, rollout_seed
 
 GROUP = 4
 TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
@@ -37,11 +37,14 @@ def tokenizer() -> TiktokenTokenizer:
     return TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
 
 
-def _model(vocab_size: int) -> Transformer:
-    args = dataclasses.replace(
+def _args(vocab_size: int) -> Any:
+    return dataclasses.replace(
         LLAMA3_FLAVORS["debugmodel"], n_layers=2, dim=64, n_heads=4, n_kv_heads=2, vocab_size=vocab_size, max_seq_len=64
     )
-    model = Transformer(args)
+
+
+def _model(vocab_size: int) -> Transformer:
+    model = Transformer(_args(vocab_size))
     model.init_weights(seed=0)
     return model.train()
 
@@ -60,21 +63,23 @@ def _objective(
         dp_rank=0,
         dp_world=1,
         seed=0,
-        models=LocalModels(lambda: reference, policy=model),
+        models=LocalModels(lambda: reference, policy=model, policy_args=_args(tokenizer.vocab_size)),
         chat=ChatSection("llama3"),
     )
     settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
     objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))
-    objective.stop_ids = set(range(0, tokenizer.vocab_size, stop_every))  # some responses end before max_new_tokens
+    objective.engine.stop_ids = set(range(0, tokenizer.vocab_size, stop_every))  # some end before max_new_tokens
     return objective
 
 
 def _steps(objective: GRPOObjective, steps: int, microbatches: int = 1) -> tuple[list[Prepared], list[int]]:
-    """Serve ``steps`` steps (no training in between): each step's microbatches, and the steps that generated."""
+    """Serve ``steps`` steps (no training in between, but the engine follows the weights after each step as the
+    loop makes it): each step's microbatches, and the steps that generated."""
     served, generated = [], []
     made = objective.batches_made
     for step in range(1, steps + 1):
         served.append(objective.prepare([objective.next_microbatch() for _ in range(microbatches)]))
+        objective.policy.updated(objective.version)
         if objective.batches_made != made:
             generated.append(step)
             made = objective.batches_made
@@ -163,7 +168,7 @@ def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) 
     assert metrics["grpo/reward_std"] == pytest.approx(statistics.fmean(group_stds), rel=1e-5)
     assert metrics[f"grpo/reward/{__name__}:characters"] == pytest.approx(metrics["grpo/reward"])
     responses = [row[: int(n)] for row, n in zip(microbatch.tokens[:, -6:].tolist(), lengths)]
-    truncated = [not any(t in objective.stop_ids for t in response) for response in responses]
+    truncated = [not any(t in objective.engine.stop_ids for t in response) for response in responses]
     assert metrics["grpo/truncated"] == pytest.approx(statistics.fmean(truncated))
     assert 0 < metrics["grpo/entropy"] <= torch.log(torch.tensor(float(tokenizer.vocab_size))).item()
     assert metrics["grpo/gen_tokens_per_s"] > 0
@@ -241,7 +246,7 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
     objective = _objective(tokenizer, model, rewards=["exact_match", "format"], reward_weights=[1.0, 0.5])
     eot = [tokenizer.special_tokens["<|eot_id|>"]]
 
-    def answer_every_other(model, samples, index) -> Rollout:
+    def answer_every_other(samples, index) -> tuple[Rollout, int]:
         responses = []
         for sample in samples:
             for j in range(GROUP):
@@ -251,7 +256,7 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
         tokens = torch.tensor([r + [tokenizer.pad_id] * (width - len(r)) for r in responses])
         lengths = torch.tensor([len(r) for r in responses])
         out = Generation(tokens, torch.zeros(tokens.shape), lengths, torch.ones(len(responses), dtype=torch.bool))
-        return to_rollout(samples, GROUP, out, objective.rewards, tokenizer)
+        return to_rollout(samples, GROUP, out, objective.rewards, tokenizer), 0
 
     objective.sample = answer_every_other
     prepared = objective.prepare([objective.next_microbatch()])
@@ -308,3 +313,61 @@ def test_a_step_retried_under_fault_tolerance_trains_on_the_same_rollouts(make_t
     for tag in (LOSS_TAG, "grpo/reward"):
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "retried/tb", tag)
         assert got == expected, tag
+
+
+def test_engine_rollouts_equal_sampling_from_the_live_model(tokenizer) -> None:
+    """The titanium engine with lag 0 makes, batch by batch, exactly the rollouts that sampling from the live model
+    with the same seed makes (same tokens, same old log-probs, bitwise), before and after an update: its copy holds
+    the synced weights and draws from a generator seeded alike. Equal rows give equal losses."""
+    model = _model(tokenizer.vocab_size)
+    objective = _objective(tokenizer, model)
+    prompts = _objective(tokenizer, model)._next_prompts(4 * 2)  # the same prompt stream: 2 batches of 2 prompts
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(2):
+        (microbatch,) = objective.prepare([objective.next_microbatch()]).batches
+        generator = torch.Generator().manual_seed(rollout_seed(0, 0, step))
+        with torch.no_grad():
+            live = rollout(
+                model,
+                prompts[2 * step : 2 * step + 2],
+                GROUP,
+                objective.params,
+                objective.rewards,
+                tokenizer,
+                objective.engine.stop_ids,
+                generator=generator,
+            )
+        assert torch.equal(microbatch.tokens, live.tokens)
+        assert torch.equal(microbatch.fields.old_logprobs, live.old_logprobs)
+        objective.loss(ModelOutput(logits=model(**microbatch.model_inputs())), microbatch).loss_sum.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        objective.policy.updated(step + 1)  # the loop's after_optimizer_step
+
+
+@pytest.mark.parametrize("synced", [True, False])
+def test_recomputed_old_logprobs_measure_the_engine_gap_and_a_skipped_sync(tokenizer, synced) -> None:
+    """old_logprobs recompute: the trained policy's forward gives the old log-probs, the engine's are kept for the
+    importance weights. After a large update the synced engine agrees with the trainer (gap ~1e-7, weights 1); an
+    engine that missed the sync samples from the old weights, and the gap shows it."""
+    model = _model(tokenizer.vocab_size)
+    objective = _objective(tokenizer, model, old_logprobs="recompute", is_correction="token_truncate", is_cap=2.0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    (microbatch,) = objective.prepare([objective.next_microbatch()]).batches
+    objective.loss(ModelOutput(logits=model(**microbatch.model_inputs())), microbatch).loss_sum.backward()
+    optimizer.step()
+    if synced:
+        objective.policy.updated(1)
+    prepared = objective.prepare([objective.next_microbatch()])
+    metrics = _means(prepared)
+    (microbatch,) = prepared.batches
+    if synced:
+        assert metrics["grpo/logprob_mismatch_max"] < 1e-5
+        assert metrics["grpo/is_weight"] == pytest.approx(1, abs=1e-5) and metrics["grpo/is_changed"] == 0
+    else:
+        assert metrics["grpo/logprob_mismatch"] > 1e-2
+        assert metrics["grpo/is_weight_max"] <= 2.0 and abs(metrics["grpo/is_weight"] - 1) > 1e-3
+    weights = microbatch.fields.is_weights
+    assert weights is not None and weights.shape == microbatch.fields.old_logprobs.shape
+    parts = {name.split("/")[-1] for name in prepared.metrics if name.startswith("grpo/time/")}
+    assert parts == {"generate", "old_logprobs", *(("sync", "train") if synced else ())}

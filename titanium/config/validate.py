@@ -157,8 +157,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
-    yield from _validate_rollout(cfg.rollout)
-    yield from _validate_grpo_not_wired(cfg.grpo)
+    yield from _validate_rollout(cfg)
     yield from _validate_quantization_and_loss(cfg)
     yield from validate_fault_tolerance(cfg)
     if cfg.training.objective == "grpo":
@@ -356,9 +355,9 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         )
 
 
-def _validate_rollout(r: RolloutSection) -> Iterator[str]:
-    """[rollout] ranges. The engines (titanium/generation) are components that GRPO does not call yet: until it
-    does, a setting other than the defaults would be silently ignored, so it is refused."""
+def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
+    """[rollout] ranges, and what the engines cannot do with the objective's sampling settings."""
+    r, g = cfg.rollout, cfg.grpo
     if r.tensor_parallel_size < 1:
         yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"
     if not 0 < r.gpu_memory_utilization <= 1:
@@ -367,25 +366,32 @@ def _validate_rollout(r: RolloutSection) -> Iterator[str]:
         yield f"--rollout.max_num_batched_tokens must be >= 1, got {r.max_num_batched_tokens}"
     if r.cpu_kv_cache_gib <= 0:
         yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
+    objective = cfg.training.objective
     changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
-    if changed:
+    if changed and objective != "grpo" and ":" not in objective:  # (an objective of your own may read it)
+        yield f"--rollout.{changed[0]}: [rollout] is read by --training.objective grpo only, not {objective}"
+    if objective != "grpo":
+        return
+    if r.engine == "titanium" and r.tensor_parallel_size > 1:
+        yield "--rollout.tensor_parallel_size: the titanium engine is one unsharded copy per process; set it to 1"
+    if r.engine == "vllm" and r.tensor_parallel_size > 1:
         yield (
-            f"--rollout.{changed[0]}: GRPO does not use the rollout engines yet (it samples from the training "
-            "model); leave [rollout] at its defaults"
+            "--rollout.tensor_parallel_size: GRPO gives every training rank its own prompts, so ranks cannot share "
+            "one vLLM engine yet; set it to 1"
         )
-
-
-def _validate_grpo_not_wired(g: GRPOSection) -> Iterator[str]:
-    """Options whose components exist (titanium/trainers/grpo_correction.py) but that GRPO does not call yet: until
-    it does, they would be silently ignored."""
-    for name, default in (("old_logprobs", "sampler"), ("is_correction", "none")):
-        if getattr(g, name) != default:
-            yield f"--grpo.{name}: GRPO does not recompute old log-probs yet (it uses the sampler's); leave {default}"
+    if r.engine == "vllm" and r.compile:
+        yield "--rollout.compile compiles the titanium engine's decode step; vLLM compiles its own: leave it off"
+    if r.engine == "vllm" and (g.top_k > 0 or g.top_p < 1) and g.old_logprobs != "recompute":
+        yield (
+            f"--rollout.engine vllm with --grpo.top_k {g.top_k} / --grpo.top_p {g.top_p}: vLLM reports the log-probs "
+            "of the truncated distribution it sampled from, not the full-vocabulary ones the loss uses; set "
+            "--grpo.old_logprobs recompute (or turn top_k / top_p off)"
+        )
 
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
-    and a layout the sampler runs under (data parallelism only)."""
+    and a layout it runs under (no context parallelism, no fault tolerance yet)."""
     g, t, par = cfg.grpo, cfg.training, cfg.parallelism
     if cfg.data.kind not in ("chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
@@ -399,17 +405,16 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
             f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
             f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
         )
-    degrees = {
-        "tensor_parallel_degree": par.tensor_parallel_degree,
-        "pipeline_parallel_degree": par.pipeline_parallel_degree,
-        "context_parallel_degree": par.context_parallel_degree,
-    }
-    for name, degree in degrees.items():
-        if degree > 1:
-            yield (
-                f"--parallelism.{name} {degree}: --training.objective grpo generates its rollouts under data "
-                "parallelism (FSDP/HSDP) only; set it to 1"
-            )
+    if par.context_parallel_degree > 1:
+        yield (
+            f"--parallelism.context_parallel_degree {par.context_parallel_degree}: --training.objective grpo "
+            "does not split its rollouts over context-parallel ranks yet; set it to 1 (TP and PP work)"
+        )
+    if cfg.fault_tolerance.enable:
+        yield (
+            "--fault_tolerance.enable with --training.objective grpo: a retried or rejoining replica group would "
+            "make or skip rollouts out of step with the others (not handled yet); turn fault tolerance off"
+        )
     if t.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "

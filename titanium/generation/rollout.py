@@ -62,17 +62,18 @@ def batch_logprobs(
     width: int,
     temperature: float,
     batch_size: int,
-) -> torch.Tensor:
+) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses (the last ``width`` tokens) of a rollout batch's ``rows`` under
     ``forward`` (model inputs -> logits: a frozen reference, or the trained policy recomputing the old log-probs),
-    ``batch_size`` rows per forward."""
+    ``batch_size`` rows per forward; None where ``forward`` gives no logits (pipeline ranks without the last
+    stage)."""
     parts = []
-    for start in range(0, rows["tokens"].shape[0], batch_size):
+    for start in range(0, rows["tokens"].shape[0], batch_size):  # (every forward runs: a pipeline's are collective)
         part = {k: rows[k][start : start + batch_size] for k in ("tokens", "positions", "document_ids")}
         logits = forward(part)
-        assert logits is not None  # (no pipeline parallelism: generation needs the whole model)
-        parts.append(response_logprobs(logits, part["tokens"], width, temperature))
-    return torch.cat(parts)
+        if logits is not None:
+            parts.append(response_logprobs(logits, part["tokens"], width, temperature))
+    return torch.cat(parts) if parts else None
 
 
 @torch.no_grad()

@@ -32,6 +32,8 @@ class RolloutBatch:
     """Where a resumed run starts over if this batch is in flight at a checkpoint (it is not saved)."""
     generated_tokens: int = 0
     generation_seconds: float = 0.0
+    metrics: dict[str, Any] = field(default_factory=dict)
+    """What was measured while making it (the engine/trainer mismatch), as (sum, count) pairs, logged once."""
     served: int = 0
     """Optimizer steps served so far."""
 

@@ -115,7 +115,7 @@ class VLLMEngine(RolloutEngine):
             skip_tokenizer_init=True,
             load_format="dummy",  # the first sync loads the policy
             dtype=config["torch_dtype"],
-            seed=seed,
+            seed=seed & 0x7FFF_FFFF,  # (vLLM seeds numpy, which takes 32 bits)
             distributed_executor_backend="external_launcher",
             tensor_parallel_size=cfg.tensor_parallel_size,
             max_model_len=max_model_len,

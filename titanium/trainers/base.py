@@ -24,7 +24,7 @@ from torch import nn
 
 from titanium.batch import Batch, Placement
 from titanium.config.registry import SectionSpec
-from titanium.config.sections import ChatSection
+from titanium.config.sections import ChatSection, RolloutSection
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.spec import ModelSpec
 
@@ -85,7 +85,27 @@ class FrozenModel(Protocol):
 
 
 class PolicyModel(Protocol):
-    """The live policy an objective may generate with (``ctx.models.policy()``)."""
+    """The live policy an objective may generate with, run forward-only, or follow (``ctx.models.policy()``)."""
+
+    spec: Any
+    """Its family (``titanium.models.spec.ModelSpec``)."""
+    args: Any
+    """Its model args (flavor)."""
+    model: nn.Module
+    """The live model (this rank's shards)."""
+    pp_group: Any
+    """The pipeline group when its stages are spread over ranks, else None."""
+    param_dtype: torch.dtype
+    """The training forward's parameter precision."""
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Its logits (float32, full vocabulary) on model inputs without gradients, through its pipeline if it has
+        one (None on ranks without the last stage); every rank of the layout calls it together."""
+        ...
+
+    def on_update(self, function: Any) -> None:
+        """Call ``function(step)`` once the weights are in place and after every optimizer step."""
+        ...
 
     def lend(self) -> contextlib.AbstractContextManager[nn.Module]:
         """The model being trained, sharded as it trains, in eval mode, without gradients, under the training
@@ -136,6 +156,8 @@ class ObjectiveContext:
     sequence_multiple: int = 1
     """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
     split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
+    rollout: RolloutSection = field(default_factory=RolloutSection)
+    """``[rollout]``: the engine an RL objective generates with (``titanium.generation.engine.build_engine``)."""
 
 
 class Objective(ABC):
@@ -192,3 +214,7 @@ class Objective(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def close(self) -> None:  # noqa: B027 (most objectives hold nothing to free)
+        """Free what the objective holds (a rollout engine), at the very end of the job: after the last checkpoint
+        and export, and nothing collective may follow (vLLM's teardown destroys the default process group)."""

@@ -5,32 +5,35 @@ B responses (prompts x group_size, each group's responses contiguous), T respons
 advantage compares its reward with the others of its group; the loss family (grpo, dapo, dr_grpo, bnpo, gspo,
 cispo; a clipped ratio objective plus beta x k3 KL to a reference) is in ``grpo_loss``.
 
-``GRPOObjective`` runs them in the loop: rollouts from the live policy in the prepare phase, old log-probs
-from the sampler, reference log-probs from a frozen copy (beta > 0), ppo_epochs x minibatches optimizer
-steps per rollout batch, and a bounded policy lag.
+``GRPOObjective`` runs them in the loop: rollouts from a rollout engine with its own copy of the policy
+(``[rollout]``, refreshed after every optimizer step through the policy handle's ``on_update``), old log-probs
+from the engine or recomputed by the trained policy (with importance weights for the gap), reference log-probs
+from a frozen copy (beta > 0), ppo_epochs x minibatches optimizer steps per rollout batch, and a bounded
+policy lag.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, GRPOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
-from titanium.generation.generate import all_ranks_done
-from titanium.generation.rollout import Rollout, batch_logprobs, response_logprobs, rollout
+from titanium.generation.engine import SyncStats, build_engine
+from titanium.generation.rollout import Rollout, batch_logprobs, to_rollout
 from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
-from titanium.generation.sampling import SamplingParams
+from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import (
     FrozenModel,
@@ -41,6 +44,7 @@ from titanium.trainers.base import (
     ObjectiveContext,
     Prepared,
 )
+from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
 
 
@@ -91,11 +95,15 @@ def rollout_seed(seed: int, dp_rank: int, index: int) -> int:
 
 def batch_reward_std(rewards: torch.Tensor, device: torch.device, dp_world: int) -> float:
     """Unbiased standard deviation of the rewards of every data-parallel rank's rollout batch, so that
-    ``scale_rewards = "batch"`` does not depend on how the batch is split over ranks."""
+    ``scale_rewards = "batch"`` does not depend on how the batch is split over ranks. Every rank of the job adds
+    its batch; the ranks of one data-parallel rank (tensor, pipeline, context parallel) hold the same batch, so the
+    sums count each ``world / dp_world`` times."""
     r = rewards.double()
     stats = torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()]).to(device)
-    if dp_world > 1:
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world > 1:
         dist.all_reduce(stats)
+        stats /= world // dp_world
     n, total, squares = stats.tolist()
     return math.sqrt(max(squares - total * total / n, 0.0) / max(n - 1, 1))
 
@@ -112,6 +120,8 @@ class RolloutFields(Fields):
     advantages: torch.Tensor = per_row()
     ref_logprobs: torch.Tensor | None = per_row(default=None)
     """``[B, T]`` under the frozen reference (beta > 0)."""
+    is_weights: torch.Tensor | None = per_row(default=None)
+    """``[B, T]`` or ``[B, 1]`` importance weights for the engine/trainer mismatch (``is_correction``)."""
     loss_type: LossType = "dapo"
     """What a loss unit is (``titanium.trainers.grpo_loss.loss_units``)."""
     max_new_tokens: int = 0
@@ -119,6 +129,23 @@ class RolloutFields(Fields):
     def units(self) -> torch.Tensor:
         return loss_units(self.loss_mask, self.loss_type, self.max_new_tokens)
 
+
+MISMATCH_METRICS = (
+    "grpo/logprob_mismatch",
+    "grpo/logprob_mismatch_max",
+    "grpo/is_weight",
+    "grpo/is_weight_sq",
+    "grpo/is_changed",
+    "grpo/is_weight_max",
+    "grpo/is_weight_min",
+)
+"""The engine/trainer gap with ``old_logprobs = "recompute"`` (the first two), and the importance weights'
+(``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batches made at a step."""
+TIME_PARTS = ("generate", "old_logprobs", "reference", "sync", "train")
+"""The step-time breakdown, in seconds per rank (``grpo/time/<part>``, means over ranks): generation, recomputed
+old log-probs and reference log-probs of the batches made at this step, and the weight sync and training (forward,
+backward, optimizer step: from the end of ``prepare`` to the sync) of the step before it."""
+GENERATION_TENSORS = ("tokens", "logprobs", "lengths", "finished")
 
 LOSS_UNITS: dict[str, str] = {
     "dapo": "tokens",
@@ -137,6 +164,7 @@ def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection) -> Batch[Roll
         rows["loss_mask"],
         rows["advantages"],
         rows.get("ref_logprobs"),
+        rows.get("is_weights"),
         cfg.loss_type,
         cfg.max_new_tokens,
     )
@@ -144,16 +172,21 @@ def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection) -> Batch[Roll
 
 
 class GRPOObjective(Objective):
-    """GRPO in the loop: rollouts from the live policy in ``prepare``, the clipped loss on response tokens.
+    """GRPO in the loop: rollouts from the rollout engine in ``prepare``, the clipped loss on response tokens.
 
     ``training.local_batch_size`` counts responses per microbatch (a multiple of ``group_size``, so groups
     stay whole); a step trains on ``global_batch_size`` responses. A rollout batch holds ``minibatches``
     steps' worth of responses per rank, made in one generation call and served for ``ppo_epochs x
     minibatches`` consecutive optimizer steps (the same minibatches in the same order each epoch). Old
-    log-probs are the sampler's (the policy that made the rollouts), so the ratio is 1 at the first step on a
-    batch and moves away from 1 after. With ``max_policy_lag`` > 0 the next batch is made while the current
-    one is still being trained on, as early as its lag at first use allows; a queued batch that would be
-    staler is dropped (``grpo/stale_rollouts_dropped``).
+    log-probs are the engine's (``old_logprobs = "sampler"``) or a forward of the trained policy before the
+    batch's first step (``"recompute"``); either way the ratio starts near 1 and moves away after. With
+    ``max_policy_lag`` > 0 the next batch is made while the current one is still being trained on, as early as
+    its lag at first use allows; a queued batch that would be staler is dropped (``grpo/stale_rollouts_dropped``).
+
+    The engine (``[rollout]``) holds its own copy of the policy: it is built here, gets the weights once they are
+    in place (``after_load``: initialized, or resumed) and again after every optimizer step (the policy handle's
+    ``on_update``), and every rank generates its own prompts alone. Every rank of one data-parallel rank (tensor,
+    pipeline parallel) generates the same rows: same prompts, same seed, same synced weights.
 
     ``next_microbatch`` hands out empty batches: the rows are made in ``prepare``. A checkpoint holds the
     prompt position before the batches in flight, which are not saved: a resumed run makes them again from
@@ -164,7 +197,7 @@ class GRPOObjective(Objective):
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection) -> None:
         if ctx.models is None:
-            raise ValueError("GRPO generates with the live policy: the loop must hand it (ObjectiveContext.models)")
+            raise ValueError("GRPO follows the live policy's weights: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
         self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
         self.loss_unit = LOSS_UNITS[cfg.loss_type]
@@ -173,13 +206,12 @@ class GRPOObjective(Objective):
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
             template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
-        self.stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
+        stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
         prompts = PromptDataset(data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world)
         self.prompts = prompts
         self._prompt_stream: Iterator[PromptSample] | None = None
         self.rewards = RewardSet.from_config(cfg)
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
-        self.all_done = all_ranks_done(None, ctx.device) if ctx.dp_world > 1 else None  # (data parallelism only)
         # beta = 0 builds no reference model
         self.reference: FrozenModel | None = ctx.models.frozen() if cfg.beta > 0 else None
         self.row_metrics = (
@@ -191,11 +223,51 @@ class GRPOObjective(Objective):
             "grpo/truncated",
         )
         token_metrics = ("grpo/entropy", "grpo/clip_frac", *(("grpo/kl",) if cfg.beta > 0 else ()))
-        self.metric_names = (*self.row_metrics, "grpo/policy_lag", *token_metrics, "grpo/gen_tokens_per_s")
+        mismatch = MISMATCH_METRICS if cfg.old_logprobs == "recompute" else ()
+        if cfg.is_correction == "none":
+            mismatch = mismatch[:2]
+        self.metric_names = (
+            *self.row_metrics,
+            "grpo/policy_lag",
+            *token_metrics,
+            "grpo/gen_tokens_per_s",
+            *mismatch,
+            *(f"grpo/time/{part}" for part in TIME_PARTS),
+        )
         self.queue = RolloutQueue(cfg.max_policy_lag)
         self.current: RolloutBatch | None = None
         self.version = 0  # optimizer steps taken (each prepare is followed by one)
         self.batches_made = 0
+        self._last_stage_rank: int | None = None
+        self._times: dict[str, float] = {}  # seconds spent since the last prepare, by TIME_PARTS
+        self._prepared_at: float | None = None
+        self.engine = build_engine(
+            ctx.rollout,
+            self.policy.spec,
+            self.policy.args,
+            stop_ids=stop_ids,
+            pad_id=ctx.tokenizer.pad_id,
+            max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+            device=ctx.device,
+            training_dtype=self.policy.param_dtype,
+            seed=rollout_seed(ctx.seed, ctx.dp_rank, 0),
+        )
+        self.policy.on_update(self.sync)
+
+    # ----- the engine follows the policy -----
+
+    def sync(self, step: int) -> SyncStats:
+        """Load the policy's weights after ``step`` optimizer steps into the engine (every rank together)."""
+        if self._prepared_at is not None:  # the step's forward, backward and optimizer step
+            self._times["train"] = self._times.get("train", 0.0) + time.perf_counter() - self._prepared_at
+            self._prepared_at = None
+        stats = self.engine.sync_from(self.policy.model, version=step, pp_group=self.policy.pp_group)
+        self._times["sync"] = self._times.get("sync", 0.0) + stats.seconds
+        self.version = step
+        return stats
+
+    def close(self) -> None:
+        self.engine.close()
 
     # ----- data: empty batches out, rollouts made in prepare -----
 
@@ -217,11 +289,13 @@ class GRPOObjective(Objective):
             made.append(self._make_batch(len(microbatches)))
             self.queue.put(made[-1])
         self.version += 1
-        return Prepared([rollout_batch(part, self.cfg) for part in parts], self._metrics(parts, lag, made))
+        metrics = self._metrics(parts, lag, made)
+        self._prepared_at = time.perf_counter()
+        return Prepared([rollout_batch(part, self.cfg) for part in parts], metrics)
 
     def _metrics(self, parts: list[dict[str, torch.Tensor]], lag: int, made: list[RolloutBatch]) -> Metrics:
-        """The step's per-response metrics (sums over its responses), its policy lag, and the generation
-        throughput of the batches made with it."""
+        """The step's per-response metrics (sums over its responses), its policy lag, the generation throughput
+        and the engine/trainer mismatch of the batches made with it, and the seconds since the last prepare."""
         responses = torch.tensor(float(sum(part["tokens"].shape[0] for part in parts)), device=self.device)
         metrics = {name: (sum(part[name].sum() for part in parts), responses) for name in self.row_metrics}
         metrics["grpo/policy_lag"] = (lag * responses, responses)
@@ -229,40 +303,45 @@ class GRPOObjective(Objective):
             generated = torch.tensor(float(sum(b.generated_tokens for b in made)), device=self.device)
             seconds = torch.tensor(sum(b.generation_seconds for b in made), device=self.device)
             metrics["grpo/gen_tokens_per_s"] = (generated, seconds)
+            for batch in made:
+                for name, (total, count) in batch.metrics.items():
+                    if name in metrics:
+                        total, count = total + metrics[name][0], count + metrics[name][1]
+                    metrics[name] = (total, count)
+        one = torch.ones((), device=self.device)
+        for part, seconds in self._times.items():  # means over ranks
+            metrics[f"grpo/time/{part}"] = (torch.tensor(seconds, device=self.device), one)
+        self._times = {}
         return metrics
 
-    def sample(self, model: nn.Module, samples: list[PromptSample], index: int) -> Rollout:
-        """``group_size`` sampled responses to each of ``samples`` from ``model`` (the live policy), for this
-        rank's ``index``-th rollout batch."""
-        generator = torch.Generator(self.device).manual_seed(rollout_seed(self.seed, self.dp_rank, index))
-        return rollout(
-            model,
-            samples,
-            self.cfg.group_size,
-            self.params,
-            self.rewards,
-            self.tokenizer,
-            self.stop_ids,
-            generator=generator,
-            all_done=self.all_done,
-            device=self.device,
+    def sample(self, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
+        """``group_size`` sampled responses to each of ``samples`` from the engine, for this rank's ``index``-th
+        rollout batch, and the policy version that made them."""
+        prompts = [s.prompt for s in samples for _ in range(self.cfg.group_size)]
+        out = self.engine.generate(prompts, self.params, seed=rollout_seed(self.seed, self.dp_rank, index))
+        generation = dataclasses.replace(
+            out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
+        return to_rollout(samples, self.cfg.group_size, generation, self.rewards, self.tokenizer), out.version
 
     def _next_prompts(self, n: int) -> list[PromptSample]:
         if self._prompt_stream is None:
             self._prompt_stream = iter(self.prompts)
         return [next(self._prompt_stream) for _ in range(n)]
 
+    def _timed(self, part: str, start: float) -> None:
+        self._times[part] = self._times.get(part, 0.0) + time.perf_counter() - start
+
     def _make_batch(self, microbatches: int) -> RolloutBatch:
-        """Sample the next rollout batch with the current policy: advantages, loss mask, reference log-probs
-        and the per-response metrics, all as rows on the device."""
+        """Sample the next rollout batch with the engine: advantages, loss mask, old and reference log-probs,
+        importance weights and the per-response metrics, all as rows on the device."""
         cfg = self.cfg
         resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size)
         start = time.perf_counter()
-        with self.policy.lend() as model:
-            out = self.sample(model, samples, self.batches_made)
+        out, version = self.sample(samples, self.batches_made)
         seconds = time.perf_counter() - start
+        self._timed("generate", start)
         self.batches_made += 1
 
         rewards = out.rewards.total
@@ -289,24 +368,66 @@ class GRPOObjective(Objective):
             **{k: v.to(self.device, torch.float32) for k, v in per_response.items()},
         }
         rows = {k: v.to(self.device) for k, v in rows.items()}
+        metrics: Metrics = {}
+        if cfg.old_logprobs == "recompute":
+            start = time.perf_counter()
+            sampling = rows["old_logprobs"]
+            rows["old_logprobs"] = self._logprobs(self.policy.forward, rows) * out.response_mask
+            self._timed("old_logprobs", start)
+            metrics = self._mismatch(rows, sampling, out.response_mask)
         if self.reference is not None:
-            rows["ref_logprobs"] = self._reference_logprobs(rows)
+            start = time.perf_counter()
+            rows["ref_logprobs"] = self._logprobs(self._reference_logits, rows)
+            self._timed("reference", start)
         return RolloutBatch(
             rows,
-            version=self.version,
+            version=version,
             minibatches=cfg.minibatches,
             epochs=cfg.ppo_epochs,
             resume_point=resume_point,
             generated_tokens=int(lengths.sum()),
             generation_seconds=seconds,
+            metrics=metrics,
         )
 
-    def _reference_logprobs(self, rows: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The frozen reference's log-probs of the response tokens, a microbatch of rows at a time."""
-        assert self.reference is not None
-        return batch_logprobs(
-            self._reference_logits, rows, rows["old_logprobs"].shape[1], self.cfg.temperature, self.local_batch_size
-        )
+    def _mismatch(self, rows: dict[str, torch.Tensor], sampling: torch.Tensor, response_mask: torch.Tensor) -> Metrics:
+        """Importance weights for the engine/trainer gap (stored as a row key) and the gap's metrics: means as
+        (sum, count), maxima and minima over every rank (reduced here, then counted once per rank)."""
+        cfg, mask = self.cfg, rows["loss_mask"]
+        weights = None
+        if cfg.is_correction != "none":
+            old = rows["old_logprobs"]
+            weights = importance_weights(old, sampling, response_mask, cfg.is_correction, cfg.is_cap, cfg.is_cap_min)
+            rows["is_weights"] = weights
+        means, maxima, minima = mismatch_metrics(rows["old_logprobs"], sampling, mask, weights)
+        extremes = torch.stack([*maxima.values(), *(-v for v in minima.values())])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+        one = torch.ones((), device=self.device)
+        out: Metrics = dict(means)
+        for name, value in zip(maxima, extremes):
+            out[name] = (value, one)
+        for name, value in zip(minima, extremes[len(maxima) :]):
+            out[name] = (-value, one)
+        return out
+
+    def _logprobs(self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows) -> torch.Tensor:
+        """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time); under pipeline
+        parallelism the last stage's, broadcast over the pipeline group."""
+        width = rows["loss_mask"].shape[1]
+        out = batch_logprobs(forward, rows, width, self.cfg.temperature, self.local_batch_size)
+        group = self.policy.pp_group
+        if group is None:
+            assert out is not None
+            return out
+        if self._last_stage_rank is None:  # (the rank holding the last stage: not always the last rank)
+            flag = torch.tensor(dist.get_rank() if out is not None else -1, device=self.device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+            self._last_stage_rank = int(flag)
+        if out is None:
+            out = torch.empty(rows["loss_mask"].shape, dtype=torch.float32, device=self.device)
+        dist.broadcast(out, src=self._last_stage_rank, group=group)
+        return out
 
     def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
         assert self.reference is not None
@@ -319,13 +440,16 @@ class GRPOObjective(Objective):
         assert output.logits is not None
         fields, temperature = batch.fields, self.cfg.temperature
         width, mask = fields.old_logprobs.shape[1], fields.loss_mask
-        logprobs = response_logprobs(output.logits, batch.tokens, width, temperature)
+        logits = output.logits[:, -width - 1 : -1]  # the response tokens' (logits at i predict token i + 1)
+        if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
+            logits = logits.full_tensor()
+        logprobs = token_logprobs(logits, batch.tokens[:, -width:], temperature)
         loss_sum, _, sums = grpo_loss(
-            logprobs, fields.old_logprobs, fields.advantages, mask, self.cfg, fields.ref_logprobs
+            logprobs, fields.old_logprobs, fields.advantages, mask, self.cfg, fields.ref_logprobs, fields.is_weights
         )
         tokens = sums["tokens"]
         with torch.no_grad():
-            entropy = masked_entropy_sum(output.logits[:, -width - 1 : -1], mask, temperature)
+            entropy = masked_entropy_sum(logits, mask, temperature)
         metrics = {
             "grpo/entropy": (entropy, tokens),
             "grpo/clip_frac": (sums["clipped_low"] + sums["clipped_high"], tokens),
@@ -335,8 +459,16 @@ class GRPOObjective(Objective):
         return LossResult(loss_sum, metrics)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        if pipeline_microbatch_size is not None:
-            raise ConfigError("--training.objective grpo generates with the whole model: no pipeline parallelism")
+        if (
+            self.cfg.loss_type == "bnpo"
+            and pipeline_microbatch_size is not None
+            and pipeline_microbatch_size < self.local_batch_size
+        ):
+            raise ConfigError(
+                "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
+                f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
+                f"{self.local_batch_size} or use another loss_type (dapo weighs every token the same)"
+            )
 
     # ----- log and checkpoint -----
 
