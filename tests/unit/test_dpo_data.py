@@ -363,7 +363,7 @@ def test_preference_config_checks():
     cfg.data.kind, cfg.data.path = "preference", "assets/tasks/arithmetic/preference_train.jsonl"
     cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.rpo_alpha = 0.0, 0.5, -1.0
     problems = list(validate(cfg))
-    assert "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo" in problems
+    assert "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward" in problems
     assert "--dpo.beta must be > 0, got 0.0" in problems
     assert "--dpo.label_smoothing must be in [0, 0.5), got 0.5" in problems
     assert "--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0" in problems
