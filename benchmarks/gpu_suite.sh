@@ -46,7 +46,7 @@ STEPS=(
     "4|checkpoint_async|60|$PY benchmarks/checkpoint_async.py --out \$R/checkpoint_async_\$TAG.md"
     "4|sft_ladder_4b|140|$PY benchmarks/sft_ladder.py --models 4B --steps 4 --log-freq 2 --run-timeout 60 --out \$R/sft_ladder_4b_\$TAG.md"
     "5|install|20|$INSTALL"
-    "5|moe_layer|70|$PY benchmarks/moe_layer.py --device cuda --dtype bfloat16 --shape 8192,2048,768,128,8 --shape 16384,2048,768,128,8 --shape 16384,4096,1536,128,8 --out \$R/moe_layer_\$TAG.md"
+    "5|moe_layer|120|$PY benchmarks/moe_layer.py --device cuda --dtype bfloat16 --shape 8192,2048,768,128,8 --shape 16384,2048,768,128,8 --shape 16384,4096,1536,128,8 --out \$R/moe_layer_\$TAG.md"
     "5|pretrain_moe|250|$PY benchmarks/pretrain_speed.py --models 30B-A3B --variants eager compile --steps 10 --log-freq 3 --run-timeout 120 --out \$R/pretrain_moe_\$TAG.md"
 )
 

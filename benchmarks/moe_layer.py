@@ -103,7 +103,8 @@ def main() -> None:
     for shape in args.shape or CPU_SHAPES:
         for dtype in dtypes:
             lines += measure(shape, dtype, device, args.repeats)
-    write("\n".join(lines) + "\n", args.out)
+            print(lines[-1], flush=True)
+            write("\n".join(lines) + "\n", args.out, echo=False)  # after each row: a stopped run keeps them
 
 
 if __name__ == "__main__":

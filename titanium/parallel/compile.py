@@ -18,9 +18,21 @@ def apply_compile(model: nn.Module) -> None:
     ``nn.Module.compile`` keeps the block itself in the model (no ``_orig_mod`` wrapper), so
     parameter names, and everything that maps them (checkpoints, Hugging Face, LoRA), do not
     depend on compilation.
+
+    A block with a Mixture of Experts is compiled by parts instead: its attention, router and shared
+    experts. The routing between them stays eager, for two reasons: the token counts it records are a
+    side effect that dynamo refuses inside a checkpointed region, and the group sizes (the padded GEMM on
+    CPU, expert parallelism's all-to-all) are a host sync that would break the graph anyway.
     """
     for block in model.layers.values():
-        block.compile(fullgraph=True)
+        inner = getattr(block, "_checkpoint_wrapped_module", block)
+        moe = getattr(inner, "moe", None)
+        if moe is None:
+            block.compile(fullgraph=True)
+            continue
+        for part in (inner.attention, moe.router, moe.shared_experts):
+            if part is not None:
+                part.compile(fullgraph=True)
 
 
 def check_compile(
