@@ -260,7 +260,7 @@ def test_flex_forward_and_backward_on_cuda_equal_the_masked_reference() -> None:
     got = _values_and_grads(flex(q, k, v, block_mask), q, k, v)
     want = _values_and_grads(_reference(q, k, v, mask), q, k, v)
     for g, w in zip(got, want, strict=True):  # fp32 on tensor cores may use TF32-like reductions: 1e-3
-        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(g.double(), w.double(), rtol=1e-3, atol=1e-3)
 
 
 @CUDA
@@ -273,7 +273,7 @@ def test_flex_soft_capped_windowed_forward_and_backward_on_cuda_equal_the_refere
     got = _values_and_grads(flex(q, k, v, block_mask, GEMMA_SCORES), q, k, v)
     want = _values_and_grads(_reference(q, k, v, mask, GEMMA_SCORES), q, k, v)
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g.double(), w, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(g.double(), w.double(), rtol=1e-3, atol=1e-3)
 
 
 @CUDA
