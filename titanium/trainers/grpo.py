@@ -89,8 +89,8 @@ def masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: fl
 
 
 def rollout_seed(seed: int, dp_rank: int, index: int) -> int:
-    """The sampling seed of a rank's ``index``-th rollout batch: reproducible, and the same again when a resumed
-    run makes that batch anew."""
+    """The sampling seed of a rank's ``index``-th generation call (a rollout batch, or each round of one with
+    dynamic sampling): reproducible, and the same again when a resumed run makes that batch anew."""
     return hash((seed, dp_rank, index)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
