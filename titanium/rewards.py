@@ -11,15 +11,18 @@ for any other column. TRL's batched form is taken too:
     def my_reward(completions: list[str], **columns) -> list[float]: ...
 
 called once per batch with the responses and, by column name, each column of their prompt rows as a list
-(TRL's ``**kwargs``). ``--grpo.rewards`` names built-in functions (``exact_match``, ``format``) or yours as
-``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``;
-``register_reward`` adds a name from your own code. A function of neither form is refused at start-up, naming
-it. The total reward is the weighted sum (``--grpo.reward_weights``); each function's values are kept for
-metrics.
+(TRL's ``**kwargs``), plus, where the caller bound them (``RewardSet.with_tokens``: GRPO does), TRL's
+``completion_ids`` (each response's token ids, its stop token included) and ``prompt_ids``.
+``--grpo.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``), yours as
+``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``, or the folder
+of a trained reward model (``titanium.reward_model_scorer``); ``register_reward`` adds a name from your own code.
+A function of neither form is refused at start-up, naming it. The total reward is the weighted sum
+(``--grpo.reward_weights``, TRL's ``reward_weights``); each function's values are kept for metrics.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import inspect
 import math
@@ -125,7 +128,35 @@ def think_format(completion: str, answer: str | None, row: Mapping[str, Any]) ->
     return 1.0 if _THINK_FORMAT.fullmatch(completion) else 0.0
 
 
+class SoftOverlongPunishment:
+    """DAPO's soft overlong punishment (its Eq. 13; TRL's ``get_soft_overlong_punishment``), a batched reward of
+    the response lengths L in tokens (stop token included): 0 up to ``max_len - buffer``, then
+    ``(max_len - buffer - L) / buffer`` down to -1 at ``max_len``, and -1 beyond. It discourages running into the
+    length limit without rewarding brevity below it. ``--grpo.rewards overlong`` with ``max_len`` the
+    ``max_new_tokens`` and ``buffer`` the ``overlong_buffer``."""
+
+    __name__ = "overlong"
+
+    def __init__(self, max_len: int, buffer: int) -> None:
+        self.max_len, self.buffer = max_len, buffer
+
+    def __call__(self, completions: list[str], completion_ids: Sequence[Sequence[int]], **kwargs: Any) -> list[float]:
+        return [self.penalty(len(ids)) for ids in completion_ids]
+
+    def penalty(self, length: int) -> float:
+        start = self.max_len - self.buffer
+        if length <= start:
+            return 0.0
+        return (start - length) / self.buffer if length <= self.max_len else -1.0
+
+
 # ---------------------------------------------------------------------------------------- resolution
+
+
+def names_reward_model(spec: str) -> bool:
+    """Whether a ``--grpo.rewards`` entry names a reward model's folder: no ``:`` (not a function), not a
+    registered name, and a directory or a path with ``/``."""
+    return ":" not in spec and spec not in REWARDS.names() and ("/" in spec or Path(spec).is_dir())
 
 
 def resolve_reward(spec: str) -> RewardFn:
@@ -181,18 +212,54 @@ class Rewards:
 
 
 class RewardSet:
-    """The configured reward functions and weights; ``reward_set(completions, answers, rows)`` -> ``Rewards``."""
+    """The configured reward functions and weights; ``reward_set(completions, answers, rows)`` -> ``Rewards``.
 
-    def __init__(self, names: Sequence[str], weights: Sequence[float] = ()) -> None:
+    ``configured`` holds functions built from the config rather than resolved by name (``overlong``, reward
+    models); ``with_tokens`` binds a batch's token ids for the batched functions that read them."""
+
+    def __init__(
+        self, names: Sequence[str], weights: Sequence[float] = (), configured: Mapping[str, Callable] | None = None
+    ) -> None:
         if weights and len(weights) != len(names):
             raise ValueError(f"{len(weights)} weights for {len(names)} reward functions")
-        self.functions = {name: resolve_reward(name) for name in names}
+        configured = configured or {}
+        self.functions = {name: configured[name] if name in configured else resolve_reward(name) for name in names}
         self.batched = {name for name, fn in self.functions.items() if is_batched(name, fn)}
         self.weights = dict(zip(names, weights or [1.0] * len(names)))
+        self.tokens: dict[str, list[list[int]]] = {}
 
     @classmethod
-    def from_config(cls, cfg: GRPOSection) -> RewardSet:
-        return cls(cfg.rewards, cfg.reward_weights)
+    def from_config(
+        cls, cfg: GRPOSection, *, device: torch.device | None = None, pad_id: int = 0, vocab_size: int | None = None
+    ) -> RewardSet:
+        """The rewards of ``[grpo]``; reward models named there are loaded onto ``device`` (scoring sequences
+        padded with ``pad_id``, the job's tokenizer's, whose ``vocab_size`` ids they must cover)."""
+        configured: dict[str, Callable] = {}
+        for name in cfg.rewards:
+            if name == "overlong":
+                configured[name] = SoftOverlongPunishment(cfg.max_new_tokens, cfg.overlong_buffer)
+            elif names_reward_model(name):
+                from titanium.reward_model_scorer import RewardModelScorer  # (builds models: only when asked)
+
+                configured[name] = RewardModelScorer.load(
+                    name,
+                    device=device or torch.device("cpu"),
+                    pad_id=pad_id,
+                    vocab_size=vocab_size,
+                    max_seq_len=cfg.max_prompt_len + cfg.max_new_tokens,
+                    dtype=cfg.reward_model_dtype,
+                )
+        return cls(cfg.rewards, cfg.reward_weights, configured)
+
+    def with_tokens(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> RewardSet:
+        """This set, scoring responses whose token ids (stop token included) and prompts' ids are given: batched
+        functions get them as ``completion_ids`` (as in TRL) and ``prompt_ids``."""
+        bound = copy.copy(self)
+        bound.tokens = {
+            "prompt_ids": [list(p) for p in prompt_ids],
+            "completion_ids": [list(c) for c in completion_ids],
+        }
+        return bound
 
     def __call__(
         self, completions: Sequence[str], answers: Sequence[str | None], rows: Sequence[Mapping[str, Any]]
@@ -220,13 +287,13 @@ class RewardSet:
             raise RuntimeError(f"reward function {name!r} failed on the response {completion[:80]!r}: {e}") from e
         return _finite(name, value)
 
-    @staticmethod
     def _batch(
-        name: str, fn: Callable[..., Any], completions: Sequence[str], rows: Sequence[Mapping[str, Any]]
+        self, name: str, fn: Callable[..., Any], completions: Sequence[str], rows: Sequence[Mapping[str, Any]]
     ) -> list[float]:
-        """TRL's batched call: the responses, and each column of their rows as a list, by name."""
+        """TRL's batched call: the responses, each column of their rows as a list, by name, and the bound ids."""
         columns = {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)}
         columns.pop("completions", None)
+        columns.update(self.tokens)
         try:
             values = fn(completions=list(completions), **columns)
         except UserError:

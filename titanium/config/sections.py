@@ -653,9 +653,11 @@ class GRPOSection:
     rows have none (a row without it is a bad row otherwise)."""
     rewards: list[str] = field(default_factory=lambda: ["exact_match"])
     """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
-    answer equals the reference; format: <think>...</think> then an answer) or "package.module:function" /
-    "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or TRL's batched
-    fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists)."""
+    answer equals the reference; format: <think>...</think> then an answer; overlong: see overlong_buffer),
+    "package.module:function" / "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or
+    TRL's batched fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists, and
+    completion_ids and prompt_ids), or the folder of a trained reward model (an HF *ForSequenceClassification
+    checkpoint, e.g. the reward objective's export, with this job's tokenizer) that scores prompt + response."""
     reward_weights: list[float] = field(default_factory=list)
     """One weight per reward function, in the same order; empty: every weight is 1."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
@@ -715,6 +717,22 @@ class GRPOSection:
     """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
     them: the next batch is generated while the current one is still trained on, as early as this allows; a
     queued batch that would be older is dropped. 0: fully on-policy (each batch made right before its use)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: groups whose rewards are all equal (standard deviation 0, so every advantage is 0)
+    are dropped, and further rounds of generation (each as many prompts as the batch) refill the batch until it
+    holds only groups with a learning signal, keeping the first ones made (verl's filter_groups)."""
+    dynamic_sampling_max_rounds: int = 10
+    """dynamic_sampling: most generation rounds per rollout batch, the first included (verl's
+    max_num_gen_batches). When they run out the batch is filled up with equal-reward groups (advantage 0), counted
+    as grpo/zero_std_trained and warned about, so it always stays full."""
+    overlong_buffer: int = 0
+    """DAPO's soft overlong punishment, the reward function "overlong" in rewards (TRL's
+    get_soft_overlong_punishment with max_completion_len = max_new_tokens, soft_punish_cache = this): 0 for a
+    response of at most max_new_tokens - overlong_buffer tokens (stop token included), then falling linearly to -1
+    at max_new_tokens. Its weight is its entry in reward_weights."""
+    reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
+    """Weights and compute of the reward models named in rewards (each process scores its own responses with an
+    unsharded copy)."""
 
 
 @dataclass

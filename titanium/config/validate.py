@@ -322,6 +322,8 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         ("ppo_epochs", g.ppo_epochs, 1),
         ("minibatches", g.minibatches, 1),
         ("max_policy_lag", g.max_policy_lag, 0),
+        ("dynamic_sampling_max_rounds", g.dynamic_sampling_max_rounds, 1),
+        ("overlong_buffer", g.overlong_buffer, 0),
     ]:
         if value < low:
             yield f"--grpo.{name} must be >= {low}, got {value}"
@@ -352,6 +354,16 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         yield (
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
+        )
+    if "overlong" in g.rewards and not 0 < g.overlong_buffer <= g.max_new_tokens:
+        yield (
+            f"--grpo.rewards overlong punishes the last --grpo.overlong_buffer tokens before --grpo.max_new_tokens "
+            f"{g.max_new_tokens}: set overlong_buffer in 1..{g.max_new_tokens}, got {g.overlong_buffer}"
+        )
+    if g.overlong_buffer and "overlong" not in g.rewards:
+        yield (
+            f"--grpo.overlong_buffer {g.overlong_buffer} is only read by the overlong reward: add overlong to "
+            "--grpo.rewards (and its weight to --grpo.reward_weights), or set overlong_buffer 0"
         )
 
 

@@ -60,6 +60,7 @@ TRL_ALIASES: dict[str, str] = {
     "grpo/kl": "kl",
     "grpo/entropy": "entropy",
     "grpo/clip_frac": "clip_ratio",
+    "grpo/zero_std_frac": "frac_reward_zero_std",
 }
 """Objective metric -> the name TRL's trainers log the same quantity under: also logged under that name in
 TensorBoard / W&B, so dashboards built for TRL runs read titanium's (``grpo/reward/<function>`` is also

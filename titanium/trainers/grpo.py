@@ -45,6 +45,7 @@ from titanium.trainers.base import (
     Prepared,
 )
 from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
+from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, sample_batch
 from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
 
 
@@ -88,8 +89,8 @@ def masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: fl
 
 
 def rollout_seed(seed: int, dp_rank: int, index: int) -> int:
-    """The sampling seed of a rank's ``index``-th rollout batch: reproducible, and the same again when a resumed
-    run makes that batch anew."""
+    """The sampling seed of a rank's ``index``-th generation call (a rollout batch, or each round of one with
+    dynamic sampling): reproducible, and the same again when a resumed run makes that batch anew."""
     return hash((seed, dp_rank, index)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
@@ -210,7 +211,9 @@ class GRPOObjective(Objective):
         prompts = PromptDataset(data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world)
         self.prompts = prompts
         self._prompt_stream: Iterator[PromptSample] | None = None
-        self.rewards = RewardSet.from_config(cfg)
+        self.rewards = RewardSet.from_config(
+            cfg, device=ctx.device, pad_id=ctx.tokenizer.pad_id, vocab_size=ctx.tokenizer.vocab_size
+        )
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         # beta = 0 builds no reference model
         self.reference: FrozenModel | None = ctx.models.frozen() if cfg.beta > 0 else None
@@ -231,6 +234,7 @@ class GRPOObjective(Objective):
             "grpo/policy_lag",
             *token_metrics,
             "grpo/gen_tokens_per_s",
+            *(DYNAMIC_METRICS if cfg.dynamic_sampling else DYNAMIC_METRICS[:1]),
             *mismatch,
             *(f"grpo/time/{part}" for part in TIME_PARTS),
         )
@@ -322,7 +326,15 @@ class GRPOObjective(Objective):
         generation = dataclasses.replace(
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
-        return to_rollout(samples, self.cfg.group_size, generation, self.rewards, self.tokenizer), out.version
+        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))
+        return to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer), out.version
+
+    def _draw(self, prompts: int) -> tuple[list[PromptSample], Rollout, int]:
+        """One generation round of the next ``prompts`` prompts, with this rank's next sampling seed."""
+        samples = self._next_prompts(prompts)
+        out, version = self.sample(samples, self.batches_made)
+        self.batches_made += 1
+        return samples, out, version
 
     def _next_prompts(self, n: int) -> list[PromptSample]:
         if self._prompt_stream is None:
@@ -337,12 +349,13 @@ class GRPOObjective(Objective):
         importance weights and the per-response metrics, all as rows on the device."""
         cfg = self.cfg
         resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
-        samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size)
+        prompts = microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size
         start = time.perf_counter()
-        out, version = self.sample(samples, self.batches_made)
+        max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else None
+        sampled = sample_batch(lambda: self._draw(prompts), cfg.group_size, self.tokenizer.pad_id, max_rounds)
+        samples, out, version = sampled.samples, sampled.rollout, sampled.version
         seconds = time.perf_counter() - start
         self._timed("generate", start)
-        self.batches_made += 1
 
         rewards = out.rewards.total
         batch_std = batch_reward_std(rewards, self.device, self.dp_world) if cfg.scale_rewards == "batch" else None
@@ -368,13 +381,13 @@ class GRPOObjective(Objective):
             **{k: v.to(self.device, torch.float32) for k, v in per_response.items()},
         }
         rows = {k: v.to(self.device) for k, v in rows.items()}
-        metrics: Metrics = {}
+        metrics = sampled.metrics(self.device, cfg.dynamic_sampling)
         if cfg.old_logprobs == "recompute":
             start = time.perf_counter()
             sampling = rows["old_logprobs"]
             rows["old_logprobs"] = self._logprobs(self.policy.forward, rows) * out.response_mask
             self._timed("old_logprobs", start)
-            metrics = self._mismatch(rows, sampling, out.response_mask)
+            metrics.update(self._mismatch(rows, sampling, out.response_mask))
         if self.reference is not None:
             start = time.perf_counter()
             rows["ref_logprobs"] = self._logprobs(self._reference_logits, rows)
@@ -385,7 +398,7 @@ class GRPOObjective(Objective):
             minibatches=cfg.minibatches,
             epochs=cfg.ppo_epochs,
             resume_point=resume_point,
-            generated_tokens=int(lengths.sum()),
+            generated_tokens=sampled.tokens_made,
             generation_seconds=seconds,
             metrics=metrics,
         )

@@ -1,0 +1,161 @@
+"""A trained reward model as a GRPO reward: its scores against ``transformers``' AutoModelForSequenceClassification
+on the same token sequences, its weighted sum with rule rewards, bad folders refused, and a short GRPO run with
+it (plus the overlong reward and dynamic sampling) on the debug task."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from tests.helpers import REPO, scalars, tiny_args
+from tests.parity.harness import randomize_
+from titanium.config.loader import ConfigError
+from titanium.config.sections import GRPOSection
+from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+from titanium.errors import UserError
+from titanium.reward_model_scorer import RewardModelScorer
+from titanium.rewards import RewardSet
+
+SCORE_ATOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> TiktokenTokenizer:
+    return TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+
+
+def _config(tokenizer: TiktokenTokenizer) -> transformers.LlamaConfig:
+    return transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=tokenizer.vocab_size,
+        max_position_embeddings=256,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_id,
+    )
+
+
+@pytest.fixture(scope="module")
+def reward_folder(tokenizer, tmp_path_factory) -> Path:
+    """A random LlamaForSequenceClassification (one label) on the debug tokenizer's ids, saved in HF format."""
+    folder = tmp_path_factory.mktemp("reward_model")
+    model = transformers.LlamaForSequenceClassification(_config(tokenizer)).float()
+    randomize_(model, seed=3)
+    model.save_pretrained(folder)
+    return folder
+
+
+def _sequences(tokenizer: TiktokenTokenizer) -> tuple[list[list[int]], list[list[int]]]:
+    """Prompts (llama3 chat format) and responses of several lengths, one truncated (no end of turn)."""
+    eot = tokenizer.special_tokens["<|eot_id|>"]
+    header = [tokenizer.bos_id, *tokenizer.encode("user: what is 2 + 3?", bos=False, eos=False)]
+    prompts = [header, header[:5], header + [17, 18, 19], header]
+    responses = [
+        tokenizer.encode("5", bos=False, eos=False) + [eot],
+        tokenizer.encode("the answer is 5", bos=False, eos=False) + [eot],
+        tokenizer.encode("six", bos=False, eos=False),
+        [eot],
+    ]
+    return prompts, responses
+
+
+def test_scores_equal_transformers_sequence_classification(tokenizer, reward_folder: Path) -> None:
+    """Rows of different lengths scored in one right-padded batch (and with batch_size 1) against transformers on
+    each sequence alone and on the same padded batch with its attention mask."""
+    prompts, responses = _sequences(tokenizer)
+    sequences = [p + r for p, r in zip(prompts, responses)]
+    scorer = RewardModelScorer.load(
+        str(reward_folder),
+        device=torch.device("cpu"),
+        pad_id=tokenizer.pad_id,
+        vocab_size=tokenizer.vocab_size,
+        max_seq_len=64,
+    )
+    ours = torch.tensor(scorer(["?"] * len(sequences), completion_ids=responses, prompt_ids=prompts))
+    scorer.batch_size = 1
+    assert torch.allclose(scorer.score(sequences), ours, atol=SCORE_ATOL, rtol=0)
+
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(reward_folder, attn_implementation="eager")
+    hf = hf.float().eval()
+    with torch.no_grad():
+        alone = torch.stack([hf(input_ids=torch.tensor([s])).logits[0, 0] for s in sequences])
+        width = max(len(s) for s in sequences)
+        padded = torch.tensor([s + [tokenizer.pad_id] * (width - len(s)) for s in sequences])
+        batched = hf(input_ids=padded, attention_mask=padded != tokenizer.pad_id).logits[:, 0]
+    assert alone.abs().max() > 0.1 and alone.std() > 0.01  # (scores that tell the rows apart)
+    for expected in (alone, batched):
+        gap = (ours - expected).abs().max().item()
+        assert gap <= SCORE_ATOL, f"reward model scores differ from transformers' by {gap:.2e}"
+
+
+def test_reward_model_weighted_with_rule_rewards(tokenizer, reward_folder: Path) -> None:
+    """``--grpo.rewards FOLDER exact_match overlong`` with weights: the total is the weighted sum, each function's
+    values kept under its name (the folder's for the reward model)."""
+    cfg = GRPOSection(
+        rewards=[str(reward_folder), "exact_match", "overlong"],
+        reward_weights=[0.5, 2.0, 1.0],
+        max_new_tokens=4,
+        overlong_buffer=2,
+    )
+    rewards = RewardSet.from_config(cfg, pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size)
+    prompts, responses = _sequences(tokenizer)
+    eot = tokenizer.special_tokens["<|eot_id|>"]
+    completions = [tokenizer.decode([t for t in r if t != eot]) for r in responses]
+    out = rewards.with_tokens(prompts, responses)(completions, ["5"] * 4, [{}] * 4)
+    model = out.per_function[str(reward_folder)]
+    scorer = rewards.functions[str(reward_folder)]
+    assert torch.allclose(model, scorer.score([p + r for p, r in zip(prompts, responses)]))
+    assert out.per_function["exact_match"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert out.per_function["overlong"].tolist() == [0.0, -1.0, 0.0, 0.0]  # lengths 2, 5 (> 4), 1, 1
+    assert torch.allclose(out.total, 0.5 * model + 2.0 * out.per_function["exact_match"] + out.per_function["overlong"])
+
+
+def test_bad_reward_model_folders_are_refused(tokenizer, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config.json is missing"):
+        RewardSet.from_config(GRPOSection(rewards=[str(tmp_path / "nothing/")]), pad_id=tokenizer.pad_id)
+    causal = tmp_path / "causal"
+    transformers.LlamaForCausalLM(_config(tokenizer)).save_pretrained(causal)
+    with pytest.raises(UserError, match="not a sequence-classification"):
+        RewardSet.from_config(GRPOSection(rewards=[str(causal)]), pad_id=tokenizer.pad_id)
+    with pytest.raises(UserError, match="pad_token_id"):
+        RewardSet.from_config(GRPOSection(rewards=[str(_other_pad(tokenizer, tmp_path))]), pad_id=tokenizer.pad_id)
+
+
+def _other_pad(tokenizer: TiktokenTokenizer, tmp_path: Path) -> Path:
+    config = _config(tokenizer)
+    config.pad_token_id = 0
+    folder = tmp_path / "other_pad"
+    transformers.LlamaForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_grpo_trains_with_a_reward_model(make_trainer, tmp_path: Path, reward_folder: Path) -> None:
+    """2 GRPO steps of the debug model on the bundled tasks, rewarded by the reward model and the overlong
+    punishment, with dynamic sampling: the logged reward is their weighted sum, and the model's scores spread."""
+    name = str(reward_folder)
+    args = tiny_args(
+        tmp_path,
+        *("--training.objective", "grpo", "--training.steps", "2", "--training.local_batch_size", "8"),
+        *("--data.kind", "chat", "--data.path", str(REPO / "assets/tasks/arithmetic/train.jsonl")),
+        *("--chat.chat_template", "llama3", "--grpo.group_size", "4", "--grpo.max_new_tokens", "6"),
+        *("--grpo.max_prompt_len", "40", "--grpo.rewards", name, "overlong", "--grpo.reward_weights", "1.0", "0.5"),
+        *("--grpo.overlong_buffer", "3", "--grpo.dynamic_sampling", "--grpo.answer_column", ""),
+        *("--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
+    )
+    make_trainer(*args).train()
+    total, model = scalars(tmp_path / "tb", "grpo/reward"), scalars(tmp_path / "tb", f"grpo/reward/{name}")
+    overlong, rounds = (
+        scalars(tmp_path / "tb", "grpo/reward/overlong"),
+        scalars(tmp_path / "tb", "grpo/generation_rounds"),
+    )
+    assert sorted(total) == [1, 2] and sorted(rounds) == [1, 2]
+    for step in total:
+        assert total[step] == pytest.approx(model[step] + 0.5 * overlong[step], abs=1e-5)
+    assert statistics.pstdev(model.values()) > 0 and all(r >= 1 for r in rounds.values())

@@ -1,0 +1,95 @@
+"""A trained reward model as a reward function: ``--grpo.rewards path/to/reward_model`` scores prompt + response.
+
+The folder is a Hugging Face ``*ForSequenceClassification`` checkpoint with one label (what ``--training.objective
+reward`` exports, or any such checkpoint of a family titanium has an adapter for). It is built by the model builder
+with one process's plan (titanium's reward model: the family's decoder with a scalar head, read through the
+family's adapter, ``titanium.models.reward``), so every training process holds its own unsharded copy and scores
+its own responses alone: no collective, whatever the training layout or the number of generation rounds.
+
+What it reads is what the policy saw and wrote: the prompt's token ids (the job's chat template's generation
+prompt) followed by the response's ids, its stop token (the end of the assistant turn) included: the
+conversation as the chat template formats it, and as the ``reward`` objective trains on it. So the reward model
+must share the job's tokenizer (its ``pad_token_id`` is checked against the tokenizer's, its vocabulary must hold
+the tokenizer's ids). Sequences are right-padded and scored at their last token that is not padding, as
+``transformers`` does (``tests/unit/test_reward_model_scorer.py`` compares with
+``AutoModelForSequenceClassification``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from titanium.checkpoint.hf import hf_model_args, read_hf_config
+from titanium.config.loader import ConfigError
+from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
+from titanium.models import get_model_spec, hf_family, list_models
+from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
+
+
+class RewardModelScorer:
+    """A batched reward function (TRL's form) that scores ``prompt_ids + completion_ids`` with a reward model."""
+
+    def __init__(self, model: nn.Module, pad_id: int, batch_size: int = 32, name: str = "reward_model") -> None:
+        self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+        self.__name__ = name
+
+    @classmethod
+    def load(
+        cls,
+        folder: str,
+        *,
+        device: torch.device,
+        pad_id: int,
+        vocab_size: int | None,
+        max_seq_len: int,
+        dtype: str = "float32",
+        batch_size: int = 32,
+    ) -> RewardModelScorer:
+        """The reward model in ``folder`` on ``device``, in ``dtype``, evaluating, without gradients. Errors
+        name ``--grpo.rewards``: a missing folder or config.json, a family without an adapter, a causal LM
+        instead of a classifier, another pad id or a smaller vocabulary than the tokenizer's."""
+        flag = f"--grpo.rewards {folder}"
+        if not (Path(folder) / "config.json").is_file():
+            raise ConfigError(
+                f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
+                "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
+            )
+        model_type = read_hf_config(folder).get("model_type")
+        family = hf_family(model_type)
+        if family is None:
+            raise ConfigError(f"{flag}: model_type {model_type!r} has no titanium family; supported: {list_models()}")
+        spec = reward_spec(get_model_spec(family), pad_token_id=pad_id)
+        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=max_seq_len)
+        built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder))
+        model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
+        return cls(model, pad_id, batch_size, name=Path(folder).name)
+
+    def __call__(
+        self,
+        completions: list[str],
+        completion_ids: Sequence[Sequence[int]],
+        prompt_ids: Sequence[Sequence[int]],
+        **kwargs: Any,
+    ) -> list[float]:
+        return self.score([list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]).tolist()
+
+    @torch.no_grad()
+    def score(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """``[N]`` float32 scores of token sequences, ``batch_size`` at a time, each batch right-padded."""
+        device = next(self.model.parameters()).device
+        scores = []
+        for start in range(0, len(sequences), self.batch_size):
+            part = sequences[start : start + self.batch_size]
+            width = max(len(s) for s in part)
+            tokens = torch.full((len(part), width), self.pad_id, dtype=torch.long)
+            for row, ids in enumerate(part):
+                tokens[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+            tokens = tokens.to(device)
+            out = self.model(tokens)
+            scores.append(sequence_scores(out.float(), last_non_pad_index(tokens, self.pad_id)).cpu())
+        return torch.cat(scores)
