@@ -317,7 +317,7 @@ class CheckpointSection:
     export_at_saves: bool = False
     """Every checkpoint save before the last also writes the end-of-training exports of the run as they are at
     that step, each in a folder of its own: the LoRA adapter in PEFT layout ([lora] save_adapter) to
-    <adapter_folder>-step-N and, with last_save_in_hf, the Hugging Face model to <hf_folder>-step-N (as TRL's
+    {adapter_folder}-step-N and, with last_save_in_hf, the Hugging Face model to {hf_folder}-step-N (as TRL's
     save_steps). Nothing removes them (keep_latest_k removes only checkpoints)."""
     push_to_hub: str = ""
     """A Hugging Face hub repository ("user/repo"): at the end of training, upload the Hugging Face export
