@@ -18,6 +18,7 @@ from titanium.checkpoint.hf import save_hf_weights
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.models.llama3.hf import LLAMA3_HF_ADAPTER
+from titanium.parallel.distributed import shutdown_distributed
 from titanium.peft.export import WEIGHTS_FILE
 from titanium.tools.convert import main
 
@@ -106,6 +107,25 @@ def test_lora_checkpoints_convert_to_the_runs_own_exports(make_trainer, tmp_path
         assert (merged.eval()(input_ids=tokens).logits - ours).abs().max() <= ATOL
     config = json.loads((tmp_path / "peft-4/adapter_config.json").read_text())
     assert config["base_model_name_or_path"] == str(base) and config["r"] == 4 and config["lora_alpha"] == 8
+
+
+def test_lora_run_from_a_titanium_checkpoint_converts(make_trainer, tmp_path: Path) -> None:
+    """A LoRA run whose base is a titanium checkpoint (another seed than the run's, so a base rebuilt from the
+    seed instead would differ): to-peft and to-hf give its end-of-run adapter and merged export."""
+    seed_run = ("--checkpoint.enable", "--checkpoint.create_seed_checkpoint", "--debug.seed", "5")
+    seed = make_trainer(*tiny_args(tmp_path / "seed", *seed_run))
+    seed.train()
+    seed.close()
+    shutdown_distributed()
+    base = tmp_path / "seed/checkpoint/step-0"
+    run = tmp_path / "run"
+    lora = [arg for arg in LORA_SFT if arg not in ("--checkpoint.export_at_saves", "--checkpoint.initial_load_in_hf")]
+    make_trainer(*tiny_args(run, *lora, "--training.steps", "2", "--checkpoint.initial_load_path", str(base))).train()
+    assert main(["to-peft", str(run / "checkpoint/step-2"), str(tmp_path / "peft")]) == 0
+    _same_files(tmp_path / "peft", run / "adapter")
+    argv = ["to-hf", str(run / "checkpoint/step-2"), str(tmp_path / "hf"), "--model", "llama3", "--dtype", "float32"]
+    assert main(argv) == 0
+    _same_files(tmp_path / "hf", run / "hf")
 
 
 def test_lora_checkpoint_errors_are_one_line(tmp_path: Path, capsys) -> None:

@@ -141,10 +141,13 @@ def check_model_fits(path: Path, model: dict[str, Any], flag: str) -> None:
         )
 
 
-def load_model_weights(path: Path, model: nn.Module, flag: str, part: Literal["all", "trainable"] = "all") -> None:
+def load_model_weights(
+    path: Path, model: nn.Module, flag: str, part: Literal["all", "trainable", "base"] = "all"
+) -> None:
     """Load only the model weights of the titanium checkpoint ``path`` into ``model`` (a frozen copy: a reference,
-    a teacher), through the same checks as a resumed policy: whole files, the same architecture. ``part``
-    "trainable": only what a LoRA run's checkpoints hold (the adapters; ``model`` is built with its base frozen)."""
+    a teacher), through the same checks as a resumed policy: whole files, the same architecture. For a model
+    built with its base frozen (LoRA), ``part`` "trainable" loads what a LoRA run's checkpoints hold (the
+    adapters) and "base" the frozen weights (from a full checkpoint)."""
     check_checkpoint(path, flag)
     state = ModelState(model, part=part)
     check_model_fits(path, state.state_dict(), flag)

@@ -21,7 +21,7 @@ from titanium.config import load_config
 from titanium.config.components import OBJECTIVES
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
-from titanium.model_builder import BuiltModel, ModelBuilder
+from titanium.model_builder import BuiltModel, ModelBuilder, WeightSource
 from titanium.model_setup import StartingWeights, job_converters
 from titanium.parallel.dims import ParallelDims
 
@@ -71,7 +71,10 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
         spec, tokenizer, ck.initial_load_path if ck.initial_load_in_hf else None
     )
     converters = job_converters(cfg, ParallelDims(dp_replicate=1, dp_shard=1, world_size=1), None)
-    built = builder.build(spec, args, converters=converters, weights=StartingWeights(ck, cfg.job.dump_folder).start())
+    start = StartingWeights(ck, cfg.job.dump_folder).start()
+    built = builder.build(spec, args, converters=converters, weights=WeightSource(hf_folder=start.hf_folder))
+    if start.dcp_folder is not None:  # a titanium base: its frozen part, as the trainer's checkpoint manager reads it
+        load_model_weights(Path(start.dcp_folder), built.model, "--checkpoint.initial_load_path", part="base")
     load_model_weights(checkpoint, built.model, "checkpoint", part="trainable")
     built.model.eval()
     return LoRARun(cfg, built)
