@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from titanium.checkpoint.hub import check_push
 from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
@@ -52,6 +53,8 @@ def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     ck = cfg.checkpoint
+    if ck.push_to_hub:
+        check_push(ck.push_to_hub, "--checkpoint.push_to_hub")
     if ck.initial_load_path and not ck.initial_load_in_hf:
         from titanium.checkpoint.manager import check_checkpoint  # (imports DCP: only when there is one to check)
 

@@ -29,6 +29,7 @@ import torch.distributed._functional_collectives as funcol
 from titanium.batch import Batch
 from titanium.checkpoint import CheckpointManager, OptimizerState, RNGState, TrainState
 from titanium.checkpoint.hf import export_final_hf
+from titanium.checkpoint.hub import upload
 from titanium.checkpoint.manager import complete_steps
 from titanium.config import ConfigError, JobConfig, to_toml_dict
 from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
@@ -365,6 +366,8 @@ class Trainer:
             if self.checkpointer.should_save(step, t.steps):
                 self.guard.check(step)  # never save a state that follows a non-finite step it must stop on
                 self.checkpointer.save(step, final=step == t.steps)
+                if self.checkpointer.cfg.export_at_saves and step < t.steps:
+                    self._export(step)
             self.checkpointer.poll()
             if step % t.gc_freq == 0:
                 gc.collect(1)
@@ -389,8 +392,10 @@ class Trainer:
             if self.env.rank == 0:
                 logger.info("evaluation at step %d: %s", step, "  ".join(f"{k} {v:.4g}" for k, v in numbers.items()))
 
-    def _export(self) -> None:
-        """End of training: what the export hooks write (e.g. a converter's own artifacts), then the HF export."""
+    def _export(self, step: int | None = None) -> None:
+        """End of training (``step`` None): what the export hooks write (e.g. a converter's own artifacts), then the
+        HF export and its upload. At a checkpoint save (``[checkpoint] export_at_saves``, ``step``): the same
+        exports, each to its folder with ``-step-N`` added, and no upload."""
         ck = self.checkpointer.cfg  # (under fault tolerance only replica group 0 exports)
         ctx = ExportContext(
             spec=self.model_spec,
@@ -398,18 +403,22 @@ class Trainer:
             dump_folder=Path(self.cfg.job.dump_folder),
             base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
             pp_group=self.built.pp_group,
+            step=step,
         )
         self.hooks.export(ctx)
-        if ck.last_save_in_hf:
-            export_final_hf(
-                self.model,
-                self.model_spec,
-                self.model_args,
-                ck,
-                dump_folder=self.cfg.job.dump_folder,
-                flavor=self.cfg.model.flavor,
-                pp_group=self.built.pp_group,
-            )
+        if not ck.last_save_in_hf:
+            return
+        path = export_final_hf(
+            self.model,
+            self.model_spec,
+            self.model_args,
+            ck if step is None else dataclasses.replace(ck, hf_folder=ctx.folder(ck.hf_folder)),
+            dump_folder=self.cfg.job.dump_folder,
+            flavor=self.cfg.model.flavor,
+            pp_group=self.built.pp_group,
+        )
+        if step is None and ck.push_to_hub and path is not None:
+            upload(path, ck.push_to_hub)
 
     def _log(self, step: int, result: StepResult, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""

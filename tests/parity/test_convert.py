@@ -57,16 +57,3 @@ def test_errors_and_help(tmp_path: Path, capsys) -> None:
         [sys.executable, "-m", "titanium.tools.convert", "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "to-hf" in result.stdout and "from-hf" in result.stdout
-
-
-def test_a_lora_checkpoint_is_named_as_one(tmp_path: Path, capsys) -> None:
-    """A LoRA run's checkpoint holds adapters only; to-hf used to call that 'missing layers.0.attention...'."""
-    import torch.distributed.checkpoint as dcp
-
-    step = tmp_path / "step-5"
-    adapters = {f"layers.0.attention.wq.lora_{side}.weight": torch.zeros(2, 2) for side in "ab"}
-    dcp.save({"model": adapters}, checkpoint_id=str(step), no_dist=True)
-    assert main(["to-hf", str(step), str(tmp_path / "hf"), "--model", "llama3", "--flavor", "debugmodel"]) == 2
-    err = capsys.readouterr().err
-    assert f"{step} is a LoRA run's checkpoint: it holds the adapters only" in err and "(2 adapter tensors)" in err
-    assert "missing" not in err and "Traceback" not in err

@@ -17,7 +17,7 @@ import shutil
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -141,11 +141,15 @@ def check_model_fits(path: Path, model: dict[str, Any], flag: str) -> None:
         )
 
 
-def load_model_weights(path: Path, model: nn.Module, flag: str) -> None:
+def load_model_weights(
+    path: Path, model: nn.Module, flag: str, part: Literal["all", "trainable", "base"] = "all"
+) -> None:
     """Load only the model weights of the titanium checkpoint ``path`` into ``model`` (a frozen copy: a reference,
-    a teacher), through the same checks as a resumed policy: whole files, the same architecture."""
+    a teacher), through the same checks as a resumed policy: whole files, the same architecture. For a model
+    built with its base frozen (LoRA), ``part`` "trainable" loads what a LoRA run's checkpoints hold (the
+    adapters) and "base" the frozen weights (from a full checkpoint)."""
     check_checkpoint(path, flag)
-    state = ModelState(model)
+    state = ModelState(model, part=part)
     check_model_fits(path, state.state_dict(), flag)
     try:
         dcp.load({MODEL_KEY: state}, checkpoint_id=str(path), planner=SafeLoadPlanner())

@@ -49,6 +49,8 @@ NEUTRAL_KEYS = frozenset(
                 "last_save_in_hf",
                 "hf_folder",
                 "export_dtype",
+                "export_at_saves",
+                "push_to_hub",
             )
         ),  # fmt: skip
     }

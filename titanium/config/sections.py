@@ -314,6 +314,16 @@ class CheckpointSection:
     """Where last_save_in_hf writes, relative to job.dump_folder."""
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Dtype of the weights in the Hugging Face export (last_save_in_hf)."""
+    export_at_saves: bool = False
+    """Every checkpoint save before the last also writes the end-of-training exports of the run as they are at
+    that step, each in a folder of its own: the LoRA adapter in PEFT layout ([lora] save_adapter) to
+    {adapter_folder}-step-N and, with last_save_in_hf, the Hugging Face model to {hf_folder}-step-N (as TRL's
+    save_steps). Nothing removes them (keep_latest_k removes only checkpoints)."""
+    push_to_hub: str = ""
+    """A Hugging Face hub repository ("user/repo"): at the end of training, upload the Hugging Face export
+    (needs last_save_in_hf) with huggingface_hub's upload_folder, creating the repository (private) if it does
+    not exist. The token comes from HF_TOKEN (or `hf auth login`) and is checked before training starts. "": no
+    upload. (A LoRA adapter: python -m titanium.tools.convert to-peft ... --push-to-hub user/repo.)"""
 
 
 @dataclass

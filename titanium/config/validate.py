@@ -102,6 +102,13 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             f"--checkpoint.initial_load_path: {ck.initial_load_path} has no config.json; with "
             "--checkpoint.initial_load_in_hf it must be a Hugging Face checkpoint folder"
         )
+    if ck.push_to_hub and not ck.last_save_in_hf:
+        yield (
+            f"--checkpoint.push_to_hub {ck.push_to_hub}: uploads the Hugging Face export; set "
+            "--checkpoint.last_save_in_hf (a LoRA adapter: python -m titanium.tools.convert to-peft ... --push-to-hub)"
+        )
+    if ck.export_at_saves and not ck.enable:
+        yield "--checkpoint.export_at_saves writes the exports at each checkpoint save; set --checkpoint.enable"
     kinds = {"model", "optimizer", "lr_scheduler", "train_state", "data", "rng"}
     for kind in cfg.checkpoint.exclude_from_loading:
         if kind not in kinds:

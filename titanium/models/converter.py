@@ -30,7 +30,8 @@ class ConverterContext:
 
 @dataclass(frozen=True)
 class ExportContext:
-    """What an end-of-training export needs to know about the run (no config beyond it)."""
+    """What an export (at the end of training, or at a checkpoint save) needs to know about the run (no config beyond
+    it)."""
 
     spec: Any
     """The model's ``ModelSpec`` (for its Hugging Face adapter)."""
@@ -41,6 +42,13 @@ class ExportContext:
     """The Hugging Face folder the run started from, if any."""
     pp_group: Any = None
     """The pipeline group when stages are spread over ranks (exports gather over it)."""
+    step: int | None = None
+    """None at the end of training; the step of a checkpoint save that exports too ([checkpoint] export_at_saves)."""
+
+    def folder(self, name: str) -> str:
+        """Where an export configured to go to ``name`` (relative to dump_folder) writes: ``name`` at the end of
+        training, ``name-step-N`` at a checkpoint save, so the final export never replaces the mid-run ones."""
+        return name if self.step is None else f"{name}-step-{self.step}"
 
 
 class ModelConverter:

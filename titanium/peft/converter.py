@@ -83,7 +83,7 @@ class LoRAConverter(ModelConverter):
             ctx.spec.hf_adapter,
             ctx.args,
             self.cfg,
-            ctx.dump_folder / self.cfg.adapter_folder,
+            ctx.dump_folder / ctx.folder(self.cfg.adapter_folder),
             base_model_name_or_path=ctx.base_model_name_or_path,
             pp_group=ctx.pp_group,
         )

@@ -3,6 +3,8 @@
     # a training checkpoint -> an HF folder that transformers / vLLM / lm-eval load
     python -m titanium.tools.convert to-hf outputs/run/checkpoint/step-1000 out/hf --model qwen3 \\
         --source /path/Qwen3-0.6B --dtype bfloat16
+    # a LoRA run's checkpoint -> its adapter in PEFT layout (peft.PeftModel.from_pretrained loads it)
+    python -m titanium.tools.convert to-peft outputs/lora_run/checkpoint/step-1000 out/adapter
     # an HF folder -> a model-only DCP checkpoint (step-0, a seed checkpoint any layout resumes from)
     python -m titanium.tools.convert from-hf /path/Qwen3-0.6B outputs/run/checkpoint --model qwen3
     # an HF folder -> a quantized HF folder for serving (torchao; transformers loads it as is)
@@ -10,9 +12,16 @@
 
 With ``--source`` (the HF folder the run started from) the output has the source's keys, files,
 index, config.json and tokenizer files; without it, ``--flavor`` gives the architecture and the
-files are cut at ``--max-shard-size``. One process, CPU (quantize: the GPU for CUDA-only schemes),
-no process group; only the model weights of a checkpoint are read, and nothing is unpickled. Bad
-input is one message and exit code 2.
+files are cut at ``--max-shard-size``.
+
+A LoRA run's checkpoint holds only its adapters: the base model and the [lora] settings come from
+the run's config.toml (beside its checkpoint folder, or ``--config``); ``to-hf`` writes the merged
+model as ``--checkpoint.last_save_in_hf`` would have at that step, ``to-peft`` the adapter as the
+run's end writes it. ``--push-to-hub user/repo`` then uploads the folder written (token from
+``HF_TOKEN`` or ``hf auth login``; a repository that does not exist is created private).
+
+One process, CPU (quantize: the GPU for CUDA-only schemes), no process group; only the model
+weights of a checkpoint are read, and nothing is unpickled. Bad input is one message and exit code 2.
 """
 
 from __future__ import annotations
@@ -28,13 +37,23 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 
-from titanium.checkpoint.hf import EXPORT_DTYPES, HFCheckpoint, hf_model_args, save_hf_weights, shard_size_bytes
+from titanium.checkpoint.hf import (
+    EXPORT_DTYPES,
+    HFCheckpoint,
+    export_final_hf,
+    hf_model_args,
+    save_hf_weights,
+    shard_size_bytes,
+)
+from titanium.checkpoint.hub import check_push, upload
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
+from titanium.peft.export import export_peft_adapter
 from titanium.peft.lora import is_lora_param
 from titanium.quantize.schemes import SCHEMES
 from titanium.quantize.serving import export_quantized_hf
+from titanium.tools.lora_checkpoint import load_lora_run
 
 MODEL_KEY = "model"
 """Top-level key of the model weights in titanium's DCP checkpoints (``model.<parameter name>``)."""
@@ -63,19 +82,20 @@ def dcp_to_hf(
     source: Path | None,
     dtype: str,
     max_shard_size: str,
+    config: Path | None = None,
 ) -> Path:
+    """A titanium checkpoint's model as a Hugging Face folder (a LoRA run's: merged with its base)."""
     spec = get_model_spec(model)
     if spec.hf_adapter is None:
         raise UserError(f"model {model!r} has no Hugging Face adapter")
     shapes = _checkpoint_shapes(checkpoint)
     if any(is_lora_param(name) for name in shapes):
-        raise UserError(
-            f"{checkpoint} is a LoRA run's checkpoint: it holds the adapters only, not a whole model "
-            f"({sum(map(is_lora_param, shapes))} adapter tensors), so there is nothing to convert to a Hugging Face "
-            "folder on its own, and converting one (merged with its base, or as a PEFT adapter) is not supported yet. "
-            "A LoRA run writes its adapter in PEFT layout at its end ([lora] save_adapter, in [lora] "
-            "adapter_folder) and the merged model with --checkpoint.last_save_in_hf"
-        )
+        if flavor is not None or source is not None:
+            raise UserError(
+                f"{checkpoint} is a LoRA run's checkpoint: its architecture and base come from the run's config "
+                "(--config); drop --flavor and --source"
+            )
+        return lora_to_hf(checkpoint, out, model, config=config, dtype=dtype)
     if source is not None:
         args = hf_model_args(spec, source)
     elif flavor is not None:
@@ -112,6 +132,37 @@ def dcp_to_hf(
     )
 
 
+def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, dtype: str) -> Path:
+    """A LoRA run's checkpoint merged with the run's base: the run's own ``last_save_in_hf`` export, at that step."""
+    run = load_lora_run(checkpoint, config)
+    if run.cfg.model.name != model:
+        raise UserError(f"--model {model}: the run that wrote {checkpoint} trained a {run.cfg.model.name} model")
+    export = dataclasses.replace(run.cfg.checkpoint, hf_folder=str(out.resolve()), export_dtype=dtype)
+    path = export_final_hf(
+        run.built.model,
+        run.built.spec,
+        run.built.args,
+        export,
+        dump_folder=run.cfg.job.dump_folder,
+        flavor=run.cfg.model.flavor,
+    )
+    assert path is not None  # (one process: rank 0)
+    return path
+
+
+def lora_to_peft(checkpoint: Path, out: Path, *, config: Path | None) -> Path:
+    """A LoRA run's checkpoint as a PEFT adapter folder, as the run's end-of-training adapter export writes it."""
+    if not any(is_lora_param(name) for name in _checkpoint_shapes(checkpoint)):
+        raise UserError(f"{checkpoint} holds no LoRA adapters (not a LoRA run's checkpoint); use to-hf")
+    run = load_lora_run(checkpoint, config)
+    adapter = run.built.spec.hf_adapter
+    if adapter is None:
+        raise UserError(f"model {run.built.spec.name!r} has no Hugging Face adapter")
+    path = export_peft_adapter(run.built.model, adapter, run.built.args, run.cfg.lora, out, run.base_model_name_or_path)
+    assert path is not None  # (one process: rank 0)
+    return path
+
+
 def hf_to_dcp(folder: Path, out: Path, model: str) -> Path:
     """Write the HF folder's weights as ``out/step-0`` (model only): a seed checkpoint for titanium."""
     net = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec(model), folder).model
@@ -140,6 +191,17 @@ def main(argv: list[str] | None = None) -> int:
     to_hf.add_argument("--source", type=Path, help="HF folder the run started from: reuse its layout and files")
     to_hf.add_argument("--dtype", default="bfloat16", choices=sorted(EXPORT_DTYPES))
     to_hf.add_argument("--max-shard-size", default="5GB", help="file size cap without --source (default 5GB)")
+    to_peft = sub.add_parser("to-peft", help="a LoRA run's DCP checkpoint (step-N) -> PEFT adapter folder")
+    to_peft.add_argument("checkpoint", type=Path, help="a LoRA run's checkpoint, e.g. outputs/x/checkpoint/step-100")
+    to_peft.add_argument("out", type=Path, help="output folder (replaced if it exists)")
+    for command in (to_hf, to_peft):
+        command.add_argument(
+            "--config",
+            type=Path,
+            help="LoRA checkpoints: the run's config.toml (default: two folders above the checkpoint, where the run "
+            "wrote it)",
+        )
+        command.add_argument("--push-to-hub", metavar="REPO", help="then upload the folder to this hub repository")
     from_hf = sub.add_parser("from-hf", help="Hugging Face folder -> model-only DCP checkpoint OUT/step-0")
     from_hf.add_argument("folder", type=Path, help="HF folder with config.json and *.safetensors")
     from_hf.add_argument("out", type=Path, help="checkpoint folder to create step-0 in")
@@ -167,7 +229,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process on purpose
+    push = getattr(args, "push_to_hub", None)
     try:
+        if push is not None:
+            check_push(push, "--push-to-hub")
         if args.command == "to-hf":
             path = dcp_to_hf(
                 args.checkpoint,
@@ -177,7 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                 source=args.source,
                 dtype=args.dtype,
                 max_shard_size=args.max_shard_size,
+                config=args.config,
             )
+        elif args.command == "to-peft":
+            path = lora_to_peft(args.checkpoint, args.out, config=args.config)
         elif args.command == "from-hf":
             path = hf_to_dcp(args.folder, args.out, args.model)
         else:
@@ -190,10 +258,12 @@ def main(argv: list[str] | None = None) -> int:
                 filter_fqns=args.filter_fqns,
                 dtype=EXPORT_DTYPES[args.dtype],
             )
+        print(f"wrote {path}")
+        if push is not None:
+            print(f"uploaded to {upload(path, push)}")
     except UserError as e:
         print(f"titanium.tools.convert: error: {e}", file=sys.stderr)
         return 2
-    print(f"wrote {path}")
     return 0
 
 

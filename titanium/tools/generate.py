@@ -9,6 +9,13 @@ Prompts come from --prompt (repeatable) or --prompts-file: a .txt file (one prom
 dropped). With a chat template each prompt is a user message; --chat-template none sends plain text
 after BOS (base models). Each prompt's result is one JSON line on stdout (prompt, completion,
 finish_reason "stop" or "length", tokens); the speed goes to stderr. Bad input exits with code 2.
+
+    # a conversation: each line typed (or piped) is a user turn, answered with the conversation so far
+    python -m titanium.tools.generate outputs/debug_sft/hf --chat --tokenizer assets/tokenizer/titanium_debug.tiktoken
+
+--chat holds one multi-turn conversation: the user's turns come from --prompt (repeatable, in order) or
+else from stdin, one line each, until EOF (Ctrl-D); every reply is printed as plain text and becomes the
+assistant turn the next one sees (rendered by the chat template; the tokenizer's own with auto).
 """
 
 from __future__ import annotations
@@ -20,8 +27,10 @@ import logging
 import sys
 import time
 import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -85,12 +94,63 @@ def _tokenizer(args: argparse.Namespace) -> Tokenizer:
     return build_tokenizer(TokenizerSection(kind="hf" if str(path).endswith(".json") else "tiktoken", path=str(path)))
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Generate for every prompt; one result dict per prompt."""
+@dataclass
+class Generator:
+    """The loaded model, tokenizer and chat template, and the sampling the command line asked for."""
+
+    model: torch.nn.Module
+    tokenizer: Tokenizer
+    template: ChatTemplate | None
+    params: SamplingParams
+    device: torch.device
+    rng: torch.Generator
+    compile: bool
+
+    def complete(self, encoded: list[list[int]]) -> list[tuple[str, str, int]]:
+        """(completion, finish reason, tokens) of each prompt, generated together."""
+        stop_ids = self.template.stop_ids if self.template is not None else {self.tokenizer.eos_id}
+        out = generate(
+            self.model,
+            encoded,
+            self.params,
+            stop_ids,
+            self.tokenizer.pad_id,
+            generator=self.rng,
+            device=self.device,
+            compile=self.compile,
+        )
+        return [
+            (self.tokenizer.decode(ids), "stop" if out.finished[i] else "length", int(out.lengths[i]))
+            for i, ids in enumerate(out.token_lists())
+        ]
+
+
+def load(args: argparse.Namespace) -> Generator:
+    """The model of ``args.folder`` with its tokenizer and template, after checking the sampling options."""
     try:
         params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
     except ValueError:
         raise UserError("--max-new-tokens must be >= 0, --temperature >= 0, --top-p in (0, 1], --top-k >= 0") from None
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model_name = args.model or model_name_of(args.folder)
+    tokenizer = _tokenizer(args)
+    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, model_name)
+    model = ModelBuilder(device).load_hf(get_model_spec(model_name), args.folder).model
+    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+    model = model.to(getattr(torch, dtype)).eval()
+    rng = torch.Generator(device).manual_seed(args.seed)
+    return Generator(model, tokenizer, template, params, device, rng, args.compile)
+
+
+def _check_room(gen: Generator, length: int, fix: str) -> None:
+    try:
+        check_room(gen.model, length, gen.params.max_new_tokens)
+    except ValueError as e:
+        raise UserError(f"{e}: lower --max-new-tokens or {fix}") from None
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Generate for every prompt; one result dict per prompt."""
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     prompts: list[Prompt] = list(args.prompt or [])
@@ -98,42 +158,54 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         prompts += read_prompts(args.prompts_file)
     if not prompts:
         raise UserError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model_name = args.model or model_name_of(args.folder)
-    tokenizer = _tokenizer(args)
-    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, model_name)
-    stop_ids = template.stop_ids if template is not None else {tokenizer.eos_id}
-    encoded = [encode(p, tokenizer, template, args.system_prompt) for p in prompts]
-
-    model = ModelBuilder(device).load_hf(get_model_spec(model_name), args.folder).model
-    dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-    model = model.to(getattr(torch, dtype)).eval()
-    try:
-        check_room(model, max(map(len, encoded)), args.max_new_tokens)
-    except ValueError as e:
-        raise UserError(f"{e}: lower --max-new-tokens or shorten the prompts") from None
-    generator = torch.Generator(device).manual_seed(args.seed)
+    gen = load(args)
+    encoded = [encode(p, gen.tokenizer, gen.template, args.system_prompt) for p in prompts]
+    _check_room(gen, max(map(len, encoded)), "shorten the prompts")
 
     results, generated, start = [], 0, time.perf_counter()
     for first in range(0, len(encoded), args.batch_size):
-        batch = encoded[first : first + args.batch_size]
-        out = generate(
-            model, batch, params, stop_ids, tokenizer.pad_id, generator=generator, device=device, compile=args.compile
-        )
-        generated += int(out.lengths.sum())
-        for i, ids in enumerate(out.token_lists()):
+        for i, (completion, reason, tokens) in enumerate(gen.complete(encoded[first : first + args.batch_size])):
             prompt = prompts[first + i]
             results.append(
                 {
                     "prompt": prompt if isinstance(prompt, str) else [dataclasses.asdict(m) for m in prompt],
-                    "completion": tokenizer.decode(ids),
-                    "finish_reason": "stop" if out.finished[i] else "length",
-                    "tokens": int(out.lengths[i]),
+                    "completion": completion,
+                    "finish_reason": reason,
+                    "tokens": tokens,
                 }
             )
+            generated += tokens
     seconds = time.perf_counter() - start
-    print(f"{generated} tokens in {seconds:.2f}s ({generated / seconds:,.0f} tokens/s) on {device}", file=sys.stderr)
+    speed = f"{generated / seconds:,.0f} tokens/s"
+    print(f"{generated} tokens in {seconds:.2f}s ({speed}) on {gen.device}", file=sys.stderr)
     return results
+
+
+def chat(args: argparse.Namespace, turns: Iterable[str], out: TextIO) -> list[Message]:
+    """One conversation (``--chat``): each user turn is answered with the whole conversation so far rendered by the
+    chat template; each reply is written to ``out`` as plain text. Returns the conversation."""
+    if args.prompts_file is not None:
+        raise UserError("--chat reads the user's turns from --prompt (repeatable) or stdin, not --prompts-file")
+    if args.chat_template == "none":
+        raise UserError("--chat needs a chat template; drop --chat-template none")
+    gen = load(args)
+    assert gen.template is not None
+    interactive = turns is sys.stdin and sys.stdin.isatty()
+    if interactive:
+        print("chat: type a message and press Enter; Ctrl-D ends the conversation\n> ", end="", file=sys.stderr)
+    messages: list[Message] = []
+    for turn in turns:
+        if not turn.strip():
+            continue
+        messages.append(Message("user", turn.rstrip("\n")))
+        encoded = gen.template.prompt(with_system_prompt(messages, args.system_prompt))
+        _check_room(gen, len(encoded), "start a new conversation")
+        (reply, _, _), *_ = gen.complete([encoded])
+        messages.append(Message("assistant", reply))
+        print(reply, file=out, flush=True)
+        if interactive:
+            print("> ", end="", file=sys.stderr, flush=True)
+    return messages
 
 
 def parser() -> argparse.ArgumentParser:
@@ -164,6 +236,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--compile", action="store_true", help="compile the decode step (GPU)")
+    p.add_argument(
+        "--chat",
+        action="store_true",
+        help="one conversation: each --prompt, else each line of stdin until EOF, is a user turn answered with the "
+        "conversation so far; replies print as plain text (default: off, independent prompts as JSON lines)",
+    )
     return p
 
 
@@ -172,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")  # one process on purpose
     try:
+        if args.chat:
+            chat(args, args.prompt or sys.stdin, sys.stdout)
+            return 0
         results = run(args)
     except UserError as e:
         print(f"titanium.tools.generate: error: {e}", file=sys.stderr)
