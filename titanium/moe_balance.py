@@ -57,7 +57,6 @@ class LoadBalancer:
         self.layers, self.microbatches = layers, microbatches
         self.loss_group, self.pp_group = loss_group, pp_group
         for layer in layers.values():
-            layer.bias_routing = self.mode == "bias"
             layer.keep_routing_stats = self.mode == "aux_loss"
         device = next((layer.expert_bias.device for layer in layers.values()), torch.device("cpu"))
         self._aux = torch.zeros((), device=device)
