@@ -11,10 +11,10 @@ all as long); gradients of every parameter at steps 1 and 3 to 1e-5 absolute.
 - DPO (aux-loss balancing): the frozen reference is a second expert-parallel model; its no-grad forwards must not
   count tokens nor feed the auxiliary loss, so the counts equal one process's and the first loss is log 2.
 - GRPO (aux-loss-free bias at a large rate, so routing changes within the 3 steps; KL to a frozen reference): the
-  responses are fixed in advance (``tests/objectives/fixed_rollouts.py``) but their old log-probs come from the
-  engine's copy, a rollout batch per step. The engine's weights after the last sync equal one process's engine's
-  to 1e-5 (before training: bitwise), every rank's the same bitwise, routing bias included (it decides the
-  experts: the engine routes with it as the policy does).
+  responses are fixed in advance (``tests/objectives/fixed_rollouts.py``), a rollout batch per step; the engine's
+  log-probs of them (its copy's forward) must equal the policy's recomputed ones to 1e-4, which needs the engine to
+  route with the synced bias as the policy does. The engine's weights after the last sync equal one process's
+  engine's to 1e-5 (before training: bitwise), every rank's the same bitwise, routing bias included.
 - SFT with LoRA on ``wq`` and the stacked experts (the expert adapters sharded by expert).
 """
 
@@ -40,6 +40,7 @@ GRPO = (
     "--grpo.group_size", "4", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
     "--grpo.minibatches", "1", "--training.global_batch_size", "16", "--optimizer.lr", "3e-4",
     "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.beta", "0.05", *BIAS,
+    "--grpo.old_logprobs", "recompute",
 )  # fmt: skip
 SFT_LORA = (
     "--training.objective", "sft", "--chat.chat_template", "llama3", "--sft.no_packing", "--optimizer.lr", "1e-2",
@@ -107,6 +108,10 @@ def test_post_training_under_expert_parallelism_matches_one_process(runs, name):
     ref_loads, got_loads = loads(reference), loads(got)
     assert sorted(got_loads) == list(range(1, STEPS + 1)) and sorted(got_loads[1]) == [0, 1, 2, 3]
     assert got_loads == ref_loads
+    if name == "grpo":  # the engine (its copy synced, routing bias included) and the policy agree on every batch
+        for run in (reference, got):
+            mismatch = scalars(run / "tb", "grpo/logprob_mismatch_max")
+            assert sorted(mismatch) == list(range(1, STEPS + 1)) and max(mismatch.values()) < 1e-4, mismatch
     for step in (1, STEPS):
         expected, actual = grads(reference, step), grads(got, step)
         assert set(actual) == set(expected)

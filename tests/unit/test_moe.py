@@ -84,6 +84,8 @@ def test_layer_matches_per_token_reference(args):
 
 
 def test_bias_changes_the_choice_not_the_gates():
+    """And every forward chooses with it, with no load balancer attached (a frozen copy of a trained model, a
+    rollout engine's): a trained bias is part of the model."""
     torch.manual_seed(0)
     moe = MoE(16, MoEArgs(num_experts=4, top_k=1, expert_dim=8))
     moe.init_weights(0.2, 0.2)
