@@ -6,7 +6,8 @@ each 3 steps of ``debugmodel_moe`` from the seeded initialization, 4 sequences (
 same order by both (``--data.shards 4``). Per step: losses to 1e-5 relative and the tokens routed to every expert
 of every layer *identical*, which needs rows as wide at any layout (padding tokens are routed too: DPO pads to
 seq_len, SFT rows are seq_len wide anyway, and GRPO's prompts, left-padded to the widest of a rank's batch, are
-all as long); gradients of every parameter at steps 1 and 3 to 1e-5 absolute.
+all as long); gradients of every parameter at steps 1 and 3 to 1e-5 absolute; the auxiliary loss (DPO, SFT) to
+1e-5 relative.
 
 - DPO (aux-loss balancing): the frozen reference is a second expert-parallel model; its no-grad forwards must not
   count tokens nor feed the auxiliary loss, so the counts equal one process's and the first loss is log 2.
@@ -108,6 +109,11 @@ def test_post_training_under_expert_parallelism_matches_one_process(runs, name):
     ref_loads, got_loads = loads(reference), loads(got)
     assert sorted(got_loads) == list(range(1, STEPS + 1)) and sorted(got_loads[1]) == [0, 1, 2, 3]
     assert got_loads == ref_loads
+    if name != "grpo":  # (aux-loss balancing) its value, statistics summed over the ranks
+        ref_aux, aux = scalars(reference / "tb", "moe/aux_loss"), scalars(got / "tb", "moe/aux_loss")
+        assert sorted(aux) == list(range(1, STEPS + 1))
+        for step in aux:
+            assert aux[step] == pytest.approx(ref_aux[step], rel=1e-5), (step, aux, ref_aux)
     if name == "grpo":  # the engine (its copy synced, routing bias included) and the policy agree on every batch
         for run in (reference, got):
             mismatch = scalars(run / "tb", "grpo/logprob_mismatch_max")
