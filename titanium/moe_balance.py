@@ -57,7 +57,6 @@ class LoadBalancer:
         self.layers, self.microbatches = layers, microbatches
         self.loss_group, self.pp_group = loss_group, pp_group
         for layer in layers.values():
-            layer.bias_routing = self.mode == "bias"
             layer.keep_routing_stats = self.mode == "aux_loss"
         device = next((layer.expert_bias.device for layer in layers.values()), torch.device("cpu"))
         self._aux = torch.zeros((), device=device)
@@ -128,13 +127,18 @@ def check_moe_config(cfg: MoESection, args: FamilyArgs, *, pipeline: bool, hf_ex
         )
     if cfg.load_balance == "aux_loss" and cfg.aux_loss_coef is None and _model_aux_coef(args) is None:
         raise ConfigError("--moe.aux_loss_coef: this model family has no default; set it (e.g. 0.001)")
-    if cfg.load_balance == "bias" and hf_export_adapter is not None:
-        if not hf_export_adapter.has_hf_slot("layers.0.moe.expert_bias"):
-            raise ConfigError(
-                "--moe.load_balance bias trains a routing bias that the Hugging Face "
-                f"{hf_export_adapter.model_type} format has no slot for, so --checkpoint.last_save_in_hf could "
-                "not export the model; use --moe.load_balance aux_loss, or unset --checkpoint.last_save_in_hf"
-            )
+    export = "--checkpoint.last_save_in_hf could not export the model"
+    check_bias_reaches_hf(cfg, hf_export_adapter, reader=export, fix="unset --checkpoint.last_save_in_hf")
+
+
+def check_bias_reaches_hf(cfg: MoESection, adapter: HFAdapter | None, *, reader: str, fix: str) -> None:
+    """A trained routing bias must reach what reads the model in Hugging Face format through ``adapter`` (an
+    export, vLLM's weight sync): refused where the format has no slot for it. ``reader``: what would fail."""
+    if cfg.load_balance == "bias" and adapter is not None and not adapter.has_hf_slot("layers.0.moe.expert_bias"):
+        raise ConfigError(
+            f"--moe.load_balance bias trains a routing bias that the Hugging Face {adapter.model_type} format has "
+            f"no slot for, so {reader}; use --moe.load_balance aux_loss, or {fix}"
+        )
 
 
 def _model_aux_coef(args: FamilyArgs) -> float | None:

@@ -18,7 +18,7 @@ from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
 from titanium.models import build_model_args, get_model_spec, list_models
-from titanium.moe_balance import check_moe_config
+from titanium.moe_balance import check_bias_reaches_hf, check_moe_config
 from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
 from titanium.peft.lora import check_lora_config
@@ -42,6 +42,9 @@ def check_moe(cfg: JobConfig, dims: ParallelDims) -> None:
     dims.check_experts(args.decoder_args().moe, model=f"{cfg.model.name} {cfg.model.flavor}")
     export = spec.hf_adapter if cfg.checkpoint.last_save_in_hf else None
     check_moe_config(cfg.moe, args, pipeline=dims.pp > 1, hf_export_adapter=export)
+    if args.decoder_args().moe is not None and cfg.training.objective == "grpo" and cfg.rollout.engine == "vllm":
+        reader = "--rollout.engine vllm (loaded through that format) could not take the trained weights"
+        check_bias_reaches_hf(cfg.moe, spec.hf_adapter, reader=reader, fix="--rollout.engine titanium")
 
 
 def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:

@@ -57,15 +57,18 @@ LAYOUTS = {  # name -> (reference, layout flags)
 }  # fmt: skip
 
 
-def moe_job(folder: Path, *extra: str) -> list[str]:
+def moe_job(
+    folder: Path, *extra: str, data: tuple[str, ...] = ("--data.kind", "synthetic"), steps: int = STEPS
+) -> list[str]:
     model = ("--model.name", "qwen3_moe", "--model.flavor", "debugmodel_moe")
-    return tiny_args(folder, *model, "--data.kind", "synthetic", "--training.steps", str(STEPS), *extra)
+    return tiny_args(folder, *model, *data, "--training.steps", str(steps), *extra)
 
 
-def launch(nproc: int, jobs: list[list[str]]) -> None:
-    """Run ``jobs`` one after the other in one launch of ``nproc`` processes."""
+def launch(nproc: int, jobs: list[list[str]], module: str = "tests.distributed.moe_worker") -> None:
+    """Run ``jobs`` one after the other in one launch of ``nproc`` processes (by moe_worker, or a ``module`` that
+    patches it)."""
     args = [arg for i, job in enumerate(jobs) for arg in (["--then"] if i else []) + job]
-    run_train(args, nproc=nproc, module="tests.distributed.moe_worker", timeout=1200)
+    run_train(args, nproc=nproc, module=module, timeout=1200)
 
 
 def loads(folder: Path) -> dict[int, dict[int, list[float]]]:

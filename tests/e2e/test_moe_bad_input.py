@@ -14,6 +14,10 @@ from titanium.models import get_model_spec
 from titanium.train import main
 
 MOE = ("--model.name", "qwen3_moe", "--model.flavor", "debugmodel_moe")
+GRPO = (
+    "--training.objective", "grpo", "--grpo.group_size", "4", "--grpo.max_prompt_len", "40",
+    "--grpo.max_new_tokens", "8",
+)  # fmt: skip
 
 LAYOUT_MISTAKES = [
     (
@@ -45,6 +49,13 @@ LAYOUT_MISTAKES = [
         "--moe.load_balance bias trains a routing bias that the Hugging Face qwen3_moe format has no slot for, so "
         "--checkpoint.last_save_in_hf could not export the model; use --moe.load_balance aux_loss, or unset "
         "--checkpoint.last_save_in_hf",
+    ),
+    (
+        1,
+        ("--moe.load_balance", "bias", *GRPO, "--rollout.engine", "vllm"),
+        "--moe.load_balance bias trains a routing bias that the Hugging Face qwen3_moe format has no slot for, so "
+        "--rollout.engine vllm (loaded through that format) could not take the trained weights; use "
+        "--moe.load_balance aux_loss, or --rollout.engine titanium",
     ),
 ]
 

@@ -56,7 +56,7 @@ def _reference_moe(moe: MoE, x: torch.Tensor) -> torch.Tensor:
     for token in x.reshape(-1, x.shape[-1]):
         logits = moe.router.gate(token).float()
         scores = logits.softmax(-1) if a.score_func == "softmax" else logits.sigmoid()
-        chosen = (scores + moe.expert_bias if moe.bias_routing else scores).topk(a.top_k).indices
+        chosen = (scores + moe.expert_bias).topk(a.top_k).indices
         gates = scores[chosen]
         if a.norm_topk_prob:
             gates = gates / gates.sum()
@@ -84,11 +84,12 @@ def test_layer_matches_per_token_reference(args):
 
 
 def test_bias_changes_the_choice_not_the_gates():
+    """And every forward chooses with it, with no load balancer attached (a frozen copy of a trained model, a
+    rollout engine's): a trained bias is part of the model."""
     torch.manual_seed(0)
     moe = MoE(16, MoEArgs(num_experts=4, top_k=1, expert_dim=8))
     moe.init_weights(0.2, 0.2)
     x = torch.randn(10, 16)
-    moe.bias_routing = True
     moe.expert_bias.copy_(torch.tensor([0.0, 0.0, 10.0, 0.0]))  # everyone picks expert 2 ...
     weights, chosen, scores = moe.router(x, moe.expert_bias)
     assert (chosen == 2).all()
@@ -186,7 +187,7 @@ def test_bias_update_moves_towards_the_mean_load():
         moe.init_weights(0.2, 0.2)
         cfg = MoESection(load_balance="bias", bias_update_rate=0.01)
         balancer = LoadBalancer(cfg, {0: moe}, aux_loss_coef=0.0, microbatches=1, loss_group=dist.group.WORLD)
-        assert moe.bias_routing and not moe.keep_routing_stats
+        assert not moe.keep_routing_stats
         moe(torch.randn(40, 16))
         load = moe.tokens_per_expert.float()
         balancer.after_optimizer_step()

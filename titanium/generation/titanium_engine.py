@@ -36,21 +36,22 @@ class TitaniumEngine(RolloutEngine):
         with torch.device("meta"):
             model = spec.model_cls(args)
         model.to_empty(device=device)
-        model.to(dtype)
+        for param in model.parameters():  # (buffers keep their dtype)
+            param.data = param.data.to(dtype)
         model.init_buffers(device)  # RoPE tables in float32, as training keeps them
         self.model = model.eval().requires_grad_(False)
-        self.params = dict(model.named_parameters())
+        self.weights = model.state_dict(keep_vars=True)
         self.stop_ids, self.pad_id, self.device, self.compile = stop_ids, pad_id, device, compile
         self._loaded: set[str] = set()
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, value in weights.items():
-                self.params[name].copy_(value)
+                self.weights[name].copy_(value)
         self._loaded.update(weights)
 
     def finish_sync(self, version: int) -> None:
-        missing = set(self.params) - self._loaded
+        missing = set(self.weights) - self._loaded
         if missing:  # (a bug of ours: a sync must cover the whole model)
             raise RuntimeError(f"weight sync left out {len(missing)} weights: {sorted(missing)[:6]}")
         self._loaded.clear()

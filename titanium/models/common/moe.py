@@ -12,7 +12,9 @@ tokens to the ranks that hold their experts and back) and FSDP gathers the exper
 Load balancing has two hooks here, used by ``titanium/moe_balance.py``:
 
 - ``expert_bias`` (a persistent buffer, zero unless aux-loss-free balancing trains it) is added to the scores
-  only to *choose* the experts; the gate weights come from the unbiased scores (DeepSeek-V3);
+  only to *choose* the experts; the gate weights come from the unbiased scores (DeepSeek-V3). Every forward uses
+  it: a trained bias is part of the model, so a frozen copy (a DPO reference), a rollout engine's copy or a run
+  that balances otherwise must route as the model was trained to;
 - ``tokens_per_expert`` accumulates the choices of each training forward (not again when activation
   checkpointing recomputes it, nor inside ``uncounted``), and with ``keep_routing_stats`` the last forward's
   counts and score sums stay in ``routing_stats`` for the Switch-style auxiliary loss (``switch_aux_loss``).
@@ -168,14 +170,11 @@ class Router(nn.Module):
         self.args = args
         self.gate = nn.Linear(dim, args.num_experts, bias=False)
 
-    def forward(
-        self, x: torch.Tensor, expert_bias: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, expert_bias: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``x`` ``[T, D]`` -> (gate weights ``[T, k]`` float32, chosen experts ``[T, k]``, scores ``[T, E]``)."""
         logits = self.gate(x).float()
         scores = logits.softmax(dim=-1) if self.args.score_func == "softmax" else logits.sigmoid()
-        choice = scores if expert_bias is None else scores + expert_bias
-        chosen = choice.topk(self.args.top_k, dim=-1).indices
+        chosen = (scores + expert_bias).topk(self.args.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.args.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -196,8 +195,6 @@ class MoE(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(args.num_experts), persistent=True)
         # Integer counts: a whole-model cast to bfloat16 (generation) must not round them.
         self.register_buffer("tokens_per_expert", torch.zeros(args.num_experts, dtype=torch.long), persistent=False)
-        self.bias_routing = False
-        """Choose experts on ``scores + expert_bias`` (aux-loss-free balancing); set by the load balancer."""
         self.keep_routing_stats = False
         """Keep ``routing_stats`` of each forward (the auxiliary loss); set by the load balancer."""
         self.routing_stats: RoutingStats | None = None
@@ -207,7 +204,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x`` ``[..., D]`` -> ``[..., D]``."""
         tokens = x.reshape(-1, x.shape[-1])
-        weights, chosen, scores = self.router(tokens, self.expert_bias if self.bias_routing else None)
+        weights, chosen, scores = self.router(tokens, self.expert_bias)
         flat = chosen.flatten()
         counts = torch.zeros_like(self.tokens_per_expert).scatter_add_(0, flat, torch.ones_like(flat))
         self._record(counts, scores, tokens.shape[0])
