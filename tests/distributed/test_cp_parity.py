@@ -7,19 +7,24 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.parity import assert_matches, layout_run
+from tests.distributed.parity import assert_matches, layout_runs
 
 CP2 = ("--parallelism.context_parallel_degree", "2")
 
 
-@pytest.mark.parametrize(
-    "name, nproc, extra",
-    [
-        ("cp2", 2, ()),  # FSDP shards over the cp ranks (dp_shard_cp = 2)
-        ("cp2_fsdp2", 4, ("--training.local_batch_size", "2")),  # dp_shard_cp = 4
-        ("cp2_tp2", 4, ("--parallelism.tensor_parallel_degree", "2")),
-        ("cp2_pp2", 4, ("--parallelism.pipeline_parallel_degree", "2")),
-    ],
-)
-def test_context_parallel_matches_single_process(tmp_path, single_process_reference, name, nproc, extra):
-    assert_matches(layout_run(tmp_path, name, nproc, *CP2, *extra), single_process_reference)
+# Grouped by process count: one torchrun start per group.
+LAYOUTS = {
+    2: {"cp2": ()},  # FSDP shards over the cp ranks (dp_shard_cp = 2)
+    4: {
+        "cp2_fsdp2": ("--training.local_batch_size", "2"),  # dp_shard_cp = 4
+        "cp2_tp2": ("--parallelism.tensor_parallel_degree", "2"),
+        "cp2_pp2": ("--parallelism.pipeline_parallel_degree", "2"),
+    },
+}
+
+
+@pytest.mark.parametrize("nproc", sorted(LAYOUTS))
+def test_context_parallel_matches_single_process(tmp_path, single_process_reference, nproc):
+    for name, run in layout_runs(tmp_path, nproc, LAYOUTS[nproc], *CP2).items():
+        print(name)
+        assert_matches(run, single_process_reference)

@@ -17,9 +17,11 @@ to 2e-4 (tests/distributed/parity.py says why), and the per-pair metrics the loo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from tests.distributed.parity import STEPS, Run, assert_matches, layout_run
+from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
 from tests.helpers import REPO, scalars
 
 DPO = (
@@ -45,37 +47,35 @@ def pairs_file(tmp_path_factory) -> str:
     return str(path)
 
 
-def dpo_run(tmp_path, pairs_file: str, name: str, nproc: int, *extra: str) -> DPORun:
-    run = layout_run(tmp_path, name, nproc, *extra, data=(*DPO, "--data.path", pairs_file))
-    return run, {m: scalars(tmp_path / name / "tb", m) for m in METRICS}
+LAYOUTS = {
+    "fsdp2_cached": ("padded", ("--training.local_batch_size", "2", *CACHED)),
+    "tp2": ("packed", (*PACKED, "--parallelism.tensor_parallel_degree", "2")),
+    "cp2": ("packed", (*PACKED, "--parallelism.context_parallel_degree", "2")),
+    "pp2_cached": ("packed", (*PACKED, *PP2, *CACHED)),
+    "lora_fsdp2": ("lora", (*LORA, "--training.local_batch_size", "2")),
+}
+"""Two-process layout -> (the one-process run it is compared with, its arguments)."""
+SINGLE = {"padded": (), "packed": PACKED, "lora": LORA}
+
+
+def dpo_runs(folder: Path, pairs_file: str, nproc: int, jobs: dict[str, tuple[str, ...]]) -> dict[str, DPORun]:
+    """All ``jobs`` in one launch of ``nproc`` processes: (losses, grad norms) and the DPO metrics of each."""
+    runs = layout_runs(folder, nproc, jobs, data=(*DPO, "--data.path", pairs_file))
+    return {name: (run, {m: scalars(folder / name / "tb", m) for m in METRICS}) for name, run in runs.items()}
 
 
 @pytest.fixture(scope="module")
-def single(tmp_path_factory, pairs_file):
-    """One-process runs (padded, packed, LoRA), each made once for the module."""
-    folder, runs = tmp_path_factory.mktemp("dpo_single"), {}
-
-    def get(kind: str) -> DPORun:
-        if kind not in runs:
-            extra = {"padded": (), "packed": PACKED, "lora": LORA}[kind]
-            runs[kind] = dpo_run(folder, pairs_file, f"single_{kind}", 1, *extra)
-        return runs[kind]
-
-    return get
+def runs(tmp_path_factory, pairs_file) -> dict[str, DPORun]:
+    """Every layout (one launch of 2 processes) and the one-process runs (one launch), made once."""
+    folder = tmp_path_factory.mktemp("dpo_layouts")
+    layouts = dpo_runs(folder, pairs_file, 2, {name: extra for name, (_, extra) in LAYOUTS.items()})
+    singles = dpo_runs(folder, pairs_file, 1, {f"single_{kind}": extra for kind, extra in SINGLE.items()})
+    return {**layouts, **singles}
 
 
-@pytest.mark.parametrize(
-    "kind, name, extra",
-    [
-        ("padded", "fsdp2_cached", ("--training.local_batch_size", "2", *CACHED)),
-        ("packed", "tp2", (*PACKED, "--parallelism.tensor_parallel_degree", "2")),
-        ("packed", "cp2", (*PACKED, "--parallelism.context_parallel_degree", "2")),
-        ("packed", "pp2_cached", (*PACKED, *PP2, *CACHED)),
-        ("lora", "lora_fsdp2", (*LORA, "--training.local_batch_size", "2")),
-    ],
-)
-def test_dpo_layouts_match_one_process(tmp_path, pairs_file, single, kind, name, extra):
-    (run, metrics), (reference, reference_metrics) = dpo_run(tmp_path, pairs_file, name, 2, *extra), single(kind)
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_dpo_layouts_match_one_process(runs, name):
+    (run, metrics), (reference, reference_metrics) = runs[name], runs[f"single_{LAYOUTS[name][0]}"]
     assert_matches(run, reference)
     for metric, values in metrics.items():
         assert sorted(values) == list(range(1, STEPS + 1)), metric

@@ -13,35 +13,20 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import run_train, scalars, tiny_args
+from tests.distributed.parity import assert_matches, layout_runs
 
-STEPS = 5
-
-
-def layout_run(tmp_path, name: str, nproc: int, *extra: str) -> tuple[dict, dict]:
-    out = tmp_path / name
-    args = tiny_args(out, "--data.kind", "synthetic", "--training.steps", str(STEPS), *extra)
-    run_train(args, nproc=nproc)
-    return scalars(out / "tb"), scalars(out / "tb", "optim/grad_norm")
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory):
-    return layout_run(tmp_path_factory.mktemp("ref"), "single", 1, "--training.local_batch_size", "4")
+# Grouped by process count: one torchrun start per group.
+LAYOUTS = {
+    2: {
+        "fsdp2": ("--training.local_batch_size", "2"),
+        "fsdp2_accum": ("--training.local_batch_size", "1", "--training.global_batch_size", "4"),
+    },
+    4: {"hsdp2x2": ("--training.local_batch_size", "1", "--parallelism.data_parallel_replicate_degree", "2")},
+}
 
 
-@pytest.mark.parametrize(
-    "name, nproc, extra",
-    [
-        ("fsdp2", 2, ("--training.local_batch_size", "2")),
-        ("fsdp2_accum", 2, ("--training.local_batch_size", "1", "--training.global_batch_size", "4")),
-        ("hsdp2x2", 4, ("--training.local_batch_size", "1", "--parallelism.data_parallel_replicate_degree", "2")),
-    ],
-)
-def test_data_parallel_matches_single_process(tmp_path, reference, name, nproc, extra):
-    losses, norms = layout_run(tmp_path, name, nproc, *extra)
-    ref_losses, ref_norms = reference
-    assert sorted(losses) == list(range(1, STEPS + 1))
-    for step in losses:
-        assert losses[step] == pytest.approx(ref_losses[step], rel=1e-5), (step, losses, ref_losses)
-        assert norms[step] == pytest.approx(ref_norms[step], rel=2e-4), (step, norms, ref_norms)
+@pytest.mark.parametrize("nproc", sorted(LAYOUTS))
+def test_data_parallel_matches_single_process(tmp_path, single_process_reference, nproc):
+    for name, run in layout_runs(tmp_path, nproc, LAYOUTS[nproc]).items():
+        print(name)
+        assert_matches(run, single_process_reference)
