@@ -13,7 +13,7 @@ from pathlib import Path
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
 from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
-from titanium.config.validate_objectives import validate_kd, validate_reward
+from titanium.config.validate_objectives import validate_kd, validate_kto, validate_reward
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -147,13 +147,14 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         )
     if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
         yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind in ("text", "chat", "instruct", "preference") and looks_local(cfg.data.path):
+    if cfg.data.kind in ("text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
     yield from validate_reward(cfg)
     yield from validate_kd(cfg)
+    yield from validate_kto(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
