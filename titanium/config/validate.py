@@ -225,7 +225,7 @@ PREFERENCE_OBJECTIVES = ("dpo", "reward")
 def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     """Preference data and the [dpo] ranges."""
     objective = cfg.training.objective
-    if cfg.data.kind == "preference" and objective not in PREFERENCE_OBJECTIVES:
+    if cfg.data.kind == "preference" and objective not in (*PREFERENCE_OBJECTIVES, "kto"):  # (kto: its own message)
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
     if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
         yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
