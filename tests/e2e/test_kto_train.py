@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch.distributed
 
 from tests.helpers import LOSS_TAG, REPO, run_train, scalars, tiny_args
 from titanium.train import main
@@ -45,14 +44,6 @@ def test_debug_kto_lowers_its_loss_and_raises_the_desirable_rewards(tmp_path: Pa
     assert chosen[STEPS] > 0.1, chosen  # measured 0.31
     assert chosen[STEPS] > min(chosen.values()) + 1.0, chosen  # rising since its low (-1.08 at step 5)
     assert rejected[STEPS] < -1.0, rejected  # measured -2.57
-
-
-@pytest.fixture
-def no_process_group(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a process group was created before the config was checked")
-
-    monkeypatch.setattr(torch.distributed, "init_process_group", refuse)
 
 
 KTO_MISTAKES = [
