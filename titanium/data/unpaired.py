@@ -149,7 +149,9 @@ def mismatched(examples: list[UnpairedExample], seq_len: int) -> list[dict[str, 
     return samples
 
 
-def _rows(samples: list[dict[str, list[int]]], seq_len: int, pad_id: int, pad_to: PadTo, multiple: int) -> dict:
+def _rows(
+    samples: list[dict[str, list[int]]], seq_len: int, pad_id: int, pad_to: PadTo, multiple: int
+) -> dict[str, torch.Tensor]:
     width = seq_len
     if pad_to == "longest":
         width = bucket_width(max(len(s["tokens"]) for s in samples), seq_len, multiple)
