@@ -1,4 +1,4 @@
-"""The kto objective under FSDP (and PP) trains to the same numbers as one process (fp32, gloo).
+"""The kto objective under FSDP, PP, TP and LoRA trains to the same numbers as one process (fp32, gloo).
 
 5 steps of the debug model, 4 examples per step, from the same seeded weights (the reference is the starting
 policy), on unpaired rows derived from the bundled preference pairs (each pair: its chosen answer desirable, its
@@ -13,6 +13,9 @@ why), and so must the metrics the loop reduces over ranks (the KL estimate, the 
   tests/unit/test_kto_objective.py).
 - PP: 1F1B over 2 stages, pipeline microbatches of 2 rows; the policy's no-grad forward of the mismatched rows
   runs through the pipeline too.
+- TP 2: the training log-probs come from vocabulary-sharded logits (loss parallel), the prepare phase's from
+  whole ones.
+- LoRA under FSDP 2 against LoRA in one process: the reference is the policy with its adapters switched off.
 
 Each process count is one launch (tests/distributed/jobs_worker.py).
 """
@@ -28,6 +31,7 @@ from tests.helpers import REPO, scalars
 
 PAIRS = 32
 METRICS = ("kto/kl", "kto/reward_chosen", "kto/logp_chosen", "kto/logp_rejected")
+LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2")
 PP2 = (
     "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B",
     "--parallelism.pipeline_parallel_microbatch_size", "2",
@@ -50,10 +54,23 @@ def test_kto_fsdp_and_pp_match_one_process(tmp_path):
         "--data.shards", "2", "--chat.chat_template", "llama3", "--kto.beta", "0.5",
         "--kto.desirable_weight", "1.2", "--optimizer.lr", "1e-3",
     )  # fmt: skip
-    single = layout_runs(tmp_path, 1, {"single": ()}, *common)["single"]
-    runs = layout_runs(tmp_path, 2, {"fsdp2": ("--training.local_batch_size", "2"), "pp2": PP2}, *common)
-    assert single[0][STEPS] != pytest.approx(single[0][1], rel=1e-3)  # it trains
+    singles = layout_runs(tmp_path, 1, {"single": (), "single_lora": LORA}, *common)
+    fsdp2 = ("--training.local_batch_size", "2")
+    runs = layout_runs(
+        tmp_path,
+        2,
+        {
+            "fsdp2": fsdp2,
+            "pp2": PP2,
+            "tp2": ("--parallelism.tensor_parallel_degree", "2"),
+            "lora_fsdp2": (*LORA, *fsdp2),
+        },
+        *common,
+    )
+    for single in singles.values():
+        assert single[0][STEPS] != pytest.approx(single[0][1], rel=1e-3)  # it trains
     assert scalars(tmp_path / "single" / "tb", "kto/kl")[STEPS] > 0  # z0 is not the clamped 0 of step 1
     for name, run in runs.items():
-        assert_matches(run, single)
-        assert_metrics_match(tmp_path / name, METRICS, tmp_path / "single")
+        reference = "single_lora" if name.startswith("lora") else "single"
+        assert_matches(run, singles[reference])
+        assert_metrics_match(tmp_path / name, METRICS, tmp_path / reference)
