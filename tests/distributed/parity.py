@@ -95,3 +95,13 @@ def assert_matches(run: Run, reference: Run) -> None:
     for step in losses:
         assert losses[step] == pytest.approx(ref_losses[step], rel=1e-5), (step, losses, ref_losses)
         assert norms[step] == pytest.approx(ref_norms[step], rel=2e-4), (step, norms, ref_norms)
+
+
+def assert_metrics_match(folder: Path, names: tuple[str, ...], reference: Path) -> None:
+    """The logged metrics ``names`` of the run in ``folder`` equal the run in ``reference``'s at every step (1e-5)."""
+    for metric in names:
+        values, expected = scalars(folder / "tb", metric), scalars(reference / "tb", metric)
+        assert sorted(values) == list(range(1, STEPS + 1)), (folder.name, metric)
+        for step, value in values.items():
+            where = (folder.name, metric, step, values, expected)
+            assert value == pytest.approx(expected[step], rel=1e-5, abs=1e-5), where

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.parity import STEPS, assert_matches, layout_runs
-from tests.helpers import REPO, scalars
+from tests.distributed.parity import STEPS, assert_matches, assert_metrics_match, layout_runs
+from tests.helpers import REPO
 
 PAIRS = 32
 METRICS = ("reward/accuracy", "reward/margin", "reward/reward_chosen")
@@ -37,13 +37,7 @@ def test_reward_fsdp_and_pp_match_one_process(tmp_path):
     )  # fmt: skip
     single = layout_runs(tmp_path, 1, {"single": ()}, *common)["single"]
     runs = layout_runs(tmp_path, 2, {"fsdp2": ("--training.local_batch_size", "2"), "pp2": PP2}, *common)
-    reference = {m: scalars(tmp_path / "single" / "tb", m) for m in METRICS}
     assert single[0][STEPS] != pytest.approx(single[0][1], rel=1e-3)  # it trains
     for name, run in runs.items():
         assert_matches(run, single)
-        for metric in METRICS:
-            values = scalars(tmp_path / name / "tb", metric)
-            assert sorted(values) == list(range(1, STEPS + 1)), (name, metric)
-            for step, value in values.items():
-                expected = reference[metric][step]
-                assert value == pytest.approx(expected, rel=1e-5, abs=1e-5), (name, metric, step, values, reference)
+        assert_metrics_match(tmp_path / name, METRICS, tmp_path / "single")

@@ -10,24 +10,12 @@ import sys
 import time
 
 import pytest
-import torch.distributed
 
 from tests.helpers import REPO, env, tiny_args, train_cmd
 from titanium.config import ConfigError, load_config
 from titanium.parallel.dims import ParallelDims
 from titanium.preflight import check_job
 from titanium.train import main
-
-
-@pytest.fixture
-def no_process_group(monkeypatch):
-    """Fail the test if anything creates a process group."""
-
-    def refuse(*args, **kwargs):
-        raise AssertionError("a process group was created before the config was checked")
-
-    monkeypatch.setattr(torch.distributed, "init_process_group", refuse)
-
 
 CONFIG_MISTAKES = [
     (

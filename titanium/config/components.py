@@ -14,6 +14,7 @@ from titanium.config.sections import (
     Float8Section,
     GRPOSection,
     KDSection,
+    KTOSection,
     LoRASection,
     MoESection,
     QATSection,
@@ -29,6 +30,7 @@ OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sf
 OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
 OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
 OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
+OBJECTIVES.register("kto", "titanium.trainers.kto:KTOObjective", SectionSpec("kto", KTOSection))
 OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
 
 CONVERTERS = Registry("model converter", "model converter")

@@ -57,12 +57,13 @@ class TokenizerSection:
 
 @dataclass
 class DataSection:
-    kind: Literal["text", "synthetic", "chat", "instruct", "preference"] = "text"
+    kind: Literal["text", "synthetic", "chat", "instruct", "preference", "unpaired"] = "text"
     """text: documents read through the `datasets` library (pretraining windows; under the sft objective,
     one sample per document: text completion). synthetic: random tokens, no I/O (benchmarks).
     chat: conversations (a list of role/content messages per row). instruct: instruction/input/output
     rows. chat and instruct need training.objective = "sft". preference: a prompt with a chosen and a
-    rejected response per row (DPO; see prompt_column, chosen_column, rejected_column)."""
+    rejected response per row (DPO; see prompt_column, chosen_column, rejected_column). unpaired: a prompt, one
+    completion and a true/false label per row (KTO; see prompt_column, completion_column, label_column)."""
     path: str = "assets/corpus/train.jsonl"
     """A local file, glob or folder (.json, .jsonl, .parquet, .txt), or a hub dataset name (needs network)."""
     hub_config: str | None = None
@@ -97,6 +98,10 @@ class DataSection:
     messages (the answer's turns, or the whole conversation starting with the prompt, as in UltraFeedback)."""
     rejected_column: str = "rejected"
     """kind=preference: column with the dispreferred response, in the same forms as chosen_column."""
+    completion_column: str = "completion"
+    """kind=unpaired: column with the completion: a string (the assistant's answer) or the answer's messages."""
+    label_column: str = "label"
+    """kind=unpaired: column saying whether the completion is desirable (true) or undesirable (false)."""
     shards: int = 0
     """How many byte ranges each local .jsonl/.txt file is cut into; data-parallel rank r of W reads ranges r,
     r+W, r+2W... in turn and never another rank's lines. 0: one range per rank. A fixed value that every
@@ -113,7 +118,8 @@ class TrainingSection:
     objective: str = "pretrain"
     """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows),
     sft (supervised fine-tuning on chat/instruct/text samples; see [sft]), dpo (preference pairs against
-    a frozen reference; see [dpo]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
+    a frozen reference; see [dpo]), kto (completions labelled desirable or not, against a frozen reference; see
+    [kto]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
     objective class as 'package.module:ClassName', whose config section comes with it (see docs/extending.md)."""
     steps: int = 1000
     """Number of optimizer steps to train for. 0: evaluate only: run the evaluations the config turns on
@@ -472,6 +478,23 @@ class DPOSection:
     pad_multiple: int = 8
     """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
     tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
+
+
+@dataclass
+class KTOSection:
+    beta: float = 0.1
+    """How strongly the policy is held to the reference: the loss sees beta x (policy - reference) log-ratios
+    (TRL's KTOConfig default)."""
+    desirable_weight: float = 1.0
+    """Weight of a desirable example's loss. With n_d desirable and n_u undesirable examples, TRL suggests
+    desirable_weight x n_d / (undesirable_weight x n_u) in [1, 4/3]."""
+    undesirable_weight: float = 1.0
+    """Weight of an undesirable example's loss."""
+    loss_type: Literal["kto", "apo_zero_unpaired"] = "kto"
+    """kto: 1 - sigmoid(beta (rho - z0)) for a desirable completion, 1 - sigmoid(beta (z0 - rho)) for an
+    undesirable one, with rho the log-ratio and z0 the KL estimate from mismatched prompt/completion pairs of the
+    step (clamped at 0). apo_zero_unpaired: the same without z0 (1 - sigmoid(beta rho), sigmoid(beta rho)); no
+    mismatched pairs are run. Each equals TRL 1.16's KTOTrainer (docs/post_training.md)."""
 
 
 @dataclass

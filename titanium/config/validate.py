@@ -13,7 +13,7 @@ from pathlib import Path
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
 from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
-from titanium.config.validate_objectives import validate_kd, validate_reward
+from titanium.config.validate_objectives import validate_kd, validate_kto, validate_reward
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -154,13 +154,14 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         )
     if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
         yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind in ("text", "chat", "instruct", "preference") and looks_local(cfg.data.path):
+    if cfg.data.kind in ("text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
     yield from _validate_dpo(cfg)
     yield from validate_reward(cfg)
     yield from validate_kd(cfg)
+    yield from validate_kto(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
@@ -231,7 +232,7 @@ PREFERENCE_OBJECTIVES = ("dpo", "reward")
 def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     """Preference data and the [dpo] ranges."""
     objective = cfg.training.objective
-    if cfg.data.kind == "preference" and objective not in PREFERENCE_OBJECTIVES:
+    if cfg.data.kind == "preference" and objective not in (*PREFERENCE_OBJECTIVES, "kto"):  # (kto: its own message)
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
     if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
         yield f"--training.objective {objective} needs preference pairs: --data.kind preference"

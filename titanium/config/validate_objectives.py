@@ -53,3 +53,28 @@ def validate_kd(cfg: Any) -> Iterator[str]:
             "context_parallel_degree": "is not tested under context parallelism yet (FSDP works)",
         },
     )
+
+
+def validate_kto(cfg: Any) -> Iterator[str]:
+    kto, objective = cfg.kto, cfg.training.objective
+    if objective == "kto" and cfg.data.kind != "unpaired":
+        yield "--training.objective kto needs completions labelled true/false: --data.kind unpaired"
+    if cfg.data.kind == "unpaired" and objective != "kto":
+        yield f"--data.kind unpaired (labelled completions) needs --training.objective kto, not {objective}"
+    if kto.beta <= 0:
+        yield f"--kto.beta must be > 0, got {kto.beta}"
+    for name in ("desirable_weight", "undesirable_weight"):
+        if (weight := getattr(kto, name)) <= 0:
+            yield f"--kto.{name} must be > 0, got {weight}"
+    if objective != "kto":
+        return
+    if kto.loss_type == "kto" and cfg.training.local_batch_size < 2:
+        yield (
+            f"--training.local_batch_size {cfg.training.local_batch_size}: --kto.loss_type kto estimates its KL term "
+            "from each example's prompt with another example's completion in the microbatch, so it needs at least 2"
+        )
+    if cfg.training.loss_chunk_size:
+        yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to kto; set it to 0"
+    yield from _unsupported_layouts(
+        cfg, "kto", {"context_parallel_degree": "is not supported under context parallelism yet (FSDP, TP, PP work)"}
+    )

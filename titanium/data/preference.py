@@ -137,16 +137,24 @@ def tokenize_pair(
     turns of a multi-turn response), and nothing of the prompt: its earlier assistant turns are context.
     """
     prompt_ids = template.prompt(prompt)
-    responses = []
-    for side in (chosen, rejected):
-        tokens, trainable = template.tokenize([*prompt, *side], train_on_input=False)
-        if tokens[: len(prompt_ids)] != prompt_ids:
-            raise ChatTemplateError(
-                "the chat template renders a prompt differently when a response follows it, so the shared prompt "
-                "of a preference pair cannot be found; choose the llama3 or chatml chat template"
-            )
-        responses.append((tokens[len(prompt_ids) :], trainable[len(prompt_ids) :]))
-    return prompt_ids, responses[0], responses[1]
+    return (
+        prompt_ids,
+        tokenize_response(template, prompt, prompt_ids, chosen),
+        tokenize_response(template, prompt, prompt_ids, rejected),
+    )
+
+
+def tokenize_response(
+    template: ChatTemplate, prompt: list[Message], prompt_ids: list[int], response: list[Message]
+) -> Response:
+    """A response's ids after ``prompt_ids`` (the prompt through the assistant header) and its loss mask."""
+    tokens, trainable = template.tokenize([*prompt, *response], train_on_input=False)
+    if tokens[: len(prompt_ids)] != prompt_ids:
+        raise ChatTemplateError(
+            "the chat template renders a prompt differently when a response follows it, so the prompt of a "
+            "preference row cannot be found; choose the llama3 or chatml chat template"
+        )
+    return tokens[len(prompt_ids) :], trainable[len(prompt_ids) :]
 
 
 def fit_pair(
