@@ -14,3 +14,9 @@ def no_process_group(monkeypatch):
         raise AssertionError("a process group was created before the config was checked")
 
     monkeypatch.setattr(torch.distributed, "init_process_group", refuse)
+
+
+@pytest.fixture(scope="session")
+def pretrained_folder(tmp_path_factory):
+    """Where tests/e2e/chain.py's pretrained checkpoints live for the session (each made once)."""
+    return tmp_path_factory.mktemp("chain")

@@ -21,26 +21,22 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from tests.e2e.chain import pretrained
 from tests.helpers import REPO, run_train, scalars
 from titanium.tools import eval_preference
 
-PRETRAIN_STEPS = 40
 SFT_STEPS = 120
 DPO_STEPS = 60
 HELD_OUT_PAIRS = 200
 
 
-def pipeline(folder: Path, seed: int) -> dict[str, float]:
+def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, float]:
     """Pretrain -> SFT -> DPO with ``seed``; held-out preference metrics and exact match before/after DPO."""
     common = ["--job.no_print_config", "--debug.seed", str(seed)]
-    pretrain, sft, dpo = folder / "pretrain", folder / "sft", folder / "dpo"
-    run_train([
-        "--job.config_file", str(REPO / "train_configs/debug_model.toml"), "--job.dump_folder", str(pretrain),
-        "--training.steps", str(PRETRAIN_STEPS), "--checkpoint.interval", str(PRETRAIN_STEPS), *common,
-    ])  # fmt: skip
+    sft, dpo = folder / "sft", folder / "dpo"
     run_train([
         "--job.config_file", str(REPO / "train_configs/debug_sft.toml"), "--job.dump_folder", str(sft),
-        "--checkpoint.initial_load_path", str(pretrain / f"checkpoint/step-{PRETRAIN_STEPS}"),
+        "--checkpoint.initial_load_path", str(pretrained(shared or folder, seed)),
         "--training.steps", str(SFT_STEPS), "--checkpoint.interval", str(SFT_STEPS), "--eval.interval", "0", *common,
     ], timeout=600)  # fmt: skip
     reference = sft / f"checkpoint/step-{SFT_STEPS}"
@@ -63,8 +59,10 @@ def pipeline(folder: Path, seed: int) -> dict[str, float]:
     return {**held_out, "exact_match_before": exact_match[0], "exact_match_after": exact_match[DPO_STEPS]}
 
 
-def test_debug_dpo_raises_heldout_preference_accuracy_and_keeps_exact_match(tmp_path: Path) -> None:
-    result = pipeline(tmp_path, seed=0)
+def test_debug_dpo_raises_heldout_preference_accuracy_and_keeps_exact_match(
+    tmp_path: Path, pretrained_folder: Path
+) -> None:
+    result = pipeline(tmp_path, seed=0, shared=pretrained_folder)
     print(json.dumps(result))
     assert result["pairs"] == HELD_OUT_PAIRS
     assert result["reward_accuracy"] >= 0.7, result  # 0 before DPO; measured 0.79-0.845

@@ -16,9 +16,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from tests.e2e.chain import pretrained
 from tests.helpers import REPO, run_train, scalars
 
-PRETRAIN_STEPS = 40
 SFT_STEPS = 100
 GRPO_STEPS = 40
 REWARD_GAIN = 0.03
@@ -28,18 +28,14 @@ ACCURACY_GAIN = 0.005
 more right of 512 answers: the held-out gain is small on 2 of 3 seeds)."""
 
 
-def pipeline(folder: Path, seed: int) -> dict[str, float]:
+def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, float]:
     """Pretrain -> SFT -> GRPO with ``seed``: mean reward of the first and last 5 GRPO steps, held-out accuracy
     before and after, and the GRPO run's console output."""
     common = ["--job.no_print_config", "--debug.seed", str(seed)]
-    pretrain, sft, grpo = folder / "pretrain", folder / "sft", folder / "grpo"
-    run_train([
-        "--job.config_file", str(REPO / "train_configs/debug_model.toml"), "--job.dump_folder", str(pretrain),
-        "--training.steps", str(PRETRAIN_STEPS), "--checkpoint.interval", str(PRETRAIN_STEPS), *common,
-    ], timeout=600)  # fmt: skip
+    sft, grpo = folder / "sft", folder / "grpo"
     run_train([
         "--job.config_file", str(REPO / "train_configs/debug_sft.toml"), "--job.dump_folder", str(sft),
-        "--checkpoint.initial_load_path", str(pretrain / f"checkpoint/step-{PRETRAIN_STEPS}"),
+        "--checkpoint.initial_load_path", str(pretrained(shared or folder, seed)),
         "--training.steps", str(SFT_STEPS), "--checkpoint.interval", str(SFT_STEPS), "--eval.interval", "0", *common,
     ], timeout=600)  # fmt: skip
     result = run_train([
@@ -60,8 +56,8 @@ def pipeline(folder: Path, seed: int) -> dict[str, float]:
     }
 
 
-def test_debug_grpo_raises_reward_and_heldout_accuracy(tmp_path: Path) -> None:
-    m = pipeline(tmp_path, seed=0)
+def test_debug_grpo_raises_reward_and_heldout_accuracy(tmp_path: Path, pretrained_folder: Path) -> None:
+    m = pipeline(tmp_path, seed=0, shared=pretrained_folder)
     first, last, before, after = m["reward_first"], m["reward_last"], m["accuracy_before"], m["accuracy_after"]
     print(f"mean reward {first:.3f} -> {last:.3f}; held-out accuracy {before:.3f} -> {after:.3f}")
     assert last >= first + REWARD_GAIN, (first, last)

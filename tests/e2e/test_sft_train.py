@@ -12,27 +12,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.e2e.chain import pretrained
 from tests.helpers import REPO, run_train, scalars
 
-PRETRAIN_STEPS = 40
 SFT_STEPS = 200
 
 
-def test_debug_sft_raises_heldout_exact_match(tmp_path: Path) -> None:
-    pretrain = tmp_path / "pretrain"
-    run_train([
-        "--job.config_file", str(REPO / "train_configs/debug_model.toml"),
-        "--job.dump_folder", str(pretrain),
-        "--job.no_print_config",
-        "--training.steps", str(PRETRAIN_STEPS),
-        "--checkpoint.interval", str(PRETRAIN_STEPS),
-    ])  # fmt: skip
+def test_debug_sft_raises_heldout_exact_match(tmp_path: Path, pretrained_folder: Path) -> None:
     sft = tmp_path / "sft"
     result = run_train([
         "--job.config_file", str(REPO / "train_configs/debug_sft.toml"),
         "--job.dump_folder", str(sft),
         "--job.no_print_config",
-        "--checkpoint.initial_load_path", str(pretrain / f"checkpoint/step-{PRETRAIN_STEPS}"),
+        "--checkpoint.initial_load_path", str(pretrained(pretrained_folder)),
         "--training.steps", str(SFT_STEPS),
         "--eval.interval", str(SFT_STEPS),
     ], timeout=600)  # fmt: skip
