@@ -275,7 +275,9 @@ def test_bad_prompt_completion_and_tool_rows_are_skipped_and_named(tmp_path, cap
 def test_messages_without_a_template_stop_the_run_naming_the_row(tmp_path):
     tok = ByteTokenizer()
     rows = [{"prompt": "q", "completion": "a"}, {"prompt": TOOL_CHAT[:1], "completion": TOOL_CHAT[4:]}]
-    with pytest.raises(DataError, match=r"rows\.jsonl: row 1: .*messages, and --chat.chat_template is none.*set"):
+    with pytest.raises(
+        DataError, match=r"rows\.jsonl: row 1: .*messages, and --chat.chat_template is none \(plain text\); set"
+    ):
         sft_samples(jsonl(tmp_path / "rows.jsonl", rows), tok, None, 2)
     pairs = [{"prompt": TOOL_CHAT[:1], "chosen": "a", "rejected": "b"}]
     data = DataSection(kind="preference", path=jsonl(tmp_path / "p.jsonl", pairs))

@@ -34,13 +34,19 @@ from titanium.data.chat import (
     parse_tools,
     with_system_prompt,
 )
+from titanium.data.text import DataError, Source
 from titanium.data.tokenizer import Tokenizer
 
 
 class NeedsTemplate(RowError):
-    """A row of messages met with --chat.chat_template none: the configuration's fault, not the row's."""
+    """A row of messages met with --chat.chat_template none: the configuration's fault, not the row's, so it
+    stops the run whatever --data.on_bad_row says."""
 
-    fix = "set --chat.chat_template auto (or tokenizer, llama3, qwen3, chatml) for rows of messages"
+    def error(self, source: Source, row: int) -> DataError:
+        return DataError(
+            f"{source.where(row)}: {self}, and --chat.chat_template is none (plain text); set --chat.chat_template "
+            "auto (or tokenizer, llama3, qwen3, chatml) for rows of messages"
+        )
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:

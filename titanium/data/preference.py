@@ -37,7 +37,7 @@ from titanium.data.chat import (
 )
 from titanium.data.completion import NeedsTemplate, common_prefix_length, messages_of, plain_text
 from titanium.data.sft import IGNORE_INDEX, Sample, shifted_labels
-from titanium.data.text import DataError, RowReader, Source, bad_row_error
+from titanium.data.text import DataError, RowReader, Source
 from titanium.data.tokenizer import Tokenizer
 
 Response = tuple[list[int], list[bool]]
@@ -256,7 +256,7 @@ class PreferenceDataset(RowReader):
             prompt = with_system_prompt(prompt, self.system_prompt)
             return tokenize_pair(self.template, prompt, chosen, rejected, parse_tools(item, self.cfg))
         except NeedsTemplate as e:
-            raise bad_row_error(source, row, f"{e}, and --chat.chat_template is none", e.fix) from None
+            raise e.error(source, row) from None
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX)
             return None

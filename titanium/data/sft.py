@@ -23,7 +23,7 @@ from titanium.data.chat import (
     with_system_prompt,
 )
 from titanium.data.completion import NeedsTemplate, cut_prompt, is_prompt_completion, prompt_completion_tokens
-from titanium.data.text import DataError, RowReader, Source, bad_row_error
+from titanium.data.text import DataError, RowReader, Source
 from titanium.data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class SFTDataset(RowReader):
                 raise NeedsTemplate(f"'{self.cfg.messages_column}' holds messages")
             return self.template.tokenize(self._messages(item), self.sft.train_on_input, parse_tools(item, self.cfg))
         except NeedsTemplate as e:
-            raise bad_row_error(source, row, f"{e}, and --chat.chat_template is none", e.fix) from None
+            raise e.error(source, row) from None
         except RowError as e:
             self._bad_row(source, row, str(e), ROW_FIX[self.cfg.kind])
             return None
