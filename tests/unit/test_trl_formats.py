@@ -193,6 +193,37 @@ def test_string_preference_pairs_equal_trls_dpo_tokenization(toks, tmp_path):
             }
 
 
+def test_conversational_preference_pairs_with_tools_equal_trls_dpo_tokenization(toks, tmp_path):
+    tok, hf = toks
+    answer = [{"role": "assistant", "content": "the answer is 5"}]
+    rows = [
+        {
+            "prompt": TOOL_CHAT[:4],
+            "chosen": answer,
+            "rejected": [{**answer[0], "content": "6"}],
+            "tools": json.dumps(TOOLS),
+        },
+        {
+            "prompt": TOOL_CHAT[:1],
+            "chosen": answer,
+            "rejected": [{"role": "assistant", "content": "six"}],
+            "tools": None,
+        },
+    ]
+    reference = trl_dpo(rows, hf)
+    template = build_optional_chat_template("tokenizer", tok, "qwen3")
+    data = DataSection(kind="preference", path=jsonl(tmp_path / "p.jsonl", rows))
+    dataset = PreferenceDataset(data, template, 4096, tok.bos_id)
+    pairs = one_pass(dataset, len(rows))
+    assert dataset.bad_rows == 0
+    for pair, ref in zip(pairs, reference):
+        for sample, side in ((pair.chosen, ref["chosen_ids"]), (pair.rejected, ref["rejected_ids"])):
+            tokens = ref["prompt_ids"] + side
+            mask = [False] * len(ref["prompt_ids"]) + [True] * len(side)
+            assert sample == {"tokens": tokens, "labels": shifted_labels(tokens, mask)}
+    assert "<tools>" in tok.decode(pairs[0].chosen["tokens"])
+
+
 def test_max_prompt_length_keeps_the_prompts_end_as_trl(toks, tmp_path):
     """TRL's rule (its trainers with max_prompt_length): prompt_ids[-max_prompt_length:], BOS included in the cut."""
     tok, hf = toks
