@@ -14,7 +14,6 @@ finish_reason "stop" or "length", tokens); the speed goes to stderr. Bad input e
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -125,7 +124,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             prompt = prompts[first + i]
             results.append(
                 {
-                    "prompt": prompt if isinstance(prompt, str) else [dataclasses.asdict(m) for m in prompt],
+                    "prompt": prompt if isinstance(prompt, str) else [m.as_dict() for m in prompt],
                     "completion": tokenizer.decode(ids),
                     "finish_reason": "stop" if out.finished[i] else "length",
                     "tokens": int(out.lengths[i]),
