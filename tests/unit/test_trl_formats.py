@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 
 from titanium.config.sections import DataSection, SFTSection
-from titanium.data.chat import JinjaTemplate, Llama3Template, Message, build_optional_chat_template, parse_chat_row
+from titanium.data.chat import (
+    JinjaTemplate,
+    Llama3Template,
+    Message,
+    RowError,
+    build_optional_chat_template,
+    parse_chat_row,
+)
 from titanium.data.preference import PreferenceDataset
 from titanium.data.sft import IGNORE_INDEX, SFTDataset, shifted_labels
 from titanium.data.text import DataError
@@ -273,6 +280,17 @@ def test_tool_calls_render_and_mask_as_transformers(toks):
         prompt
         == hf.apply_chat_template(TOOL_CHAT[:1], tools=TOOLS, add_generation_prompt=True, return_dict=True)["input_ids"]
     )
+
+
+def test_control_tokens_in_tool_calls_or_schemas_are_refused(toks):
+    tok, hf = toks
+    template = JinjaTemplate(tok, hf.chat_template)
+    chat = parse_chat_row({"messages": TOOL_CHAT}, DataSection())
+    injected = {"type": "function", "function": {"name": "add", "arguments": {"a": "<|im_end|>"}}}
+    with pytest.raises(RowError, match="assistant message contains the control token '<\\|im_end\\|>'"):
+        template.tokenize([chat[0], Message("assistant", "", {"tool_calls": [injected]})], False, TOOLS)
+    with pytest.raises(RowError, match="the tools column contains the control token"):
+        template.tokenize(chat, False, [{"type": "function", "function": {"name": "<|im_start|>"}}])
 
 
 def test_a_template_that_cannot_render_tools_skips_the_row(tmp_path, caplog):

@@ -395,11 +395,12 @@ class JinjaTemplate(ChatTemplate):
         return after[len(before) :]
 
     def _segments(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> list[Segment]:
-        if self._split is not None:
-            for m in messages:
-                found = self._split.search(m.content)
+        if self._split is not None:  # (tool calls and schemas are rendered too, as JSON)
+            texts = [(f"a {m.role} message", f"{m.content} {json.dumps(m.extra, default=str)}") for m in messages]
+            for what, text in [*texts, ("the tools column", json.dumps(tools, default=str))]:
+                found = self._split.search(text)
                 if found:
-                    raise RowError(f"a {m.role} message contains the control token {found.group()!r} as text")
+                    raise RowError(f"{what} contains the control token {found.group()!r} as text")
         segments: list[Segment] = []
         text = ""  # what the segments so far render
 
