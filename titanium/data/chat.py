@@ -325,14 +325,18 @@ class Qwen3Template(ChatMLTemplate):
 class JinjaTemplate(ChatTemplate):
     """A Hugging Face tokenizer's own Jinja ``chat_template``, rendered in a sandbox.
 
-    Masks come from rendering growing prefixes: the text that ``messages[:i+1]`` adds to ``messages[:i]``
-    belongs to message i, and for an assistant message the part up to where the generation prompt of
-    ``messages[:i]`` ends is its (untrained) header. Each piece is tokenized on its own, so the answer
-    starts on a token boundary exactly as it does when the model generates after ``prompt()``. Templates
-    whose earlier text changes as the conversation grows (e.g. ones that drop past reasoning) break this
-    and are refused with an error; choose llama3, qwen3 or chatml for them. A conversation the template itself
-    rejects (its ``raise_exception``, e.g. roles that do not alternate) is that row's fault: a RowError.
+    Masks come from rendering growing prefixes: for an assistant message i, the text that ``messages[:i+1]``
+    adds to the generation prompt of ``messages[:i]`` is its answer, and what that generation prompt adds to
+    ``messages[:i]`` its (untrained) header; the text between two answers (user turns, tool calls' results,
+    with the row's ``tools`` rendered where the template puts them) is prompt. Each piece is tokenized on its
+    own, so the answer starts on a token boundary exactly as it does when the model generates after
+    ``prompt()``. Templates whose earlier text changes as the conversation grows (e.g. ones that drop past
+    reasoning) break this and are refused with an error; choose llama3, qwen3 or chatml for them. A
+    conversation the template itself rejects (its ``raise_exception``, e.g. roles that do not alternate) is
+    that row's fault: a RowError.
     """
+
+    renders_tools = True
 
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
         from jinja2 import TemplateError
@@ -362,8 +366,6 @@ class JinjaTemplate(ChatTemplate):
                 "set --chat.chat_template llama3, qwen3 or chatml"
             ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
-
-    renders_tools = True
 
     def _render(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> str:
         from jinja2 import TemplateError
