@@ -292,8 +292,8 @@ def test_jinja_generation_blocks_render_as_in_transformers(hf_tok):
         conversation, False
     )
     transformers_render = pytest.importorskip("transformers.utils.chat_template_utils").render_jinja_template
-    dicts = [m.__dict__ for m in conversation]
-    ours = JinjaTemplate(hf_tok, marked)._render(conversation, generation=False)
+    dicts = [m.as_dict() for m in conversation]
+    ours = JinjaTemplate(hf_tok, marked)._render(conversation, False, None)
     assert ours == transformers_render([dicts], chat_template=marked)[0][0]
 
 
@@ -357,7 +357,8 @@ SHAREGPT = DataSection(kind="chat", messages_column="conversations", role_key="f
 
 def test_parse_chat_and_sharegpt_rows():
     row = {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b", "weight": 1}]}
-    assert parse_chat_row(row, CHAT) == [Message("user", "a"), Message("assistant", "b")]
+    # Other keys travel with the message, as transformers hands them to a Jinja template.
+    assert parse_chat_row(row, CHAT) == [Message("user", "a"), Message("assistant", "b", {"weight": 1})]
     share = {"conversations": [{"from": f, "value": v} for f, v in [("system", "s"), ("human", "a"), ("gpt", "b")]]}
     assert parse_chat_row(share, SHAREGPT) == [Message("system", "s"), Message("user", "a"), Message("assistant", "b")]
 

@@ -144,8 +144,8 @@ def test_bad_rows_fail_with_file_row_and_reason(tmp_path, row, message):
 
 def test_a_template_whose_prompt_is_not_a_prefix_is_refused(tmp_path):
     class Drifting(Llama3Template):
-        def prompt(self, messages):
-            return [*super().prompt(messages), ord("!")]
+        def prompt(self, messages, tools=None):
+            return [*super().prompt(messages, tools), ord("!")]
 
     path = jsonl(tmp_path / "p.jsonl", [{"prompt": "q", "chosen": "a", "rejected": "b"}])
     data = DataSection(kind="preference", path=path)

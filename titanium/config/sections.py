@@ -60,10 +60,12 @@ class DataSection:
     kind: Literal["text", "synthetic", "chat", "instruct", "preference", "unpaired"] = "text"
     """text: documents read through the `datasets` library (pretraining windows; under the sft objective,
     one sample per document: text completion). synthetic: random tokens, no I/O (benchmarks).
-    chat: conversations (a list of role/content messages per row). instruct: instruction/input/output
-    rows. chat and instruct need training.objective = "sft". preference: a prompt with a chosen and a
-    rejected response per row (DPO; see prompt_column, chosen_column, rejected_column). unpaired: a prompt, one
-    completion and a true/false label per row (KTO; see prompt_column, completion_column, label_column)."""
+    chat: conversations (a list of role/content messages per row), or, in a row with completion_column, TRL's
+    prompt/completion rows (two strings: plain text; two message lists: through the chat template; loss on
+    the completion only). instruct: instruction/input/output rows. chat and instruct need training.objective =
+    "sft". preference: a prompt with a chosen and a rejected response per row (DPO; see prompt_column,
+    chosen_column, rejected_column). unpaired: a prompt, one completion and a true/false label per row (KTO; see
+    prompt_column, completion_column, label_column)."""
     path: str = "assets/corpus/train.jsonl"
     """A local file, glob or folder (.json, .jsonl, .parquet, .txt), or a hub dataset name (needs network)."""
     hub_config: str | None = None
@@ -90,18 +92,26 @@ class DataSection:
     output_column: str = "output"
     """kind=instruct: column with the response the model learns to give."""
     prompt_column: str = "prompt"
-    """kind=preference: column with the prompt both responses answer: a string (one user message) or a list
-    of messages. A row without it must hold whole conversations in chosen_column and rejected_column; their
-    shared first messages are then the prompt (Anthropic-HH style)."""
+    """kind=preference: column with the prompt both responses answer: a string (one user message; plain text with
+    --chat.chat_template none) or a list of messages. A row without it must hold whole conversations in
+    chosen_column and rejected_column; their shared first messages are then the prompt (Anthropic-HH style).
+    kind=chat: the prompt of a prompt/completion row (see completion_column)."""
     chosen_column: str = "chosen"
     """kind=preference: column with the preferred response: a string (the assistant's answer) or a list of
     messages (the answer's turns, or the whole conversation starting with the prompt, as in UltraFeedback)."""
     rejected_column: str = "rejected"
     """kind=preference: column with the dispreferred response, in the same forms as chosen_column."""
     completion_column: str = "completion"
-    """kind=unpaired: column with the completion: a string (the assistant's answer) or the answer's messages."""
+    """kind=chat: the column with what the model learns to write after prompt_column's prompt (TRL's
+    prompt/completion rows): a string after a string prompt (plain text), a list of messages after a list. A row
+    with this column is a prompt/completion row; one without it a conversation in messages_column. kind=unpaired:
+    the completion (a string: the assistant's answer, or the answer's messages)."""
     label_column: str = "label"
     """kind=unpaired: column saying whether the completion is desirable (true) or undesirable (false)."""
+    tools_column: str = "tools"
+    """kind=chat and preference: column with the tool (function) schemas the conversation may call: a list of
+    JSON objects, or that list as a JSON string. The tokenizer's chat template renders them, as
+    transformers' apply_chat_template(tools=...) does; rows without it have no tools."""
     shards: int = 0
     """How many byte ranges each local .jsonl/.txt file is cut into; data-parallel rank r of W reads ranges r,
     r+W, r+2W... in turn and never another rank's lines. 0: one range per rank. A fixed value that every
@@ -400,13 +410,16 @@ class DebugSection:
 
 @dataclass
 class ChatSection:
-    chat_template: Literal["auto", "llama3", "chatml", "qwen3", "tokenizer"] = "auto"
+    chat_template: Literal["auto", "llama3", "chatml", "qwen3", "tokenizer", "none"] = "auto"
     """How messages become tokens, for every objective that reads conversations (SFT samples, DPO pairs, GRPO
     prompts) and for evaluation. llama3: <|start_header_id|>role<|end_header_id|>... <|eot_id|>. chatml:
     <|im_start|>role ... <|im_end|> (Qwen). qwen3: ChatML as Qwen3's own template renders chats without reasoning
     (the last answer opens with an empty <think></think> block, not learned). tokenizer: the HF tokenizer's own
-    Jinja chat_template. auto: the tokenizer's template if it has one, else the model family's format (llama3,
-    qwen3). Formerly [sft] chat_template, which is still read (with a deprecation warning)."""
+    Jinja chat_template (the only one that renders tools, tool calls and tool messages). auto: the tokenizer's
+    template if it has one, else the model family's format (llama3, qwen3). none (SFT and DPO, for base models):
+    no template; string rows are plain text as TRL tokenizes them (BOS + prompt + response + EOS), and preference
+    rows of strings too (with a template they are a user turn and assistant answers); rows of messages stop
+    the run. Formerly [sft] chat_template, which is still read (with a deprecation warning)."""
     system_prompt: str | None = None
     """Replace (or add) the system message of every conversation (SFT samples, DPO pairs, GRPO and evaluation
     prompts). Formerly [sft] system_prompt, which is still read (with a deprecation warning)."""
@@ -424,6 +437,10 @@ class SFTSection:
     sees another sample and positions restarting per sample. Off: one sample per row, padded."""
     pack_buffer: int = 64
     """Samples held while packing (best fit in a bounded buffer; data is streamed, never loaded whole)."""
+    max_prompt_length: int = 0
+    """Prompt/completion rows: a prompt longer than this many tokens keeps only its last max_prompt_length tokens
+    (cut from the left, BOS included, as TRL's max_prompt_length); counted as data/truncated_prompts. 0: no
+    limit."""
 
 
 @dataclass
@@ -466,6 +483,10 @@ class DPOSection:
     """Pack the chosen and rejected sequences of several pairs into each training.seq_len row (attention
     masked per sequence), so short pairs waste no padding; a microbatch then holds a varying number of
     whole pairs. Off: each microbatch is local_batch_size pairs, one padded row per response."""
+    max_prompt_length: int = 0
+    """A pair's prompt longer than this many tokens keeps only its last max_prompt_length tokens (cut from the
+    left, BOS included, as TRL's max_prompt_length), before on_long_pair fits the pair to seq_len; counted as
+    data/truncated_prompts. 0: no limit."""
     on_long_pair: Literal["truncate", "drop"] = "truncate"
     """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first,
     from its start but keeping at least half of seq_len, then both responses to the same length) or left

@@ -42,7 +42,8 @@ TRL_NAMES = {
     "precompute_ref_log_probs": "--dpo.precompute_reference",
     "num_generations": "--grpo.group_size",
     "max_completion_length": "--grpo.max_new_tokens",
-    "max_prompt_length": "--grpo.max_prompt_len",
+    "max_prompt_length": "--dpo.max_prompt_length (DPO), --sft.max_prompt_length (SFT prompt/completion rows) or "
+    "--grpo.max_prompt_len (GRPO, which skips a longer prompt rather than cutting it)",
     "temperature": "--grpo.temperature",
     "epsilon": "--grpo.epsilon_low and --grpo.epsilon_high",
     "reward_funcs": "--grpo.rewards",

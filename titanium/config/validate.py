@@ -186,6 +186,12 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
         yield f"--training.objective {objective} needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
         yield f"--sft.pack_buffer must be >= 1, got {cfg.sft.pack_buffer}"
+    for flag, value in (
+        ("--sft.max_prompt_length", cfg.sft.max_prompt_length),
+        ("--dpo.max_prompt_length", cfg.dpo.max_prompt_length),
+    ):
+        if value < 0:
+            yield f"{flag} must be >= 0 (0: no limit), got {value}"
     lora = cfg.lora  # (the target names are checked by titanium.peft, before any process group)
     if lora.rank > 0 and par.tensor_parallel_degree > 1:
         yield (

@@ -10,10 +10,11 @@ piece of text back to the message that added it.
 
 from __future__ import annotations
 
+import json
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from titanium.config.sections import DataSection
@@ -21,14 +22,36 @@ from titanium.data.text import DataError
 from titanium.data.tokenizer import Tokenizer
 from titanium.models import get_model_spec
 
-ROLES = ("system", "user", "assistant")
-_ROLE_ALIASES = {"system": "system", "user": "user", "assistant": "assistant", "human": "user", "gpt": "assistant"}
+ROLES = ("system", "user", "assistant", "tool")
+_ROLE_ALIASES = {
+    "system": "system",
+    "user": "user",
+    "assistant": "assistant",
+    "tool": "tool",
+    "human": "user",
+    "gpt": "assistant",
+}
+
+Tools = list[dict[str, Any]]
+"""Tool (function) schemas as transformers' apply_chat_template(tools=...) takes them."""
 
 
 @dataclass(frozen=True)
 class Message:
-    role: str  # system, user or assistant
+    role: str  # system, user, assistant or tool
     content: str
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """The message's other keys as the row holds them (tool_calls, tool_call_id, name...): a tokenizer's Jinja
+    template sees them as transformers passes them. A tool-calling answer with a null content keeps
+    ``"content": None`` here, so the template sees the null."""
+
+    @property
+    def uses_tools(self) -> bool:
+        return self.role == "tool" or bool(self.extra.get("tool_calls"))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The message as a chat template reads it."""
+        return {"role": self.role, "content": self.content, **self.extra}
 
 
 class RowError(ValueError):
@@ -83,7 +106,8 @@ def parse_chat_row(row: Any, cfg: DataSection) -> list[Message]:
 
 def parse_messages(raw: Any, what: str, cfg: DataSection) -> list[Message]:
     """A list of {role, content} messages in any order of roles, keys per --data.role_key /
-    --data.content_key; `what` names it in errors."""
+    --data.content_key; `what` names it in errors. An assistant message with ``tool_calls`` (a list) may have
+    an empty or null content; its other keys travel in ``Message.extra``."""
     if not isinstance(raw, list):
         raise RowError(f"{what} is {type(raw).__name__}, not a list of messages")
     messages = []
@@ -95,9 +119,33 @@ def parse_messages(raw: Any, what: str, cfg: DataSection) -> list[Message]:
             raise RowError(f"message {i} has no '{cfg.role_key}' (keys: {sorted(item)})")
         if not isinstance(role, str) or role not in _ROLE_ALIASES:
             raise RowError(f"message {i} has unknown role {role!r} (expected one of {', '.join(_ROLE_ALIASES)})")
-        content = _text_field(item.get(cfg.content_key), f"message {i} '{cfg.content_key}'")
-        messages.append(Message(_ROLE_ALIASES[role], content))
+        extra = {k: v for k, v in item.items() if k not in (cfg.role_key, cfg.content_key)}
+        content = item.get(cfg.content_key)
+        calls = extra.get("tool_calls")
+        if calls is not None and not isinstance(calls, list):
+            raise RowError(f"message {i} 'tool_calls' is {type(calls).__name__}, not a list of calls")
+        if calls and _ROLE_ALIASES[role] == "assistant" and (content is None or content == ""):
+            extra, content = ({**extra, "content": None} if content is None else extra), ""
+        else:
+            content = _text_field(content, f"message {i} '{cfg.content_key}'")
+        messages.append(Message(_ROLE_ALIASES[role], content, extra))
     return messages
+
+
+def parse_tools(row: Any, cfg: DataSection) -> Tools | None:
+    """The row's --data.tools_column: a list of tool schemas, or that list as a JSON string (as TRL reads it);
+    None when the row has none."""
+    value = row.get(cfg.tools_column) if isinstance(row, dict) else None
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise RowError(f"'{cfg.tools_column}' is a string but not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
+        raise RowError(f"'{cfg.tools_column}' is not a list of tool schemas (JSON objects)")
+    return value
 
 
 def parse_instruct_row(row: Any, cfg: DataSection) -> list[Message]:
@@ -132,26 +180,38 @@ Segment = tuple[list[int], SegmentKind]
 
 class ChatTemplate(ABC):
     """Messages -> tokens. Output (assistant content and its end of turn) is always trainable, BOS never,
-    everything else (system and user turns, headers) only with train_on_input."""
+    everything else (system, user and tool turns, headers) only with train_on_input."""
 
     stop_ids: set[int]
     """Ids that end an assistant turn (generation stops at any of them)."""
+    renders_tools = False
+    """Whether `tools`, tool calls and tool messages can be rendered (only a tokenizer's own template can)."""
 
     @abstractmethod
-    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+    def _segments(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> list[Segment]:
         """The conversation as segments; with `generation`, followed by the header opening the assistant's turn."""
 
-    def tokenize(self, messages: Sequence[Message], train_on_input: bool) -> tuple[list[int], list[bool]]:
+    def _checked_segments(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> list[Segment]:
+        if not self.renders_tools and (tools or any(m.uses_tools for m in messages)):
+            raise RowError(
+                "it has tools, tool calls or tool messages, which only a tokenizer's own chat template renders "
+                "(--chat.chat_template tokenizer, with a template that supports tools)"
+            )
+        return self._segments(messages, generation, tools)
+
+    def tokenize(
+        self, messages: Sequence[Message], train_on_input: bool, tools: Tools | None = None
+    ) -> tuple[list[int], list[bool]]:
         tokens: list[int] = []
         trainable: list[bool] = []
-        for ids, kind in self._segments(messages, generation=False):
+        for ids, kind in self._checked_segments(messages, False, tools):
             tokens.extend(ids)
             trainable.extend([kind == "output" or (kind == "prompt" and train_on_input)] * len(ids))
         return tokens, trainable
 
-    def prompt(self, messages: Sequence[Message]) -> list[int]:
+    def prompt(self, messages: Sequence[Message], tools: Tools | None = None) -> list[int]:
         """The conversation so far plus the assistant header: what a model continues when it answers."""
-        return [i for ids, _ in self._segments(messages, generation=True) for i in ids]
+        return [i for ids, _ in self._checked_segments(messages, True, tools) for i in ids]
 
 
 def _require_specials(tokenizer: Tokenizer, names: Sequence[str], template: str) -> dict[str, int]:
@@ -179,7 +239,7 @@ class _TurnTemplate(ChatTemplate):
     def _body(self, content: str) -> list[int]:
         """The content and the end of the turn."""
 
-    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+    def _segments(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> list[Segment]:
         segments: list[Segment] = [(self.preamble, "bos")] if self.preamble else []
         for m in messages:
             body = self._body(m.content)
@@ -246,13 +306,13 @@ class Qwen3Template(ChatMLTemplate):
         super().__init__(tokenizer)
         self.empty_thinking = self._encode("<think>\n\n</think>\n\n")
 
-    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
+    def _segments(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> list[Segment]:
         if any(m.role == "assistant" and "</think>" in m.content for m in messages):
             raise RowError(
                 "an assistant message holds a </think> reasoning block, which Qwen3's template would move; "
                 "the qwen3 template trains chats without reasoning (use --chat.chat_template tokenizer)"
             )
-        segments = super()._segments(messages, generation=False)
+        segments = super()._segments(messages, False, tools)
         last = messages[-1] if messages else None
         if last is not None and last.role == "assistant" and any(m.role == "user" for m in messages):
             answer = self._body(last.content.lstrip("\n"))
@@ -265,14 +325,18 @@ class Qwen3Template(ChatMLTemplate):
 class JinjaTemplate(ChatTemplate):
     """A Hugging Face tokenizer's own Jinja ``chat_template``, rendered in a sandbox.
 
-    Masks come from rendering growing prefixes: the text that ``messages[:i+1]`` adds to ``messages[:i]``
-    belongs to message i, and for an assistant message the part up to where the generation prompt of
-    ``messages[:i]`` ends is its (untrained) header. Each piece is tokenized on its own, so the answer
-    starts on a token boundary exactly as it does when the model generates after ``prompt()``. Templates
-    whose earlier text changes as the conversation grows (e.g. ones that drop past reasoning) break this
-    and are refused with an error; choose llama3, qwen3 or chatml for them. A conversation the template itself
-    rejects (its ``raise_exception``, e.g. roles that do not alternate) is that row's fault: a RowError.
+    Masks come from rendering growing prefixes: for an assistant message i, the text that ``messages[:i+1]``
+    adds to the generation prompt of ``messages[:i]`` is its answer, and what that generation prompt adds to
+    ``messages[:i]`` its (untrained) header; the text between two answers (user turns, tool calls' results,
+    with the row's ``tools`` rendered where the template puts them) is prompt. Each piece is tokenized on its
+    own, so the answer starts on a token boundary exactly as it does when the model generates after
+    ``prompt()``. Templates whose earlier text changes as the conversation grows (e.g. ones that drop past
+    reasoning) break this and are refused with an error; choose llama3, qwen3 or chatml for them. A
+    conversation the template itself rejects (its ``raise_exception``, e.g. roles that do not alternate) is
+    that row's fault: a RowError.
     """
+
+    renders_tools = True
 
     def __init__(self, tokenizer: Tokenizer, source: str) -> None:
         from jinja2 import TemplateError
@@ -295,7 +359,7 @@ class JinjaTemplate(ChatTemplate):
         self._split = re.compile(f"({pattern})") if pattern else None
         probe = [Message("user", "x"), Message("assistant", "y")]
         try:
-            answer = self._segments(probe, generation=False)[-1][0]
+            answer = self._segments(probe, False, None)[-1][0]
         except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
             raise ChatTemplateError(
                 f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
@@ -303,12 +367,12 @@ class JinjaTemplate(ChatTemplate):
             ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
 
-    def _render(self, messages: Sequence[Message], generation: bool) -> str:
+    def _render(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> str:
         from jinja2 import TemplateError
 
-        dicts = [{"role": m.role, "content": m.content} for m in messages]
+        dicts = [m.as_dict() for m in messages]
         try:
-            return self._template.render(messages=dicts, add_generation_prompt=generation, **self._names)
+            return self._template.render(messages=dicts, tools=tools, add_generation_prompt=generation, **self._names)
         except TemplateError as e:  # raise_exception() on this conversation (roles not alternating, ...)
             raise RowError(f"the tokenizer's chat_template rejected it: {e}") from None
 
@@ -332,25 +396,33 @@ class JinjaTemplate(ChatTemplate):
             )
         return after[len(before) :]
 
-    def _segments(self, messages: Sequence[Message], generation: bool) -> list[Segment]:
-        if self._split is not None:
-            for m in messages:
-                found = self._split.search(m.content)
+    def _segments(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> list[Segment]:
+        if self._split is not None:  # (tool calls and schemas are rendered too, as JSON)
+            texts = [(f"a {m.role} message", f"{m.content} {json.dumps(m.extra, default=str)}") for m in messages]
+            for what, text in [*texts, ("the tools column", json.dumps(tools, default=str))]:
+                found = self._split.search(text)
                 if found:
-                    raise RowError(f"a {m.role} message contains the control token {found.group()!r} as text")
+                    raise RowError(f"{what} contains the control token {found.group()!r} as text")
         segments: list[Segment] = []
-        text = ""
+        text = ""  # what the segments so far render
+
+        def extend(upto: str, kind: SegmentKind) -> None:
+            nonlocal text
+            piece = self._delta(text, upto)
+            if piece:
+                segments.append((self._encode(piece), kind))
+            text = upto
+
+        # Cut only where the mask changes: before an assistant's header, after it, and after its answer. The
+        # messages between two answers (user turns, tool results) are one piece, as a template may render a run
+        # of them together (Qwen's groups consecutive tool results in one turn).
         for i, m in enumerate(messages):
-            full = self._render(messages[: i + 1], generation=False)
             if m.role == "assistant":
-                header = self._delta(text, self._render(messages[:i], generation=True))
-                body = self._delta(text + header, full)
-                segments += [(self._encode(header), "prompt"), (self._encode(body), "output")]
-            else:
-                segments.append((self._encode(self._delta(text, full)), "prompt"))
-            text = full
-        if generation:
-            segments.append((self._encode(self._delta(text, self._render(messages, generation=True))), "prompt"))
+                if i:
+                    extend(self._render(messages[:i], False, tools), "prompt")
+                extend(self._render(messages[:i], True, tools), "prompt")
+                extend(self._render(messages[: i + 1], False, tools), "output")
+        extend(self._render(messages, generation, tools), "prompt")
         if segments and segments[0][0][:1] == [self.tokenizer.bos_id]:
             first, kind = segments[0]
             segments[0:1] = [([first[0]], "bos"), (first[1:], kind)]
@@ -381,6 +453,11 @@ def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> Cha
         return ChatMLTemplate(tokenizer)
     if name == "qwen3":
         return Qwen3Template(tokenizer)
+    if name == "none":
+        raise ChatTemplateError(
+            "--chat.chat_template none (plain text, no template) is for SFT and DPO data; this needs a template: "
+            "set auto, tokenizer, llama3, qwen3 or chatml"
+        )
     if name == "tokenizer":
         if not source:
             raise ChatTemplateError(
@@ -389,4 +466,11 @@ def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> Cha
                 "set --chat.chat_template llama3, qwen3 or chatml"
             )
         return JinjaTemplate(tokenizer, source)
-    raise ChatTemplateError(f"unknown --chat.chat_template {name!r}; expected auto, llama3, chatml, qwen3 or tokenizer")
+    raise ChatTemplateError(
+        f"unknown --chat.chat_template {name!r}; expected auto, llama3, chatml, qwen3, tokenizer or none"
+    )
+
+
+def build_optional_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate | None:
+    """As build_chat_template, for the data that may be plain text (SFT, DPO): none is no template."""
+    return None if name == "none" else build_chat_template(name, tokenizer, model_name)

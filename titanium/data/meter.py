@@ -35,6 +35,8 @@ class DataMeter:
             "data/skipped_rows": self.dataset.bad_rows,
             "data/truncated_samples": self.dataset.truncated,
             "data/dropped_samples": self.dataset.dropped,
+            # prompts cut to max_prompt_length (SFT prompt/completion rows, DPO pairs; other datasets cut none)
+            "data/truncated_prompts": getattr(self.dataset, "prompt_truncated", 0),
         }
         metrics = {k: float(v) for k, v in counters.items() if v}
         if self._tokens:  # share of the rows that is padding: what packing saves

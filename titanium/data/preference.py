@@ -8,10 +8,13 @@ rejected_column):
 - ``chosen``/``rejected`` whole conversations: with a ``prompt`` column they start with its messages
   (UltraFeedback-binarized), without one their shared first messages are the prompt (Anthropic-HH).
 
-Each side is rendered by the SFT chat template as prompt + response, so a pair's two samples share their
-prompt tokens exactly, and only response tokens carry labels (IGNORE_INDEX on the prompt, even on its
-earlier assistant turns). Rows are streamed, split over data-parallel ranks, counted when bad and resumed
-exactly by the same RowReader as SFT samples.
+Each side is rendered by the SFT chat template as prompt + response (with the row's tools, --data.tools_column),
+so a pair's two samples share their prompt tokens exactly, and only response tokens carry labels (IGNORE_INDEX
+on the prompt, even on its earlier assistant turns). Without a template (--chat.chat_template none, base
+models) rows of strings are plain text as TRL's DPOTrainer tokenizes them (titanium.data.completion):
+BOS + prompt, and BOS + prompt + response + EOS, each response starting where its ids leave the prompt's.
+--dpo.max_prompt_length keeps the last tokens of a longer prompt, as TRL's option did. Rows are streamed,
+split over data-parallel ranks, counted when bad and resumed exactly by the same RowReader as SFT samples.
 """
 
 from __future__ import annotations
@@ -26,13 +29,16 @@ from titanium.data.chat import (
     ChatTemplateError,
     Message,
     RowError,
+    Tools,
     _text_field,
     check_conversation,
-    parse_messages,
+    parse_tools,
     with_system_prompt,
 )
+from titanium.data.completion import NeedsTemplate, common_prefix_length, messages_of, plain_text
 from titanium.data.sft import IGNORE_INDEX, Sample, shifted_labels
 from titanium.data.text import DataError, RowReader, Source
+from titanium.data.tokenizer import Tokenizer
 
 Response = tuple[list[int], list[bool]]
 """A response's token ids (after the shared prompt) and which of them carry loss."""
@@ -72,10 +78,7 @@ def _messages(row: dict, column: str, string_role: str, cfg: DataSection) -> lis
         return None
     if isinstance(value, str):
         return [Message(string_role, _text_field(value, f"'{column}'"))]
-    try:
-        return parse_messages(value, f"'{column}'", cfg)
-    except RowError as e:
-        raise RowError(f"'{column}': {e}") from None
+    return messages_of(value, column, cfg)
 
 
 def _response(row: dict, column: str, cfg: DataSection) -> list[Message]:
@@ -125,30 +128,63 @@ def parse_preference_row(row: Any, cfg: DataSection) -> tuple[list[Message], lis
     return prompt, chosen, rejected
 
 
+def parse_text_preference_row(row: Any, cfg: DataSection) -> tuple[str, str, str]:
+    """(prompt, chosen, rejected) strings of a plain-text row; NeedsTemplate for a row of messages."""
+    if not isinstance(row, dict):
+        raise RowError(f"the row is {type(row).__name__}, not an object with columns")
+    columns = (cfg.prompt_column, cfg.chosen_column, cfg.rejected_column)
+    if any(isinstance(row.get(c), list) for c in columns):
+        raise NeedsTemplate(f"'{cfg.prompt_column}', '{cfg.chosen_column}' or '{cfg.rejected_column}' holds messages")
+    prompt, chosen, rejected = (_text_field(row.get(c), f"'{c}'") for c in columns)
+    if chosen == rejected:
+        raise RowError(f"'{cfg.chosen_column}' and '{cfg.rejected_column}' are the same response")
+    return prompt, chosen, rejected
+
+
 # ------------------------------------------------------------------------------------------- tokens
 
 
+def tokenize_text_pair(
+    tokenizer: Tokenizer, prompt: str, chosen: str, rejected: str
+) -> tuple[list[int], Response, Response]:
+    """TRL's plain-text pair: the responses start where BOS + prompt + response + EOS first differs from BOS +
+    prompt (for either side), and every response token carries loss."""
+    prompt_ids = plain_text(tokenizer, prompt, eos=False)
+    sides = [plain_text(tokenizer, prompt + side, eos=True) for side in (chosen, rejected)]
+    n = min(common_prefix_length(prompt_ids, ids) for ids in sides)
+    responses = [(ids[n:], [True] * (len(ids) - n)) for ids in sides]
+    return prompt_ids[:n], responses[0], responses[1]
+
+
 def tokenize_pair(
-    template: ChatTemplate, prompt: list[Message], chosen: list[Message], rejected: list[Message]
+    template: ChatTemplate,
+    prompt: list[Message],
+    chosen: list[Message],
+    rejected: list[Message],
+    tools: Tools | None = None,
 ) -> tuple[list[int], Response, Response]:
     """Shared prompt ids (through the assistant header) and each response's ids and loss mask.
 
     The loss mask keeps the template's own mask (assistant content and end of turn; not the headers or user
     turns of a multi-turn response), and nothing of the prompt: its earlier assistant turns are context.
     """
-    prompt_ids = template.prompt(prompt)
+    prompt_ids = template.prompt(prompt, tools)
     return (
         prompt_ids,
-        tokenize_response(template, prompt, prompt_ids, chosen),
-        tokenize_response(template, prompt, prompt_ids, rejected),
+        tokenize_response(template, prompt, prompt_ids, chosen, tools),
+        tokenize_response(template, prompt, prompt_ids, rejected, tools),
     )
 
 
 def tokenize_response(
-    template: ChatTemplate, prompt: list[Message], prompt_ids: list[int], response: list[Message]
+    template: ChatTemplate,
+    prompt: list[Message],
+    prompt_ids: list[int],
+    response: list[Message],
+    tools: Tools | None = None,
 ) -> Response:
     """A response's ids after ``prompt_ids`` (the prompt through the assistant header) and its loss mask."""
-    tokens, trainable = template.tokenize([*prompt, *response], train_on_input=False)
+    tokens, trainable = template.tokenize([*prompt, *response], train_on_input=False, tools=tools)
     if tokens[: len(prompt_ids)] != prompt_ids:
         raise ChatTemplateError(
             "the chat template renders a prompt differently when a response follows it, so the prompt of a "
@@ -190,35 +226,49 @@ def has_target(sample: Sample) -> bool:
 class PreferenceDataset(RowReader):
     """Infinite, resumable stream of PreferencePairs (each side at most `seq_len` tokens) for one DP rank.
 
+    `template` None (--chat.chat_template none) reads rows of strings as plain text with `tokenizer`.
     Counters (kept in the state): ``bad_rows`` (skipped, see RowReader), ``truncated`` (pairs cut to fit
     seq_len), ``dropped`` (pairs too long with on_long_pair=drop, ``long_dropped`` of them, or left without a
-    target or a difference between the two sides by the cut).
+    target or a difference between the two sides by the cut), ``prompt_truncated`` (prompts cut to
+    `max_prompt_length`).
     """
 
     def __init__(
         self,
         data: DataSection,
-        template: ChatTemplate,
+        template: ChatTemplate | None,
         seq_len: int,
         bos_id: int | None,
         system_prompt: str | None = None,
         on_long_pair: Literal["truncate", "drop"] = "truncate",
         dp_rank: int = 0,
         dp_world: int = 1,
+        *,
+        tokenizer: Tokenizer | None = None,
+        max_prompt_length: int = 0,
     ) -> None:
         if data.kind != "preference":
             raise DataError(f"--data.kind {data.kind} has no preference pairs; use --data.kind preference")
+        if template is None and tokenizer is None:
+            raise ValueError("plain-text pairs (no chat template) need the tokenizer")
         super().__init__(data, dp_rank, dp_world)
-        self.template, self.seq_len, self.bos_id = template, seq_len, bos_id
-        self.system_prompt, self.on_long_pair = system_prompt, on_long_pair
+        self.template, self.tokenizer, self.seq_len, self.bos_id = template, tokenizer, seq_len, bos_id
+        self.system_prompt, self.on_long_pair, self.max_prompt_length = system_prompt, on_long_pair, max_prompt_length
         self.truncated = 0
         self.dropped = 0
         self.long_dropped = 0
+        self.prompt_truncated = 0
 
     def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], Response, Response] | None:
         try:
+            if self.template is None:
+                assert self.tokenizer is not None
+                return tokenize_text_pair(self.tokenizer, *parse_text_preference_row(item, self.cfg))
             prompt, chosen, rejected = parse_preference_row(item, self.cfg)
-            return tokenize_pair(self.template, with_system_prompt(prompt, self.system_prompt), chosen, rejected)
+            prompt = with_system_prompt(prompt, self.system_prompt)
+            return tokenize_pair(self.template, prompt, chosen, rejected, parse_tools(item, self.cfg))
+        except NeedsTemplate as e:
+            raise e.error(source, row) from None
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX)
             return None
@@ -226,7 +276,11 @@ class PreferenceDataset(RowReader):
     def _pair(
         self, prompt: list[int], chosen: Response, rejected: Response, source: int, row: int
     ) -> PreferencePair | None:
-        """Fit the pair to seq_len per on_long_pair; None (counted) when it cannot be used."""
+        """Cut the prompt to max_prompt_length, fit the pair to seq_len per on_long_pair; None (counted) when it
+        cannot be used."""
+        if self.max_prompt_length and len(prompt) > self.max_prompt_length:
+            prompt = prompt[-self.max_prompt_length :]
+            self.prompt_truncated += 1
         too_long = len(prompt) + max(len(chosen[0]), len(rejected[0])) > self.seq_len
         if too_long and self.on_long_pair == "drop":
             self.dropped += 1
@@ -264,12 +318,13 @@ class PreferenceDataset(RowReader):
 
     def state_dict(self) -> dict[str, Any]:
         counters = {"truncated": self.truncated, "dropped": self.dropped, "long_dropped": self.long_dropped}
-        return {**self._position(), **counters}
+        return {**self._position(), **counters, "prompt_truncated": self.prompt_truncated}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_position(state)
         self.truncated, self.dropped = state["truncated"], state["dropped"]
         self.long_dropped = state.get("long_dropped", 0)  # (not in checkpoints saved before it was counted)
+        self.prompt_truncated = state.get("prompt_truncated", 0)  # (nor this)
 
 
 class OnePass:

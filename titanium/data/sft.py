@@ -19,8 +19,10 @@ from titanium.data.chat import (
     RowError,
     parse_chat_row,
     parse_instruct_row,
+    parse_tools,
     with_system_prompt,
 )
+from titanium.data.completion import NeedsTemplate, cut_prompt, is_prompt_completion, prompt_completion_tokens
 from titanium.data.text import DataError, RowReader, Source
 from titanium.data.tokenizer import Tokenizer
 
@@ -31,7 +33,8 @@ IGNORE_INDEX = -100  # the loss's ignore label (titanium.trainers.base.IGNORE_IN
 Sample = dict[str, list[int]]
 
 ROW_FIX = {
-    "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key at its columns",
+    "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key (or "
+    "--data.prompt_column and --data.completion_column) at its columns",
     "instruct": "fix the row, or point --data.instruction_column, --data.input_column and --data.output_column "
     "at its columns",
 }
@@ -46,9 +49,11 @@ def shifted_labels(tokens: list[int], trainable: list[bool]) -> list[int]:
 class SFTDataset(RowReader):
     """Infinite, resumable stream of {"tokens", "labels"} samples (lists of at most `seq_len` ints) for one DP rank.
 
-    kind chat / instruct: a conversation through the chat template. kind text: a completion sample,
-    BOS + text + EOS, all learned. Counters (kept in the state): ``bad_rows`` (skipped), ``truncated``
-    (cut to seq_len), ``dropped`` (too long with on_long_sample=drop, or nothing left to learn).
+    kind chat / instruct: a conversation through the chat template, or (kind chat, a row with a prompt) TRL's
+    prompt/completion row (titanium.data.completion), where `template` may be None for rows of strings. kind
+    text: a completion sample, BOS + text + EOS, all learned. Counters (kept in the state): ``bad_rows``
+    (skipped), ``truncated`` (cut to seq_len), ``dropped`` (too long with on_long_sample=drop, or nothing left
+    to learn), ``prompt_truncated`` (prompts cut to --sft.max_prompt_length).
     """
 
     def __init__(
@@ -64,13 +69,14 @@ class SFTDataset(RowReader):
     ) -> None:
         if data.kind not in ("chat", "instruct", "text"):
             raise DataError(f"--data.kind {data.kind} has no fine-tuning samples; use chat, instruct or text")
-        if data.kind != "text" and template is None:
-            raise ValueError(f"--data.kind {data.kind} needs a chat template")
+        if data.kind == "instruct" and template is None:
+            raise DataError("--data.kind instruct needs a chat template; --chat.chat_template none has none")
         super().__init__(data, dp_rank, dp_world)
         self.sft, self.tokenizer, self.template, self.seq_len = sft, tokenizer, template, seq_len
         self.system_prompt = system_prompt
         self.truncated = 0
         self.dropped = 0
+        self.prompt_truncated = 0
         self._warned: set[str] = set()  # kinds of long sample already shown with an example row
 
     def _messages(self, item: Any) -> list[Message]:
@@ -84,12 +90,25 @@ class SFTDataset(RowReader):
                 return None
             tokens = self.tokenizer.encode(text, bos=True, eos=True)
             return tokens, [True] * len(tokens)
-        assert self.template is not None
         try:
-            return self.template.tokenize(self._messages(item), self.sft.train_on_input)
+            if self.cfg.kind == "chat" and is_prompt_completion(item, self.cfg):
+                return self._prompt_completion(item)
+            if self.template is None:
+                raise NeedsTemplate(f"'{self.cfg.messages_column}' holds messages")
+            return self.template.tokenize(self._messages(item), self.sft.train_on_input, parse_tools(item, self.cfg))
+        except NeedsTemplate as e:
+            raise e.error(source, row) from None
         except RowError as e:
             self._bad_row(source, row, str(e), ROW_FIX[self.cfg.kind])
             return None
+
+    def _prompt_completion(self, item: dict) -> tuple[list[int], list[bool]]:
+        """Loss on the completion only (on every token with --sft.train_on_input), the prompt cut from the left
+        to --sft.max_prompt_length."""
+        tokens, prompt_len = prompt_completion_tokens(item, self.cfg, self.tokenizer, self.template, self.system_prompt)
+        kept, kept_prompt = cut_prompt(tokens, prompt_len, self.sft.max_prompt_length)
+        self.prompt_truncated += kept_prompt < prompt_len
+        return kept, [self.sft.train_on_input] * kept_prompt + [True] * (len(kept) - kept_prompt)
 
     def _warn_once(self, kind: str, source: Source, row: int, what: str) -> None:
         """Show the first truncated (or dropped) sample with its row; the rest only count on the log line."""
@@ -129,8 +148,10 @@ class SFTDataset(RowReader):
                 yield sample
 
     def state_dict(self) -> dict[str, Any]:
-        return {**self._position(), "truncated": self.truncated, "dropped": self.dropped}
+        counters = {"truncated": self.truncated, "dropped": self.dropped, "prompt_truncated": self.prompt_truncated}
+        return {**self._position(), **counters}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._load_position(state)
         self.truncated, self.dropped = state["truncated"], state["dropped"]
+        self.prompt_truncated = state.get("prompt_truncated", 0)  # (not in checkpoints saved before it was counted)

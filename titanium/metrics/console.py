@@ -29,6 +29,7 @@ _COLORS = {
     "data/skipped_rows": "\033[31m",
     "data/truncated_samples": "\033[33m",  # yellow
     "data/dropped_samples": "\033[33m",
+    "data/truncated_prompts": "\033[33m",
     "guards/skipped_steps": "\033[31m",
 }
 
@@ -75,8 +76,8 @@ def format_log_line(
     ``mem_alloc_retries`` / ``mem_ooms`` (shown, in red, only when non-zero because they signal
     memory pressure), ``guards/skipped_steps`` (steps not applied because their loss or gradient norm
     was not finite; present only when non-zero), and the objectives' data counters ``data/skipped_rows``,
-    ``data/truncated_samples`` and ``data/dropped_samples`` (present only when non-zero). A key
-    missing from ``scalars`` is omitted; a key present with value None prints ``n/a`` (e.g. MFU on
+    ``data/truncated_samples``, ``data/dropped_samples`` and ``data/truncated_prompts`` (present only when
+    non-zero). A key missing from ``scalars`` is omitted; a key present with value None prints ``n/a`` (e.g. MFU on
     CPU), so the reader sees the metric exists but is unavailable. ``extra_keys`` (an objective's
     metrics, e.g. ``dpo/accuracy``, and its counters, e.g. ``grpo/long_prompts_skipped``) follow the loss, named by
     their last part (a key shown above already is not repeated). Other keys are ignored
@@ -100,6 +101,7 @@ def format_log_line(
         ("data/skipped_rows", "skipped_rows", ",.0f"),
         ("data/truncated_samples", "truncated", ",.0f"),
         ("data/dropped_samples", "dropped", ",.0f"),
+        ("data/truncated_prompts", "prompts_cut", ",.0f"),
     )
     for key, label, spec in simple:
         if key in scalars:

@@ -32,7 +32,7 @@ from torch import nn
 
 from titanium.config import load_config
 from titanium.config.sections import DPOSection
-from titanium.data.chat import build_chat_template
+from titanium.data.chat import build_optional_chat_template
 from titanium.data.preference import OnePass, PreferenceDataset
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import build_tokenizer
@@ -80,10 +80,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
     cfg = load_config(overrides)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     tokenizer = build_tokenizer(cfg.tokenizer)
-    template = build_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)
+    template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)
     seq_len = cfg.training.seq_len
     data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
-    pairs = PreferenceDataset(data, template, seq_len, tokenizer.bos_id, cfg.chat.system_prompt, cfg.dpo.on_long_pair)
+    chat, dpo = cfg.chat, cfg.dpo
+    pairs = PreferenceDataset(
+        data,
+        template,
+        seq_len,
+        tokenizer.bos_id,
+        chat.system_prompt,
+        dpo.on_long_pair,
+        tokenizer=tokenizer,
+        max_prompt_length=dpo.max_prompt_length,
+    )
     loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
     builder = ModelBuilder(device, cfg.debug.seed)
     weights = [weights_of(folder) for folder in (args.policy, args.reference)]

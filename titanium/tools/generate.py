@@ -21,7 +21,6 @@ assistant turn the next one sees (rendered by the chat template; the tokenizer's
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import sys
@@ -168,7 +167,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             prompt = prompts[first + i]
             results.append(
                 {
-                    "prompt": prompt if isinstance(prompt, str) else [dataclasses.asdict(m) for m in prompt],
+                    "prompt": prompt if isinstance(prompt, str) else [m.as_dict() for m in prompt],
                     "completion": completion,
                     "finish_reason": reason,
                     "tokens": tokens,

@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.components import DPO_LOSSES
 from titanium.config.sections import DataSection, DPOSection
-from titanium.data.chat import build_chat_template
+from titanium.data.chat import build_optional_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.packing import PadTo
 from titanium.data.preference import PreferenceDataset
@@ -215,7 +215,7 @@ class DPOObjective(Objective):
         self.nll_weight = self.pair_loss.nll_weight(dpo)
         names = (*METRICS, *self.pair_loss.metrics, *(("nll_loss",) if self.nll_weight > 0 else ()))
         self.metric_names = tuple(f"dpo/{name}" for name in names)
-        self.template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
         self.pad_to, self.pad_multiple = row_width(dpo, ctx)
@@ -239,6 +239,8 @@ class DPOObjective(Objective):
             dpo.on_long_pair,
             dp_rank,
             dp_world,
+            tokenizer=ctx.tokenizer,
+            max_prompt_length=dpo.max_prompt_length,
         )
 
     def _loader(self, stream: PairStream) -> PreferenceBatchLoader:
@@ -271,6 +273,7 @@ class DPOObjective(Objective):
             "template": [ctx.chat.chat_template, type(self.template).__name__, ctx.chat.system_prompt],
             "seq_len": ctx.seq_len,
             "on_long_pair": self.cfg.on_long_pair,
+            "max_prompt_length": self.cfg.max_prompt_length,
         }
 
         def compute() -> dict[bytes, tuple[float, float]]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from titanium.batch import Batch
 from titanium.config.sections import DataSection, SFTSection
-from titanium.data.chat import build_chat_template
+from titanium.data.chat import build_optional_chat_template
 from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
 from titanium.data.packing import PackedDataset, PaddedDataset
@@ -25,7 +25,7 @@ from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
 class SFTObjective(Objective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
         chat = ctx.chat
-        template = build_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
+        template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.samples = SFTDataset(
             data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
         )
