@@ -16,6 +16,7 @@ from titanium.config.sections import (
     KDSection,
     LoRASection,
     MoESection,
+    PPOSection,
     QATSection,
     RewardSection,
     SFTSection,
@@ -30,6 +31,7 @@ OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dp
 OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
 OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
 OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
+OBJECTIVES.register("ppo", "titanium.trainers.ppo:PPOObjective", SectionSpec("ppo", PPOSection))
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before
