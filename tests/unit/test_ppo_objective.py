@@ -69,7 +69,7 @@ def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_p
     with pytest.raises(ConfigError, match="is not a one-label sequence classifier.*needs a scalar head"):
         load_config([*PPO, "--ppo.reward_model_path", causal_lm_folder])
     with pytest.raises(ConfigError, match="--ppo.value_model_path .*no readable config.json"):
-        load_config([*PPO, "--ppo.value_model_path", str(tmp_path)])
+        load_config([*PPO, *RULE, "--ppo.value_model_path", str(tmp_path)])
 
 
 def test_ppo_without_a_reward_source_exits_2_with_one_message(tmp_path, capsys):
