@@ -9,6 +9,8 @@
   another model) it is a separate copy built with the kept converters only.
 - The **policy** handle: the live model being trained, lent for generation, run forward-only (recomputed
   log-probs), and followed by a rollout engine's copy of its weights (``on_update``).
+- A **trainable** model: another model trained beside the policy by its owner (a PPO value model), built by the
+  same builder and plan; the owner holds its optimizer.
 
 Objectives get a ``ModelHandles`` in their context (``ctx.models``) and never reach the trainer.
 """
@@ -160,6 +162,12 @@ class ModelHandles:
         key = (frozenset(keep), identity)
         self._shared.setdefault(key, _Shared(source)).holders += 1
         return FrozenHandle(self, key, identity)
+
+    def trainable(self, source: ModelSource) -> BuiltModel:
+        """Another model its owner trains beside the policy (a PPO value model): built now from ``source`` by the
+        job's builder under the same parallel plan, without converters, in train mode. The owner runs its forward
+        (under ``autocast()``), steps its own optimizer and keeps its state."""
+        return self.builder.build(source.spec, source.args, weights=source.weights)
 
     def policy(self) -> PolicyHandle:
         plan = self.builder.plan

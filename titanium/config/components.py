@@ -17,6 +17,7 @@ from titanium.config.sections import (
     KTOSection,
     LoRASection,
     MoESection,
+    PPOSection,
     QATSection,
     RewardSection,
     SFTSection,
@@ -32,6 +33,7 @@ OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec(
 OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
 OBJECTIVES.register("kto", "titanium.trainers.kto:KTOObjective", SectionSpec("kto", KTOSection))
 OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
+OBJECTIVES.register("ppo", "titanium.trainers.ppo:PPOObjective", SectionSpec("ppo", PPOSection))
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before

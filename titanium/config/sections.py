@@ -848,6 +848,59 @@ class FaultToleranceSection:
 
 
 @dataclass
+class PPOSection:
+    reward_model_path: str = ""
+    """The reward model: a Hugging Face sequence-classification folder (num_labels = 1; what --training.objective
+    reward exports with --checkpoint.last_save_in_hf) of the policy's family. It scores each prompt + response at
+    the response's last token. Empty: the rewards are the rule rewards alone; one of the two is required."""
+    rewards: list[str] = field(default_factory=list)
+    """Rule reward functions added to the reward model's score (the names of --grpo.rewards: exact_match, format,
+    or your own "package.module:function")."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per rule reward function, in the same order; empty: every weight is 1."""
+    answer_column: str = "answer"
+    """Column of a prompt row holding the reference answer, handed to the rule reward functions; "" for none."""
+    value_model_path: str = ""
+    """Where the value model (critic) starts: a Hugging Face sequence-classification folder. Empty: the reward
+    model's (torchtune's recipe), or without one the policy's shape with a seeded scalar head and body."""
+    value_lr: float = 1e-5
+    """The value model's AdamW learning rate (constant; the policy follows [optimizer] and [lr_scheduler])."""
+    value_max_norm: float = 1.0
+    """Gradient-norm clip of the value model (its own; --training.max_norm clips the policy's)."""
+    vf_coef: float = 0.1
+    """Weight of the value loss in the summed loss (torchtune's value_coeff, TRL's vf_coef)."""
+    kl_coef: float = 0.05
+    """Per-token KL penalty to the frozen reference in the reward: -kl_coef x (logprob - ref logprob) on every
+    response token. 0 builds no reference model."""
+    gamma: float = 1.0
+    """Discount of GAE."""
+    lam: float = 0.95
+    """GAE's lambda: 1 gives Monte-Carlo returns minus values, 0 one-step temporal differences."""
+    epsilon: float = 0.2
+    """Clip of the probability ratio in the policy loss, [1 - epsilon, 1 + epsilon]."""
+    value_clip: float = 0.2
+    """Clip of the value's change from its value at rollout time in the value loss (torchtune's
+    value_clip_range, TRL's cliprange_value)."""
+    ppo_epochs: int = 2
+    """Passes over each batch of rollouts."""
+    minibatches: int = 1
+    """Optimizer steps per pass over a batch of rollouts (each training.global_batch_size responses)."""
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (> 0); log-probs are those of the temperature-scaled distribution."""
+    top_p: float = 1.0
+    """Nucleus sampling; 1 turns it off."""
+    top_k: int = 0
+    """Draw only from the k most likely tokens; 0 turns it off."""
+    max_new_tokens: int = 256
+    """Most tokens generated per response."""
+    max_prompt_len: int = 512
+    """Prompts longer than this many tokens are skipped (counted in the log), not cut."""
+    missing_eos_penalty: float = 0.0
+    """Subtracted from the score of a response cut at max_new_tokens without a stop token (TRL's
+    missing_eos_penalty, torchtune's reward_penalty); 0: none."""
+
+
+@dataclass
 class CoreConfig:
     """The job: the loop's own sections. Each component registered in titanium/config/components.py adds its
     section after these (titanium/config/registry.py); built from dataclass defaults < TOML file < CLI flags."""

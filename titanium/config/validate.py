@@ -13,7 +13,7 @@ from pathlib import Path
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
 from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
-from titanium.config.validate_objectives import validate_kd, validate_kto, validate_reward
+from titanium.config.validate_objectives import validate_kd, validate_kto, validate_ppo, validate_reward
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -162,6 +162,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from validate_reward(cfg)
     yield from validate_kd(cfg)
     yield from validate_kto(cfg)
+    yield from validate_ppo(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
     yield from _validate_grpo(cfg.grpo)
@@ -180,8 +181,8 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVES.names())}, "
             "or your own as 'package.module:ClassName'"
         )
-    if kind in ("chat", "instruct") and objective not in ("sft", "kd", "grpo"):
-        yield f"--data.kind {kind} needs --training.objective sft, kd or grpo (pretraining reads text windows)"
+    if kind in ("chat", "instruct") and objective not in ("sft", "kd", "grpo", "ppo"):
+        yield f"--data.kind {kind} needs --training.objective sft, kd, grpo or ppo (pretraining reads text windows)"
     if objective in ("sft", "kd") and kind == "synthetic":
         yield f"--training.objective {objective} needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:

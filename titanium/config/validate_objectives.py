@@ -1,9 +1,11 @@
-"""Config checks of the reward and kd objectives: bad ranges and the layouts they cannot run under, named before
+"""Config checks of the reward, kd and ppo objectives: bad ranges and the layouts they cannot run under, named before
 any process group exists (exit code 2)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 
@@ -77,4 +79,77 @@ def validate_kto(cfg: Any) -> Iterator[str]:
         yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to kto; set it to 0"
     yield from _unsupported_layouts(
         cfg, "kto", {"context_parallel_degree": "is not supported under context parallelism yet (FSDP, TP, PP work)"}
+    )
+
+
+def _ppo_ranges(ppo: Any) -> Iterator[str]:
+    for name in ("kl_coef", "vf_coef", "missing_eos_penalty"):
+        if getattr(ppo, name) < 0:
+            yield f"--ppo.{name} must be >= 0, got {getattr(ppo, name)}"
+    for name in ("gamma", "lam"):
+        if not 0 <= getattr(ppo, name) <= 1:
+            yield f"--ppo.{name} must be in [0, 1], got {getattr(ppo, name)}"
+    for name in ("epsilon", "value_clip", "value_lr", "value_max_norm", "temperature"):
+        if not getattr(ppo, name) > 0:
+            yield f"--ppo.{name} must be > 0, got {getattr(ppo, name)}"
+    for name in ("ppo_epochs", "minibatches", "max_new_tokens", "max_prompt_len"):
+        if getattr(ppo, name) < 1:
+            yield f"--ppo.{name} must be >= 1, got {getattr(ppo, name)}"
+    if not 0 < ppo.top_p <= 1:
+        yield f"--ppo.top_p must be in (0, 1] (1 turns it off), got {ppo.top_p}"
+    if ppo.reward_weights and len(ppo.reward_weights) != len(ppo.rewards):
+        yield f"--ppo.reward_weights has {len(ppo.reward_weights)} weights for {len(ppo.rewards)} reward functions"
+
+
+def _scalar_head_folder(key: str, path: str) -> Iterator[str]:
+    """A Hugging Face sequence-classification folder with one label, or a message naming ``key``."""
+    config = Path(path) / "config.json"
+    try:
+        hf = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        yield f"--ppo.{key} {path}: no readable config.json ({e}); give a Hugging Face sequence-classification folder"
+        return
+    architectures = hf.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures) or hf.get("num_labels", 1) != 1:
+        yield (
+            f"--ppo.{key} {path}: {config} is not a one-label sequence classifier (architectures {architectures}); "
+            "a reward or value model needs a scalar head: train one with --training.objective reward and "
+            "--checkpoint.last_save_in_hf"
+        )
+
+
+def validate_ppo(cfg: Any) -> Iterator[str]:
+    ppo, t = cfg.ppo, cfg.training
+    yield from _ppo_ranges(ppo)
+    if t.objective != "ppo":
+        return
+    if not ppo.reward_model_path and not ppo.rewards:
+        yield (
+            "--training.objective ppo has no reward source: set --ppo.reward_model_path (a reward model's Hugging "
+            "Face sequence-classification folder) or --ppo.rewards (rule reward functions, e.g. exact_match)"
+        )
+    for key in ("reward_model_path", "value_model_path"):
+        if getattr(ppo, key):
+            yield from _scalar_head_folder(key, getattr(ppo, key))
+    if cfg.data.kind not in ("chat", "instruct", "text"):
+        yield f"--training.objective ppo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
+    if ppo.max_prompt_len + ppo.max_new_tokens > t.seq_len:
+        yield (
+            f"--ppo.max_prompt_len {ppo.max_prompt_len} + --ppo.max_new_tokens {ppo.max_new_tokens} must fit in "
+            f"--training.seq_len {t.seq_len}; lower them or raise seq_len"
+        )
+    if cfg.fault_tolerance.enable:
+        yield "--fault_tolerance.enable with --training.objective ppo is not supported yet; turn fault tolerance off"
+    if t.loss_chunk_size:
+        yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to ppo; set it to 0"
+    yield from _unsupported_layouts(
+        cfg,
+        "ppo",
+        {
+            "tensor_parallel_degree": "trains a value model with a one-output head, with no vocabulary to shard (FSDP "
+            "works)",
+            "pipeline_parallel_degree": "runs the value model beside the policy's loss, which a pipeline's last stage "
+            "alone computes (FSDP works)",
+            "context_parallel_degree": "does not split its rollouts over context-parallel ranks yet (FSDP works)",
+        },
     )

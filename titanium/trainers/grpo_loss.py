@@ -60,10 +60,11 @@ def clipped_policy_loss(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(loss, clipped_low, clipped_high)``, shaped like ``ratio``: the clipped surrogate loss, and where the clip
     took the gradient away (ratio below ``1 - epsilon_low`` with A < 0, or above ``1 + epsilon_high`` with A > 0).
+    ``advantages``: one per response ``[B]`` (GRPO) or one per token ``[B, T]`` (PPO).
 
     ``delta`` (two-sided clipping, INTELLECT-2) caps the unclipped term's ratio, so a token with A < 0 whose ratio
     has run far above 1 is pushed down with weight at most ``delta`` instead of its ratio."""
-    adv = advantages[:, None].to(ratio.dtype)
+    adv = (advantages[:, None] if advantages.dim() == 1 else advantages).to(ratio.dtype)
     unclipped = ratio if delta is None else ratio.clamp(max=delta)
     loss = -torch.minimum(unclipped * adv, ratio.clamp(1 - epsilon_low, 1 + epsilon_high) * adv)
     clipped_low = (ratio < 1 - epsilon_low) & (adv < 0)

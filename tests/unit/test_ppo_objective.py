@@ -1,0 +1,127 @@
+"""The ppo objective: its bad input (config time, exit code 2), and one short run in the loop whose rollout batch
+is checked against the models run independently (scores, values, old log-probs, whitened advantages) and whose
+value model trains beside the policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers import REPO, tiny_args
+from titanium.checkpoint.hf import export_hf
+from titanium.config import load_config
+from titanium.config.loader import ConfigError
+from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+from titanium.model_builder import ModelBuilder
+from titanium.models import build_model_args, get_model_spec
+from titanium.models.reward import reward_spec
+from titanium.train import main
+
+TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
+PROMPTS = ("--data.kind", "chat", "--data.path", TASKS, "--chat.chat_template", "llama3")
+
+
+def _export(folder, scalar: bool):
+    """The debug model in HF format, seeded: a one-label sequence classifier (``scalar``) or a causal LM."""
+    tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+    spec = get_model_spec("llama3")
+    if scalar:
+        spec = reward_spec(spec, pad_token_id=tokenizer.pad_id)
+    args = build_model_args(spec, "debugmodel", max_seq_len=64, vocab_size=tokenizer.vocab_size)
+    export_hf(ModelBuilder(torch.device("cpu"), seed=7).build(spec, args).model, folder, spec.hf_adapter, args)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def reward_folder(tmp_path_factory) -> str:
+    return _export(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
+
+
+@pytest.fixture(scope="module")
+def causal_lm_folder(tmp_path_factory) -> str:
+    return _export(tmp_path_factory.mktemp("lm") / "hf", scalar=False)
+
+
+PPO = ["--training.objective", "ppo", *PROMPTS, "--training.seq_len", "64", "--ppo.max_prompt_len", "40"]
+PPO += ["--ppo.max_new_tokens", "8"]
+RULE = ("--ppo.rewards", "exact_match")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--ppo.kl_coef", "-1"], "--ppo.kl_coef must be >= 0"),
+        (["--ppo.lam", "1.5"], r"--ppo.lam must be in \[0, 1\]"),
+        (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
+        (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
+        (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
+        (["--parallelism.tensor_parallel_degree", "2"], "one-output head"),
+        (["--parallelism.pipeline_parallel_degree", "2"], "a pipeline's last stage"),
+        (["--data.kind", "synthetic"], "ppo reads prompts"),
+    ],
+)
+def test_bad_ppo_configs_are_refused(args, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config([*PPO, *RULE, *args])
+
+
+def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_path):
+    with pytest.raises(ConfigError, match="is not a one-label sequence classifier.*needs a scalar head"):
+        load_config([*PPO, "--ppo.reward_model_path", causal_lm_folder])
+    with pytest.raises(ConfigError, match="--ppo.value_model_path .*no readable config.json"):
+        load_config([*PPO, *RULE, "--ppo.value_model_path", str(tmp_path)])
+
+
+def test_ppo_without_a_reward_source_exits_2_with_one_message(tmp_path, capsys):
+    assert main(tiny_args(tmp_path, *PPO)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("titanium: config error: --training.objective ppo has no reward source: set ")
+    assert err.count("\n") == 1, err
+
+
+def _unpadded_scores(model: torch.nn.Module, rows: dict[str, torch.Tensor], prompt_width: int) -> torch.Tensor:
+    """Each row's prompt + response alone (no padding, plain causal attention) through ``model``: its per-position
+    outputs ``[S_i]``, one row at a time."""
+    out = []
+    for i in range(rows["tokens"].shape[0]):
+        keep = rows["document_ids"][i] != 0  # (left padding is document 0)
+        length = int(keep[:prompt_width].sum()) + int(rows["mask"][i].sum())
+        tokens = rows["tokens"][i][keep][:length]
+        with torch.no_grad():
+            out.append(model(tokens[None]).squeeze(0).squeeze(-1).float())
+    return out
+
+
+def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_folder, tmp_path):
+    """Two optimizer steps on one rollout batch (ppo_epochs 2) with a reward model that also starts the value model.
+    The batch's scores are the reward model's at each response's last token, its old values the value model's start
+    (the reward model's per-position outputs) where each response token is predicted, its old log-probs the start
+    policy's (its KL to the reference 0), its advantages whitened; afterwards policy and value model have moved."""
+    extra = ("--ppo.reward_model_path", reward_folder, "--ppo.ppo_epochs", "2", "--training.steps", "2")
+    trainer = make_trainer(*tiny_args(tmp_path, *PPO, *extra, "--training.local_batch_size", "8"))
+    objective = trainer.objective
+    start_value = {n: p.detach().clone() for n, p in objective.value.model.named_parameters()}
+    start_policy = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    batch = objective.current
+    assert batch is not None and batch.served == 2 and batch.version == 0
+    rows, mask = batch.rows, batch.rows["mask"]
+    width = mask.shape[1]
+    prompt_width = rows["tokens"].shape[1] - width
+    spec = reward_spec(get_model_spec("llama3"), pad_token_id=objective.tokenizer.pad_id)
+    reward_model = ModelBuilder(torch.device("cpu")).load_hf(spec, reward_folder, max_seq_len=64).model
+    outputs = _unpadded_scores(reward_model, rows, prompt_width)
+    for i, out in enumerate(outputs):
+        n = int(mask[i].sum())
+        assert n > 0
+        torch.testing.assert_close(rows["ppo/score"][i], out[-1], rtol=0, atol=1e-5)
+        torch.testing.assert_close(rows["old_values"][i, :n], out[-n - 1 : -1], rtol=0, atol=1e-5)
+    assert not rows["ppo/kl"].any()  # made by the start policy, which the reference is
+    torch.testing.assert_close(rows["old_logprobs"], rows["old_logprobs"] * mask)
+    advantages = rows["advantages"][mask].double()
+    assert abs(advantages.mean()) < 1e-6 and abs(advantages.std() - 1) < 1e-4
+    moved = lambda start, model: max(  # noqa: E731
+        (p.detach() - start[n]).abs().max().item() for n, p in model.named_parameters()
+    )
+    assert moved(start_value, objective.value.model) > 0
+    assert moved(start_policy, trainer.model) > 0

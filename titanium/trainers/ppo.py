@@ -1,0 +1,355 @@
+"""PPO in the loop (torchtune's recipe): a policy, a frozen reference, a reward model and a value model (critic).
+
+Each rollout batch is sampled by the ``[rollout]`` engine (as GRPO's: its own copy of the policy, synced after every
+optimizer step), one response per prompt. In ``prepare``, without gradients: the policy's log-probs of the responses
+(recomputed, so the ratio starts at exactly 1), the reference's (``kl_coef`` > 0), each response's score (the reward
+model's at its last token plus any rule rewards, minus ``missing_eos_penalty`` for a truncated response) and the
+value model's per-token values. Then the math of ``titanium.trainers.ppo_loss``: KL-penalized per-token rewards,
+GAE, advantages whitened over the whole batch of every data-parallel rank. The batch is served for ``ppo_epochs x
+minibatches`` optimizer steps; each microbatch's loss is the clipped policy loss plus ``vf_coef`` x the clipped
+value loss, summed over response tokens (the loop divides by the step's response tokens over all ranks).
+
+The value model is a decoder with a scalar head per position (``titanium.models.reward``), built by the job's
+builder under the policy's parallel plan (FSDP or plain data parallelism), started from ``value_model_path``, the
+reward model, or a seeded initialization. The loss runs its forward, so the loop's backward fills its gradients;
+the objective clips them and steps the value model's own AdamW after every optimizer step of the policy. The reward
+model and the reference are frozen handles, built by the same builder.
+
+Not yet: tensor, pipeline and context parallelism (refused at config time), and the value model in checkpoints (so resuming a PPO
+run is refused).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from titanium.batch import Batch, Fields, empty_batch, per_row
+from titanium.checkpoint.hf import hf_model_args
+from titanium.config.loader import ConfigError
+from titanium.config.sections import DataSection, PPOSection
+from titanium.data.chat import build_chat_template
+from titanium.data.prompts import PromptDataset, PromptSample
+from titanium.generation.engine import build_engine
+from titanium.generation.rollout import batch_logprobs, to_rollout
+from titanium.generation.rollout_buffer import RolloutBatch
+from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.model_builder import ModelSource, WeightSource
+from titanium.models.reward import reward_spec
+from titanium.rewards import RewardSet, exact_match
+from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
+from titanium.trainers.ppo_loss import generalized_advantages, kl_penalized_rewards, ppo_loss, whiten
+
+logger = logging.getLogger("titanium")
+
+Rows = dict[str, torch.Tensor]
+MODEL_INPUTS = ("tokens", "positions", "document_ids")
+
+
+@dataclass
+class PPOFields(Fields):
+    """A microbatch of rollouts' own fields, per response over its T response positions."""
+
+    old_logprobs: torch.Tensor = per_row()
+    old_values: torch.Tensor = per_row()
+    advantages: torch.Tensor = per_row()
+    """Whitened GAE advantages (0 outside the response)."""
+    returns: torch.Tensor = per_row()
+    loss_mask: torch.Tensor = per_row()
+    """``[B, T]`` the generated tokens (a final stop id included)."""
+
+    def units(self) -> torch.Tensor:
+        return self.loss_mask.sum()
+
+
+ROW_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/response_len", "ppo/truncated")
+"""Per response: its score, its total reward (score - kl_coef x KL), its summed KL to the reference, its length,
+whether it was cut at max_new_tokens (means over the step's responses)."""
+TOKEN_METRICS = ("ppo/policy_loss", "ppo/value_loss", "ppo/clip_frac", "ppo/value_clip_frac", "ppo/approx_kl")
+
+
+def scalar_head_source(spec: Any, folder: str, key: str, pad_id: int | None, vocab_size: int, seq_len: int):
+    """A reward or value model from a Hugging Face sequence-classification ``folder`` of the policy's family."""
+    scalar = reward_spec(spec, pad_token_id=pad_id)
+    args = hf_model_args(scalar, folder, max_seq_len=seq_len)
+    if args.vocab_size != vocab_size:
+        raise ConfigError(
+            f"--ppo.{key} {folder}: its vocabulary has {args.vocab_size} entries, the policy's {vocab_size}; it reads "
+            "the policy's tokens, so it needs the same tokenizer"
+        )
+    return ModelSource(scalar, args, WeightSource(hf_folder=folder))
+
+
+def value_source(cfg: PPOSection, policy: Any, pad_id: int | None, vocab_size: int, seq_len: int) -> ModelSource:
+    """Where the value model starts: ``value_model_path``, else the reward model, else seeded (the policy's shape)."""
+    folder, key = (
+        (cfg.value_model_path, "value_model_path")
+        if cfg.value_model_path
+        else (cfg.reward_model_path, "reward_model_path")
+    )
+    if folder:
+        return scalar_head_source(policy.spec, folder, key, pad_id, vocab_size, seq_len)
+    return ModelSource(reward_spec(policy.spec, pad_token_id=pad_id), policy.args)
+
+
+def in_chunks(rows: Rows, size: int) -> Iterator[dict[str, torch.Tensor]]:
+    """The model inputs of ``rows``, ``size`` rows at a time."""
+    for start in range(0, rows["tokens"].shape[0], size):
+        yield {k: rows[k][start : start + size] for k in MODEL_INPUTS}
+
+
+class PPOObjective(Objective):
+    """PPO on prompts (``[data] kind = chat, instruct or text``), configured by ``[ppo]``.
+
+    ``training.local_batch_size`` counts responses (one per prompt) per microbatch; a rollout batch holds
+    ``minibatches`` steps' worth per rank. ``next_microbatch`` hands out empty batches: the rows are made in
+    ``prepare``. A checkpoint holds the prompt position before the batch in flight, which a resumed run makes again.
+    """
+
+    loss_spikes = False  # (the policy loss sits near 0, of either sign)
+
+    def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection) -> None:
+        assert ctx.models is not None, "PPO follows the live policy: the loop must hand it (ObjectiveContext.models)"
+        self.cfg, self.device, self.policy = cfg, ctx.device, ctx.models.policy()
+        self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
+        self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
+        template = (
+            None if data.kind == "text" else build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        )
+        stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
+        self.prompts = PromptDataset(
+            data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world
+        )
+        self._prompt_stream: Iterator[PromptSample] | None = None
+        self.rule_rewards = RewardSet(cfg.rewards, cfg.reward_weights)
+        self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
+        pad_id, vocab, seq = ctx.tokenizer.pad_id, ctx.vocab_size, ctx.seq_len
+        self.reward_model = None
+        if cfg.reward_model_path:
+            source = scalar_head_source(
+                self.policy.spec, cfg.reward_model_path, "reward_model_path", pad_id, vocab, seq
+            )
+            self.reward_model = ctx.models.frozen(source=source)
+        self.reference = ctx.models.frozen() if cfg.kl_coef > 0 else None
+        self.value = ctx.models.trainable(value_source(cfg, self.policy, pad_id, vocab, seq))
+        self.value_params = [p for p in self.value.model.parameters() if p.requires_grad]
+        self.value_optimizer = torch.optim.AdamW(self.value_params, lr=cfg.value_lr, weight_decay=0.0)
+        self.metric_names = (
+            *ROW_METRICS,
+            *(("ppo/accuracy",) if cfg.answer_column else ()),
+            *TOKEN_METRICS,
+            "ppo/entropy",
+        )
+        self.current: RolloutBatch | None = None
+        self.version = 0
+        self.batches_made = 0
+        self.engine = build_engine(
+            ctx.rollout,
+            self.policy.spec,
+            self.policy.args,
+            stop_ids=stop_ids,
+            pad_id=pad_id,
+            max_model_len=cfg.max_prompt_len + cfg.max_new_tokens,
+            device=ctx.device,
+            training_dtype=self.policy.param_dtype,
+            seed=rollout_seed(ctx.seed, ctx.dp_rank, 0),
+        )
+        self.policy.on_update(self._after_update)
+
+    # ----- after each optimizer step: the value model's own step, and the engine's weights -----
+
+    def _after_update(self, step: int) -> None:
+        """Step the value model on the gradients the step's backward left (none at the start), then sync the engine
+        with the policy's weights (every rank together)."""
+        if any(p.grad is not None for p in self.value_params):
+            torch.nn.utils.clip_grad_norm_(self.value_params, self.cfg.value_max_norm, foreach=True)
+            self.value_optimizer.step()
+            self.value_optimizer.zero_grad(set_to_none=True)
+        self.engine.sync_from(self.policy.model, version=step, pp_group=self.policy.pp_group)
+        self.version = step
+
+    def close(self) -> None:
+        self.engine.close()
+
+    # ----- rollouts -----
+
+    def next_microbatch(self) -> Batch:
+        return empty_batch()
+
+    def prepare(self, microbatches: list[Batch]) -> Prepared:
+        if self.current is None or self.current.steps_left == 0:
+            self.current = self._make_batch(len(microbatches))
+        parts = self.current.next_step(len(microbatches))
+        responses = torch.tensor(float(sum(part["tokens"].shape[0] for part in parts)), device=self.device)
+        metrics: Metrics = {
+            name: (sum(part[name].sum() for part in parts), responses) for name in self.metric_names if name in parts[0]
+        }
+        batches = [
+            Batch(
+                part["tokens"],
+                PPOFields(part["old_logprobs"], part["old_values"], part["advantages"], part["returns"], part["mask"]),
+                positions=part["positions"],
+                document_ids=part["document_ids"],
+            )
+            for part in parts
+        ]
+        return Prepared(batches, metrics)
+
+    def _next_prompts(self, n: int) -> list[PromptSample]:
+        if self._prompt_stream is None:
+            self._prompt_stream = iter(self.prompts)
+        return [next(self._prompt_stream) for _ in range(n)]
+
+    def _make_batch(self, microbatches: int) -> RolloutBatch:
+        """Sample the next rollout batch and compute everything the loss needs of it, as rows on the device."""
+        cfg = self.cfg
+        resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
+        samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches)
+        out = self.engine.generate(
+            [s.prompt for s in samples], self.params, seed=rollout_seed(self.seed, self.dp_rank, self.batches_made)
+        )
+        generation = dataclasses.replace(
+            out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
+        )
+        rollout = to_rollout(samples, 1, generation, self.rule_rewards, self.tokenizer)
+        self.batches_made += 1
+        rows: Rows = {k: v.to(self.device) for k, v in rollout.model_inputs().items()}
+        mask = rollout.response_mask.to(self.device)
+        width = mask.shape[1]
+        rows["mask"] = mask
+        logprobs = self._gathered(
+            batch_logprobs(self.policy.forward, rows, width, cfg.temperature, self.local_batch_size)
+        )
+        ref_logprobs = None
+        if self.reference is not None:
+            ref_logprobs = batch_logprobs(self._reference_logits, rows, width, cfg.temperature, self.local_batch_size)
+        finished = rollout.finished.to(self.device)
+        scores = rollout.rewards.total.to(self.device, torch.float32) - cfg.missing_eos_penalty * (~finished).float()
+        if self.reward_model is not None:
+            scores = scores + self._reward_scores(rows, rollout.prompt_width)
+        values = self._values(rows, width)
+        rewards, kl = kl_penalized_rewards(scores, logprobs * mask, ref_logprobs, mask, cfg.kl_coef)
+        advantages, returns = generalized_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
+        group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
+        scale = dist.get_world_size() // self.dp_world if group is not None else 1
+        rows.update(
+            old_logprobs=logprobs * mask,
+            old_values=values * mask,
+            advantages=whiten(advantages, mask, group, scale),
+            returns=returns * mask,
+        )
+        rows["ppo/score"] = scores
+        rows["ppo/reward"] = rewards.sum(dim=1)
+        rows["ppo/kl"] = kl.sum(dim=1)
+        rows["ppo/response_len"] = mask.sum(dim=1).float()
+        rows["ppo/truncated"] = (~finished).float()
+        if cfg.answer_column:
+            rows["ppo/accuracy"] = torch.tensor(
+                [exact_match(c, s.answer, {}) for c, s in zip(rollout.completions, samples)], device=self.device
+            )
+        return RolloutBatch(rows, self.version, cfg.minibatches, cfg.ppo_epochs, resume_point=resume_point)
+
+    @staticmethod
+    def _gathered(logprobs: torch.Tensor | None) -> torch.Tensor:
+        assert logprobs is not None, "pipeline parallelism is refused for ppo (config validation)"
+        return logprobs
+
+    def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        assert self.reference is not None
+        return self.reference(Batch(inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"]))
+
+    def _reward_scores(self, rows: Rows, prompt_width: int) -> torch.Tensor:
+        """``[B]`` the reward model's score of each prompt + response, read at the response's last token (the
+        prompt's last token for an empty response)."""
+        assert self.reward_model is not None
+        last = prompt_width + rows["mask"].sum(dim=1) - 1
+        parts = []
+        for start, inputs in zip(range(0, len(last), self.local_batch_size), in_chunks(rows, self.local_batch_size)):
+            scores = self.reward_model(Batch(inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"]))
+            assert scores is not None
+            index = last[start : start + len(inputs["tokens"])]
+            parts.append(scores.squeeze(-1).float().gather(1, index[:, None]).squeeze(1))
+        return torch.cat(parts)
+
+    def _value_forward(self, inputs: dict[str, torch.Tensor], width: int) -> torch.Tensor:
+        """``[B, T]`` the value model's values of the response positions (the value at t is read where token t is
+        predicted, as the log-probs are)."""
+        with self.value.autocast():
+            out = self.value.model(**{k: inputs[k] for k in MODEL_INPUTS})
+        if isinstance(out, DTensor):
+            out = out.full_tensor()
+        return out.squeeze(-1).float()[:, -width - 1 : -1]
+
+    @torch.no_grad()
+    def _values(self, rows: Rows, width: int) -> torch.Tensor:
+        return torch.cat([self._value_forward(inputs, width) for inputs in in_chunks(rows, self.local_batch_size)])
+
+    # ----- the loss -----
+
+    def loss(self, output: ModelOutput, batch: Batch[PPOFields]) -> LossResult:
+        assert output.logits is not None
+        fields, cfg = batch.fields, self.cfg
+        mask = fields.loss_mask
+        width = mask.shape[1]
+        logits = output.logits[:, -width - 1 : -1]
+        if isinstance(logits, DTensor):
+            logits = logits.full_tensor()
+        logprobs = token_logprobs(logits, batch.tokens[:, -width:], cfg.temperature)
+        values = self._value_forward(batch.model_inputs(), width)
+        sums = ppo_loss(
+            logprobs,
+            fields.old_logprobs,
+            fields.advantages,
+            values,
+            fields.old_values,
+            fields.returns,
+            mask,
+            epsilon=cfg.epsilon,
+            value_clip=cfg.value_clip,
+            vf_coef=cfg.vf_coef,
+        )
+        with torch.no_grad():
+            entropy = masked_entropy_sum(logits, mask, cfg.temperature)
+        tokens = sums.tokens
+        metrics = {
+            "ppo/policy_loss": (sums.policy, tokens),
+            "ppo/value_loss": (sums.value, tokens),
+            "ppo/clip_frac": (sums.clipped, tokens),
+            "ppo/value_clip_frac": (sums.value_clipped, tokens),
+            "ppo/approx_kl": (sums.approx_kl, tokens),
+            "ppo/entropy": (entropy, tokens),
+        }
+        return LossResult(sums.loss, metrics)
+
+    def check_layout(self, pipeline_microbatch_size: int | None) -> None:
+        if pipeline_microbatch_size is not None:  # (config validation refuses it first)
+            raise ConfigError("--training.objective ppo: pipeline parallelism is not supported; use FSDP")
+
+    # ----- log and checkpoint -----
+
+    def log_metrics(self) -> dict[str, float]:
+        counters = {"data/skipped_rows": self.prompts.bad_rows, "ppo/long_prompts_skipped": self.prompts.too_long}
+        return {k: float(v) for k, v in counters.items() if v}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The prompt position before the rollout batch in flight (made again on resume)."""
+        if self.current is not None and self.current.steps_left > 0:
+            return dict(self.current.resume_point)
+        return {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        # Resuming would restart the value model (and its optimizer) from its initial weights: a different run
+        # from the one interrupted, so it is refused rather than warned about.
+        raise ConfigError(
+            "--training.objective ppo cannot resume from its own checkpoint yet: the value model is not saved in "
+            "checkpoints. Start a new run from the policy's weights with --checkpoint.initial_load_path <step folder> "
+            "in a new --job.dump_folder"
+        )
