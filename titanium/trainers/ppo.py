@@ -15,8 +15,8 @@ reward model, or a seeded initialization. The loss runs its forward, so the loop
 the objective clips them and steps the value model's own AdamW after every optimizer step of the policy. The reward
 model and the reference are frozen handles, built by the same builder.
 
-Not yet: tensor, pipeline and context parallelism (refused at config time), and the value model in checkpoints (so resuming a PPO
-run is refused).
+Not yet: tensor, pipeline and context parallelism (refused at config time), and the value model in checkpoints
+(so resuming a PPO run is refused).
 """
 
 from __future__ import annotations
