@@ -796,5 +796,4 @@ class CoreConfig:
     profiling: ProfilingSection = field(default_factory=ProfilingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.config.loader import ConfigError
-from titanium.config.sections import DataSection, GRPOSection
+from titanium.config.sections import DataSection, GRPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.engine import SyncStats, build_engine
@@ -195,7 +195,11 @@ class GRPOObjective(Objective):
 
     loss_spikes = False  # (the loss sits near 0, of either sign: a ratio to its running mean is noise)
 
-    def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection) -> None:
+    def __init__(
+        self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection, rollout: RolloutSection | None = None
+    ) -> None:
+        """``rollout``: the ``[rollout]`` section (the engine to generate with; its defaults when not given),
+        registered with the objective (titanium/config/components.py)."""
         if ctx.models is None:
             raise ValueError("GRPO follows the live policy's weights: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
@@ -242,7 +246,7 @@ class GRPOObjective(Objective):
         self._times: dict[str, float] = {}  # seconds spent since the last prepare, by TIME_PARTS
         self._prepared_at: float | None = None
         self.engine = build_engine(
-            ctx.rollout,
+            rollout or RolloutSection(),
             self.policy.spec,
             self.policy.args,
             stop_ids=stop_ids,
