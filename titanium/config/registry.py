@@ -2,13 +2,12 @@
 
 A component (an objective, a model converter, an evaluation, a loss variant, a reward function) registers under a
 name with the ``module:attribute`` that implements it, imported only when used, and with its config section, if it
-has one: a name and a dataclass, plus any sections it reads that belong to no other component (GRPO's
-``[rollout]``, the engine it generates with). The job config is the core sections plus every registered section, so the TOML
-file, the command line, ``--help`` and docs/configuration.md know them all before anything heavy is imported, and
-each component is handed its own section and nothing else. Wherever a name is asked for, an import path
-``package.module:attribute`` works too (your own component, no registration needed); an objective given that way
-brings its section along as its class attribute ``section`` (a ``SectionSpec``), and the others as
-``more_sections``.
+has one: a name and a dataclass, plus any further sections it reads (GRPO's ``[rollout]``, the engine it generates
+with). The job config is the core sections plus every registered section, so the TOML file, the command line,
+``--help`` and docs/configuration.md know them all before anything heavy is imported, and each component is handed
+its own sections and nothing else. Wherever a name is asked for, an import path ``package.module:attribute`` works
+too (your own component, no registration needed); an objective given that way brings its section along as its class
+attribute ``section`` (a ``SectionSpec``), and the others as ``more_sections``.
 """
 
 from __future__ import annotations
