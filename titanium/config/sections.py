@@ -713,8 +713,9 @@ class GRPOSection:
     as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
     max_policy_lag: int = 0
     """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
-    them: the next batch is generated while the current one is still trained on, as early as this allows; a
-    queued batch that would be older is dropped. 0: fully on-policy (each batch made right before its use)."""
+    them: the next batch is generated while the current one is still trained on (titanium engine: on a thread of
+    its own, overlapping the training step), as early as this allows; a queued batch that would be older is
+    dropped. 0: fully on-policy (each batch made right before its use)."""
 
 
 @dataclass
