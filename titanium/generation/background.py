@@ -24,12 +24,12 @@ T = TypeVar("T")
 class GenerationWorker:
     """Runs generation calls one at a time: on its thread (``background``) or at once in the caller."""
 
-    def __init__(self, background: bool) -> None:
+    def __init__(self, background: bool, device: torch.device | None = None) -> None:
         self.background = background
         self._pool: ThreadPoolExecutor | None = None
-        if background:  # (intra-op threads are set per thread: the same as the loop's, for the same results)
+        if background:
             self._pool = ThreadPoolExecutor(
-                1, "rollouts", initializer=torch.set_num_threads, initargs=(torch.get_num_threads(),)
+                1, "rollouts", initializer=_start_thread, initargs=(torch.get_num_threads(), device)
             )
         self._in_flight: Future | None = None
 
@@ -58,3 +58,11 @@ class GenerationWorker:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+
+def _start_thread(threads: int, device: torch.device | None) -> None:
+    """The loop's settings that are per thread: intra-op threads (the same count, for the same results) and the
+    current CUDA device (a new thread's is device 0)."""
+    torch.set_num_threads(threads)
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)

@@ -9,7 +9,7 @@ cispo; a clipped ratio objective plus beta x k3 KL to a reference) is in ``grpo_
 (``[rollout]``, refreshed after every optimizer step through the policy handle's ``on_update``), old log-probs
 from the engine or recomputed by the trained policy (with importance weights for the gap), reference log-probs
 from a frozen copy (beta > 0), ppo_epochs x minibatches optimizer steps per rollout batch, and a bounded
-policy lag.
+policy lag (the next batch generated on a thread while the step trains: ``titanium.generation.background``).
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ MISMATCH_METRICS = (
     "grpo/is_weight_min",
 )
 """The engine/trainer gap with ``old_logprobs = "recompute"`` (the first two), and the importance weights'
-(``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batches made at a step."""
+(``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batch first used at a step (recomputed
+then: with a policy lag the gap includes the updates since the engine sampled it)."""
 TIME_PARTS = ("generate", "wait", "old_logprobs", "reference", "sync", "train")
 """The step-time breakdown, in seconds per rank (``grpo/time/<part>``, means over ranks): generation (its own
 seconds, on the generation thread or not), recomputed old log-probs and reference log-probs of the batches first
@@ -267,7 +268,7 @@ class GRPOObjective(Objective):
             training_dtype=self.policy.param_dtype,
             seed=rollout_seed(ctx.seed, ctx.dp_rank, 0),
         )
-        self.worker = GenerationWorker(self.engine.background and cfg.max_policy_lag > 0)
+        self.worker = GenerationWorker(self.engine.background and cfg.max_policy_lag > 0, ctx.device)
         self.policy.on_update(self.sync)
 
     # ----- the engine follows the policy -----
