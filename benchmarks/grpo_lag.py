@@ -11,6 +11,11 @@ step trains (titanium/generation/background.py). From what the trainer logs ever
 over the steps after the first), ``grpo/time/generate`` and ``grpo/time/wait`` summed over those steps (hidden:
 1 - wait / generate, the share of generation the loop did not wait for), and ``grpo/reward`` (mean over all steps,
 and over the last five).
+
+OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): on a shared CPU with more runnable threads than cores,
+libgomp's default spinning made every operation of the loop's thread 30-60x slower (measured here: 300 matmuls of
+256x256 took 14-25 s instead of 0.43 s at load ~20 on 2 cores), and a second thread's OpenMP team switches it to
+short spins, which made lag > 0 look ~10x faster for a reason that has nothing to do with the overlap.
 """
 
 from __future__ import annotations
@@ -37,7 +42,12 @@ def run(lag: int, folder: Path, args: argparse.Namespace) -> dict[str, float] | 
         "--training.local_batch_size", str(8 * args.prompts), "--training.global_batch_size", str(8 * args.prompts),
         "--grpo.max_policy_lag", str(lag), "--metrics.log_freq", "1", "--debug.seed", "0",
     ]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": python_path(), "OMP_NUM_THREADS": str(args.threads)}
+    env = {
+        **os.environ,
+        "PYTHONPATH": python_path(),
+        "OMP_NUM_THREADS": str(args.threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+    }
     try:
         subprocess.run(
             [sys.executable, "-m", "titanium.train", *flags], cwd=REPO, check=True, timeout=args.timeout, env=env
@@ -54,7 +64,7 @@ def run(lag: int, folder: Path, args: argparse.Namespace) -> dict[str, float] | 
         "step": statistics.median(steps) if steps else float("nan"),
         "generate": generate,
         "wait": wait,
-        "hidden": 1 - wait / generate if generate else float("nan"),
+        "hidden": round(1 - wait / generate, 3) + 0.0 if generate else float("nan"),  # (+ 0.0: no -0)
         "reward": statistics.fmean(rewards) if rewards else float("nan"),
         "reward_last": statistics.fmean(rewards[-5:]) if rewards else float("nan"),
     }
@@ -71,7 +81,7 @@ def table(rows: dict[int, dict[str, float] | str], args: argparse.Namespace) -> 
         "",
         f"train_configs/debug_grpo.toml from the debug SFT checkpoint, {args.prompts} prompts x 8 responses per step, "
         f"{args.steps} steps, titanium engine. Step time: median of steps 2-{args.steps}; generate / waited: seconds "
-        "summed over those steps; hidden: 1 - waited / generate (script docstring).",
+        "summed over those steps; hidden: 1 - waited / generate; OMP_WAIT_POLICY=PASSIVE (script docstring).",
         "",
         "| max_policy_lag | step time (s) | generate (s) | waited (s) | hidden | reward (mean) | reward (last 5) |",
         "|---:|---:|---:|---:|---:|---:|---:|",
