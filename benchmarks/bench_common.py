@@ -136,6 +136,24 @@ def number(value: float, spec: str = ",.0f") -> str:
     return "n/a" if value != value else format(value, spec)
 
 
+def cpu_header(title: str, threads: int) -> list[str]:
+    """The first lines of a CPU results file: its title, the machine and torch, and the command that wrote it."""
+    device = f"Device: {device_name(torch.device('cpu'))}; torch {torch.__version__}, {threads} thread(s)."
+    return [f"# {title}", "", device, "", f"Command: `{command_line()}`"]
+
+
+def table_rows(rows: dict, cells: Callable[[dict[str, float]], list[str]], columns: int) -> list[str]:
+    """Markdown rows of a results table: the key, then ``cells(row)``, or the reason a row has no numbers (a
+    string) in the first cell of ``columns - 1``."""
+    lines = []
+    for key, row in rows.items():
+        if isinstance(row, str):
+            lines.append(f"| {key} | {row} |" + " |" * (columns - 2))
+        else:
+            lines.append(f"| {key} | " + " | ".join(cells(row)) + " |")
+    return lines
+
+
 def series(folder: Path, tag: str) -> dict[int, float]:
     """step -> value of one scalar a run in ``folder`` logged (empty if it logged none)."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

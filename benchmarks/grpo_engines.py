@@ -28,7 +28,7 @@ import torch
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's titanium, then the shared helpers
-from bench_common import command_line, device_name, python_path, series, write  # noqa: E402
+from bench_common import cpu_header, python_path, series, table_rows, write  # noqa: E402
 
 PARTS = ("generate", "old_logprobs", "reference", "sync", "train")
 TOKENIZER = REPO / "assets/tokenizer/titanium_debug.tiktoken"
@@ -93,11 +93,7 @@ def imports_vllm(python: str) -> bool:
 
 def table(rows: dict[str, dict[str, float] | str], args: argparse.Namespace) -> str:
     lines = [
-        "# GRPO step-time breakdown by rollout engine (CPU)",
-        "",
-        f"Device: {device_name(torch.device('cpu'))}; torch {torch.__version__}, {args.threads} thread(s).",
-        "",
-        f"Command: `{command_line()}`",
+        *cpu_header("GRPO step-time breakdown by rollout engine (CPU)", args.threads),
         "",
         f"{args.prompts} prompts x 8 responses per step, up to {args.max_new_tokens} new tokens, a batch every step, "
         "old log-probs recomputed, KL reference (beta 0.04); Llama of width 256, 6 layers, head_dim 32, float32, "
@@ -106,12 +102,9 @@ def table(rows: dict[str, dict[str, float] | str], args: argparse.Namespace) -> 
         "| engine | generate | old log-probs | reference | sync | train | step (loop) | generated tok/s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for engine, row in rows.items():
-        if isinstance(row, str):
-            lines.append(f"| {engine} | {row} |" + " |" * 6)
-            continue
-        cells = [f"{row[p]:.3f}" for p in PARTS] + [f"{row['step']:.3f}", f"{row['tps']:.0f}"]
-        lines.append(f"| {engine} | " + " | ".join(cells) + " |")
+    lines += table_rows(
+        rows, lambda row: [f"{row[p]:.3f}" for p in PARTS] + [f"{row['step']:.3f}", f"{row['tps']:.0f}"], 8
+    )
     return "\n".join(lines) + "\n"
 
 

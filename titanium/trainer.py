@@ -173,7 +173,6 @@ class Trainer:
             dump_folder=self.cfg.job.dump_folder,
             fixed_shapes=self.dims.pp > 1,
             sequence_multiple=self.dims.sequence_multiple,
-            rollout=self.cfg.rollout,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(

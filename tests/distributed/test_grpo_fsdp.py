@@ -75,8 +75,9 @@ def test_grpo_step_equals_one_process(runs, config, layout) -> None:
     (run, metrics), (ref_run, ref_metrics) = runs[f"{config}_{layout}"], runs[f"{config}_single"]
     assert_matches(run, ref_run)
     for tag, values in metrics.items():
-        if tag == "grpo/logprob_mismatch_max":  # of the batches made (steps 1, 2, 4): the engine's copy and the
-            assert sorted(values) == [1, 2, 4] and max(values.values()) < 1e-4, values  # policy hold the same weights
+        if tag == "grpo/logprob_mismatch_max":  # of the batches first used (steps 1, 3, 5); recomputed then, so
+            assert sorted(values) == [1, 3, 5] and values[1] < 1e-4, values  # only the first is on the same weights
+            assert min(values[3], values[5]) > 1e-3, values  # (the others: one update later than the engine's)
             continue
         assert sorted(values) == list(range(1, STEPS + 1)), tag
         for step, value in values.items():

@@ -11,6 +11,10 @@ from pathlib import Path
 import pytest
 
 from titanium.config import ConfigError, JobConfig, load_config
+from titanium.config.components import OBJECTIVES
+from titanium.config.registry import SectionSpec
+from titanium.config.sections import RolloutSection
+from titanium.trainers import build_objective
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -137,6 +141,34 @@ def test_an_objective_given_by_import_path_brings_its_section(tmp_path, monkeypa
         load_config(["--job.config_file", write(tmp_path, "[reference]\npenalty = 2\n")])  # another objective
     with pytest.raises(ConfigError, match="cannot import tests.objectives.reference:Nope"):
         load_config(["--training.objective", "tests.objectives.reference:Nope"])
+
+
+@dataclasses.dataclass
+class _LevelSection:
+    level: int = 1
+    """A test section."""
+
+
+class _ReadsMoreSections:
+    """An objective of one's own (by import path) that reads GRPO's [rollout] and a section of its own."""
+
+    more_sections = (SectionSpec("rollout", RolloutSection), SectionSpec("level_test", _LevelSection))
+
+    def __init__(self, ctx, data, section, **more) -> None:
+        self.section, self.more = section, more
+
+
+def test_further_sections_reach_their_objective_by_keyword(monkeypatch):
+    """[rollout] belongs to GRPO's registry entry (the loop never names it), and an objective by import path
+    declares the further sections it reads the same way; each arrives by keyword, with its CLI values."""
+    monkeypatch.chdir(REPO)
+    assert OBJECTIVES.more_sections("grpo") == (SectionSpec("rollout", RolloutSection),)
+    assert ".rollout" not in (REPO / "titanium" / "trainer.py").read_text()
+    objective = f"{__name__}:_ReadsMoreSections"
+    cfg = load_config(["--training.objective", objective, "--rollout.engine", "vllm", "--level_test.level", "3"])
+    built = build_objective(objective, None, cfg.data, cfg)
+    assert built.section is None
+    assert built.more["rollout"].engine == "vllm" and built.more["level_test"].level == 3
 
 
 def test_chat_settings_moved_from_sft_still_read_with_a_warning(tmp_path, monkeypatch, caplog):

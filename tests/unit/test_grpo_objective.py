@@ -370,4 +370,4 @@ def test_recomputed_old_logprobs_measure_the_engine_gap_and_a_skipped_sync(token
     weights = microbatch.fields.is_weights
     assert weights is not None and weights.shape == microbatch.fields.old_logprobs.shape
     parts = {name.split("/")[-1] for name in prepared.metrics if name.startswith("grpo/time/")}
-    assert parts == {"generate", "old_logprobs", *(("sync", "train") if synced else ())}
+    assert parts == {"generate", "wait", "old_logprobs", *(("sync", "train") if synced else ())}

@@ -20,16 +20,23 @@ from titanium.config.sections import (
     PPOSection,
     QATSection,
     RewardSection,
+    RolloutSection,
     SFTSection,
     ValidationSection,
 )
 
 OBJECTIVES = Registry("objective", "--training.objective")
-"""What to optimize (titanium/trainers/); the class takes ``(ObjectiveContext, DataSection, its section)``."""
+"""What to optimize (titanium/trainers/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its
+further sections by keyword (GRPO: ``rollout=``, the engine it generates with)."""
 OBJECTIVES.register("pretrain", "titanium.trainers.pretrain:PretrainObjective")
 OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sft", SFTSection))
 OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
-OBJECTIVES.register("grpo", "titanium.trainers.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection))
+OBJECTIVES.register(
+    "grpo",
+    "titanium.trainers.grpo:GRPOObjective",
+    SectionSpec("grpo", GRPOSection),
+    more_sections=(SectionSpec("rollout", RolloutSection),),
+)
 OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
 OBJECTIVES.register("kto", "titanium.trainers.kto:KTOObjective", SectionSpec("kto", KTOSection))
 OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))

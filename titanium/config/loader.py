@@ -52,11 +52,11 @@ def load_config(argv: list[str]) -> Any:
 
 
 def _objective_sections(objective: str) -> tuple[SectionSpec, ...]:
-    """The section of an objective given by import path (registered ones have theirs in the job config)."""
+    """The sections of an objective given by import path (registered ones have theirs in the job config)."""
     if not isinstance(objective, str) or objective in OBJECTIVES or ":" not in objective:
         return ()  # (validation names what is wrong)
     section = OBJECTIVES.section(objective)
-    return (section,) if section is not None else ()
+    return ((section,) if section is not None else ()) + OBJECTIVES.more_sections(objective)
 
 
 def _flag(argv: list[str], name: str) -> str | None:

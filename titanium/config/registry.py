@@ -2,11 +2,12 @@
 
 A component (an objective, a model converter, an evaluation, a loss variant, a reward function) registers under a
 name with the ``module:attribute`` that implements it, imported only when used, and with its config section, if it
-has one: a name and a dataclass. The job config is the core sections plus every registered section, so the TOML
-file, the command line, ``--help`` and docs/configuration.md know them all before anything heavy is imported, and
-each component is handed its own section and nothing else. Wherever a name is asked for, an import path
-``package.module:attribute`` works too (your own component, no registration needed); an objective given that way
-brings its section along as its class attribute ``section`` (a ``SectionSpec``).
+has one: a name and a dataclass, plus any further sections it reads (GRPO's ``[rollout]``, the engine it generates
+with). The job config is the core sections plus every registered section, so the TOML file, the command line,
+``--help`` and docs/configuration.md know them all before anything heavy is imported, and each component is handed
+its own sections and nothing else. Wherever a name is asked for, an import path ``package.module:attribute`` works
+too (your own component, no registration needed); an objective given that way brings its section along as its class
+attribute ``section`` (a ``SectionSpec``), and the others as ``more_sections``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ class Component:
     target: Any
     """``"module:attribute"`` (imported when first used) or the object itself."""
     section: SectionSpec | None = None
+    more_sections: tuple[SectionSpec, ...] = ()
+    """Further sections it reads, handed to it by keyword under their names (GRPO's ``rollout=``)."""
 
 
 class Registry:
@@ -45,16 +48,20 @@ class Registry:
         """What they are ("objective") and the config key that names them ("--training.objective")."""
         self._components: dict[str, Component] = {}
 
-    def register(self, name: str, target: Any, section: SectionSpec | None = None) -> Component:
+    def register(
+        self, name: str, target: Any, section: SectionSpec | None = None, more_sections: tuple[SectionSpec, ...] = ()
+    ) -> Component:
         """Add ``name``; registering a taken name with another target is an error (the same one again is not)."""
-        component = Component(name, target, section)
+        component = Component(name, target, section, more_sections)
         if self._components.get(name, component) != component:
             raise ValueError(f"{self.kind} {name!r} is already registered")
-        if section is not None and section.name in SECTIONS and SECTIONS[section.name] is not section.cls:
-            raise ValueError(f"config section [{section.name}] is already taken")
+        specs = ((section,) if section is not None else ()) + more_sections
+        for spec in specs:
+            if spec.name in SECTIONS and SECTIONS[spec.name] is not spec.cls:
+                raise ValueError(f"config section [{spec.name}] is already taken")
         self._components[name] = component
-        if section is not None:
-            SECTIONS[section.name] = section.cls
+        for spec in specs:
+            SECTIONS[spec.name] = spec.cls
         return component
 
     def __contains__(self, name: str) -> bool:
@@ -97,6 +104,14 @@ class Registry:
         if component is not None:
             return component.section
         return getattr(self.load(name), "section", None)
+
+    def more_sections(self, name: str) -> tuple[SectionSpec, ...]:
+        """The further sections ``name`` reads: registered with it, or (an import path) the class's
+        ``more_sections``."""
+        component = self._components.get(name)
+        if component is not None:
+            return component.more_sections
+        return tuple(getattr(self.load(name), "more_sections", ()))
 
 
 SECTIONS: dict[str, type] = {}

@@ -770,8 +770,9 @@ class GRPOSection:
     as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
     max_policy_lag: int = 0
     """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
-    them: the next batch is generated while the current one is still trained on, as early as this allows; a
-    queued batch that would be older is dropped. 0: fully on-policy (each batch made right before its use)."""
+    them: the next batch is generated while the current one is still trained on (titanium engine: on a thread of
+    its own, overlapping the training step), as early as this allows; a queued batch that would be older is
+    dropped. 0: fully on-policy (each batch made right before its use)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling: groups whose rewards are all equal (standard deviation 0, so every advantage is 0)
     are dropped, and further rounds of generation (each as many prompts as the batch) refill the batch until it
@@ -922,5 +923,4 @@ class CoreConfig:
     profiling: ProfilingSection = field(default_factory=ProfilingSection)
     debug: DebugSection = field(default_factory=DebugSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
-    rollout: RolloutSection = field(default_factory=RolloutSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)

@@ -363,6 +363,11 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         )
     if g.is_cap <= 0 or (g.is_cap_min is not None and not 0 <= g.is_cap_min < g.is_cap):
         yield f"--grpo.is_cap_min {g.is_cap_min} / --grpo.is_cap {g.is_cap}: need 0 <= is_cap_min < is_cap"
+    if g.dynamic_sampling and g.max_policy_lag > 0:
+        yield (
+            "--grpo.dynamic_sampling with --grpo.max_policy_lag > 0 is not supported yet (its further rounds draw "
+            "prompts while the next batch is generated ahead); set one of them to its default"
+        )
     if not g.rewards:
         yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
     if g.reward_weights and len(g.reward_weights) != len(g.rewards):

@@ -64,6 +64,9 @@ class RolloutEngine(ABC):
 
     version: int | None = None
     """Policy version (optimizer steps) of the weights synced last; None before the first sync."""
+    background = False
+    """Whether ``generate`` may run on a thread of its own while the process trains (``generation.background``):
+    local work on the engine's own weights, no collective, nothing tied to the loop's thread."""
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:

@@ -1,5 +1,6 @@
 """Rollouts between generation and training: a batch served for ppo_epochs x minibatches optimizer steps, and
-the queue of batches made ahead of use, which bounds how stale the policy that made them may be.
+the queue of batches started ahead of use (their generation maybe still running on the generation thread), which
+bounds how stale the policy that made them may be.
 
 The policy version is the number of optimizer steps taken. A batch made at version v and first trained on
 at version u has a lag of u - v steps at its first use; every later step on the same batch (further
@@ -9,8 +10,9 @@ minibatches, further epochs) adds one more, as in PPO.
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -38,6 +40,10 @@ class RolloutBatch:
     """Optimizer steps served so far."""
 
     @property
+    def responses(self) -> int:
+        return len(next(iter(self.rows.values())))
+
+    @property
     def steps_left(self) -> int:
         return self.minibatches * self.epochs - self.served
 
@@ -55,28 +61,51 @@ class RolloutBatch:
         ]
 
 
+@dataclass
+class PendingBatch:
+    """A rollout batch whose generation has started (on the generation thread, or done already); its rows are
+    made at its first use (``GRPOObjective``)."""
+
+    generation: Future
+    """What the objective's generation returns (its sampled batch: prompts, scored rollouts, the version that
+    made them) and the seconds it took."""
+    version: int
+    """The engine's weights' version when generation started (no sync happens while it runs)."""
+    responses: int
+    resume_point: dict[str, Any] = field(default_factory=dict)
+    """As ``RolloutBatch.resume_point``."""
+
+
+class Queued(Protocol):
+    version: int
+
+    @property
+    def responses(self) -> int: ...
+
+
 class RolloutQueue:
-    """Rollout batches made ahead of their first use, oldest first. ``pop_fresh(version)`` hands out the
+    """Rollout batches started ahead of their first use, oldest first. ``pop_fresh(version)`` hands out the
     oldest batch whose lag would be at most ``max_lag``; older ones are dropped and counted in ``dropped``
     (rollouts, i.e. responses)."""
 
     def __init__(self, max_lag: int) -> None:
         self.max_lag = max_lag
-        self.batches: deque[RolloutBatch] = deque()
+        self.batches: deque[Any] = deque()
         self.dropped = 0
 
     def __len__(self) -> int:
         return len(self.batches)
 
-    def put(self, batch: RolloutBatch) -> None:
+    def put(self, batch: Queued) -> None:
         self.batches.append(batch)
 
-    def pop_fresh(self, version: int) -> RolloutBatch | None:
+    def pop_fresh(self, version: int) -> Any:
+        """The oldest queued batch (a ``RolloutBatch`` or ``PendingBatch``) fresh enough for ``version``, or None."""
         while self.batches:
             batch = self.batches.popleft()
             if version - batch.version <= self.max_lag:
                 return batch
-            self.dropped += len(next(iter(batch.rows.values())))
+            self.dropped += batch.responses
         return None
 
     def clear(self) -> None:

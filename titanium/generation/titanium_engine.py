@@ -4,7 +4,8 @@ The copy is the family's plain model (no sharding, no converters: LoRA arrives m
 weights), built once on the device in the engine's dtype and refreshed by every sync. Each rank generates its own
 prompts alone: unlike sampling from the FSDP-sharded training model, no block is all-gathered per decoded token
 and ranks never wait for each other. ``compile`` runs the decode step through ``torch.compile`` with a static KV
-cache (one graph for every step; meant for GPUs, slow to compile on CPU).
+cache (one graph for every step; meant for GPUs, slow to compile on CPU). With a policy lag allowed it runs on a
+generation thread (``generation.background``) while the loop trains.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from titanium.models.spec import ModelSpec
 
 
 class TitaniumEngine(RolloutEngine):
+    background = True  # (plain local forwards on its own copy: a generation thread overlaps them with training)
+
     def __init__(
         self,
         spec: ModelSpec,

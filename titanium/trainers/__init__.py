@@ -16,9 +16,10 @@ from titanium.trainers.base import Objective, ObjectiveContext
 
 def build_objective(name: str, ctx: ObjectiveContext, data: DataSection, cfg: Any) -> Objective:
     """The objective registered as ``name`` (or at the import path ``package.module:ClassName``), given its own
-    section of the job config ``cfg``."""
+    section of the job config ``cfg`` and, by keyword, the further sections it reads."""
     section = OBJECTIVES.section(name)
-    return OBJECTIVES.load(name)(ctx, data, getattr(cfg, section.name) if section is not None else None)
+    more = {spec.name: getattr(cfg, spec.name) for spec in OBJECTIVES.more_sections(name)}
+    return OBJECTIVES.load(name)(ctx, data, getattr(cfg, section.name) if section is not None else None, **more)
 
 
 __all__ = ["Objective", "ObjectiveContext", "build_objective"]

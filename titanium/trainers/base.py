@@ -24,7 +24,7 @@ from torch import nn
 
 from titanium.batch import Batch, Placement
 from titanium.config.registry import SectionSpec
-from titanium.config.sections import ChatSection, RolloutSection
+from titanium.config.sections import ChatSection
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.spec import ModelSpec
 
@@ -161,8 +161,6 @@ class ObjectiveContext:
     sequence_multiple: int = 1
     """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
     split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
-    rollout: RolloutSection = field(default_factory=RolloutSection)
-    """``[rollout]``: the engine an RL objective generates with (``titanium.generation.engine.build_engine``)."""
 
 
 class Objective(ABC):
@@ -170,6 +168,9 @@ class Objective(ABC):
     """An objective given by import path brings its config section here (``SectionSpec("name", Dataclass)``): the
     job config then has ``[name]`` and the constructor gets it. Built-in objectives register theirs with their name
     (titanium/config/components.py)."""
+    more_sections: ClassVar[tuple[SectionSpec, ...]] = ()
+    """Further sections an objective given by import path reads (an existing one such as ``SectionSpec("rollout",
+    RolloutSection)``, or its own), each handed to the constructor by keyword under its name."""
     loss_input = "logits"
     """``"logits"`` (default) or ``"hidden"``: what ``ModelOutput`` carries into ``loss``."""
     loss_unit = "tokens"

@@ -9,7 +9,7 @@ cispo; a clipped ratio objective plus beta x k3 KL to a reference) is in ``grpo_
 (``[rollout]``, refreshed after every optimizer step through the policy handle's ``on_update``), old log-probs
 from the engine or recomputed by the trained policy (with importance weights for the gap), reference log-probs
 from a frozen copy (beta > 0), ppo_epochs x minibatches optimizer steps per rollout batch, and a bounded
-policy lag.
+policy lag (the next batch generated on a thread while the step trains: ``titanium.generation.background``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -27,12 +28,13 @@ from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.config.loader import ConfigError
-from titanium.config.sections import DataSection, GRPOSection
+from titanium.config.sections import DataSection, GRPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
+from titanium.generation.background import GenerationWorker
 from titanium.generation.engine import SyncStats, build_engine
 from titanium.generation.rollout import Rollout, batch_logprobs, to_rollout
-from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
+from titanium.generation.rollout_buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import (
@@ -45,7 +47,7 @@ from titanium.trainers.base import (
     Prepared,
 )
 from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
-from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, sample_batch
+from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
 from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
 
 
@@ -141,11 +143,15 @@ MISMATCH_METRICS = (
     "grpo/is_weight_min",
 )
 """The engine/trainer gap with ``old_logprobs = "recompute"`` (the first two), and the importance weights'
-(``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batches made at a step."""
-TIME_PARTS = ("generate", "old_logprobs", "reference", "sync", "train")
-"""The step-time breakdown, in seconds per rank (``grpo/time/<part>``, means over ranks): generation, recomputed
-old log-probs and reference log-probs of the batches made at this step, and the weight sync and training (forward,
-backward, optimizer step: from the end of ``prepare`` to the sync) of the step before it."""
+(``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batch first used at a step (recomputed
+then: with a policy lag the gap includes the updates since the engine sampled it)."""
+TIME_PARTS = ("generate", "wait", "old_logprobs", "reference", "sync", "train")
+"""The step-time breakdown, in seconds per rank (``grpo/time/<part>``, means over ranks): generation (its own
+seconds, on the generation thread or not), recomputed old log-probs and reference log-probs of the batches first
+used at this step, the seconds the loop waited for generation since the last prepare (all of ``generate`` when
+it runs in the loop's thread; 1 - wait / generate is the share of generation hidden behind training), and the
+weight sync and training (forward, backward, optimizer step: from the end of ``prepare`` to the sync) of the step
+before it."""
 GENERATION_TENSORS = ("tokens", "logprobs", "lengths", "finished")
 
 LOSS_UNITS: dict[str, str] = {
@@ -181,8 +187,12 @@ class GRPOObjective(Objective):
     minibatches`` consecutive optimizer steps (the same minibatches in the same order each epoch). Old
     log-probs are the engine's (``old_logprobs = "sampler"``) or a forward of the trained policy before the
     batch's first step (``"recompute"``); either way the ratio starts near 1 and moves away after. With
-    ``max_policy_lag`` > 0 the next batch is made while the current one is still being trained on, as early as
-    its lag at first use allows; a queued batch that would be staler is dropped (``grpo/stale_rollouts_dropped``).
+    ``max_policy_lag`` > 0 the next batch's generation starts while the current one is still being trained on, as
+    early as its lag at first use allows, on a generation thread when the engine allows one (``background``):
+    generation overlaps the forward, backward and optimizer step, and the sync after the step waits for it, so a
+    batch is made by one version of the weights and tagged with it. Its rows (advantages, old and reference
+    log-probs, importance weights) are made at its first use, in the loop's thread (they may be collective). A
+    queued batch that would be staler is dropped (``grpo/stale_rollouts_dropped``).
 
     The engine (``[rollout]``) holds its own copy of the policy: it is built here, gets the weights once they are
     in place (``after_load``: initialized, or resumed) and again after every optimizer step (the policy handle's
@@ -196,7 +206,11 @@ class GRPOObjective(Objective):
 
     loss_spikes = False  # (the loss sits near 0, of either sign: a ratio to its running mean is noise)
 
-    def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection) -> None:
+    def __init__(
+        self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection, rollout: RolloutSection | None = None
+    ) -> None:
+        """``rollout``: the ``[rollout]`` section (the engine to generate with; its defaults when not given),
+        registered with the objective (titanium/config/components.py)."""
         if ctx.models is None:
             raise ValueError("GRPO follows the live policy's weights: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
@@ -239,6 +253,8 @@ class GRPOObjective(Objective):
             *(f"grpo/time/{part}" for part in TIME_PARTS),
         )
         self.queue = RolloutQueue(cfg.max_policy_lag)
+        self.timeline: deque[tuple[str, int, float]] = deque(maxlen=64)
+        """Recent (event, batch index or step, perf_counter) of generation and sync, to check the overlap."""
         self.current: RolloutBatch | None = None
         self.version = 0  # optimizer steps taken (each prepare is followed by one)
         self.batches_made = 0
@@ -246,7 +262,7 @@ class GRPOObjective(Objective):
         self._times: dict[str, float] = {}  # seconds spent since the last prepare, by TIME_PARTS
         self._prepared_at: float | None = None
         self.engine = build_engine(
-            ctx.rollout,
+            rollout or RolloutSection(),
             self.policy.spec,
             self.policy.args,
             stop_ids=stop_ids,
@@ -256,6 +272,7 @@ class GRPOObjective(Objective):
             training_dtype=self.policy.param_dtype,
             seed=rollout_seed(ctx.seed, ctx.dp_rank, 0),
         )
+        self.worker = GenerationWorker(self.engine.background and cfg.max_policy_lag > 0, ctx.device)
         self.policy.on_update(self.sync)
 
     # ----- the engine follows the policy -----
@@ -265,12 +282,15 @@ class GRPOObjective(Objective):
         if self._prepared_at is not None:  # the step's forward, backward and optimizer step
             self._times["train"] = self._times.get("train", 0.0) + time.perf_counter() - self._prepared_at
             self._prepared_at = None
+        self.timeline.append(("sync", step, time.perf_counter()))
+        self._times["wait"] = self._times.get("wait", 0.0) + self.worker.wait()  # (no generation under the sync)
         stats = self.engine.sync_from(self.policy.model, version=step, pp_group=self.policy.pp_group)
         self._times["sync"] = self._times.get("sync", 0.0) + stats.seconds
         self.version = step
         return stats
 
     def close(self) -> None:
+        self.worker.close()
         self.engine.close()
 
     # ----- data: empty batches out, rollouts made in prepare -----
@@ -281,17 +301,15 @@ class GRPOObjective(Objective):
     def prepare(self, microbatches: list[Batch]) -> Prepared:
         made: list[RolloutBatch] = []
         if self.current is None or self.current.steps_left == 0:
-            self.current = self.queue.pop_fresh(self.version)
-            if self.current is None:
-                self.current = self._make_batch(len(microbatches))
-                made.append(self.current)
+            pending = self.queue.pop_fresh(self.version) or self._start_batch(len(microbatches))
+            self.current = self._finish_batch(pending)
+            made.append(self.current)
         current = self.current
         lag = self.version - current.version
         parts = current.next_step(len(microbatches))
         # The next batch's lag at its first use is the steps left on this one, plus one.
         if not self.queue and current.steps_left < self.cfg.max_policy_lag:
-            made.append(self._make_batch(len(microbatches)))
-            self.queue.put(made[-1])
+            self.queue.put(self._start_batch(len(microbatches)))
         self.version += 1
         metrics = self._metrics(parts, lag, made)
         self._prepared_at = time.perf_counter()
@@ -299,7 +317,7 @@ class GRPOObjective(Objective):
 
     def _metrics(self, parts: list[dict[str, torch.Tensor]], lag: int, made: list[RolloutBatch]) -> Metrics:
         """The step's per-response metrics (sums over its responses), its policy lag, the generation throughput
-        and the engine/trainer mismatch of the batches made with it, and the seconds since the last prepare."""
+        and the engine/trainer mismatch of the batch first used at it, and the seconds since the last prepare."""
         responses = torch.tensor(float(sum(part["tokens"].shape[0] for part in parts)), device=self.device)
         metrics = {name: (sum(part[name].sum() for part in parts), responses) for name in self.row_metrics}
         metrics["grpo/policy_lag"] = (lag * responses, responses)
@@ -329,13 +347,6 @@ class GRPOObjective(Objective):
         rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))
         return to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer), out.version
 
-    def _draw(self, prompts: int) -> tuple[list[PromptSample], Rollout, int]:
-        """One generation round of the next ``prompts`` prompts, with this rank's next sampling seed."""
-        samples = self._next_prompts(prompts)
-        out, version = self.sample(samples, self.batches_made)
-        self.batches_made += 1
-        return samples, out, version
-
     def _next_prompts(self, n: int) -> list[PromptSample]:
         if self._prompt_stream is None:
             self._prompt_stream = iter(self.prompts)
@@ -344,18 +355,48 @@ class GRPOObjective(Objective):
     def _timed(self, part: str, start: float) -> None:
         self._times[part] = self._times.get(part, 0.0) + time.perf_counter() - start
 
-    def _make_batch(self, microbatches: int) -> RolloutBatch:
-        """Sample the next rollout batch with the engine: advantages, loss mask, old and reference log-probs,
-        importance weights and the per-response metrics, all as rows on the device."""
+    def _start_batch(self, microbatches: int) -> PendingBatch:
+        """Start sampling the next rollout batch with the engine (on the generation thread, or here at once)."""
         cfg = self.cfg
         resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         prompts = microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size
-        start = time.perf_counter()
         max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else None
-        sampled = sample_batch(lambda: self._draw(prompts), cfg.group_size, self.tokenizer.pad_id, max_rounds)
+        first = self._next_prompts(prompts), self.batches_made
+        index, version = self.batches_made, self.engine.synced_version()
+        self.batches_made += 1
+
+        def draw() -> tuple[list[PromptSample], Rollout, int]:
+            nonlocal first
+            if first is not None:  # (drawn above, in the loop's thread)
+                (samples, i), first = first, None
+            else:  # a further round of dynamic sampling, which runs in the loop's thread (max_policy_lag 0)
+                samples, i = self._next_prompts(prompts), self.batches_made
+                self.batches_made += 1
+            return (samples, *self.sample(samples, i))
+
+        def generate() -> tuple[SampledBatch, float]:
+            start = time.perf_counter()
+            self.timeline.append(("generate", index, start))
+            sampled = sample_batch(draw, cfg.group_size, self.tokenizer.pad_id, max_rounds)
+            self.timeline.append(("generated", index, time.perf_counter()))
+            return sampled, time.perf_counter() - start
+
+        start = time.perf_counter()
+        generation = self.worker.submit(generate)
+        if not self.worker.background:  # (the loop waited for all of it)
+            self._timed("wait", start)
+        return PendingBatch(generation, version, prompts * cfg.group_size, resume_point)
+
+    def _finish_batch(self, pending: PendingBatch) -> RolloutBatch:
+        """The rows of a started batch at its first use: advantages, loss mask, old and reference log-probs,
+        importance weights and the per-response metrics, all on the device."""
+        cfg = self.cfg
+        start = time.perf_counter()
+        sampled, seconds = pending.generation.result()
         samples, out, version = sampled.samples, sampled.rollout, sampled.version
-        seconds = time.perf_counter() - start
-        self._timed("generate", start)
+        if self.worker.background:
+            self._timed("wait", start)
+        self._times["generate"] = self._times.get("generate", 0.0) + seconds
 
         rewards = out.rewards.total
         batch_std = batch_reward_std(rewards, self.device, self.dp_world) if cfg.scale_rewards == "batch" else None
@@ -397,7 +438,7 @@ class GRPOObjective(Objective):
             version=version,
             minibatches=cfg.minibatches,
             epochs=cfg.ppo_epochs,
-            resume_point=resume_point,
+            resume_point=pending.resume_point,
             generated_tokens=sampled.tokens_made,
             generation_seconds=seconds,
             metrics=metrics,
@@ -495,12 +536,14 @@ class GRPOObjective(Objective):
 
     def state_dict(self) -> dict[str, Any]:
         """The prompt position before the oldest rollout batch still in flight (or the current one)."""
-        in_flight = [b for b in (self.current, *self.queue.batches) if b is not None and b.steps_left > 0]
+        current = [self.current] if self.current is not None and self.current.steps_left > 0 else []
+        in_flight = [*current, *self.queue.batches]  # (the queue's have not started serving)
         if in_flight:
             return dict(in_flight[0].resume_point)
         return {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.worker.wait()  # (a batch in flight is made again from the restored position)
         self.prompts.load_state_dict(state["prompts"])
         self.batches_made = state["batches_made"]
         self._prompt_stream, self.current = None, None
