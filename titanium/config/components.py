@@ -40,7 +40,12 @@ OBJECTIVES.register(
 OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
 OBJECTIVES.register("kto", "titanium.trainers.kto:KTOObjective", SectionSpec("kto", KTOSection))
 OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
-OBJECTIVES.register("ppo", "titanium.trainers.ppo:PPOObjective", SectionSpec("ppo", PPOSection))
+OBJECTIVES.register(
+    "ppo",
+    "titanium.trainers.ppo:PPOObjective",
+    SectionSpec("ppo", PPOSection),
+    more_sections=(SectionSpec("rollout", RolloutSection),),
+)
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before

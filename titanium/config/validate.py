@@ -400,8 +400,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
     objective = cfg.training.objective
     changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
-    if changed and objective != "grpo" and ":" not in objective:  # (an objective of your own may read it)
-        yield f"--rollout.{changed[0]}: [rollout] is read by --training.objective grpo only, not {objective}"
+    if changed and objective not in ("grpo", "ppo") and ":" not in objective:  # (your own objective may read it)
+        yield f"--rollout.{changed[0]}: [rollout] is read by --training.objective grpo and ppo, not {objective}"
     if objective != "grpo":
         return
     if r.engine == "titanium" and r.tensor_parallel_size > 1:

@@ -34,7 +34,7 @@ from torch.distributed.tensor import DTensor
 from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.checkpoint.hf import hf_model_args
 from titanium.config.loader import ConfigError
-from titanium.config.sections import DataSection, PPOSection
+from titanium.config.sections import DataSection, PPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.engine import build_engine
@@ -116,7 +116,10 @@ class PPOObjective(Objective):
 
     loss_spikes = False  # (the policy loss sits near 0, of either sign)
 
-    def __init__(self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection) -> None:
+    def __init__(
+        self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection, rollout: RolloutSection | None = None
+    ) -> None:
+        """``rollout``: the ``[rollout]`` section (the engine to generate with; its defaults when not given)."""
         assert ctx.models is not None, "PPO follows the live policy: the loop must hand it (ObjectiveContext.models)"
         self.cfg, self.device, self.policy = cfg, ctx.device, ctx.models.policy()
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
@@ -152,7 +155,7 @@ class PPOObjective(Objective):
         self.version = 0
         self.batches_made = 0
         self.engine = build_engine(
-            ctx.rollout,
+            rollout or RolloutSection(),
             self.policy.spec,
             self.policy.args,
             stop_ids=stop_ids,
