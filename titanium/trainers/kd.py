@@ -84,6 +84,10 @@ class KDObjective(Objective):
     loss_input = "hidden"
     metric_names = ("kd/ce", "kd/divergence")
 
+    @classmethod
+    def frozen_sources(cls, section: KDSection, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+        return [teacher_source(section, start.spec.name, vocab_size, seq_len)]
+
     def __init__(self, ctx: ObjectiveContext, data: DataSection, kd: KDSection) -> None:
         assert ctx.models is not None, "the kd objective needs model handles for its teacher"
         self.cfg, self.beta = kd, BETAS.get(kd.divergence, kd.beta)
