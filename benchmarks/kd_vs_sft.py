@@ -13,7 +13,8 @@
 Every run is a fresh ``python -m titanium.train`` process (this script registers the two flavors in it first),
 on the CPU, in float32. The results file lists every seed, the means and the command.
 
-    python benchmarks/kd_vs_sft.py --out benchmarks/results/kd_vs_sft_cpu.md
+    python benchmarks/kd_vs_sft.py --out benchmarks/results/kd_vs_sft_cpu.md              # teacher + 300 steps
+    python benchmarks/kd_vs_sft.py --reuse-teacher --student-steps 450 --out results.md   # the same teacher, 450
 """
 
 from __future__ import annotations
