@@ -128,12 +128,14 @@ class FrozenModel:
 
     @torch.no_grad()
     def hidden(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """Its final (normed) hidden states ``[rows, seq, dim]``, not projected, for losses that project chunk by
-        chunk (distillation). Not under pipeline parallelism."""
+        """Its final (normed) hidden states ``[rows, seq, dim]``, not projected, whole (under sequence parallelism
+        gathered from the tensor-parallel ranks), for losses that project chunk by chunk (distillation). Not under
+        pipeline parallelism (use the logits there)."""
         built = self.built
         assert built.pipeline is None, "hidden states of a pipelined model are not supported"
         with self.context(), built.autocast():
-            return built.model(**inputs, project=False)
+            out = built.model(**inputs, project=False)
+        return out.full_tensor() if isinstance(out, DTensor) else out
 
     def projection(self) -> tuple[torch.Tensor, float | None]:
         """Its output projection's weight ``[vocab, dim]``, whole (gathered once under FSDP: a copy of its own),

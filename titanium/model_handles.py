@@ -35,6 +35,14 @@ from titanium.models.spec import ModelSpec
 from titanium.precision import dtype_name
 
 
+def is_the_policy(policy: BuiltModel, start: ModelSource, keep: Collection[str], source: ModelSource) -> bool:
+    """Whether a frozen model of ``source`` keeping the converters named in ``keep`` is ``policy`` itself with the
+    others switched off (no copy): ``source`` is the policy as it started (``start``), a dropped converter froze the
+    base (LoRA), and every dropped one can be switched off."""
+    dropped = [c for c in policy.converters if c.name not in keep]
+    return source == start and any(c.freezes_base for c in dropped) and can_switch_off(dropped, policy.model)
+
+
 @dataclass
 class _Shared:
     """One frozen model, what it is built from, and how many live handles hold it."""
@@ -181,11 +189,7 @@ class ModelHandles:
     # ----- one built model per (keep, source), shared by the handles that hold it -----
 
     def _in_place(self, keep: frozenset[str], source: ModelSource) -> bool:
-        """Whether the frozen model is the policy itself with the dropped converters switched off."""
-        dropped = [c for c in self.built.converters if c.name not in keep]
-        return (
-            source == self.start and any(c.freezes_base for c in dropped) and can_switch_off(dropped, self.built.model)
-        )
+        return is_the_policy(self.built, self.start, keep, source)
 
     def _identity(self, keep: frozenset[str], source: ModelSource) -> str:
         converters = self.built.converters

@@ -42,9 +42,9 @@ class EvaluationContext:
     model_name: str
     objective: Callable[[DataSection, int], Any]
     """``(data, seed offset) -> a new instance of the training objective`` reading ``data``."""
-    loss_sums: Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]
-    """One microbatch of that objective -> (loss sum, unit count) over all ranks: the loop's own forward, under the
-    training plan."""
+    loss_sums: Callable[[Batch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    """One microbatch of that objective -> (loss sum, unit count, the objective's metrics as ``[sum, count, ...]`` in
+    its ``metric_names`` order) over all ranks: the loop's own forward, under the training plan."""
     policy: Any
     """The live policy (a ``titanium.model_handles.PolicyHandle``: ``lend()`` it for generation)."""
     dp_rank: int

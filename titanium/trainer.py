@@ -308,10 +308,11 @@ class Trainer:
         return funcol.all_reduce(local, "sum", dist.group.WORLD)
 
     @torch.no_grad()
-    def _held_out_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Global (loss sum, count) of one held-out microbatch: the training forward under the same plan."""
+    def _held_out_loss(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Global (loss sum, count, metric sums and counts) of one held-out microbatch: the training forward under
+        the same plan."""
         result = self.forward_backward([batch], backward=False)
-        return self._global_loss_sum(result.loss_sum), result.units
+        return self._global_loss_sum(result.loss_sum), result.units, self._global_metric_sums(result.metrics)
 
     def _clip_grad_norm(self) -> torch.Tensor:
         return self.executor.clip_grad_norm(self.cfg.training.max_norm)
@@ -450,10 +451,15 @@ class Trainer:
         names = self.executor.metrics.names
         if not names:
             return {}
-        for group in self.executor.metric_groups(self.loss_group):
-            dist.all_reduce(sums, group=group)
-        values = sums.view(-1, 2).tolist()
+        values = self._global_metric_sums(sums).view(-1, 2).tolist()
         return {name: total / count for name, (total, count) in zip(names, values) if count}
+
+    def _global_metric_sums(self, sums: torch.Tensor) -> torch.Tensor:
+        """The objective's ``[sum, count, ...]`` metric vector added over the ranks that computed parts of it (no
+        host sync)."""
+        for group in self.executor.metric_groups(self.loss_group):
+            sums = funcol.all_reduce(sums, "sum", group)
+        return sums
 
     def close(self) -> None:
         self.checkpointer.close()

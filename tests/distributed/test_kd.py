@@ -7,9 +7,13 @@ own step-5 checkpoint (a titanium checkpoint, shape from --kd.teacher_flavor). O
 - ``sft`` (full logits) and ``kd_alpha0`` (chunked distillation loss, alpha 0): the same losses to 1e-5 and grad
   norms to 2e-4, with kd/divergence logged but not trained on;
 - ``kd_dcp``: forward KL from the SFT checkpoint, alpha 0.5 (a teacher trained on the same task);
-- ``kd_jsd`` and ``fsdp2_kd_jsd``: the generalized JSD (beta 0.5, T 2) from the HF teacher, one process against
-  FSDP over 2 ranks (each reading half the rows; the teacher built under the same FSDP plan and its projection
-  gathered once): losses 1e-5, grad norms 2e-4, the two metrics 1e-5.
+- ``kd_jsd`` against ``fsdp2_kd_jsd``, ``tp2_kd_jsd``, ``pp2_kd_jsd`` and ``cp2_kd_jsd``: the generalized JSD
+  (beta 0.5, T 2) from the HF teacher, one process against FSDP over 2 ranks (each reading half the rows), tensor
+  parallelism over 2 ranks (the student's projection vocabulary-sharded and its hidden states sequence-parallel,
+  gathered for the loss), a 2-stage 1F1B pipeline (4 one-row pipeline microbatches; the loss from the last
+  stage's logits and the teacher pipeline's) and context parallelism over 2 ranks (each projecting its part of
+  every sequence); each time the teacher is built under the same plan as the student. Losses 1e-5, grad norms
+  2e-4, the two metrics 1e-5. All 2-process layouts run in one launch.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ SFT = (
 )  # fmt: skip
 VOCAB = 2256  # (the debug tokenizer's)
 METRICS = ("kd/ce", "kd/divergence")
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B")
+LAYOUTS = ("fsdp2_kd_jsd", "tp2_kd_jsd", "pp2_kd_jsd", "cp2_kd_jsd")
 
 
 def kd(teacher: str, *extra: str) -> tuple[str, ...]:
     return ("--training.objective", "kd", "--kd.teacher_path", teacher, "--kd.chunk_size", "48", *extra)
 
 
-def test_kd_is_sft_at_alpha_0_and_fsdp_matches_one_process(tmp_path):
+def test_kd_is_sft_at_alpha_0_and_fsdp_tp_pp_cp_match_one_process(tmp_path):
     spec = get_model_spec("llama3")
     args = build_model_args(spec, "debugmodel", max_seq_len=64, vocab_size=VOCAB)
     teacher = ModelBuilder(torch.device("cpu"), seed=1).build(spec, args)
@@ -49,14 +55,19 @@ def test_kd_is_sft_at_alpha_0_and_fsdp_matches_one_process(tmp_path):
             "kd_dcp": kd(dcp_teacher, "--kd.teacher_flavor", "debugmodel", "--kd.alpha", "0.5"),
             "kd_jsd": kd(hf_teacher, *jsd),
         },
-        2: {"fsdp2_kd_jsd": kd(hf_teacher, *jsd, "--training.local_batch_size", "2")},
+        2: {
+            "fsdp2_kd_jsd": kd(hf_teacher, *jsd, "--training.local_batch_size", "2"),
+            "tp2_kd_jsd": kd(hf_teacher, *jsd, "--parallelism.tensor_parallel_degree", "2"),
+            "pp2_kd_jsd": kd(hf_teacher, *jsd, *PP2),
+            "cp2_kd_jsd": kd(hf_teacher, *jsd, "--parallelism.context_parallel_degree", "2"),
+        },
     }
     runs = {
         name: run for nproc, named in jobs.items() for name, run in layout_runs(tmp_path, nproc, named, *SFT).items()
     }
     metrics = {
         name: {m: scalars(tmp_path / name / "tb", m) for m in METRICS}
-        for name in ("kd_alpha0", "kd_dcp", "kd_jsd", "fsdp2_kd_jsd")
+        for name in ("kd_alpha0", "kd_dcp", "kd_jsd", *LAYOUTS)
     }
 
     assert_matches(runs["kd_alpha0"], runs["sft"])  # alpha 0: SFT's losses and gradients
@@ -68,7 +79,10 @@ def test_kd_is_sft_at_alpha_0_and_fsdp_matches_one_process(tmp_path):
     assert dcp_divergence[1] < metrics["kd_alpha0"]["kd/divergence"][1]  # the SFT teacher is nearer the student
     assert hf_divergence[STEPS] < hf_divergence[1], hf_divergence  # the student moves towards its teacher
 
-    assert_matches(runs["fsdp2_kd_jsd"], runs["kd_jsd"])
-    for metric in METRICS:
-        for step, value in metrics["fsdp2_kd_jsd"][metric].items():
-            assert value == pytest.approx(metrics["kd_jsd"][metric][step], rel=1e-5, abs=1e-6), (metric, step)
+    for layout in LAYOUTS:
+        assert_matches(runs[layout], runs["kd_jsd"])
+        for metric in METRICS:
+            assert sorted(metrics[layout][metric]) == list(range(1, STEPS + 1)), (layout, metric)
+            for step, value in metrics[layout][metric].items():
+                expected = metrics["kd_jsd"][metric][step]
+                assert value == pytest.approx(expected, rel=1e-5, abs=1e-6), (layout, metric, step)

@@ -8,7 +8,9 @@ checkpoint. Checked:
 - the training loss falls from log 2 (scores start nearly equal) and the held-out validation loss ends below log 2;
 - ``transformers.AutoModelForSequenceClassification`` loads the export (``LlamaForSequenceClassification``,
   ``num_labels = 1``) and scores held-out pairs as titanium's trained model does (the DCP checkpoint of the same
-  step, built by the ModelBuilder), within 1e-5; the pair accuracy from those scores is printed.
+  step, built by the ModelBuilder), within 1e-5;
+- the held-out pair accuracy the run logged (``validation/reward/accuracy``, the 32 pairs of the validation) is
+  the share of those pairs the exported scores rank right, and above the starting model's.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ def test_reward_model_trains_and_exports_for_transformers(tmp_path: Path) -> Non
 
     losses = scalars(out / "tb")
     validation = scalars(out / "tb", "validation/loss")[STEPS]
+    validation_accuracy = scalars(out / "tb", "validation/reward/accuracy")[STEPS]
     assert losses[1] == pytest.approx(math.log(2), abs=0.02)  # (+ the centering term of nearly equal scores)
     config = json.loads((out / "hf/config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"] and config["id2label"] == {"0": "LABEL_0"}
@@ -98,3 +101,5 @@ def test_reward_model_trains_and_exports_for_transformers(tmp_path: Path) -> Non
     print(json.dumps({"losses": losses, "validation_loss": validation, "held_out": held_out, "accuracy": accuracy}))
     assert validation == pytest.approx(held_out["after"], rel=1e-4)
     assert held_out["after"] < held_out["before"] - 0.005, held_out
+    assert validation_accuracy == pytest.approx(accuracy["after"], abs=1e-6)  # (a count of 32 pairs: exact)
+    assert accuracy["after"] > accuracy["before"], accuracy

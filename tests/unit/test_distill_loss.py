@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from titanium.trainers.base import IGNORE_INDEX
-from titanium.trainers.distill_loss import TeacherTopK, linear_distillation_sum
+from titanium.trainers.distill_loss import TeacherTopK, distillation_sum, linear_distillation_sum
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
 N, D_STUDENT, D_TEACHER, VOCAB = 37, 8, 12, 29
@@ -151,6 +151,24 @@ def test_mixed_loss_and_gradients_equal_unchunked(beta: float, chunk_size: int) 
     expected = unchunked_grads(x, reference_kd(x, alpha=0.3, temperature=2.0, beta=beta))
     assert_close_all((sums.loss.detach(), g_hidden, g_weight), expected)
     torch.testing.assert_close(sums.cross_entropy, ce_sum(x["hidden"] @ x["weight"].t(), x["labels"]), **TOL)
+
+
+@pytest.mark.parametrize("beta", (0.0, 0.3, 1.0))
+def test_the_loss_from_whole_logits_equals_the_chunked_one(beta: float) -> None:
+    """The pipeline path (``distillation_sum``: both models' logits whole, [rows, seq, V], gradient by autograd)
+    gives the chunked loss, its two parts and its gradients."""
+    x = make_inputs(4)
+    options = {"alpha": 0.3, "temperature": 2.0, "beta": beta}
+    sums, g_hidden, g_weight = chunked(x, chunk_size=7, **options)
+    hidden, weight = x["hidden"].clone().requires_grad_(), x["weight"].clone().requires_grad_()
+    rows = (hidden @ weight.t()).view(1, N, VOCAB), teacher_logits(x).view(1, N, VOCAB)
+    whole = distillation_sum(*rows, x["labels"].view(1, N), **options)
+    whole.loss.backward()
+    assert_close_all(
+        (whole.loss.detach(), whole.cross_entropy, whole.divergence, hidden.grad, weight.grad),
+        (sums.loss.detach(), sums.cross_entropy, sums.divergence, g_hidden, g_weight),
+    )
+    assert whole.tokens == sums.tokens
 
 
 def test_soft_capped_logits() -> None:

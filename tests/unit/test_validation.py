@@ -85,3 +85,7 @@ def test_dpo_validation_counts_pairs_and_shows_no_perplexity(make_trainer, tmp_p
     assert {"validation/loss", "validation/pairs"} <= set(tags)
     assert "validation/perplexity" not in tags and "validation/tokens" not in tags
     assert scalars(tmp_path / "run/tb", "validation/pairs") == {1: 4.0}  # 2 microbatches of 2 pairs
+    # The objective's metrics over the held-out pairs: at step 1 the policy is 1 step from its reference, so every
+    # log-ratio is nearly 0 and the accuracy a count of 4 pairs
+    assert {f"validation/dpo/{m}" for m in ("accuracy", "margin", "logp_chosen")} <= set(tags)
+    assert scalars(tmp_path / "run/tb", "validation/dpo/accuracy")[1] in (0.0, 0.25, 0.5, 0.75, 1.0)

@@ -676,8 +676,10 @@ class ValidationSection:
     interval: int = 0
     """Every N steps (and after the last), compute the loss on held-out data: the training objective's data
     pipeline on validation.path, its loss, forward only, under the same parallel plan (FSDP, TP, PP, CP). Logged as
-    validation/loss, the number of loss units it averages (validation/tokens; validation/pairs for DPO) and, for a
-    token loss, validation/perplexity. 0 turns validation off."""
+    validation/loss, the number of loss units it averages (validation/tokens; validation/pairs for DPO), for a
+    token loss validation/perplexity, and the objective's own metrics over the same data (validation/reward/accuracy:
+    a reward model's held-out pair accuracy; validation/dpo/accuracy, validation/kd/divergence, ...). 0 turns
+    validation off."""
     path: str = "assets/corpus/validation.jsonl"
     """Held-out data in the training data's format ([data] kind and columns). Every validation reads it from its
     start, so the numbers are comparable over the run. With data.kind synthetic the windows are drawn from another

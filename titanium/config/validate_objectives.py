@@ -46,15 +46,6 @@ def validate_kd(cfg: Any) -> Iterator[str]:
         return
     if not kd.teacher_path:
         yield "--kd.teacher_path is required: the teacher's Hugging Face folder or titanium checkpoint step folder"
-    yield from _unsupported_layouts(
-        cfg,
-        "kd",
-        {
-            "tensor_parallel_degree": "does not take a vocabulary-sharded projection yet (FSDP works)",
-            "pipeline_parallel_degree": "needs the teacher's final hidden states, not a pipeline's logits (FSDP works)",
-            "context_parallel_degree": "is not tested under context parallelism yet (FSDP works)",
-        },
-    )
 
 
 def validate_kto(cfg: Any) -> Iterator[str]:

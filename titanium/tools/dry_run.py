@@ -13,6 +13,11 @@ read: the vocabulary is the flavor's, or, for a run that starts from a Hugging F
 (``--checkpoint.initial_load_in_hf``), the architecture and vocabulary are its config.json's (no weights are read).
 For MoE models the estimate assumes balanced routing, with the busiest expert-parallel rank receiving
 ``--moe_imbalance`` (default 1.25) times its even share of the routed tokens.
+
+The trained model is the objective's (``Objective.policy_spec``: a reward model's scalar head), and the frozen models
+the objective builds (``Objective.frozen_sources``: a kd teacher, a DPO or GRPO reference) are built by the same
+plan and their parameters on this rank added to the estimate; a reference that is the policy itself with its LoRA
+switched off costs nothing.
 """
 
 from __future__ import annotations
@@ -29,9 +34,12 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from titanium.config import ConfigError, JobConfig, load_config
+from titanium.config.components import OBJECTIVES
 from titanium.config.sections import CompileSection
+from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
-from titanium.model_builder import ModelBuilder
+from titanium.model_builder import BuiltModel, ModelBuilder, ModelSource
+from titanium.model_handles import is_the_policy
 from titanium.model_setup import job_converters, job_plan
 from titanium.parallel.compile import check_compile
 from titanium.parallel.dims import Meshes, ParallelDims
@@ -39,7 +47,7 @@ from titanium.parallel.params import clean_fqn
 from titanium.parallel.pipeline import Pipeline
 from titanium.precision import dtype_name
 from titanium.preflight import check_job
-from titanium.tools.memory_estimate import Job, MemoryEstimate, estimate_memory
+from titanium.tools.memory_estimate import FROZEN, Job, MemoryEstimate, estimate_memory
 
 
 @dataclass(frozen=True)
@@ -63,10 +71,13 @@ class DryRun:
     job: Job | None = None
     """What the memory estimate traces."""
     pipeline: Pipeline | None = None
+    frozen_bytes: int = 0
+    """This rank's parameters of the frozen models the objective builds (a teacher, a reference)."""
 
     def estimate_memory(self) -> MemoryEstimate:
         assert self.job is not None
-        return estimate_memory(self.job, self.pipeline)
+        estimate = estimate_memory(self.job, self.pipeline)
+        return estimate.plus(FROZEN, self.frozen_bytes) if self.frozen_bytes else estimate
 
     @property
     def local_numel(self) -> int:
@@ -148,6 +159,8 @@ def dry_run(
     # The same builder as training, stopped before materialization: nothing is allocated.
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed, dims, meshes, plan)
     spec, args = builder.resolve(cfg.model, seq_len=t.seq_len, checkpoint=cfg.checkpoint)
+    hf_start = cfg.checkpoint.initial_load_path if cfg.checkpoint.initial_load_in_hf else None
+    spec = OBJECTIVES.load(t.objective).policy_spec(spec, build_tokenizer(cfg.tokenizer), hf_start)
     converters = partial(job_converters, cfg, dims, device_type=None)
     built = builder.build(spec, args, converters=converters(), materialize=False)
     stage_ids, stages = None, [(True, True, args.n_layers)]
@@ -175,7 +188,29 @@ def dry_run(
         moe_imbalance=moe_imbalance,
     )
     params = [_param_plan(clean_fqn(n), p) for n, p in built.model.named_parameters()]
-    return DryRun(cfg, dims, meshes, built.model, params, stages=stage_ids, job=job, pipeline=pipeline)
+    frozen = frozen_bytes(cfg, builder, built, ModelSource(spec, args))
+    return DryRun(
+        cfg, dims, meshes, built.model, params, stages=stage_ids, job=job, pipeline=pipeline, frozen_bytes=frozen
+    )
+
+
+def frozen_bytes(cfg: JobConfig, builder: ModelBuilder, policy: BuiltModel, start: ModelSource) -> int:
+    """The bytes of this rank's parameters of the frozen models the objective builds, each built (on meta) by the
+    plan as training builds it: without converters (``ModelHandles.frozen``'s default)."""
+    name = cfg.training.objective
+    section = OBJECTIVES.section(name)
+    sources = OBJECTIVES.load(name).frozen_sources(
+        getattr(cfg, section.name) if section is not None else None, start, start.args.vocab_size, cfg.training.seq_len
+    )
+    total = 0
+    for source in sources:
+        if is_the_policy(policy, start, (), source):
+            continue
+        model = builder.build(source.spec, source.args, materialize=False).model
+        for p in model.parameters():
+            local = p.to_local() if isinstance(p, DTensor) else p
+            total += local.numel() * local.element_size()
+    return total
 
 
 def _pop_flag(argv: list[str], name: str, default: str | None = None) -> str | None:

@@ -27,7 +27,10 @@ times its even share of the routed rows (the busiest rank; dry_run's ``--moe_imb
 
 Not modelled: torch.compile (compiled blocks usually save less), the allocator's caching and fragmentation and the
 CUDA context (PyTorch reserves more than it allocates: keep some headroom), kernels' internal workspaces and NCCL's
-buffers, a frozen reference model (DPO), and what an objective adds beyond a cross-entropy on the logits. The
+buffers, and what an objective adds beyond a cross-entropy on the logits (the dry run adds the parameters of the
+frozen models an objective builds, a teacher or a reference, as ``FROZEN``; not their forward's activations, which
+are gone before the step's forward starts, nor a copy an objective keeps, such as the kd teacher's whole output
+projection). The
 trace runs CPU kernels; GPU attention kernels save about as much (the output and its log-sum-exp).
 """
 
@@ -81,6 +84,7 @@ PARAMETERS, GATHERED, GRADIENTS, OPTIMIZER = (
 )
 BACKWARD = "backward: activation gradients, recomputation, reduce-scatter buffers"
 IN_FLIGHT = "activations of the other microbatches a pipeline stage holds"
+FROZEN = "frozen models' parameters (a teacher, a reference)"
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,11 @@ class MemoryEstimate:
         rest = sum(b for _, b in self.parts[top:])
         if rest:
             yield f"    {rest / GIB:9.3f} GiB  other"
+
+    def plus(self, name: str, nbytes: float) -> MemoryEstimate:
+        """This estimate with ``nbytes`` more alive at the peak, as the part ``name``."""
+        parts = sorted([*self.parts, (name, nbytes)], key=lambda kv: -kv[1])
+        return dataclasses.replace(self, peak=self.peak + nbytes, parts=parts)
 
     def fits(self, device_memory_gib: float) -> bool:
         return self.peak / GIB <= device_memory_gib

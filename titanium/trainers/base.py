@@ -17,7 +17,7 @@ import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -27,6 +27,9 @@ from titanium.config.registry import SectionSpec
 from titanium.config.sections import ChatSection
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from titanium.model_builder import ModelSource
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
@@ -190,6 +193,14 @@ class Objective(ABC):
         the run starts from (None: another start). The family's by default; a reward model's swaps the
         language-model head for a scalar one (titanium/trainers/reward.py). Called before the objective exists."""
         return spec
+
+    @classmethod
+    def frozen_sources(cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+        """The frozen models an instance configured by ``section`` (its config section) will ask ``ctx.models``
+        for: ``start`` (the policy as it started) for a reference, another source for a teacher. Known without
+        data, before the objective exists: the dry run adds their parameters to its memory estimate. None by
+        default."""
+        return []
 
     @abstractmethod
     def next_microbatch(self) -> Batch:

@@ -25,6 +25,10 @@ exact. Temperature needs no second cache: the k log-probs at temperature 1, divi
 the k tokens, are exactly the tempered teacher restricted to the same k tokens (top-k order does not change
 with T).
 
+Under pipeline parallelism the last stage hands the loss whole logits (its output projection runs inside the
+stage), and the teacher's pipeline gives its logits there too: ``distillation_sum`` takes the same loss from the
+two logit tensors, by autograd, with the same divergences.
+
 The result is a sum over labelled tokens, as every titanium loss: the loop divides by the global count.
 Rows whose label is ``IGNORE_INDEX`` count zero; callers should still drop them before the call, as the
 chunked cross-entropy does (``LABEL_INDEX``), so they never reach the projections.
@@ -267,3 +271,28 @@ def linear_distillation_sum(
             hidden, weight, targets, *teacher, topk, teacher_softcap, (alpha, temperature, beta, chunk_size), softcap
         )
     return DistillSums(loss, ce, d, (targets != IGNORE_INDEX).sum())
+
+
+def distillation_sum(
+    logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    alpha: float,
+    temperature: float,
+    beta: float,
+) -> DistillSums:
+    """``linear_distillation_sum``'s loss from logits that exist whole: the student's ``[..., V]`` (after any
+    soft-cap, with gradient) and the teacher's ``[..., V]`` (constants), over the positions whose ``targets [...]``
+    are not IGNORE_INDEX. In float32 (float64 stays float64); the gradient comes from autograd."""
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    logits, teacher_logits = logits.flatten(0, -2).to(dtype), teacher_logits.detach().flatten(0, -2).to(dtype)
+    targets = targets.flatten()
+    mask = (targets != IGNORE_INDEX).to(dtype)
+    target_logits = logits.gather(1, targets.clamp(min=0)[:, None]).squeeze(1)
+    ce = ((torch.logsumexp(logits, dim=-1) - target_logits) * mask).sum()
+    student = torch.log_softmax(logits / temperature, dim=-1)
+    teacher = torch.log_softmax(teacher_logits / temperature, dim=-1)
+    d = (_divergence(student, teacher, beta) * mask).sum()
+    loss = (1 - alpha) * ce + alpha * temperature**2 * d
+    return DistillSums(loss, ce.detach(), d.detach(), (targets != IGNORE_INDEX).sum())

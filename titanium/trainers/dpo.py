@@ -36,6 +36,7 @@ from titanium.data.meter import DataMeter
 from titanium.data.packing import PadTo
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
+from titanium.model_builder import ModelSource
 from titanium.trainers.base import (
     IGNORE_INDEX,
     FrozenModel,
@@ -208,6 +209,13 @@ class DPOObjective(Objective):
     """
 
     loss_unit = "pairs"
+
+    @classmethod
+    def frozen_sources(
+        cls, section: DPOSection, start: ModelSource, vocab_size: int, seq_len: int
+    ) -> list[ModelSource]:
+        """The reference during training: none when reference-free or precomputed (released before the first step)."""
+        return [start] if pair_loss(section).reference and not section.precompute_reference else []
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
         self.cfg, self.ctx, self.data = dpo, ctx, data

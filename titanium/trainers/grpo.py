@@ -36,6 +36,7 @@ from titanium.generation.engine import SyncStats, build_engine
 from titanium.generation.rollout import Rollout, batch_logprobs, to_rollout
 from titanium.generation.rollout_buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.model_builder import ModelSource
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import (
     FrozenModel,
@@ -205,6 +206,12 @@ class GRPOObjective(Objective):
     """
 
     loss_spikes = False  # (the loss sits near 0, of either sign: a ratio to its running mean is noise)
+
+    @classmethod
+    def frozen_sources(
+        cls, section: GRPOSection, start: ModelSource, vocab_size: int, seq_len: int
+    ) -> list[ModelSource]:
+        return [start] if section.beta > 0 else []  # (the reference of the KL term)
 
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection, rollout: RolloutSection | None = None

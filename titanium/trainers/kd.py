@@ -7,8 +7,14 @@ only; the loss projects both models' hidden states chunk by chunk (titanium/trai
 model's ``[tokens, vocab]`` logits exist whole. The teacher's output projection is gathered once (a whole copy
 under FSDP: it never changes). The loss unit is a labelled token, as SFT's: with alpha = 0 the run is an SFT run.
 
-Tensor parallelism (a vocabulary-sharded projection), pipeline and context parallelism are not supported yet
-(refused at config time, titanium/config/validate.py).
+Layouts. Under FSDP and context parallelism each rank projects the labelled tokens of its own rows or sequence
+part. Under tensor parallelism the student's hidden states (sequence-parallel) and its vocabulary-sharded output
+weight are gathered whole, differentiably, for the loss (every tp rank computes the same loss; the gradients go
+back to each rank's shards); the chunked logits still never exist whole. Under pipeline parallelism the last
+stage computes the student's logits whole and the teacher's pipeline, built by the same plan, gives its logits
+on the same ranks: they are kept per row (a pipeline microbatch takes its rows) and the loss is taken from the
+two logit tensors (``distillation_sum``), at the memory cost of the teacher's ``[rows, seq, vocab]`` logits of
+the step.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor, Replicate
 
-from titanium.batch import Batch
+from titanium.batch import Batch, per_token
 from titanium.checkpoint.hf import hf_model_args
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, KDSection, SFTSection
@@ -27,7 +34,7 @@ from titanium.model_builder import ModelSource, WeightSource
 from titanium.models import build_model_args, get_model_spec
 from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.trainers.cross_entropy import TokenFields, plain_projection_weight
-from titanium.trainers.distill_loss import linear_distillation_sum
+from titanium.trainers.distill_loss import DistillSums, distillation_sum, linear_distillation_sum
 from titanium.trainers.sft import SFTObjective
 
 BETAS = {"forward_kl": 0.0, "reverse_kl": 1.0}
@@ -36,10 +43,13 @@ BETAS = {"forward_kl": 0.0, "reverse_kl": 1.0}
 
 @dataclass
 class KDFields(TokenFields):
-    """SFT's labels plus, after ``prepare``, the teacher's final hidden states at the labelled positions."""
+    """SFT's labels plus, after ``prepare``, the teacher's final hidden states at the labelled positions (or,
+    under pipeline parallelism, its logits)."""
 
     teacher_hidden: torch.Tensor | None = None
-    """``[labelled tokens, teacher dim]``, in the order of ``label_index`` (kept whole: no pipeline, no CP)."""
+    """``[labelled tokens, teacher dim]``, in the order of ``label_index`` (not under pipeline parallelism)."""
+    teacher_logits: torch.Tensor | None = per_token(default=None)
+    """Pipeline parallelism: ``[rows, seq, vocab]`` on the ranks of the last stage, None on the others."""
 
 
 def teacher_source(kd: KDSection, student_model: str, vocab_size: int, seq_len: int) -> ModelSource:
@@ -74,6 +84,10 @@ class KDObjective(Objective):
     loss_input = "hidden"
     metric_names = ("kd/ce", "kd/divergence")
 
+    @classmethod
+    def frozen_sources(cls, section: KDSection, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+        return [teacher_source(section, start.spec.name, vocab_size, seq_len)]
+
     def __init__(self, ctx: ObjectiveContext, data: DataSection, kd: KDSection) -> None:
         assert ctx.models is not None, "the kd objective needs model handles for its teacher"
         self.cfg, self.beta = kd, BETAS.get(kd.divergence, kd.beta)
@@ -81,12 +95,21 @@ class KDObjective(Objective):
         self.inner = SFTObjective(ctx, data, SFTSection(train_on_input=kd.train_on_input, packing=kd.packing))
         self.teacher = ctx.models.frozen(source=source)
         self._teacher_projection: tuple[torch.Tensor, float | None] | None = None
+        self.pipelined = False
+        """Whether the loss gets a pipeline's logits (``check_layout``) rather than hidden states."""
+
+    def check_layout(self, pipeline_microbatch_size: int | None) -> None:
+        self.pipelined = pipeline_microbatch_size is not None
 
     def next_microbatch(self) -> Batch[KDFields]:
         batch = self.inner.next_microbatch()
         return Batch(batch.tokens, KDFields(batch.fields.labels), batch.positions, batch.document_ids)
 
     def prepare(self, microbatches: list[Batch[KDFields]]) -> Prepared:
+        if self.pipelined:
+            for mb in microbatches:
+                mb.fields.teacher_logits = self.teacher(mb)
+            return Prepared(microbatches)
         for mb in microbatches:
             fields = mb.fields
             fields.label_index = (fields.labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
@@ -96,13 +119,40 @@ class KDObjective(Objective):
         return Prepared(microbatches)
 
     def loss(self, output: ModelOutput, batch: Batch[KDFields]) -> LossResult:
+        sums = self._pipeline_sums(output, batch) if output.logits is not None else self._chunked_sums(output, batch)
+        tokens = sums.tokens
+        return LossResult(
+            sums.loss, {"kd/ce": (sums.cross_entropy, tokens), "kd/divergence": (sums.divergence, tokens)}
+        )
+
+    def _pipeline_sums(self, output: ModelOutput, batch: Batch[KDFields]) -> DistillSums:
+        """From the last pipeline stage's logits and the teacher's (see the module docstring)."""
+        fields = batch.fields
+        assert output.logits is not None and fields.teacher_logits is not None
+        logits = output.logits
+        logits = logits.full_tensor() if isinstance(logits, DTensor) else logits  # (loss parallel: differentiable)
+        cfg = self.cfg
+        return distillation_sum(
+            logits, fields.teacher_logits, fields.labels, alpha=cfg.alpha, temperature=cfg.temperature, beta=self.beta
+        )
+
+    def _chunked_sums(self, output: ModelOutput, batch: Batch[KDFields]) -> DistillSums:
+        """Chunk by chunk from both models' hidden states; under tensor parallelism from the student's whole
+        hidden states and output weight, gathered differentiably (every tp rank then computes the whole loss, and
+        the gradient each rank sends back is whole: Replicate, no partial sums)."""
         fields = batch.fields
         assert output.hidden is not None and output.projection is not None
         assert fields.label_index is not None and fields.teacher_hidden is not None and self._teacher_projection
         teacher_weight, teacher_softcap = self._teacher_projection
-        sums = linear_distillation_sum(
-            output.hidden.flatten(0, 1).index_select(0, fields.label_index),
-            plain_projection_weight(output.projection, "--training.objective kd", "use --training.objective sft"),
+        hidden = output.hidden
+        if isinstance(hidden, DTensor):  # (sequence parallel)
+            hidden = hidden.redistribute(placements=[Replicate()] * hidden.device_mesh.ndim).to_local()
+        weight = plain_projection_weight(output.projection, "--training.objective kd", "use --training.objective sft")
+        if isinstance(weight, DTensor):  # (vocabulary-sharded)
+            weight = weight.full_tensor()
+        return linear_distillation_sum(
+            hidden.flatten(0, 1).index_select(0, fields.label_index),
+            weight,
             fields.labels.flatten().index_select(0, fields.label_index),
             (fields.teacher_hidden, teacher_weight),
             alpha=self.cfg.alpha,
@@ -111,10 +161,6 @@ class KDObjective(Objective):
             chunk_size=self.cfg.chunk_size,
             softcap=getattr(output.projection, "logit_softcap", None),
             teacher_softcap=teacher_softcap,
-        )
-        tokens = sums.tokens
-        return LossResult(
-            sums.loss, {"kd/ce": (sums.cross_entropy, tokens), "kd/divergence": (sums.divergence, tokens)}
         )
 
     def log_metrics(self) -> dict[str, float]:
