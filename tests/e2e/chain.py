@@ -1,6 +1,7 @@
-"""The first link of the quick start's chain, shared by the end-to-end tests of SFT, DPO and GRPO: the debug model
-pretrained for PRETRAIN_STEPS steps (train_configs/debug_model.toml). The run is deterministic for a seed, so the
-tests of one session make it once (the ``pretrained_folder`` fixture) instead of once each."""
+"""The first links of the quick start's chain, shared by the end-to-end tests of SFT, DPO and GRPO: the debug model
+pretrained for PRETRAIN_STEPS steps (train_configs/debug_model.toml), then fine-tuned for SFT_STEPS steps
+(train_configs/debug_sft.toml). The runs are deterministic for a seed, so the tests of one session make each once
+(in the ``pretrained_folder`` fixture's folder) instead of once per test."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from tests.helpers import REPO, run_train
 
 PRETRAIN_STEPS = 40
+SFT_STEPS = 120
 
 
 def pretrained(folder: Path, seed: int = 0) -> Path:
@@ -21,5 +23,20 @@ def pretrained(folder: Path, seed: int = 0) -> Path:
             "--job.config_file", str(REPO / "train_configs/debug_model.toml"), "--job.dump_folder", str(dump),
             "--job.no_print_config", "--debug.seed", str(seed),
             "--training.steps", str(PRETRAIN_STEPS), "--checkpoint.interval", str(PRETRAIN_STEPS),
+        ], timeout=600)  # fmt: skip
+    return checkpoint
+
+
+def fine_tuned(folder: Path, seed: int = 0) -> Path:
+    """The step-SFT_STEPS checkpoint of debug_sft.toml (no evaluation) from ``pretrained(folder, seed)``, made in
+    ``folder`` unless it is there already: the policy DPO and GRPO start from (and DPO's reference)."""
+    dump = folder / f"sft_seed{seed}"
+    checkpoint = dump / f"checkpoint/step-{SFT_STEPS}"
+    if not (checkpoint / ".metadata").exists():
+        run_train([
+            "--job.config_file", str(REPO / "train_configs/debug_sft.toml"), "--job.dump_folder", str(dump),
+            "--checkpoint.initial_load_path", str(pretrained(folder, seed)), "--job.no_print_config",
+            "--debug.seed", str(seed), "--training.steps", str(SFT_STEPS), "--checkpoint.interval", str(SFT_STEPS),
+            "--eval.interval", "0",
         ], timeout=600)  # fmt: skip
     return checkpoint

@@ -21,11 +21,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.chain import pretrained
+from tests.e2e.chain import fine_tuned
 from tests.helpers import REPO, run_train, scalars
 from titanium.tools import eval_preference
 
-SFT_STEPS = 120
 DPO_STEPS = 60
 HELD_OUT_PAIRS = 200
 
@@ -33,13 +32,8 @@ HELD_OUT_PAIRS = 200
 def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, float]:
     """Pretrain -> SFT -> DPO with ``seed``; held-out preference metrics and exact match before/after DPO."""
     common = ["--job.no_print_config", "--debug.seed", str(seed)]
-    sft, dpo = folder / "sft", folder / "dpo"
-    run_train([
-        "--job.config_file", str(REPO / "train_configs/debug_sft.toml"), "--job.dump_folder", str(sft),
-        "--checkpoint.initial_load_path", str(pretrained(shared or folder, seed)),
-        "--training.steps", str(SFT_STEPS), "--checkpoint.interval", str(SFT_STEPS), "--eval.interval", "0", *common,
-    ], timeout=600)  # fmt: skip
-    reference = sft / f"checkpoint/step-{SFT_STEPS}"
+    dpo = folder / "dpo"
+    reference = fine_tuned(shared or folder, seed)
     config = [
         "--job.config_file",
         str(REPO / "train_configs/debug_dpo.toml"),
