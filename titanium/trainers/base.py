@@ -235,3 +235,21 @@ class Objective(ABC):
     def close(self) -> None:  # noqa: B027 (most objectives hold nothing to free)
         """Free what the objective holds (a rollout engine), at the very end of the job: after the last checkpoint
         and export, and nothing collective may follow (vLLM's teardown destroys the default process group)."""
+
+
+class LoaderObjective(Objective):
+    """An objective that reads its microbatches from one loader (``self.loader``, with ``state_dict``) and counts
+    the rows it read, skipped or cut in a ``DataMeter`` (``self.meter``): its checkpointed state is the loader's
+    position and its log numbers the meter's."""
+
+    loader: Any
+    meter: Any
+
+    def log_metrics(self) -> dict[str, float]:
+        return self.meter.metrics()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)

@@ -22,7 +22,6 @@ import logging
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +39,10 @@ from titanium.model_builder import ModelSource
 from titanium.trainers.base import (
     IGNORE_INDEX,
     FrozenModel,
+    LoaderObjective,
     LossResult,
     ModelOutput,
     Models,
-    Objective,
     ObjectiveContext,
     Prepared,
 )
@@ -197,7 +196,7 @@ def row_width(cfg: DPOSection, ctx: ObjectiveContext) -> tuple[PadTo, int]:
     return ("seq_len" if cfg.pad_to == "seq_len" else "longest"), math.lcm(cfg.pad_multiple, ctx.sequence_multiple)
 
 
-class DPOObjective(Objective):
+class DPOObjective(LoaderObjective):
     """DPO on preference pairs (``[data] kind = "preference"``), configured by ``[dpo]``.
 
     The loss unit is a pair: ``training.local_batch_size`` pairs per microbatch (2 x as many rows, see
@@ -351,12 +350,3 @@ class DPOObjective(Objective):
             loss_sum = loss_sum + self.nll_weight * nll
             metrics["dpo/nll_loss"] = (nll.detach(), pairs)
         return LossResult(loss_sum, metrics)
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.meter.metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)

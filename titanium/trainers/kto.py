@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +33,7 @@ from titanium.config.sections import DataSection, KTOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.unpaired import UnpairedBatchLoader, UnpairedDataset
-from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.trainers.dpo import token_logps
 from titanium.trainers.preference_losses import kto_loss
 
@@ -82,7 +81,7 @@ def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return token_logps(logits, labels).sum(-1)
 
 
-class KTOObjective(Objective):
+class KTOObjective(LoaderObjective):
     """KTO on unpaired completions (``[data] kind = "unpaired"``), configured by ``[kto]``.
 
     ``training.local_batch_size`` examples per microbatch (one row each, plus as many mismatched rows run in
@@ -182,12 +181,3 @@ class KTOObjective(Objective):
             "kto/kl": (kl * examples.sum(), examples.sum()),
         }
         return LossResult(out.losses.sum(), metrics)
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.meter.metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)

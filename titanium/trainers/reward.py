@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -31,7 +30,7 @@ from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
 from titanium.models.spec import ModelSpec
-from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext
+from titanium.trainers.base import IGNORE_INDEX, LoaderObjective, LossResult, ModelOutput, ObjectiveContext
 from titanium.trainers.reward_loss import METRICS, reward_loss
 
 
@@ -77,7 +76,7 @@ def starts_from_causal_lm(hf_start: str | None) -> bool:
     return not any(str(a).endswith("ForSequenceClassification") for a in architectures)
 
 
-class RewardObjective(Objective):
+class RewardObjective(LoaderObjective):
     """A reward model on preference pairs (``[data] kind = "preference"``), configured by ``[reward]``.
 
     ``training.local_batch_size`` pairs per microbatch (2 x as many rows). Each pair lies in a row pair, so a
@@ -136,12 +135,3 @@ class RewardObjective(Objective):
             scores[0::2], scores[1::2], center_rewards_coefficient=self.cfg.center_rewards_coefficient, mask=present
         )
         return LossResult(out.loss_sum, {f"reward/{name}": (value, out.pairs) for name, value in out.metrics.items()})
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.meter.metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)

@@ -9,8 +9,6 @@ by the global count, which makes every layout and accumulation give the exact to
 
 from __future__ import annotations
 
-from typing import Any
-
 from titanium.batch import Batch
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_optional_chat_template
@@ -18,11 +16,11 @@ from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
 from titanium.data.packing import PackedDataset, PaddedDataset
 from titanium.data.sft import SFTDataset
-from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
 
 
-class SFTObjective(Objective):
+class SFTObjective(LoaderObjective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
         chat = ctx.chat
         template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
@@ -50,12 +48,3 @@ class SFTObjective(Objective):
 
     def loss(self, output: ModelOutput, batch: Batch) -> LossResult:
         return LossResult(self.cross_entropy(output, batch))
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.meter.metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
