@@ -87,9 +87,9 @@ def test_the_shipped_moe_plans_fit_an_h100(in_repo, capsys, config, world):
     assert "% of 78 GiB: fits" in out and "receives 1.25x its even share" in out, out[-2000:]
 
 
-def test_the_estimate_counts_a_kd_teacher_and_a_dpo_reference(in_repo, tmp_path):
+def test_the_estimate_counts_a_kd_teacher_and_a_dpo_or_kto_reference(in_repo, tmp_path):
     """The frozen models the objective builds, on this rank under the same plan (FSDP over 2: half of each): a kd
-    teacher (here of the student's shape), a DPO reference copy, and no copy for a LoRA policy's reference."""
+    teacher (here of the student's shape), a DPO or KTO reference copy, and no copy for a LoRA policy's reference."""
     common = [
         "--job.config_file", "train_configs/debug_sft.toml", "--checkpoint.initial_load_path", "",
         "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.mixed_precision_param", "float32",
@@ -108,12 +108,14 @@ def test_the_estimate_counts_a_kd_teacher_and_a_dpo_reference(in_repo, tmp_path)
     kd_peak, teacher = estimate(*kd)
     dpo_peak, reference = estimate(*dpo)
     _, lora_reference = estimate(*dpo, "--lora.rank", "4")
+    _, kto_reference = estimate("--training.objective", "kto", "--data.kind", "unpaired")
     spec = get_model_spec("llama3")
     with torch.device("meta"):
         student = spec.model_cls(build_model_args(spec, "debugmodel", max_seq_len=64))
     half_fp32 = sum(p.numel() for p in student.parameters()) * 4 / 2
     assert sft_frozen == 0 and lora_reference == 0
-    assert teacher == reference == pytest.approx(half_fp32, rel=1e-3)  # (uneven shards: a few rows more)
+    # (uneven shards: a few rows more)
+    assert teacher == reference == kto_reference == pytest.approx(half_fp32, rel=1e-3)
     # (the same student's traces agree to within a one-time allocation of the first trace in a process, ~0.3%)
     assert kd_peak == pytest.approx(sft_peak + teacher, rel=0.01) and kd_peak > sft_peak
     assert dpo_peak > sft_peak

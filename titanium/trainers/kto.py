@@ -33,6 +33,7 @@ from titanium.config.sections import DataSection, KTOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.unpaired import UnpairedBatchLoader, UnpairedDataset
+from titanium.model_builder import ModelSource
 from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.trainers.dpo import token_logps
 from titanium.trainers.preference_losses import kto_loss
@@ -90,6 +91,12 @@ class KTOObjective(LoaderObjective):
 
     loss_unit = "examples"
     metric_names = tuple(f"kto/{name}" for name in METRICS)
+
+    @classmethod
+    def frozen_sources(
+        cls, section: KTOSection, start: ModelSource, vocab_size: int, seq_len: int
+    ) -> list[ModelSource]:
+        return [start]  # (the reference: the policy as it started)
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, kto: KTOSection) -> None:
         if ctx.models is None:
