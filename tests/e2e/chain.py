@@ -28,15 +28,18 @@ def pretrained(folder: Path, seed: int = 0) -> Path:
 
 
 def fine_tuned(folder: Path, seed: int = 0) -> Path:
-    """The step-SFT_STEPS checkpoint of debug_sft.toml (no evaluation) from ``pretrained(folder, seed)``, made in
-    ``folder`` unless it is there already: the policy DPO and GRPO start from (and DPO's reference)."""
+    """The step-SFT_STEPS checkpoint of debug_sft.toml from ``pretrained(folder, seed)``, made in ``folder`` unless
+    it is there already: the policy DPO and GRPO start from (and DPO's reference), and the SFT test's run. Held-out
+    exact match is evaluated before the first step and at the end (in ``tb/``; evaluation leaves training as it is:
+    the logged losses are equal with and without it), and the run's console output is kept in ``stderr.log``."""
     dump = folder / f"sft_seed{seed}"
     checkpoint = dump / f"checkpoint/step-{SFT_STEPS}"
     if not (checkpoint / ".metadata").exists():
-        run_train([
+        result = run_train([
             "--job.config_file", str(REPO / "train_configs/debug_sft.toml"), "--job.dump_folder", str(dump),
             "--checkpoint.initial_load_path", str(pretrained(folder, seed)), "--job.no_print_config",
             "--debug.seed", str(seed), "--training.steps", str(SFT_STEPS), "--checkpoint.interval", str(SFT_STEPS),
-            "--eval.interval", "0",
+            "--eval.interval", str(SFT_STEPS),
         ], timeout=600)  # fmt: skip
+        (dump / "stderr.log").write_text(result.stderr)
     return checkpoint
