@@ -5,10 +5,14 @@
         --tokenizer assets/tokenizer/titanium_debug.tiktoken --temperature 0.7 --top-p 0.9 --seed 1
 
 Prompts come from --prompt (repeatable) or --prompts-file: a .txt file (one prompt per line) or a
-.jsonl file whose rows hold a "prompt" string or chat "messages" (a final assistant message is
-dropped). With a chat template each prompt is a user message; --chat-template none sends plain text
-after BOS (base models). Each prompt's result is one JSON line on stdout (prompt, completion,
-finish_reason "stop" or "length", tokens); the speed goes to stderr. Bad input exits with code 2.
+.jsonl file in TRL's formats: a "prompt" column holding a string or a conversation (a list of
+{role, content} messages ending with a user or tool message, rendered with the chat template's
+generation prompt as TRL's apply_chat_template does, with the row's "tools" if it has them; the
+completion/chosen/rejected columns of prompt/completion and preference rows are not read), else chat
+"messages" (a final assistant message is dropped). With a chat template a string prompt is a user
+message; --chat-template none sends plain text after BOS (base models; TRL's reading of strings).
+Each prompt's result is one JSON line on stdout (prompt, completion, finish_reason "stop" or
+"length", tokens); the speed goes to stderr. Bad input exits with code 2.
 
     # a conversation: each line typed (or piped) is a user turn, answered with the conversation so far
     python -m titanium.tools.generate outputs/debug_sft/hf --chat --tokenizer assets/tokenizer/titanium_debug.tiktoken
@@ -35,7 +39,16 @@ import torch
 
 from titanium.checkpoint.hf import read_hf_config
 from titanium.config.sections import DataSection, TokenizerSection
-from titanium.data.chat import ChatTemplate, Message, RowError, build_chat_template, with_system_prompt
+from titanium.data.chat import (
+    ChatTemplate,
+    Message,
+    RowError,
+    Tools,
+    build_chat_template,
+    parse_tools,
+    with_system_prompt,
+)
+from titanium.data.completion import messages_of
 from titanium.data.prompts import prompt_messages
 from titanium.data.tokenizer import Tokenizer, build_tokenizer
 from titanium.errors import UserError
@@ -44,7 +57,16 @@ from titanium.generation.sampling import SamplingParams
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, hf_family, list_models
 
-Prompt = str | list[Message]
+
+@dataclass(frozen=True)
+class Conversation:
+    """A prompt of messages (ending with the turn to answer) and the tool schemas its template may render."""
+
+    messages: list[Message]
+    tools: Tools | None = None
+
+
+Prompt = str | Conversation
 
 
 def model_name_of(folder: Path) -> str:
@@ -56,8 +78,31 @@ def model_name_of(folder: Path) -> str:
     return name
 
 
+def row_prompt(row: Any) -> Prompt:
+    """A .jsonl row's prompt: TRL's "prompt" column (a string, or a conversation that ends with the turn to
+    answer: TRL adds the generation prompt after a user or tool message and continues a final assistant one,
+    which is not supported here), else the "messages" of a chat row without its final answer."""
+    data = DataSection(kind="chat")
+    value = row.get(data.prompt_column) if isinstance(row, dict) else None
+    if isinstance(value, str):
+        return value
+    if value is None:
+        return Conversation(prompt_messages(row, data))
+    messages = messages_of(value, data.prompt_column, data)
+    if not messages:
+        raise RowError(f"'{data.prompt_column}' is an empty list of messages")
+    if any(m.role == "system" for m in messages[1:]):
+        raise RowError(f"'{data.prompt_column}': a system message is only allowed as the first message")
+    if messages[-1].role not in ("user", "tool"):
+        raise RowError(
+            f"'{data.prompt_column}' ends with a message of role {messages[-1].role!r}; a prompt ends with the user "
+            "(or tool) turn to answer (continuing a final assistant message is not supported)"
+        )
+    return Conversation(messages, parse_tools(row, data))
+
+
 def read_prompts(path: Path) -> list[Prompt]:
-    """Lines of a .txt file, or the "prompt" / "messages" of each row of a .jsonl file."""
+    """Lines of a .txt file, or the prompt of each row of a .jsonl file (``row_prompt``)."""
     if not path.is_file():
         raise UserError(f"--prompts-file {path}: not found")
     lines = path.read_text().splitlines()
@@ -68,22 +113,23 @@ def read_prompts(path: Path) -> list[Prompt]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-            if isinstance(row, dict) and isinstance(row.get("prompt"), str):
-                prompts.append(row["prompt"])
-            else:
-                prompts.append(prompt_messages(row, DataSection(kind="chat")))
+            prompts.append(row_prompt(json.loads(line)))
         except (json.JSONDecodeError, RowError) as e:
-            raise UserError(f"--prompts-file {path} line {number}: {e} (need a 'prompt' string or 'messages')") from e
+            raise UserError(
+                f"--prompts-file {path} line {number}: {e} (need a 'prompt': a string or a list of messages, "
+                "or chat 'messages')"
+            ) from e
     return prompts
 
 
 def encode(prompt: Prompt, tokenizer: Tokenizer, template: ChatTemplate | None, system_prompt: str | None) -> list[int]:
+    """A prompt's ids: a string is a user message under the chat template (plain text after BOS without one), a
+    conversation its rendering with the generation prompt."""
     if template is None:
-        text = prompt if isinstance(prompt, str) else "\n".join(m.content for m in prompt)
+        text = prompt if isinstance(prompt, str) else "\n".join(m.content for m in prompt.messages)
         return tokenizer.encode(text, bos=True, eos=False)
-    messages = [Message("user", prompt)] if isinstance(prompt, str) else prompt
-    return template.prompt(with_system_prompt(messages, system_prompt))
+    conversation = Conversation([Message("user", prompt)]) if isinstance(prompt, str) else prompt
+    return template.prompt(with_system_prompt(conversation.messages, system_prompt), conversation.tools)
 
 
 def _tokenizer(args: argparse.Namespace) -> Tokenizer:
@@ -158,7 +204,12 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not prompts:
         raise UserError("no prompts: pass --prompt TEXT (repeatable) or --prompts-file FILE")
     gen = load(args)
-    encoded = [encode(p, gen.tokenizer, gen.template, args.system_prompt) for p in prompts]
+    encoded = []
+    for number, prompt in enumerate(prompts, 1):
+        try:
+            encoded.append(encode(prompt, gen.tokenizer, gen.template, args.system_prompt))
+        except RowError as e:  # (tools under a template that cannot render them, a template's raise_exception)
+            raise UserError(f"prompt {number} (--prompt ones first, then the file's): {e}") from None
     _check_room(gen, max(map(len, encoded)), "shorten the prompts")
 
     results, generated, start = [], 0, time.perf_counter()
@@ -167,7 +218,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
             prompt = prompts[first + i]
             results.append(
                 {
-                    "prompt": prompt if isinstance(prompt, str) else [m.as_dict() for m in prompt],
+                    "prompt": prompt if isinstance(prompt, str) else [m.as_dict() for m in prompt.messages],
                     "completion": completion,
                     "finish_reason": reason,
                     "tokens": tokens,
@@ -216,7 +267,9 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("folder", type=Path, help="Hugging Face folder: config.json + *.safetensors")
     p.add_argument("--prompt", action="append", help="a prompt (repeatable)")
-    p.add_argument("--prompts-file", type=Path, help=".txt (one prompt per line) or .jsonl (prompt / messages)")
+    p.add_argument(
+        "--prompts-file", type=Path, help=".txt (one prompt per line) or .jsonl (TRL's prompt: text or messages)"
+    )
     p.add_argument("--model", choices=list_models(), help="model family (default: from config.json model_type)")
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json or .tiktoken file (default: FOLDER/tokenizer.json)")
     p.add_argument(
