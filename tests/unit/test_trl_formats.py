@@ -340,3 +340,32 @@ def test_train_on_input_learns_the_prompt_too(tmp_path):
     (sample,), _ = sft_samples(path, tok, None, 1, train_on_input=True)
     assert sample["tokens"] == [tok.bos_id, *b"abc", tok.eos_id]
     assert sample["labels"] == [*b"abc", tok.eos_id, IGNORE_INDEX]
+
+
+def test_grpo_reads_trls_prompt_column_as_trl_renders_it(tmp_path, toks):
+    """GRPO's prompts from TRL's rows without ``messages``: a conversation in ``prompt`` (ending with a user turn or
+    with the tools' results, the row's tools rendered) is the ids of transformers' ``apply_chat_template(prompt,
+    tools=..., add_generation_prompt=True)``; a string is one user message; the answer column travels along."""
+    from titanium.config.sections import GRPOSection
+    from titanium.data.prompts import PromptDataset
+
+    tok, hf = toks
+    user = {"role": "user", "content": "what is two plus three"}
+    rows = [
+        {"prompt": "what is the answer", "answer": "5"},
+        {"prompt": [{"role": "system", "content": "Be brief."}, user], "answer": "5"},
+        {"prompt": TOOL_CHAT[:4], "tools": TOOLS, "answer": "x"},
+        {"prompt": [user, {"role": "assistant", "content": "5"}], "answer": "5"},  # (no turn to answer: skipped)
+    ]
+    data = DataSection(kind="chat", path=jsonl(tmp_path / "rows.jsonl", rows))
+    grpo = GRPOSection(answer_column="answer", max_prompt_len=4096)
+    dataset = PromptDataset(data, grpo, tok, JinjaTemplate(tok, hf.chat_template))
+    samples = [sample for sample, _ in zip(dataset, range(3))]
+    expected = []
+    for row in rows[:3]:
+        prompt = row["prompt"]
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+        rendered = hf.apply_chat_template(messages, tools=row.get("tools"), add_generation_prompt=True, tokenize=True)
+        expected.append(list(rendered["input_ids"] if hasattr(rendered, "keys") else rendered))
+    assert [s.prompt for s in samples] == expected
+    assert [s.answer for s in samples] == ["5", "5", "x"] and dataset.bad_rows == 1

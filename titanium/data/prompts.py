@@ -4,8 +4,10 @@ Rows are read like fine-tuning rows (``RowReader``: streamed, split over data-pa
 resumable, malformed rows skipped and counted or fatal per ``--data.on_bad_row``). By ``--data.kind``:
 
 - chat: the row's messages. A final assistant message (the answer in SFT-style data) is dropped; what
-  is left must end with a user message. The prompt is the chat template's generation prompt, the same
-  tokens the SFT data and the evaluation put before an answer.
+  is left must end with a user (or tool) message. The prompt is the chat template's generation prompt (with
+  the row's tools), the same tokens the SFT data and the evaluation put before an answer. A row without
+  messages but with TRL's ``prompt`` column (``--data.prompt_column``) is read as TRL's GRPO reads it: a
+  conversation (a list of messages ending with the turn to answer) or a string, here one user message.
 - instruct: the instruction (and its input) as the user message.
 - text: the text column as a plain prompt for base models: BOS + text, no template.
 
@@ -27,12 +29,18 @@ from titanium.data.chat import (
     Message,
     RowError,
     _column,
+    _text_field,
     instruct_user_message,
     parse_messages,
+    parse_tools,
     with_system_prompt,
 )
+from titanium.data.completion import messages_of
 from titanium.data.text import DataError, RowReader, Source
 from titanium.data.tokenizer import Tokenizer
+
+ANSWERED_ROLES = ("user", "tool")
+"""The roles a prompt may end with: the model answers a user, or goes on after a tool's result."""
 
 _FIX = {
     "chat": "fix the row, or point --data.messages_column, --data.role_key and --data.content_key at its columns",
@@ -51,16 +59,42 @@ class PromptSample:
     """The whole row, for reward functions that use other columns."""
 
 
+def trl_prompt(row: Any, data: DataSection) -> str | list[Message] | None:
+    """TRL's ``prompt`` column of a row without ``messages``: a string, or a list of messages ending with the
+    turn to answer (a user or tool message; TRL would continue a final assistant message, not supported here).
+    None for a row without it."""
+    if not isinstance(row, dict) or data.messages_column in row or row.get(data.prompt_column) is None:
+        return None
+    value = row[data.prompt_column]
+    if isinstance(value, str):
+        return _text_field(value, f"'{data.prompt_column}'")
+    messages = _system_first(messages_of(value, data.prompt_column, data))
+    if not messages or messages[-1].role not in ANSWERED_ROLES:
+        ends = f"ends with a message of role {messages[-1].role!r}" if messages else "is an empty list of messages"
+        raise RowError(f"'{data.prompt_column}' {ends}; a prompt ends with the user (or tool) turn to answer")
+    return messages
+
+
 def prompt_messages(row: Any, data: DataSection) -> list[Message]:
-    """The conversation to answer: a chat row without its final assistant message, or an instruct row's
-    user turn. Raises ``RowError`` when it does not end with a user message."""
+    """The conversation to answer: TRL's ``prompt`` (``trl_prompt``; a string is one user message), a chat row
+    without its final assistant message, or an instruct row's user turn. Raises ``RowError`` when it does not
+    end with a user or tool message."""
     if data.kind == "instruct":
         return [instruct_user_message(row, data)]
+    prompt = trl_prompt(row, data)
+    if prompt is not None:
+        return [Message("user", prompt)] if isinstance(prompt, str) else prompt
     messages = parse_messages(_column(row, data.messages_column), f"'{data.messages_column}'", data)
     if messages and messages[-1].role == "assistant":
         messages = messages[:-1]
-    if not messages or messages[-1].role != "user":
-        raise RowError("no user message to answer (a prompt ends with a user message, or with one and its answer)")
+    if not messages or messages[-1].role not in ANSWERED_ROLES:
+        raise RowError(
+            "no user message to answer (a prompt ends with a user or tool message, or with one and its answer)"
+        )
+    return _system_first(messages)
+
+
+def _system_first(messages: list[Message]) -> list[Message]:
     if any(m.role == "system" for m in messages[1:]):
         raise RowError("a system message is only allowed as the first message")
     return messages
@@ -112,7 +146,8 @@ class PromptDataset(RowReader):
                 prompt = self.tokenizer.encode(text, bos=True, eos=False)
             else:
                 assert self.template is not None
-                prompt = self.template.prompt(with_system_prompt(prompt_messages(item, self.cfg), self.system_prompt))
+                messages = with_system_prompt(prompt_messages(item, self.cfg), self.system_prompt)
+                prompt = self.template.prompt(messages, parse_tools(item, self.cfg))
             answer = self._answer(item)
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX[self.cfg.kind])

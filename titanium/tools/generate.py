@@ -48,8 +48,7 @@ from titanium.data.chat import (
     parse_tools,
     with_system_prompt,
 )
-from titanium.data.completion import messages_of
-from titanium.data.prompts import prompt_messages
+from titanium.data.prompts import prompt_messages, trl_prompt
 from titanium.data.tokenizer import Tokenizer, build_tokenizer
 from titanium.errors import UserError
 from titanium.generation.generate import check_room, generate
@@ -79,26 +78,14 @@ def model_name_of(folder: Path) -> str:
 
 
 def row_prompt(row: Any) -> Prompt:
-    """A .jsonl row's prompt: TRL's "prompt" column (a string, or a conversation that ends with the turn to
-    answer: TRL adds the generation prompt after a user or tool message and continues a final assistant one,
-    which is not supported here), else the "messages" of a chat row without its final answer."""
+    """A .jsonl row's prompt, as GRPO reads it (``titanium.data.prompts.prompt_messages``: TRL's "prompt" column,
+    a string or a conversation ending with the turn to answer, else the "messages" of a chat row without its final
+    answer), a string kept as text (plain text after BOS under --chat-template none)."""
     data = DataSection(kind="chat")
-    value = row.get(data.prompt_column) if isinstance(row, dict) else None
-    if isinstance(value, str):
-        return value
-    if value is None:
-        return Conversation(prompt_messages(row, data))
-    messages = messages_of(value, data.prompt_column, data)
-    if not messages:
-        raise RowError(f"'{data.prompt_column}' is an empty list of messages")
-    if any(m.role == "system" for m in messages[1:]):
-        raise RowError(f"'{data.prompt_column}': a system message is only allowed as the first message")
-    if messages[-1].role not in ("user", "tool"):
-        raise RowError(
-            f"'{data.prompt_column}' ends with a message of role {messages[-1].role!r}; a prompt ends with the user "
-            "(or tool) turn to answer (continuing a final assistant message is not supported)"
-        )
-    return Conversation(messages, parse_tools(row, data))
+    prompt = trl_prompt(row, data)
+    if isinstance(prompt, str):
+        return prompt
+    return Conversation(prompt_messages(row, data), parse_tools(row, data))
 
 
 def read_prompts(path: Path) -> list[Prompt]:
