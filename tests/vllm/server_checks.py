@@ -1,11 +1,12 @@
-"""``python -m tests.vllm.server_checks OUT.json [--crash]``: vLLM in server mode (an engine process of its own).
+"""``python -m tests.vllm.server_checks OUT.json``: vLLM in server mode (an engine process of its own).
 
 The trainer side is this process: the small head_dim-32 Llama of ``engine_checks`` (A: its initialization, B: A
 after one AdamW step at lr 3e-3). The engine process is started empty and synced through shared memory; vLLM's
 teacher-forced log-probs (read in the engine process through ``call``) are compared with titanium's forward at A,
-at B, and at A after syncing B (what a skipped or stale sync would leave). Then the engine is closed and its process
-must be gone. With ``--crash`` this process kills itself (SIGKILL) after the first sync, leaving no chance to close:
-the test checks that the engine process it wrote to OUT.json ends on its own.
+at B, and at A after syncing B (what a skipped or stale sync would leave), and sampled tokens' log-probs with
+titanium's (also generated on GRPO's generation thread). Then this process writes OUT.json and kills itself
+(SIGKILL), leaving no chance to close the engine: the test checks that the engine process ends on its own (a clean
+``close`` is checked through the trainer's GRPO run).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from tests.vllm.engine_checks import diff, engine_logprobs, one_large_step, policy, sequences, titanium_logprobs
 from titanium.config.sections import RolloutSection
+from titanium.generation.background import GenerationWorker
 from titanium.generation.engine import build_engine
 from titanium.generation.sampling import SamplingParams
 
@@ -38,7 +40,6 @@ def running(pid: int) -> bool:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
-    parser.add_argument("--crash", action="store_true")
     cli = parser.parse_args()
     spec, args, model = policy("llama3")
     threads = torch.get_num_threads()
@@ -57,9 +58,6 @@ def main() -> None:
     results: dict[str, Any] = {"engine_start_seconds": time.perf_counter() - start, "pid": engine.process.pid}
     seqs = sequences()
     results["sync_a"] = dataclasses.asdict(engine.sync_from(model, version=0))
-    if cli.crash:
-        Path(cli.out).write_text(json.dumps(results))
-        os.kill(os.getpid(), signal.SIGKILL)
     a = titanium_logprobs(model, seqs)
     results["engine_a_vs_titanium_a"] = diff(engine.call(engine_logprobs, seqs), a)
     one_large_step(model)
@@ -75,12 +73,14 @@ def main() -> None:
     full = [seqs[row] + out.generation.tokens[row].tolist() for row in range(4)]
     expected = titanium_logprobs(model, full)[:, len(seqs[0]) - 1 :]
     results["sampled_vs_titanium"] = diff(out.generation.logprobs[mask], expected[mask])
+    worker = GenerationWorker(engine.background)  # GRPO's generation thread (max_policy_lag > 0)
+    later = worker.submit(lambda: engine.generate(seqs[:4], SamplingParams(max_new_tokens=16), seed=3))
+    titanium_logprobs(model, full)  # (the loop's work meanwhile)
+    results["thread_generates_the_same"] = torch.equal(later.result().generation.tokens, out.generation.tokens)
+    worker.close()
     results["trainer_threads_unchanged"] = torch.get_num_threads() == threads
-    start = time.perf_counter()
-    engine.close()
-    results["close_seconds"] = time.perf_counter() - start
-    results["running_after_close"] = running(results["pid"])
     Path(cli.out).write_text(json.dumps(results, indent=2))
+    os.kill(os.getpid(), signal.SIGKILL)  # (a trainer that dies without closing its engine)
 
 
 if __name__ == "__main__":

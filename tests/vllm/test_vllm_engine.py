@@ -98,8 +98,11 @@ def test_colocated_with_fsdp_every_rank_serves_the_sharded_policy(colocated) -> 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> dict:
+    """``server_checks``' measurements; it kills itself at the end (SIGKILL, the engine process not closed)."""
     out = tmp_path_factory.mktemp("server") / "server.json"
-    run([sys.executable, "-m", "tests.vllm.server_checks", str(out)])
+    cmd = [sys.executable, "-m", "tests.vllm.server_checks", str(out)]
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == -9 and out.exists(), result.stderr[-4000:]
     return json.loads(out.read_text())
 
 
@@ -110,19 +113,15 @@ def test_server_mode_serves_the_synced_policy(server) -> None:
     assert close(server["sampled_vs_titanium"]) and server["version"] == 1, server
     assert server["titanium_b_vs_a"]["max"] > STEP_MOVES_LOGPROBS and not close(server["engine_b_vs_titanium_a"])
     assert server["sync_b"]["blocks"] == 5 and server["trainer_threads_unchanged"]
+    assert server["thread_generates_the_same"]  # (on a generation thread while the loop works: the same tokens)
 
 
-def test_server_mode_leaves_no_engine_process(server, tmp_path) -> None:
-    """``close`` ends the engine process; so does the trainer's process dying without closing (SIGKILL)."""
-    assert not server["running_after_close"]
-    out = tmp_path / "crash.json"
-    crash = [sys.executable, "-m", "tests.vllm.server_checks", str(out), "--crash"]
-    result = subprocess.run(crash, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
-    assert result.returncode == -9, result.stderr[-4000:]
-    pid, deadline = json.loads(out.read_text())["pid"], time.monotonic() + 120
-    while running(pid) and time.monotonic() < deadline:  # (it notices within a second, then closes vLLM)
+def test_server_mode_engine_ends_when_the_trainer_dies(server) -> None:
+    """The trainer's process killed without closing its engine: the engine process notices and ends."""
+    deadline = time.monotonic() + 120
+    while running(server["pid"]) and time.monotonic() < deadline:  # (it notices within a second, then closes vLLM)
         time.sleep(0.5)
-    assert not running(pid)
+    assert not running(server["pid"])
 
 
 def grpo(out: Path, policy: Path, mode: str) -> str:
@@ -167,8 +166,8 @@ def test_grpo_trains_with_the_vllm_engine_in_the_loop(grpo_runs, mode) -> None:
 
 def test_grpo_in_server_mode_equals_colocated(grpo_runs) -> None:
     """One engine process of its own against vLLM in the trainer's process: the same seeds and weights give the
-    same samples, so the same rewards at every step, and losses equal to float noise; the engine process is gone
-    when the job has ended."""
+    same samples, so the same rewards at every step, and losses equal to float noise; the job's end closed the
+    engine process (it exited when asked, not terminated)."""
     from tests.helpers import scalars
 
     for tag, tolerance in (("grpo/reward", 0.0), ("grpo/response_len", 0.0), (LOSS_TAG, 1e-5)):
@@ -176,4 +175,4 @@ def test_grpo_in_server_mode_equals_colocated(grpo_runs) -> None:
         assert sorted(server) == [1, 2, 3] and sorted(colocated) == [1, 2, 3], tag
         assert all(abs(server[s] - colocated[s]) <= tolerance for s in server), (tag, colocated, server)
     pid = int(re.search(r"vLLM engine process (\d+) started", grpo_runs["server"][1]).group(1))
-    assert not running(pid)
+    assert not running(pid) and "did not exit" not in grpo_runs["server"][1]

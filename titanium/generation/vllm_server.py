@@ -139,6 +139,7 @@ def stop(process: multiprocessing.Process, conn: Connection) -> None:
         pass
     process.join(STOP_SECONDS)
     if process.is_alive():
+        logger.warning("vLLM engine process %d did not exit %g s after close: terminated", process.pid, STOP_SECONDS)
         process.terminate()
         process.join(10)
     if process.is_alive():
