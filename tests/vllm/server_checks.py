@@ -22,10 +22,16 @@ from typing import Any
 
 import torch
 
-from tests.vllm.engine_checks import diff, engine_logprobs, one_large_step, policy, sequences, titanium_logprobs
-from titanium.config.sections import RolloutSection
+from tests.vllm.engine_checks import (
+    diff,
+    engine_logprobs,
+    one_large_step,
+    policy,
+    sequences,
+    titanium_logprobs,
+    vllm_engine,
+)
 from titanium.generation.background import GenerationWorker
-from titanium.generation.engine import build_engine
 from titanium.generation.sampling import SamplingParams
 
 
@@ -44,17 +50,7 @@ def main() -> None:
     spec, args, model = policy("llama3")
     threads = torch.get_num_threads()
     start = time.perf_counter()
-    engine = build_engine(
-        RolloutSection(engine="vllm", mode="server", max_num_batched_tokens=4096),
-        spec,
-        args,
-        stop_ids={2},
-        pad_id=0,
-        max_model_len=512,
-        device=torch.device("cpu"),
-        training_dtype=torch.float32,
-        seed=0,
-    )
+    engine = vllm_engine(spec, args, seed=0, stop_ids={2}, mode="server")
     results: dict[str, Any] = {"engine_start_seconds": time.perf_counter() - start, "pid": engine.process.pid}
     seqs = sequences()
     results["sync_a"] = dataclasses.asdict(engine.sync_from(model, version=0))

@@ -50,19 +50,8 @@ STOP_SECONDS = 60.0
 class VLLMServerEngine(RolloutEngine):
     background = True  # (generation runs in the engine process; a generation thread only waits for its answer)
 
-    def __init__(
-        self,
-        spec: ModelSpec,
-        args: Any,
-        cfg: RolloutSection,
-        *,
-        stop_ids: set[int],
-        pad_id: int,
-        max_model_len: int,
-        dtype: torch.dtype,
-        seed: int,
-        device_type: str,
-    ) -> None:
+    def __init__(self, spec: ModelSpec, args: Any, cfg: RolloutSection, *, device_type: str, **options: Any) -> None:
+        """``options``: ``VLLMEngine``'s (stop ids, pad id, max_model_len, dtype, seed), for the engine process."""
         from titanium.generation.vllm_engine import INSTALL
 
         if device_type != "cpu":
@@ -74,11 +63,11 @@ class VLLMServerEngine(RolloutEngine):
             raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
         context = mp.get_context("spawn")
         self._conn, child = context.Pipe()
-        options = dict(
-            stop_ids=stop_ids, pad_id=pad_id, max_model_len=max_model_len, dtype=dtype, seed=seed, device_type="cpu"
-        )
         self.process = context.Process(
-            target=serve, args=(child, spec, args, cfg, options), name="titanium-vllm-server", daemon=True
+            target=serve,
+            args=(child, spec, args, cfg, {**options, "device_type": device_type}),
+            name="titanium-vllm-server",
+            daemon=True,
         )
         self.process.start()
         child.close()
