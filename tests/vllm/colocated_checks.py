@@ -20,9 +20,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-from tests.vllm.engine_checks import diff, engine_logprobs, one_large_step, policy, sequences, titanium_logprobs
-from titanium.config.sections import RolloutSection
-from titanium.generation.engine import build_engine
+from tests.vllm.engine_checks import (
+    diff,
+    engine_logprobs,
+    one_large_step,
+    policy,
+    sequences,
+    titanium_logprobs,
+    vllm_engine,
+)
 from titanium.generation.sampling import SamplingParams
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.parallel.fsdp import apply_fsdp
@@ -35,17 +41,7 @@ def main(out: Path) -> None:
     spec, args, reference = policy("llama3")
     model = copy.deepcopy(reference)
     apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), torch.float32, torch.float32, True)
-    engine = build_engine(
-        RolloutSection(engine="vllm", max_num_batched_tokens=4096),
-        spec,
-        args,
-        stop_ids={2},
-        pad_id=0,
-        max_model_len=512,
-        device=torch.device("cpu"),
-        training_dtype=torch.float32,
-        seed=rank,
-    )
+    engine = vllm_engine(spec, args, seed=rank, stop_ids={2})
     try:
         seqs = sequences()
         results = {"sync_a": dataclasses.asdict(engine.sync_from(model, version=0))}

@@ -49,6 +49,21 @@ def policy(family: str) -> tuple[Any, Any, torch.nn.Module]:
     return spec, args, model
 
 
+def vllm_engine(spec: Any, args: Any, seed: int, stop_ids: set[int], mode: str = "colocated") -> Any:
+    """A vLLM engine on CPU for the test policy (float32, prompts plus answers up to 512 tokens)."""
+    return build_engine(
+        RolloutSection(engine="vllm", mode=mode, max_num_batched_tokens=4096),
+        spec,
+        args,
+        stop_ids=stop_ids,
+        pad_id=0,
+        max_model_len=512,
+        device=torch.device("cpu"),
+        training_dtype=torch.float32,
+        seed=seed,
+    )
+
+
 def one_large_step(model: torch.nn.Module) -> None:
     """B = A after one AdamW step at lr 3e-3: moves log-probs by ~1 (a skipped sync cannot hide)."""
     tokens = torch.randint(3, VOCAB, (8, 64), generator=torch.Generator().manual_seed(1))
@@ -91,17 +106,7 @@ def main() -> None:
     cli = parser.parse_args()
     spec, args, model = policy(cli.family)
     start = time.perf_counter()
-    engine = build_engine(
-        RolloutSection(engine="vllm", max_num_batched_tokens=4096),
-        spec,
-        args,
-        stop_ids=STOP,
-        pad_id=0,
-        max_model_len=512,
-        device=torch.device("cpu"),
-        training_dtype=torch.float32,
-        seed=0,
-    )
+    engine = vllm_engine(spec, args, seed=0, stop_ids=STOP)
     results: dict[str, Any] = {"engine_start_seconds": time.perf_counter() - start}
     results["logprobs_mode"] = engine.llm.llm_engine.model_config.logprobs_mode
     seqs = sequences()

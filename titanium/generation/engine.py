@@ -127,8 +127,9 @@ def build_engine(
     dtype = training_dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
     if cfg.engine == "vllm":
         from titanium.generation.vllm_engine import VLLMEngine
+        from titanium.generation.vllm_server import VLLMServerEngine
 
-        return VLLMEngine(
+        return (VLLMServerEngine if cfg.mode == "server" else VLLMEngine)(
             spec,
             args,
             cfg,

