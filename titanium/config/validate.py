@@ -419,7 +419,7 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
     and a layout it runs under (no fault tolerance yet)."""
-    g, t = cfg.grpo, cfg.training
+    g, t, par = cfg.grpo, cfg.training, cfg.parallelism
     if cfg.data.kind not in ("chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if t.local_batch_size % g.group_size:
@@ -431,6 +431,12 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
         yield (
             f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
             f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
+        )
+    if par.context_parallel_degree > 1 and par.tensor_parallel_degree > 1:
+        yield (
+            "--parallelism.context_parallel_degree with --parallelism.tensor_parallel_degree > 1: --training.objective "
+            "grpo picks its response positions out of vocabulary-sharded logits there, which is not checked yet; "
+            "use context or tensor parallelism alone"
         )
     if cfg.fault_tolerance.enable:
         yield (

@@ -212,7 +212,9 @@ class GRPOObjective(Objective):
     The engine (``[rollout]``) holds its own copy of the policy: it is built here, gets the weights once they are
     in place (``after_load``: initialized, or resumed) and again after every optimizer step (the policy handle's
     ``on_update``), and every rank generates its own prompts alone. Every rank of one data-parallel rank (tensor,
-    pipeline parallel) generates the same rows: same prompts, same seed, same synced weights.
+    pipeline, context parallel) generates the same rows: same prompts, same seed, same synced weights. Under context
+    parallelism each rank then trains on its part of every row (``split_ready``), and the responses' log-probs are
+    completed over the cp group before the loss (``whole_responses``).
 
     ``next_microbatch`` hands out empty batches: the rows are made in ``prepare``. A checkpoint holds the
     prompt position before the batches in flight, which are not saved: a resumed run makes them again from
