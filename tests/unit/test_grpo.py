@@ -240,7 +240,7 @@ GRPO_JOB = [
         ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
         (
             [*GRPO_JOB, "--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"],
-            "use context or tensor parallelism alone",
+            "use context, tensor or pipeline parallelism alone",
         ),
         ([*GRPO_JOB, "--fault_tolerance.enable", "--fault_tolerance.lighthouse", "http://h:1"], "fault tolerance off"),
         ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),

@@ -432,11 +432,11 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
             f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
             f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
         )
-    if par.context_parallel_degree > 1 and par.tensor_parallel_degree > 1:
+    if par.context_parallel_degree > 1 and max(par.tensor_parallel_degree, par.pipeline_parallel_degree) > 1:
         yield (
-            "--parallelism.context_parallel_degree with --parallelism.tensor_parallel_degree > 1: --training.objective "
-            "grpo picks its response positions out of vocabulary-sharded logits there, which is not checked yet; "
-            "use context or tensor parallelism alone"
+            f"--parallelism.context_parallel_degree {par.context_parallel_degree} with tensor or pipeline parallelism: "
+            "--training.objective grpo is checked against one process under each of them alone, not combined; "
+            "use context, tensor or pipeline parallelism alone"
         )
     if cfg.fault_tolerance.enable:
         yield (
