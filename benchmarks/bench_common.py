@@ -89,17 +89,22 @@ def vocab_tokenizer(folder: Path, vocab_size: int) -> Path:
 
 
 def train(
-    flags: list[str], folder: Path, layers: int | None = None, timeout: float | None = None, cpu: bool = False
+    flags: list[str],
+    folder: Path,
+    layers: int | None = None,
+    timeout: float | None = None,
+    cpu: bool = False,
+    tags: dict[str, str] = TAGS,
 ) -> dict[str, float]:
-    """One training run in its own process; the mean of each logged scalar over the steps after the first
-    (compilation and warm-up), NaN for a tag the run did not log. ``layers``: the flavor cut to that many blocks;
-    ``cpu``: hide any GPU (the trainer takes one where it sees it)."""
+    """One training run in its own process; the mean of each logged scalar of ``tags`` (key -> TensorBoard tag)
+    over the steps after the first (compilation and warm-up), NaN for a tag the run did not log. ``layers``: the
+    flavor cut to that many blocks; ``cpu``: hide any GPU (the trainer takes one where it sees it)."""
     entry = ["-m", "titanium.train"] if layers is None else [__file__, "--layers", str(layers), "--"]
     cmd = [sys.executable, *entry, *flags, "--job.dump_folder", str(folder), "--job.no_print_config"]
     env = {**os.environ, "PYTHONPATH": python_path(), **({"CUDA_VISIBLE_DEVICES": ""} if cpu else {})}
     subprocess.run(cmd, cwd=REPO, check=True, timeout=timeout, env=env)
     out = {}
-    for key, tag in TAGS.items():
+    for key, tag in tags.items():
         logged = series(folder, tag)
         values = [v for step, v in logged.items() if step > 1] or list(logged.values())
         out[key] = statistics.mean(values) if values else float("nan")

@@ -3,6 +3,8 @@
 # included). Part 1 is the one to run first: the CUDA tests (compile, FlexAttention on packed documents, float8,
 # compiled decoding, memory, MoE grouped GEMM) and the headline, a Llama-3-8B-shaped model's tokens/s and MFU beside
 # torchtitan's. Part 5 is Mixture of Experts: the experts' grouped GEMM three ways and a Qwen3-30B-A3B-shaped model.
+# Part 6 is GRPO at Qwen3-1.7B's shape on one GPU (titanium's engine): generation tokens/s, sync, reference, train
+# and step seconds, with generation in the loop, on the generation thread (lag 1) and compiled.
 #
 #   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands; runs nothing
 #   bash benchmarks/gpu_suite.sh --part 1 --out "$OUT"  # one part; its results and logs into that folder
@@ -48,6 +50,8 @@ STEPS=(
     "5|install|20|$INSTALL"
     "5|moe_layer|120|$PY benchmarks/moe_layer.py --device cuda --dtype bfloat16 --shape 8192,2048,768,128,8 --shape 16384,2048,768,128,8 --shape 16384,4096,1536,128,8 --out \$R/moe_layer_\$TAG.md"
     "5|pretrain_moe|250|$PY benchmarks/pretrain_speed.py --models 30B-A3B --variants eager compile --steps 10 --log-freq 3 --run-timeout 120 --out \$R/pretrain_moe_\$TAG.md"
+    "6|install|20|$INSTALL"
+    "6|grpo|450|$PY benchmarks/grpo_gpu.py --variants lag0 lag1 compiled --steps 5 --run-timeout 140 --out \$R/grpo_\$TAG.md"
 )
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }

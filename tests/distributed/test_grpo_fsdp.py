@@ -1,4 +1,4 @@
-"""GRPO under FSDP, TP and PP on gloo: 2 processes train exactly as one process does, given the same rollouts;
+"""GRPO under FSDP, TP, PP and CP on gloo: 2 processes train exactly as one process does, given the same rollouts;
 and rollouts sampled by the titanium engine synced from the sharded policy through the real loop.
 
 The layout runs (tests/objectives/fixed_rollouts.py) replace sampling by responses fixed in advance (sampling
@@ -8,7 +8,8 @@ must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py 
 to 1e-5. Two configurations cover the options: token aggregation with a KL-penalized frozen reference,
 batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
 responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
-(under PP: the pipeline's forward, broadcast from the last stage). Every job of a process count runs in one launch
+(under PP: the pipeline's forward, broadcast from the last stage; under CP: each rank's part of every row, the
+response log-probs completed over the context-parallel group). Every job of a process count runs in one launch
 (tests/distributed/jobs_worker.py).
 """
 
@@ -47,6 +48,7 @@ LAYOUTS = {  # processes, what the layout adds
     "fsdp2": (2, ("--training.local_batch_size", "4")),
     "tp2": (2, ("--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2")),
     "pp2": (2, ("--training.local_batch_size", "8", *PP2)),
+    "cp2": (2, ("--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2")),
 }
 
 
@@ -69,7 +71,7 @@ def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]
     return out
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "pp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "pp2", "cp2"])
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_grpo_step_equals_one_process(runs, config, layout) -> None:
     (run, metrics), (ref_run, ref_metrics) = runs[f"{config}_{layout}"], runs[f"{config}_single"]

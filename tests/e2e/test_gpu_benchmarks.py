@@ -48,7 +48,7 @@ def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
     assert [name for p, name, _, _ in steps if p == 1][1:3] == ["cuda_tests", "pretrain_8b"]
     names = {name for _, name, _, _ in steps}
     assert {"sft_ladder", "float8_linear", "pretrain_1b", "generation", "chunked_ce", "dpo_memory"} <= names
-    assert {"moe_layer", "pretrain_moe"} <= names
+    assert {"moe_layer", "pretrain_moe", "grpo"} <= names
     outs = []
     for _, name, _, argv in steps:
         if name == "install":
@@ -137,6 +137,16 @@ def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(tmp_path):
     assert tensorwise_speedup == pytest.approx(bf16_ms / tensorwise_ms, rel=0.05)  # (of the rounded times)
 
 
+def test_grpo_benchmark_runs_on_cpu(tmp_path):
+    """Part 6's script in its smoke form (Qwen3's debug flavor): generation in the loop and on the generation thread
+    both train and give every column a number (sync may round to 0 s)."""
+    rows = table_rows(smoke("benchmarks/grpo_gpu.py", tmp_path))
+    assert set(rows) == {"lag0", "lag1"}, rows
+    for cells in rows.values():
+        generate, tps, waited, old, reference, sync, train, step, memory = (float(c.replace(",", "")) for c in cells)
+        assert min(generate, tps, old, reference, train, step, memory) > 0 and min(waited, sync) >= 0, cells
+
+
 def test_moe_benchmarks_run_on_cpu(tmp_path):
     """Part 5's two scripts on CPU shapes: the MoE model (``--models 30B-A3B``, smoke: its debug flavor) trains and
     logs tokens/s; the layer benchmark times all three grouped GEMMs, which agree with the loop."""
@@ -181,8 +191,8 @@ def test_full_depth_scale_and_the_papers_figure():
 
 def test_every_benchmark_row_is_a_valid_job(tmp_path):
     """Each row's flags pass the config checks that run before training (a refused combination would cost a GPU
-    run): every variant of pretrain_speed for its three models, every row of the SFT ladder (the rows differ by flags
-    alone; their models by flavor, checked for the first and last rows)."""
+    run): every variant of pretrain_speed for its three models, every variant of the GRPO benchmark, every row of the
+    SFT ladder (the rows differ by flags alone; their models by flavor, checked for the first and last rows)."""
     import argparse
 
     from titanium.config import load_config
@@ -194,6 +204,11 @@ def test_every_benchmark_row_is_a_valid_job(tmp_path):
         for variant in speed.VARIANTS.values():
             flags = [*speed.BASE, "--model.name", family, "--model.flavor", flavor, "--tokenizer.path", str(tokenizer)]
             check_job(load_config([*flags, *variant]), 1)
+    grpo = load_script("benchmarks/grpo_gpu.py")
+    grpo.vocab_tokenizer = lambda folder, vocab: tokenizer
+    grpo_opts = grpo.parser().parse_args([])
+    for variant in grpo.VARIANTS.values():
+        check_job(load_config([*grpo.flags(grpo_opts, tmp_path), *variant]), 1)
     opts = argparse.Namespace(smoke=False, data_kind="chat", data_path=ladder.DEFAULT_DATA, steps=4, log_freq=2)
     ladder.vocab_tokenizer = lambda folder, vocab: tokenizer
     rows = [*ladder.LADDER, *ladder.PACKED]

@@ -239,7 +239,10 @@ GRPO_JOB = [
         ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
         ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
-        ([*GRPO_JOB, "--parallelism.context_parallel_degree", "2"], "--parallelism.context_parallel_degree 2"),
+        (
+            [*GRPO_JOB, "--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"],
+            "use context, tensor or pipeline parallelism alone",
+        ),
         ([*GRPO_JOB, "--fault_tolerance.enable", "--fault_tolerance.lighthouse", "http://h:1"], "fault tolerance off"),
         ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),
         ([*GRPO_JOB, "--validation.interval", "10"], "held-out loss has no meaning for --training.objective grpo"),

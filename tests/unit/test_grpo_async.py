@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import pytest
 import torch
@@ -74,6 +75,57 @@ def test_the_generation_thread_changes_no_result(tokenizer, lag) -> None:
         runs.append(_train(objective, model, 5))
     for threaded, inline in zip(*runs):
         assert threaded.metrics["grpo/policy_lag"][0] == inline.metrics["grpo/policy_lag"][0]
+        for a, b in zip(_rows(threaded), _rows(inline), strict=True):
+            assert torch.equal(a, b)
+
+
+def thirds(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
+    """A reward that often gives a group of random responses equal rewards (so dynamic sampling draws again)."""
+    return float(len(completion) % 3 == 0)
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+def test_dynamic_sampling_with_a_lag_draws_its_rounds_as_without_a_thread(tokenizer, lag) -> None:
+    """Dynamic sampling's refill rounds run inside the batch's generation job, on the thread: the prompts, seeds
+    and rows served equal generating in the loop (bitwise, through real updates), refills happen, every round of
+    a batch is made by one engine version, and no batch is first trained on more than ``lag`` updates later."""
+    settings = {
+        "max_policy_lag": lag,
+        "minibatches": 2,
+        "dynamic_sampling": True,
+        "dynamic_sampling_max_rounds": 3,
+        "rewards": [f"{__name__}:thirds"],
+        "old_logprobs": "recompute",
+        "is_correction": "token_truncate",
+    }
+    runs, made = [], []
+    for background in (True, False):
+        model = _model(tokenizer.vocab_size)
+        objective = _objective(tokenizer, model, stop_every=64, **settings)
+        if not background:
+            objective.worker = GenerationWorker(background=False)
+        versions: dict[int, int] = {}
+        sample = objective.sample
+
+        def recording(samples, index, objective=objective, sample=sample, versions=versions):
+            rollout, version = sample(samples, index)
+            versions[index] = version
+            return rollout, version
+
+        objective.sample = recording
+        runs.append(_train(objective, model, 5))
+        made.append(objective.batches_made)
+        name = "grpo/generation_rounds"
+        rounds = [p.metrics[name][0].item() for p in runs[-1] if name in p.metrics]
+        assert len(rounds) == 3 and sum(rounds) > 3, rounds  # (batches first used at steps 1, 3, 5) refills drawn
+        lags = [p.metrics["grpo/policy_lag"][0].item() / p.metrics["grpo/policy_lag"][1].item() for p in runs[-1]]
+        assert max(lags) <= lag + 1  # (the second minibatch of a batch is one more update later)
+    assert made[0] == made[1]
+    for threaded, inline in zip(*runs):
+        assert threaded.metrics["grpo/policy_lag"][0] == inline.metrics["grpo/policy_lag"][0]
+        for name in ("grpo/generation_rounds", "grpo/zero_std_trained"):  # (at the steps that first used a batch)
+            assert (name in threaded.metrics) == (name in inline.metrics)
+            assert name not in inline.metrics or threaded.metrics[name][0] == inline.metrics[name][0]
         for a, b in zip(_rows(threaded), _rows(inline), strict=True):
             assert torch.equal(a, b)
 

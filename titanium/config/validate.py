@@ -363,11 +363,6 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         )
     if g.is_cap <= 0 or (g.is_cap_min is not None and not 0 <= g.is_cap_min < g.is_cap):
         yield f"--grpo.is_cap_min {g.is_cap_min} / --grpo.is_cap {g.is_cap}: need 0 <= is_cap_min < is_cap"
-    if g.dynamic_sampling and g.max_policy_lag > 0:
-        yield (
-            "--grpo.dynamic_sampling with --grpo.max_policy_lag > 0 is not supported yet (its further rounds draw "
-            "prompts while the next batch is generated ahead); set one of them to its default"
-        )
     if not g.rewards:
         yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
     if g.reward_weights and len(g.reward_weights) != len(g.rewards):
@@ -425,7 +420,7 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
-    and a layout it runs under (no context parallelism, no fault tolerance yet)."""
+    and a layout it runs under (no fault tolerance yet)."""
     g, t, par = cfg.grpo, cfg.training, cfg.parallelism
     if cfg.data.kind not in ("chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
@@ -439,10 +434,11 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
             f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
             f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
         )
-    if par.context_parallel_degree > 1:
+    if par.context_parallel_degree > 1 and max(par.tensor_parallel_degree, par.pipeline_parallel_degree) > 1:
         yield (
-            f"--parallelism.context_parallel_degree {par.context_parallel_degree}: --training.objective grpo "
-            "does not split its rollouts over context-parallel ranks yet; set it to 1 (TP and PP work)"
+            f"--parallelism.context_parallel_degree {par.context_parallel_degree} with tensor or pipeline parallelism: "
+            "--training.objective grpo is checked against one process under each of them alone, not combined; "
+            "use context, tensor or pipeline parallelism alone"
         )
     if cfg.fault_tolerance.enable:
         yield (

@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from titanium.batch import Batch, Fields, Placement, per_token
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
-from titanium.generation.generate import PROMPT_DOCUMENT, Generation, generate, left_pad
+from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rewards import Rewards, RewardSet
 
@@ -55,6 +57,56 @@ def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, te
     return token_logprobs(logits[:, -width - 1 : -1], tokens[:, -width:], temperature)
 
 
+WHOLE_ROWS = Placement()
+"""Every rank holds whole rows (no context parallelism): nothing to place or complete."""
+
+
+@dataclass
+class ResponseTargets(Fields):
+    """What a rank holding only its part of each row (context parallelism) needs to find its response log-probs:
+    per position, the token that follows it and the response slot that token fills (-1: none)."""
+
+    targets: torch.Tensor = per_token()
+    slots: torch.Tensor = per_token()
+
+
+def split_ready(rows: dict[str, torch.Tensor], width: int, multiple: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """``rows`` of a rollout batch made ready for a split over context-parallel ranks: the prompts left-padded
+    further (padding is a document of its own, as in ``left_pad``) so the width divides by ``multiple``, and the
+    ``ResponseTargets`` of the last ``width`` tokens added as ``targets`` and ``slots``."""
+    tokens = rows["tokens"]
+    pad = -tokens.shape[1] % multiple
+    if pad:
+        fill = {"tokens": pad_id, "positions": 0, "document_ids": PAD_DOCUMENT}
+        rows = {**rows, **{k: F.pad(rows[k], (pad, 0), value=v) for k, v in fill.items()}}
+        tokens = rows["tokens"]
+    seq = tokens.shape[1]
+    slots = torch.full_like(tokens, -1)
+    slots[:, seq - width - 1 : seq - 1] = torch.arange(width, device=tokens.device)
+    return {**rows, "targets": F.pad(tokens[:, 1:], (0, 1), value=pad_id), "slots": slots}
+
+
+def local_responses(
+    logits: torch.Tensor, tokens: torch.Tensor, width: int, parts: ResponseTargets | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(logits [B, n, V], next tokens [B, n], slots [n] or None)``: the positions of this rank's logits that
+    predict response tokens. Whole rows (``parts`` None): the last ``width`` positions before the end, a view.
+    This rank's part of each row (``split_ready``): the positions whose slot is set (the same for every row, as
+    all rows share one width), and the slots they fill."""
+    if parts is None:
+        return logits[:, -width - 1 : -1], tokens[:, -width:], None
+    columns = (parts.slots[0] >= 0).nonzero().squeeze(1)
+    return logits[:, columns], parts.targets[:, columns], parts.slots[0, columns]
+
+
+def whole_responses(values: torch.Tensor, slots: torch.Tensor | None, width: int, placement: Placement) -> torch.Tensor:
+    """``[B, T]`` per-token ``values`` ``[B, n]`` of ``local_responses`` in place in every response, completed from
+    every rank's part (differentiably: ``Placement.add_parts``); whole rows as they are."""
+    if slots is None:
+        return values
+    return placement.add_parts(values.new_zeros(values.shape[0], width).index_copy(1, slots, values))
+
+
 @torch.no_grad()
 def batch_logprobs(
     forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None],
@@ -62,17 +114,25 @@ def batch_logprobs(
     width: int,
     temperature: float,
     batch_size: int,
+    placement: Placement = WHOLE_ROWS,
 ) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses (the last ``width`` tokens) of a rollout batch's ``rows`` under
     ``forward`` (model inputs -> logits: a frozen reference, or the trained policy recomputing the old log-probs),
     ``batch_size`` rows per forward; None where ``forward`` gives no logits (pipeline ranks without the last
-    stage)."""
+    stage). With a ``placement`` that splits rows (context parallelism; ``rows`` made ``split_ready``) each forward
+    runs on this rank's part of the rows and the log-probs are completed from every rank's."""
     parts = []
     for start in range(0, rows["tokens"].shape[0], batch_size):  # (every forward runs: a pipeline's are collective)
-        part = {k: rows[k][start : start + batch_size] for k in ("tokens", "positions", "document_ids")}
-        logits = forward(part)
+        part = {k: v[start : start + batch_size] for k, v in rows.items()}
+        fields = ResponseTargets(part["targets"], part["slots"]) if placement.split else Fields()
+        batch = Batch(part["tokens"], fields, part["positions"], part["document_ids"])
+        if placement.split:
+            batch = placement.place(batch)
+        logits = forward(batch.model_inputs())
         if logits is not None:
-            parts.append(response_logprobs(logits, part["tokens"], width, temperature))
+            parts_of_rows = batch.fields if isinstance(batch.fields, ResponseTargets) else None
+            local, next_tokens, slots = local_responses(logits, batch.tokens, width, parts_of_rows)
+            parts.append(whole_responses(token_logprobs(local, next_tokens, temperature), slots, width, placement))
     return torch.cat(parts) if parts else None
 
 

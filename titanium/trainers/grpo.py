@@ -26,14 +26,22 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from titanium.batch import Batch, Fields, empty_batch, per_row
+from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, GRPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.background import GenerationWorker
 from titanium.generation.engine import SyncStats, build_engine
-from titanium.generation.rollout import Rollout, batch_logprobs, to_rollout
+from titanium.generation.rollout import (
+    ResponseTargets,
+    Rollout,
+    batch_logprobs,
+    local_responses,
+    split_ready,
+    to_rollout,
+    whole_responses,
+)
 from titanium.generation.rollout_buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.model_builder import ModelSource
@@ -129,6 +137,10 @@ class RolloutFields(Fields):
     loss_type: LossType = "dapo"
     """What a loss unit is (``titanium.trainers.grpo_loss.loss_units``)."""
     max_new_tokens: int = 0
+    targets: torch.Tensor | None = per_token(default=None)
+    """Under context parallelism: the next token at each position (``titanium.generation.rollout.split_ready``)."""
+    slots: torch.Tensor | None = per_token(default=None)
+    """Under context parallelism: the response slot of that next token (-1: none)."""
 
     def units(self) -> torch.Tensor:
         return loss_units(self.loss_mask, self.loss_type, self.max_new_tokens)
@@ -175,6 +187,8 @@ def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection) -> Batch[Roll
         rows.get("is_weights"),
         cfg.loss_type,
         cfg.max_new_tokens,
+        rows.get("targets"),
+        rows.get("slots"),
     )
     return Batch(rows["tokens"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
 
@@ -198,7 +212,9 @@ class GRPOObjective(Objective):
     The engine (``[rollout]``) holds its own copy of the policy: it is built here, gets the weights once they are
     in place (``after_load``: initialized, or resumed) and again after every optimizer step (the policy handle's
     ``on_update``), and every rank generates its own prompts alone. Every rank of one data-parallel rank (tensor,
-    pipeline parallel) generates the same rows: same prompts, same seed, same synced weights.
+    pipeline, context parallel) generates the same rows: same prompts, same seed, same synced weights. Under context
+    parallelism each rank then trains on its part of every row (``split_ready``), and the responses' log-probs are
+    completed over the cp group before the loss (``whole_responses``).
 
     ``next_microbatch`` hands out empty batches: the rows are made in ``prepare``. A checkpoint holds the
     prompt position before the batches in flight, which are not saved: a resumed run makes them again from
@@ -222,6 +238,7 @@ class GRPOObjective(Objective):
             raise ValueError("GRPO follows the live policy's weights: the loop must hand it (ObjectiveContext.models)")
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
         self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
+        self.placement, self.sequence_multiple = ctx.placement, ctx.sequence_multiple
         self.loss_unit = LOSS_UNITS[cfg.loss_type]
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
@@ -320,7 +337,7 @@ class GRPOObjective(Objective):
         self.version += 1
         metrics = self._metrics(parts, lag, made)
         self._prepared_at = time.perf_counter()
-        return Prepared([rollout_batch(part, self.cfg) for part in parts], metrics)
+        return Prepared([self.placement.place(rollout_batch(part, self.cfg)) for part in parts], metrics)
 
     def _metrics(self, parts: list[dict[str, torch.Tensor]], lag: int, made: list[RolloutBatch]) -> Metrics:
         """The step's per-response metrics (sums over its responses), its policy lag, the generation throughput
@@ -363,36 +380,35 @@ class GRPOObjective(Objective):
         self._times[part] = self._times.get(part, 0.0) + time.perf_counter() - start
 
     def _start_batch(self, microbatches: int) -> PendingBatch:
-        """Start sampling the next rollout batch with the engine (on the generation thread, or here at once)."""
+        """Start sampling the next rollout batch with the engine (on the generation thread, or here at once).
+
+        Its prompts (every round's, with dynamic sampling) and sampling seeds are drawn by the generation job
+        itself: jobs run one at a time in the order started, so the prompt stream is read in the same order with
+        a thread or without, and the whole batch is made by the engine's weights of one version (a sync waits for
+        the job). Its resume point (the prompt position before it) is noted when the job starts."""
         cfg = self.cfg
-        resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         prompts = microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size
         max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else None
-        first = self._next_prompts(prompts), self.batches_made
-        index, version = self.batches_made, self.engine.synced_version()
-        self.batches_made += 1
+        resume_point: dict[str, Any] = {}
 
-        def draw() -> tuple[list[PromptSample], Rollout, int]:
-            nonlocal first
-            if first is not None:  # (drawn above, in the loop's thread)
-                (samples, i), first = first, None
-            else:  # a further round of dynamic sampling, which runs in the loop's thread (max_policy_lag 0)
-                samples, i = self._next_prompts(prompts), self.batches_made
-                self.batches_made += 1
-            return (samples, *self.sample(samples, i))
+        def draw() -> tuple[list[PromptSample], Rollout, int]:  # one generation round
+            samples, index = self._next_prompts(prompts), self.batches_made
+            self.batches_made += 1
+            return (samples, *self.sample(samples, index))
 
         def generate() -> tuple[SampledBatch, float]:
             start = time.perf_counter()
-            self.timeline.append(("generate", index, start))
+            resume_point.update(prompts=self.prompts.state_dict(), batches_made=self.batches_made)
+            self.timeline.append(("generate", self.batches_made, start))
             sampled = sample_batch(draw, cfg.group_size, self.tokenizer.pad_id, max_rounds)
-            self.timeline.append(("generated", index, time.perf_counter()))
+            self.timeline.append(("generated", resume_point["batches_made"], time.perf_counter()))
             return sampled, time.perf_counter() - start
 
         start = time.perf_counter()
         generation = self.worker.submit(generate)
         if not self.worker.background:  # (the loop waited for all of it)
             self._timed("wait", start)
-        return PendingBatch(generation, version, prompts * cfg.group_size, resume_point)
+        return PendingBatch(generation, self.engine.synced_version(), prompts * cfg.group_size, resume_point)
 
     def _finish_batch(self, pending: PendingBatch) -> RolloutBatch:
         """The rows of a started batch at its first use: advantages, loss mask, old and reference log-probs,
@@ -429,6 +445,8 @@ class GRPOObjective(Objective):
             **{k: v.to(self.device, torch.float32) for k, v in per_response.items()},
         }
         rows = {k: v.to(self.device) for k, v in rows.items()}
+        if self.placement.split:  # (each rank trains on its part of every row)
+            rows = split_ready(rows, out.response_mask.shape[1], self.sequence_multiple, self.tokenizer.pad_id)
         metrics = sampled.metrics(self.device, cfg.dynamic_sampling)
         if cfg.old_logprobs == "recompute":
             start = time.perf_counter()
@@ -476,7 +494,7 @@ class GRPOObjective(Objective):
         """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time); under pipeline
         parallelism the last stage's, broadcast over the pipeline group."""
         width = rows["loss_mask"].shape[1]
-        out = batch_logprobs(forward, rows, width, self.cfg.temperature, self.local_batch_size)
+        out = batch_logprobs(forward, rows, width, self.cfg.temperature, self.local_batch_size, self.placement)
         group = self.policy.pp_group
         if group is None:
             assert out is not None
@@ -501,16 +519,19 @@ class GRPOObjective(Objective):
         assert output.logits is not None
         fields, temperature = batch.fields, self.cfg.temperature
         width, mask = fields.old_logprobs.shape[1], fields.loss_mask
-        logits = output.logits[:, -width - 1 : -1]  # the response tokens' (logits at i predict token i + 1)
+        parts = None if fields.targets is None else ResponseTargets(fields.targets, fields.slots)
+        # the response tokens' logits (at i predict token i + 1): of this rank's part under context parallelism
+        logits, next_tokens, slots = local_responses(output.logits, batch.tokens, width, parts)
         if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
             logits = logits.full_tensor()
-        logprobs = token_logprobs(logits, batch.tokens[:, -width:], temperature)
+        logprobs = whole_responses(token_logprobs(logits, next_tokens, temperature), slots, width, self.placement)
         loss_sum, _, sums = grpo_loss(
             logprobs, fields.old_logprobs, fields.advantages, mask, self.cfg, fields.ref_logprobs, fields.is_weights
         )
         tokens = sums["tokens"]
         with torch.no_grad():
-            entropy = masked_entropy_sum(logits, mask, temperature)
+            local_mask = mask if slots is None else mask[:, slots]
+            entropy = self.placement.add_parts(masked_entropy_sum(logits, local_mask, temperature))
         metrics = {
             "grpo/entropy": (entropy, tokens),
             "grpo/clip_frac": (sums["clipped_low"] + sums["clipped_high"], tokens),
@@ -543,6 +564,7 @@ class GRPOObjective(Objective):
 
     def state_dict(self) -> dict[str, Any]:
         """The prompt position before the oldest rollout batch still in flight (or the current one)."""
+        self.worker.wait()  # (a started batch notes its resume point once its job runs)
         current = [self.current] if self.current is not None and self.current.steps_left > 0 else []
         in_flight = [*current, *self.queue.batches]  # (the queue's have not started serving)
         if in_flight:
