@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.helpers import REPO, tiny_args
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
 from titanium.checkpoint.hf import export_hf
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
@@ -15,6 +15,7 @@ from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.model_builder import ModelBuilder
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.reward import reward_spec
+from titanium.parallel.distributed import shutdown_distributed
 from titanium.train import main
 
 TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
@@ -125,3 +126,31 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
     )
     assert moved(start_value, objective.value.model) > 0
     assert moved(start_policy, trainer.model) > 0
+
+
+def test_the_loop_resumes_a_ppo_run_exactly_mid_batch(make_trainer, tmp_path):
+    """5 steps, a rollout batch every 2 (ppo_epochs 2), a checkpoint at step 3: halfway through the second batch. A
+    job killed right after it resumes with the batch's saved rows, the value model and its optimizer, and logs the
+    same losses and PPO metrics at steps 4 (the batch's second epoch) and 5 (a new batch, sampled from the resumed
+    policy) as the run that went straight through, bitwise, and ends with the same policy and value weights."""
+    common = tiny_args(
+        tmp_path / "run", *PPO, *RULE, "--ppo.ppo_epochs", "2", "--ppo.kl_coef", "0.1", "--training.steps", "5",
+        "--checkpoint.enable", "--checkpoint.interval", "3", "--debug.deterministic", "--optimizer.lr", "1e-3",
+    )  # fmt: skip
+    straight = make_trainer(*common, "--job.dump_folder", str(tmp_path / "straight"))
+    straight.train()
+    shutdown_distributed()
+
+    resumed_args = (*common, "--job.dump_folder", str(tmp_path / "resumed"))
+    train_until_first_save(make_trainer, *resumed_args, at_step=3)
+    resumed = make_trainer(*resumed_args)
+    batch = resumed.objective.current
+    assert resumed.train_state.step == 3 and batch is not None and (batch.served, batch.steps_left) == (1, 1)
+    resumed.train()
+    for tag in (LOSS_TAG, "ppo/value_loss", "ppo/policy_loss", "ppo/score", "ppo/kl"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
+        assert [got[s] for s in (4, 5)] == [expected[s] for s in (4, 5)], tag
+    assert len({scalars(tmp_path / "straight/tb")[s] for s in range(1, 6)}) == 5
+    for want, got in ((straight.model, resumed.model), (straight.objective.value.model, resumed.objective.value.model)):
+        for (name, a), b in zip(want.named_parameters(), got.parameters()):
+            assert torch.equal(a, b), name

@@ -33,6 +33,7 @@ from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.checkpoint.hf import hf_model_args
+from titanium.checkpoint.states import ModelState, OptimizerState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, PPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
@@ -111,7 +112,8 @@ class PPOObjective(Objective):
 
     ``training.local_batch_size`` counts responses (one per prompt) per microbatch; a rollout batch holds
     ``minibatches`` steps' worth per rank. ``next_microbatch`` hands out empty batches: the rows are made in
-    ``prepare``. A checkpoint holds the prompt position before the batch in flight, which a resumed run makes again.
+    ``prepare``. A checkpoint holds the prompt position, the rollout batch in flight (its rows, as far as served)
+    and the value model with its optimizer (``checkpoint_states``): a resumed run goes on as the interrupted one.
     """
 
     loss_spikes = False  # (the policy loss sits near 0, of either sign)
@@ -214,7 +216,6 @@ class PPOObjective(Objective):
     def _make_batch(self, microbatches: int) -> RolloutBatch:
         """Sample the next rollout batch and compute everything the loss needs of it, as rows on the device."""
         cfg = self.cfg
-        resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches)
         out = self.engine.generate(
             [s.prompt for s in samples], self.params, seed=rollout_seed(self.seed, self.dp_rank, self.batches_made)
@@ -258,7 +259,7 @@ class PPOObjective(Objective):
             rows["ppo/accuracy"] = torch.tensor(
                 [exact_match(c, s.answer, {}) for c, s in zip(rollout.completions, samples)], device=self.device
             )
-        return RolloutBatch(rows, self.version, cfg.minibatches, cfg.ppo_epochs, resume_point=resume_point)
+        return RolloutBatch(rows, self.version, cfg.minibatches, cfg.ppo_epochs)
 
     @staticmethod
     def _gathered(logprobs: torch.Tensor | None) -> torch.Tensor:
@@ -343,16 +344,23 @@ class PPOObjective(Objective):
         return {k: float(v) for k, v in counters.items() if v}
 
     def state_dict(self) -> dict[str, Any]:
-        """The prompt position before the rollout batch in flight (made again on resume)."""
-        if self.current is not None and self.current.steps_left > 0:
-            return dict(self.current.resume_point)
-        return {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
+        """This rank's prompt position and the rollout batch in flight, with how far it was served (``b""``: none):
+        a resumed run trains on the very rows the interrupted one would have."""
+        in_flight = self.current is not None and self.current.steps_left > 0
+        return {
+            "prompts": self.prompts.state_dict(),
+            "batches_made": self.batches_made,
+            "in_flight": self.current.to_bytes() if in_flight else b"",
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Resuming would restart the value model (and its optimizer) from its initial weights: a different run
-        # from the one interrupted, so it is refused rather than warned about.
-        raise ConfigError(
-            "--training.objective ppo cannot resume from its own checkpoint yet: the value model is not saved in "
-            "checkpoints. Start a new run from the policy's weights with --checkpoint.initial_load_path <step folder> "
-            "in a new --job.dump_folder"
-        )
+        self.prompts.load_state_dict(state["prompts"])
+        self.batches_made, self._prompt_stream = state["batches_made"], None
+        self.current = RolloutBatch.from_bytes(state["in_flight"], self.device) if state["in_flight"] else None
+
+    def checkpoint_states(self) -> dict[str, Any]:
+        """The value model's weights and its optimizer's moments (sharded as they train; DCP reshards on load)."""
+        return {
+            "value_model": ModelState(self.value.model),
+            "value_optimizer": OptimizerState(self.value.model, self.value_optimizer),
+        }
