@@ -18,6 +18,7 @@ import pytest
 
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
 from tests.helpers import run_train, scalars, tiny_args
+from tests.objectives.tiny_hf import debug_model_hf
 
 GRPO = (
     "--training.objective", "grpo",
@@ -50,21 +51,46 @@ LAYOUTS = {  # processes, what the layout adds
 }
 
 
+PPO = (
+    "--training.objective", "ppo",
+    "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
+    "--chat.chat_template", "llama3",
+    "--ppo.max_new_tokens", "8", "--ppo.max_prompt_len", "40", "--ppo.temperature", "0.7",
+    "--ppo.rewards", "tests.objectives.fixed_rollouts:characters", "--ppo.kl_coef", "0.1", "--ppo.ppo_epochs", "2",
+    "--ppo.epsilon", "0.01", "--ppo.value_clip", "0.05",  # (tight clips, so tokens get clipped)
+    "--training.global_batch_size", "16", "--training.local_batch_size", "8",
+    "--optimizer.lr", "3e-4", "--ppo.value_lr", "1e-3",
+)  # fmt: skip
+PPO_LAYOUTS = {"ppo_single": (1, ()), "ppo_tp2": (2, ("--parallelism.tensor_parallel_degree", "2"))}
+PPO_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/value_loss", "ppo/policy_loss", "ppo/clip_frac")
+PPO_METRICS += ("ppo/value_clip_frac", "ppo/approx_kl", "ppo/entropy")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]:
-    """``config_layout`` -> ((losses, grad norms), {metric: by step}) of every job, one launch per process count."""
+    """``config_layout`` -> ((losses, grad norms), {metric: by step}) of every job, one launch per process count;
+    the PPO jobs (``ppo_<layout>``) ride in the same launches."""
     out = {}
+    reward = debug_model_hf(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
     for nproc in (1, 2):
         tmp = tmp_path_factory.mktemp(f"grpo_{nproc}")
         jobs = {
-            f"{config}_{layout}": (*FIXED, *CONFIGS[config], *extra)
+            f"{config}_{layout}": (*GRPO, *FIXED, *CONFIGS[config], *extra)
             for config in CONFIGS
             for layout, (n, extra) in LAYOUTS.items()
             if n == nproc
         }
-        done = layout_runs(tmp, nproc, jobs, *GRPO, data=(), module="tests.objectives.fixed_rollouts")
+        jobs.update(
+            {
+                name: (*PPO, "--ppo.reward_model_path", reward, *extra)
+                for name, (n, extra) in PPO_LAYOUTS.items()
+                if n == nproc
+            }
+        )
+        done = layout_runs(tmp, nproc, jobs, data=(), module="tests.objectives.fixed_rollouts")
         for name, run in done.items():
             tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
+            tags = PPO_METRICS if name.startswith("ppo_") else tags
             out[name] = (run, {tag: scalars(tmp / name / "tb", tag) for tag in tags})
     return out
 
@@ -88,6 +114,21 @@ def test_grpo_step_equals_one_process(runs, config, layout) -> None:
         assert metrics["grpo/policy_lag"][3] == 1  # the batch made at step 2 is first trained on at step 3
     losses = run[0]
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
+
+
+def test_ppo_under_tensor_parallelism_equals_one_process(runs) -> None:
+    """PPO with a reward model (which also starts the value model) under TP 2: the policy, the reference, the
+    reward model and the value model each sharded by the family's plan (the one-output heads kept whole), sampling
+    by the engine with the seed of one process. Losses, the policy's grad norms and every PPO metric (scores,
+    KL, the value loss: the value model trains alike) equal one process's at every step (1e-5 / 2e-4)."""
+    (run, metrics), (ref_run, ref_metrics) = runs["ppo_tp2"], runs["ppo_single"]
+    assert_matches(run, ref_run)
+    for tag, values in metrics.items():
+        assert sorted(values) == list(range(1, STEPS + 1)), tag
+        for step, value in values.items():
+            assert value == pytest.approx(ref_metrics[tag][step], rel=1e-5, abs=1e-5), (tag, step, values)
+    assert len(set(run[0].values())) == STEPS and min(metrics["ppo/kl"].values()) < 0
+    assert max(metrics["ppo/clip_frac"].values()) > 0 and max(metrics["ppo/value_clip_frac"].values()) > 0
 
 
 def test_engine_follows_the_sharded_policy_through_the_loop(tmp_path) -> None:

@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
-from titanium.checkpoint.hf import export_hf
+from tests.objectives.tiny_hf import debug_model_hf
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
-from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.model_builder import ModelBuilder
-from titanium.models import build_model_args, get_model_spec
+from titanium.models import get_model_spec
 from titanium.models.reward import reward_spec
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.train import main
@@ -22,25 +21,14 @@ TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
 PROMPTS = ("--data.kind", "chat", "--data.path", TASKS, "--chat.chat_template", "llama3")
 
 
-def _export(folder, scalar: bool):
-    """The debug model in HF format, seeded: a one-label sequence classifier (``scalar``) or a causal LM."""
-    tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
-    spec = get_model_spec("llama3")
-    if scalar:
-        spec = reward_spec(spec, pad_token_id=tokenizer.pad_id)
-    args = build_model_args(spec, "debugmodel", max_seq_len=64, vocab_size=tokenizer.vocab_size)
-    export_hf(ModelBuilder(torch.device("cpu"), seed=7).build(spec, args).model, folder, spec.hf_adapter, args)
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def reward_folder(tmp_path_factory) -> str:
-    return _export(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
+    return debug_model_hf(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
 
 
 @pytest.fixture(scope="module")
 def causal_lm_folder(tmp_path_factory) -> str:
-    return _export(tmp_path_factory.mktemp("lm") / "hf", scalar=False)
+    return debug_model_hf(tmp_path_factory.mktemp("lm") / "hf", scalar=False)
 
 
 PPO = ["--training.objective", "ppo", *PROMPTS, "--training.seq_len", "64", "--ppo.max_prompt_len", "40"]
@@ -56,7 +44,7 @@ RULE = ("--ppo.rewards", "exact_match")
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
         (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
-        (["--parallelism.tensor_parallel_degree", "2"], "one-output head"),
+        (["--parallelism.context_parallel_degree", "2"], "context-parallel ranks"),
         (["--parallelism.pipeline_parallel_degree", "2"], "a pipeline's last stage"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],

@@ -44,6 +44,7 @@ from titanium.generation.rollout_buffer import RolloutBatch
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.models.reward import reward_spec
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.trainers.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
@@ -175,7 +176,7 @@ class PPOObjective(Objective):
         """Step the value model on the gradients the step's backward left (none at the start), then sync the engine
         with the policy's weights (every rank together)."""
         if any(p.grad is not None for p in self.value_params):
-            torch.nn.utils.clip_grad_norm_(self.value_params, self.cfg.value_max_norm, foreach=True)
+            clip_grad_norm(self.value_params, self.cfg.value_max_norm, self.value.pp_group)
             self.value_optimizer.step()
             self.value_optimizer.zero_grad(set_to_none=True)
         self.engine.sync_from(self.policy.model, version=step, pp_group=self.policy.pp_group)
