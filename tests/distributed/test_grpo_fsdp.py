@@ -14,6 +14,8 @@ responses masked, a policy lag of 1 and old log-probs recomputed by the trained 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
@@ -61,7 +63,21 @@ PPO = (
     "--training.global_batch_size", "16", "--training.local_batch_size", "8",
     "--optimizer.lr", "3e-4", "--ppo.value_lr", "1e-3",
 )  # fmt: skip
-PPO_LAYOUTS = {"ppo_single": (1, ()), "ppo_tp2": (2, ("--parallelism.tensor_parallel_degree", "2"))}
+
+
+def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """name -> (processes, what the job adds): one process; TP 2, saving at step 3 (in the rollout batch of steps
+    3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own TensorBoard
+    folder): it runs steps 4 and 5."""
+    tp2 = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "--checkpoint.interval", "3")
+    resume = ("--job.dump_folder", str(tmp / "ppo_tp2"), "--checkpoint.load_step", "3")
+    return {
+        "ppo_single": (1, ()),
+        "ppo_tp2": (2, tp2),
+        "ppo_tp2_resumed": (2, (*tp2, *resume, "--metrics.save_tb_folder", str(tmp / "ppo_tp2_resumed/tb"))),
+    }
+
+
 PPO_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/value_loss", "ppo/policy_loss", "ppo/clip_frac")
 PPO_METRICS += ("ppo/value_clip_frac", "ppo/approx_kl", "ppo/entropy")
 
@@ -80,13 +96,9 @@ def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]
             for layout, (n, extra) in LAYOUTS.items()
             if n == nproc
         }
-        jobs.update(
-            {
-                name: (*PPO, "--ppo.reward_model_path", reward, *extra)
-                for name, (n, extra) in PPO_LAYOUTS.items()
-                if n == nproc
-            }
-        )
+        for name, (n, extra) in ppo_jobs(tmp).items():
+            if n == nproc:
+                jobs[name] = (*PPO, "--ppo.reward_model_path", reward, *extra)
         done = layout_runs(tmp, nproc, jobs, data=(), module="tests.objectives.fixed_rollouts")
         for name, run in done.items():
             tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
@@ -129,6 +141,15 @@ def test_ppo_under_tensor_parallelism_equals_one_process(runs) -> None:
             assert value == pytest.approx(ref_metrics[tag][step], rel=1e-5, abs=1e-5), (tag, step, values)
     assert len(set(run[0].values())) == STEPS and min(metrics["ppo/kl"].values()) < 0
     assert max(metrics["ppo/clip_frac"].values()) > 0 and max(metrics["ppo/value_clip_frac"].values()) > 0
+
+
+def test_ppo_resumes_under_tensor_parallelism_exactly(runs) -> None:
+    """The TP 2 job started from the other's step-3 checkpoint logs its steps 4 (the in-flight batch's second
+    epoch, from the saved rows) and 5 (a new batch) bitwise as the job that went straight through."""
+    (run, metrics), (straight, straight_metrics) = runs["ppo_tp2_resumed"], runs["ppo_tp2"]
+    assert run[0] == {step: straight[0][step] for step in (4, 5)}
+    for tag, values in metrics.items():
+        assert values == {step: straight_metrics[tag][step] for step in (4, 5)}, tag
 
 
 def test_engine_follows_the_sharded_policy_through_the_loop(tmp_path) -> None:
