@@ -1,6 +1,6 @@
 """The ppo objective: its bad input (config time, exit code 2), and one short run in the loop whose rollout batch
 is checked against the models run independently (scores, values, old log-probs, whitened advantages) and whose
-value model trains beside the policy."""
+value model trains beside the policy; and a run resumed mid rollout batch equal to the uninterrupted one."""
 
 from __future__ import annotations
 

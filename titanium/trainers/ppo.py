@@ -10,13 +10,14 @@ minibatches`` optimizer steps; each microbatch's loss is the clipped policy loss
 value loss, summed over response tokens (the loop divides by the step's response tokens over all ranks).
 
 The value model is a decoder with a scalar head per position (``titanium.models.reward``), built by the job's
-builder under the policy's parallel plan (FSDP or plain data parallelism), started from ``value_model_path``, the
-reward model, or a seeded initialization. The loss runs its forward, so the loop's backward fills its gradients;
-the objective clips them and steps the value model's own AdamW after every optimizer step of the policy. The reward
-model and the reference are frozen handles, built by the same builder.
+builder under the policy's parallel plan (FSDP, tensor parallelism: the family's plan keeps the one-output head
+whole), started from ``value_model_path``, the reward model, or a seeded initialization. The loss runs its forward,
+so the loop's backward fills its gradients; the objective clips them and steps the value model's own AdamW after
+every optimizer step of the policy. The reward model and the reference are frozen handles, built by the same
+builder. Checkpoints hold the value model and its optimizer (``checkpoint_states``) and the rollout batch in flight.
 
-Not yet: tensor, pipeline and context parallelism (refused at config time), and the value model in checkpoints
-(so resuming a PPO run is refused).
+Not yet: pipeline parallelism (the value loss runs inside the policy's loss, which only a pipeline's last stage
+computes) and context parallelism, both refused at config time.
 """
 
 from __future__ import annotations
@@ -336,7 +337,7 @@ class PPOObjective(Objective):
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
         if pipeline_microbatch_size is not None:  # (config validation refuses it first)
-            raise ConfigError("--training.objective ppo: pipeline parallelism is not supported; use FSDP")
+            raise ConfigError("--training.objective ppo: pipeline parallelism is not supported; use FSDP or TP")
 
     # ----- log and checkpoint -----
 
