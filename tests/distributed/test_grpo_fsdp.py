@@ -8,8 +8,9 @@ must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py 
 to 1e-5. Two configurations cover the options: token aggregation with a KL-penalized frozen reference,
 batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
 responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
-(under PP: the pipeline's forward, broadcast from the last stage). Every job of a process count runs in one launch
-(tests/distributed/jobs_worker.py).
+(under PP: the pipeline's forward, broadcast from the last stage). PPO rides in the same launches: on fixed
+responses too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint taken mid rollout
+batch. Every job of a process count runs in one launch (tests/distributed/jobs_worker.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ LAYOUTS = {  # processes, what the layout adds
 PPO = (
     "--training.objective", "ppo",
     "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--chat.chat_template", "llama3",
+    "--chat.chat_template", "llama3", "--data.shards", "2",
     "--ppo.max_new_tokens", "8", "--ppo.max_prompt_len", "40", "--ppo.temperature", "0.7",
     "--ppo.rewards", "tests.objectives.fixed_rollouts:characters", "--ppo.kl_coef", "0.1", "--ppo.ppo_epochs", "2",
     "--ppo.epsilon", "0.01", "--ppo.value_clip", "0.05",  # (tight clips, so tokens get clipped)
@@ -66,13 +67,14 @@ PPO = (
 
 
 def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """name -> (processes, what the job adds): one process; TP 2, saving at step 3 (in the rollout batch of steps
-    3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own TensorBoard
-    folder): it runs steps 4 and 5."""
+    """name -> (processes, what the job adds): one process; FSDP 2; TP 2, saving at step 3 (in the rollout batch of
+    steps 3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own
+    TensorBoard folder): it runs steps 4 and 5."""
     tp2 = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "--checkpoint.interval", "3")
     resume = ("--job.dump_folder", str(tmp / "ppo_tp2"), "--checkpoint.load_step", "3")
     return {
         "ppo_single": (1, ()),
+        "ppo_fsdp2": (2, ("--training.local_batch_size", "4")),
         "ppo_tp2": (2, tp2),
         "ppo_tp2_resumed": (2, (*tp2, *resume, "--metrics.save_tb_folder", str(tmp / "ppo_tp2_resumed/tb"))),
     }
@@ -128,12 +130,13 @@ def test_grpo_step_equals_one_process(runs, config, layout) -> None:
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
 
 
-def test_ppo_under_tensor_parallelism_equals_one_process(runs) -> None:
-    """PPO with a reward model (which also starts the value model) under TP 2: the policy, the reference, the
-    reward model and the value model each sharded by the family's plan (the one-output heads kept whole), sampling
-    by the engine with the seed of one process. Losses, the policy's grad norms and every PPO metric (scores,
-    KL, the value loss: the value model trains alike) equal one process's at every step (1e-5 / 2e-4)."""
-    (run, metrics), (ref_run, ref_metrics) = runs["ppo_tp2"], runs["ppo_single"]
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
+def test_ppo_step_equals_one_process(runs, layout) -> None:
+    """PPO on fixed responses with a reward model (which also starts the value model) under FSDP or TP over 2
+    processes: the policy, the reference, the reward model and the value model each under the plan (under TP the
+    one-output heads kept whole). Losses, the policy's grad norms and every PPO metric (scores, KL, the value
+    loss: the value model trains alike; clip fractions) equal one process's at every step (1e-5 / 2e-4)."""
+    (run, metrics), (ref_run, ref_metrics) = runs[f"ppo_{layout}"], runs["ppo_single"]
     assert_matches(run, ref_run)
     for tag, values in metrics.items():
         assert sorted(values) == list(range(1, STEPS + 1)), tag

@@ -40,6 +40,7 @@ from titanium.config.sections import DataSection, PPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.engine import build_engine
+from titanium.generation.generate import Generation
 from titanium.generation.rollout import batch_logprobs, to_rollout
 from titanium.generation.rollout_buffer import RolloutBatch
 from titanium.generation.sampling import SamplingParams, token_logprobs
@@ -219,13 +220,7 @@ class PPOObjective(Objective):
         """Sample the next rollout batch and compute everything the loss needs of it, as rows on the device."""
         cfg = self.cfg
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches)
-        out = self.engine.generate(
-            [s.prompt for s in samples], self.params, seed=rollout_seed(self.seed, self.dp_rank, self.batches_made)
-        )
-        generation = dataclasses.replace(
-            out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
-        )
-        rollout = to_rollout(samples, 1, generation, self.rule_rewards, self.tokenizer)
+        rollout = to_rollout(samples, 1, self.sample(samples), self.rule_rewards, self.tokenizer)
         self.batches_made += 1
         rows: Rows = {k: v.to(self.device) for k, v in rollout.model_inputs().items()}
         mask = rollout.response_mask.to(self.device)
@@ -262,6 +257,13 @@ class PPOObjective(Objective):
                 [exact_match(c, s.answer, {}) for c, s in zip(rollout.completions, samples)], device=self.device
             )
         return RolloutBatch(rows, self.version, cfg.minibatches, cfg.ppo_epochs)
+
+    def sample(self, samples: list[PromptSample]) -> Generation:
+        """One response to each prompt from the engine, drawn with this batch's seed, on the device (a layout test
+        replaces it with responses fixed in advance: tests/objectives/fixed_rollouts.py)."""
+        seed = rollout_seed(self.seed, self.dp_rank, self.batches_made)
+        out = self.engine.generate([s.prompt for s in samples], self.params, seed=seed).generation
+        return dataclasses.replace(out, **{k: getattr(out, k).to(self.device) for k in GENERATION_TENSORS})
 
     @staticmethod
     def _gathered(logprobs: torch.Tensor | None) -> torch.Tensor:
