@@ -219,6 +219,9 @@ class Trainer:
             f"data_dp{self.data_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
+        extra = self.objective.checkpoint_states()  # (a PPO value model and its optimizer)
+        assert not extra.keys() & states.keys(), f"objective checkpoint keys {sorted(extra)} clash with the loop's"
+        states.update(extra)
         self.checkpointer = CheckpointManager(
             self.fault_tolerance.checkpoint_section(self.cfg.checkpoint),
             self.cfg.job.dump_folder,

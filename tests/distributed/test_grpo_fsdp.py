@@ -9,16 +9,20 @@ to 1e-5. Two configurations cover the options: token aggregation with a KL-penal
 batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
 responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
 (under PP: the pipeline's forward, broadcast from the last stage; under CP: each rank's part of every row, the
-response log-probs completed over the context-parallel group). Every job of a process count runs in one launch
-(tests/distributed/jobs_worker.py).
+response log-probs completed over the context-parallel group). PPO rides in the same launches: on fixed responses
+too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint taken mid rollout batch. Every
+job of a process count runs in one launch (tests/distributed/jobs_worker.py).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
 from tests.helpers import run_train, scalars, tiny_args
+from tests.objectives.tiny_hf import debug_model_hf
 
 GRPO = (
     "--training.objective", "grpo",
@@ -52,21 +56,57 @@ LAYOUTS = {  # processes, what the layout adds
 }
 
 
+PPO = (
+    "--training.objective", "ppo",
+    "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
+    "--chat.chat_template", "llama3", "--data.shards", "2",
+    "--ppo.max_new_tokens", "8", "--ppo.max_prompt_len", "40", "--ppo.temperature", "0.7",
+    "--ppo.rewards", "tests.objectives.fixed_rollouts:characters", "--ppo.kl_coef", "0.1", "--ppo.ppo_epochs", "2",
+    "--ppo.epsilon", "0.01", "--ppo.value_clip", "0.05",  # (tight clips, so tokens get clipped)
+    "--training.global_batch_size", "16", "--training.local_batch_size", "8",
+    "--optimizer.lr", "3e-4", "--ppo.value_lr", "1e-3",
+)  # fmt: skip
+
+
+def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """name -> (processes, what the job adds): one process; FSDP 2; TP 2, saving at step 3 (in the rollout batch of
+    steps 3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own
+    TensorBoard folder): it runs steps 4 and 5."""
+    tp2 = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "--checkpoint.interval", "3")
+    resume = ("--job.dump_folder", str(tmp / "ppo_tp2"), "--checkpoint.load_step", "3")
+    return {
+        "ppo_single": (1, ()),
+        "ppo_fsdp2": (2, ("--training.local_batch_size", "4")),
+        "ppo_tp2": (2, tp2),
+        "ppo_tp2_resumed": (2, (*tp2, *resume, "--metrics.save_tb_folder", str(tmp / "ppo_tp2_resumed/tb"))),
+    }
+
+
+PPO_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/value_loss", "ppo/policy_loss", "ppo/clip_frac")
+PPO_METRICS += ("ppo/value_clip_frac", "ppo/approx_kl", "ppo/entropy")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]:
-    """``config_layout`` -> ((losses, grad norms), {metric: by step}) of every job, one launch per process count."""
+    """``config_layout`` -> ((losses, grad norms), {metric: by step}) of every job, one launch per process count;
+    the PPO jobs (``ppo_<layout>``) ride in the same launches."""
     out = {}
+    reward = debug_model_hf(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
     for nproc in (1, 2):
         tmp = tmp_path_factory.mktemp(f"grpo_{nproc}")
         jobs = {
-            f"{config}_{layout}": (*FIXED, *CONFIGS[config], *extra)
+            f"{config}_{layout}": (*GRPO, *FIXED, *CONFIGS[config], *extra)
             for config in CONFIGS
             for layout, (n, extra) in LAYOUTS.items()
             if n == nproc
         }
-        done = layout_runs(tmp, nproc, jobs, *GRPO, data=(), module="tests.objectives.fixed_rollouts")
+        for name, (n, extra) in ppo_jobs(tmp).items():
+            if n == nproc:
+                jobs[name] = (*PPO, "--ppo.reward_model_path", reward, *extra)
+        done = layout_runs(tmp, nproc, jobs, data=(), module="tests.objectives.fixed_rollouts")
         for name, run in done.items():
             tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
+            tags = PPO_METRICS if name.startswith("ppo_") else tags
             out[name] = (run, {tag: scalars(tmp / name / "tb", tag) for tag in tags})
     return out
 
@@ -90,6 +130,31 @@ def test_grpo_step_equals_one_process(runs, config, layout) -> None:
         assert metrics["grpo/policy_lag"][3] == 1  # the batch made at step 2 is first trained on at step 3
     losses = run[0]
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
+def test_ppo_step_equals_one_process(runs, layout) -> None:
+    """PPO on fixed responses with a reward model (which also starts the value model) under FSDP or TP over 2
+    processes: the policy, the reference, the reward model and the value model each under the plan (under TP the
+    one-output heads kept whole). Losses, the policy's grad norms and every PPO metric (scores, KL, the value
+    loss: the value model trains alike; clip fractions) equal one process's at every step (1e-5 / 2e-4)."""
+    (run, metrics), (ref_run, ref_metrics) = runs[f"ppo_{layout}"], runs["ppo_single"]
+    assert_matches(run, ref_run)
+    for tag, values in metrics.items():
+        assert sorted(values) == list(range(1, STEPS + 1)), tag
+        for step, value in values.items():
+            assert value == pytest.approx(ref_metrics[tag][step], rel=1e-5, abs=1e-5), (tag, step, values)
+    assert len(set(run[0].values())) == STEPS and min(metrics["ppo/kl"].values()) < 0
+    assert max(metrics["ppo/clip_frac"].values()) > 0 and max(metrics["ppo/value_clip_frac"].values()) > 0
+
+
+def test_ppo_resumes_under_tensor_parallelism_exactly(runs) -> None:
+    """The TP 2 job started from the other's step-3 checkpoint logs its steps 4 (the in-flight batch's second
+    epoch, from the saved rows) and 5 (a new batch) bitwise as the job that went straight through."""
+    (run, metrics), (straight, straight_metrics) = runs["ppo_tp2_resumed"], runs["ppo_tp2"]
+    assert run[0] == {step: straight[0][step] for step in (4, 5)}
+    for tag, values in metrics.items():
+        assert values == {step: straight_metrics[tag][step] for step in (4, 5)}, tag
 
 
 def test_engine_follows_the_sharded_policy_through_the_loop(tmp_path) -> None:

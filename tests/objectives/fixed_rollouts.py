@@ -1,5 +1,5 @@
-"""``python -m tests.objectives.fixed_rollouts <titanium.train args> | JOBS.json``: GRPO with responses fixed in
-advance.
+"""``python -m tests.objectives.fixed_rollouts <titanium.train args> | JOBS.json``: GRPO and PPO with responses
+fixed in advance.
 
 Sampling differs between data-parallel layouts (each rank draws from its own generator for its own share of
 the prompts), so a layout test replaces it: response j to a prompt is drawn from a generator seeded by the
@@ -23,6 +23,7 @@ from titanium.data.prompts import PromptSample
 from titanium.generation.generate import Generation
 from titanium.generation.rollout import Rollout, response_logprobs, to_rollout
 from titanium.trainers.grpo import GRPOObjective
+from titanium.trainers.ppo import PPOObjective
 
 
 def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
@@ -30,11 +31,12 @@ def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> f
     return len(completion) / 10
 
 
-def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
-    """Stands in for ``GRPOObjective.sample``: responses that depend only on the prompt, j and ``index``."""
-    width, stop, rows = self.cfg.max_new_tokens, min(self.engine.stop_ids), []
+def fixed_responses(samples: list[PromptSample], group: int, index: int, objective: Any) -> Generation:
+    """``group`` responses to each prompt that depend only on the prompt, j and ``index`` (the rollout batch's
+    number), some ending with a stop id and some cut at max_new_tokens, on the objective's device."""
+    width, stop, rows = objective.cfg.max_new_tokens, min(objective.engine.stop_ids), []
     for sample in samples:
-        for j in range(self.cfg.group_size):
+        for j in range(group):
             g = torch.Generator().manual_seed(hash((tuple(sample.prompt), j, index)) & 0xFFFF_FFFF)
             length = int(torch.randint(1, width + 1, (1,), generator=g))
             tokens = torch.randint(200, 2000, (width,), generator=g)
@@ -43,19 +45,35 @@ def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -
                 tokens[length - 1] = stop
             else:
                 length = width
-            tokens[length:] = self.tokenizer.pad_id
+            tokens[length:] = objective.tokenizer.pad_id
             rows.append((tokens, length, finished))
-    out = Generation(
-        tokens=torch.stack([t for t, _, _ in rows]).to(self.device),
-        logprobs=torch.zeros(len(rows), width, device=self.device),
-        lengths=torch.tensor([n for _, n, _ in rows], device=self.device),
-        finished=torch.tensor([f for _, _, f in rows], device=self.device),
+    device = objective.device
+    return Generation(
+        tokens=torch.stack([t for t, _, _ in rows]).to(device),
+        logprobs=torch.zeros(len(rows), width, device=device),
+        lengths=torch.tensor([n for _, n, _ in rows], device=device),
+        finished=torch.tensor([f for _, _, f in rows], device=device),
     )
-    made = to_rollout(samples, self.cfg.group_size, out, self.rewards, self.tokenizer)
+
+
+def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
+    """Stands in for ``GRPOObjective.sample``: responses that depend only on the prompt, j and ``index``."""
+    made = to_rollout(
+        samples,
+        self.cfg.group_size,
+        fixed_responses(samples, self.cfg.group_size, index, self),
+        self.rewards,
+        self.tokenizer,
+    )
     with torch.no_grad():  # what the sampler's log-probs are: those of the engine's copy of the policy
         logits = self.engine.model(**made.model_inputs())
-    old = response_logprobs(logits, made.tokens, width, self.cfg.temperature) * made.response_mask
+    old = response_logprobs(logits, made.tokens, self.cfg.max_new_tokens, self.cfg.temperature) * made.response_mask
     return dataclasses.replace(made, old_logprobs=old), self.engine.synced_version()
+
+
+def fixed_ppo_sample(self: PPOObjective, samples: list[PromptSample]) -> Generation:
+    """Stands in for ``PPOObjective.sample`` (which recomputes old log-probs itself): one fixed response each."""
+    return fixed_responses(samples, 1, self.batches_made, self)
 
 
 if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs in one launch (jobs_worker)
@@ -63,6 +81,7 @@ if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs 
     from titanium.train import main
 
     GRPOObjective.sample = fixed_sample
+    PPOObjective.sample = fixed_ppo_sample
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         run_jobs_file(sys.argv[1])
     else:

@@ -1,8 +1,10 @@
 """A tiny random Hugging Face Llama and a word-level tokenizer over its ids: what the TRL comparisons (DPO,
-GRPO) wrap in a real TRL trainer. Token ``i`` is the word ``t{i}``; 0 is padding, 1 BOS, 2 EOS."""
+GRPO) wrap in a real TRL trainer. Token ``i`` is the word ``t{i}``; 0 is padding, 1 BOS, 2 EOS. And the seeded
+debug model exported as a Hugging Face folder (a reward or value model for PPO runs)."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,3 +45,22 @@ def word_tokenizer() -> Any:
     words = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t3"))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
     return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="t0", eos_token="t2", bos_token="t1")
+
+
+def debug_model_hf(folder: Path, scalar: bool) -> str:
+    """The debug model (llama3 debugmodel, the bundled tokenizer), seeded, in Hugging Face format in ``folder``: a
+    one-label sequence classifier (``scalar``) or a causal LM."""
+    from tests.helpers import REPO
+    from titanium.checkpoint.hf import export_hf
+    from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+    from titanium.model_builder import ModelBuilder
+    from titanium.models import build_model_args, get_model_spec
+    from titanium.models.reward import reward_spec
+
+    tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+    spec = get_model_spec("llama3")
+    if scalar:
+        spec = reward_spec(spec, pad_token_id=tokenizer.pad_id)
+    args = build_model_args(spec, "debugmodel", max_seq_len=64, vocab_size=tokenizer.vocab_size)
+    export_hf(ModelBuilder(torch.device("cpu"), seed=7).build(spec, args).model, folder, spec.hf_adapter, args)
+    return str(folder)

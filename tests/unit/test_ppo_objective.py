@@ -1,45 +1,34 @@
 """The ppo objective: its bad input (config time, exit code 2), and one short run in the loop whose rollout batch
 is checked against the models run independently (scores, values, old log-probs, whitened advantages) and whose
-value model trains beside the policy."""
+value model trains beside the policy; and a run resumed mid rollout batch equal to the uninterrupted one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.helpers import REPO, tiny_args
-from titanium.checkpoint.hf import export_hf
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
+from tests.objectives.tiny_hf import debug_model_hf
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
-from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.model_builder import ModelBuilder
-from titanium.models import build_model_args, get_model_spec
+from titanium.models import get_model_spec
 from titanium.models.reward import reward_spec
+from titanium.parallel.distributed import shutdown_distributed
 from titanium.train import main
 
 TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
 PROMPTS = ("--data.kind", "chat", "--data.path", TASKS, "--chat.chat_template", "llama3")
 
 
-def _export(folder, scalar: bool):
-    """The debug model in HF format, seeded: a one-label sequence classifier (``scalar``) or a causal LM."""
-    tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
-    spec = get_model_spec("llama3")
-    if scalar:
-        spec = reward_spec(spec, pad_token_id=tokenizer.pad_id)
-    args = build_model_args(spec, "debugmodel", max_seq_len=64, vocab_size=tokenizer.vocab_size)
-    export_hf(ModelBuilder(torch.device("cpu"), seed=7).build(spec, args).model, folder, spec.hf_adapter, args)
-    return str(folder)
-
-
 @pytest.fixture(scope="module")
 def reward_folder(tmp_path_factory) -> str:
-    return _export(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
+    return debug_model_hf(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
 
 
 @pytest.fixture(scope="module")
 def causal_lm_folder(tmp_path_factory) -> str:
-    return _export(tmp_path_factory.mktemp("lm") / "hf", scalar=False)
+    return debug_model_hf(tmp_path_factory.mktemp("lm") / "hf", scalar=False)
 
 
 PPO = ["--training.objective", "ppo", *PROMPTS, "--training.seq_len", "64", "--ppo.max_prompt_len", "40"]
@@ -55,7 +44,7 @@ RULE = ("--ppo.rewards", "exact_match")
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
         (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
-        (["--parallelism.tensor_parallel_degree", "2"], "one-output head"),
+        (["--parallelism.context_parallel_degree", "2"], "context-parallel ranks"),
         (["--parallelism.pipeline_parallel_degree", "2"], "a pipeline's last stage"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],
@@ -125,3 +114,31 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
     )
     assert moved(start_value, objective.value.model) > 0
     assert moved(start_policy, trainer.model) > 0
+
+
+def test_the_loop_resumes_a_ppo_run_exactly_mid_batch(make_trainer, tmp_path):
+    """5 steps, a rollout batch every 2 (ppo_epochs 2), a checkpoint at step 3: halfway through the second batch. A
+    job killed right after it resumes with the batch's saved rows, the value model and its optimizer, and logs the
+    same losses and PPO metrics at steps 4 (the batch's second epoch) and 5 (a new batch, sampled from the resumed
+    policy) as the run that went straight through, bitwise, and ends with the same policy and value weights."""
+    common = tiny_args(
+        tmp_path / "run", *PPO, *RULE, "--ppo.ppo_epochs", "2", "--ppo.kl_coef", "0.1", "--training.steps", "5",
+        "--checkpoint.enable", "--checkpoint.interval", "3", "--debug.deterministic", "--optimizer.lr", "1e-3",
+    )  # fmt: skip
+    straight = make_trainer(*common, "--job.dump_folder", str(tmp_path / "straight"))
+    straight.train()
+    shutdown_distributed()
+
+    resumed_args = (*common, "--job.dump_folder", str(tmp_path / "resumed"))
+    train_until_first_save(make_trainer, *resumed_args, at_step=3)
+    resumed = make_trainer(*resumed_args)
+    batch = resumed.objective.current
+    assert resumed.train_state.step == 3 and batch is not None and (batch.served, batch.steps_left) == (1, 1)
+    resumed.train()
+    for tag in (LOSS_TAG, "ppo/value_loss", "ppo/policy_loss", "ppo/score", "ppo/kl"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
+        assert [got[s] for s in (4, 5)] == [expected[s] for s in (4, 5)], tag
+    assert len({scalars(tmp_path / "straight/tb")[s] for s in range(1, 6)}) == 5
+    for want, got in ((straight.model, resumed.model), (straight.objective.value.model, resumed.objective.value.model)):
+        for (name, a), b in zip(want.named_parameters(), got.parameters()):
+            assert torch.equal(a, b), name

@@ -311,7 +311,7 @@ class CheckpointSection:
     """The final save holds only the model weights (smaller; enough for evaluation or export)."""
     exclude_from_loading: list[str] = field(default_factory=list)
     """Parts of a checkpoint not to restore on resume, e.g. ["optimizer", "lr_scheduler", "data"]
-    (valid: model, optimizer, lr_scheduler, train_state, data, rng)."""
+    (valid: model, optimizer, lr_scheduler, train_state, data, rng; ppo's value_model, value_optimizer)."""
     initial_load_path: str | None = None
     """Weights to start from when this run has no checkpoint of its own yet (resuming one always
     wins). With initial_load_in_hf: a Hugging Face folder (config.json + *.safetensors)."""

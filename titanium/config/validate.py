@@ -109,7 +109,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         )
     if ck.export_at_saves and not ck.enable:
         yield "--checkpoint.export_at_saves writes the exports at each checkpoint save; set --checkpoint.enable"
-    kinds = {"model", "optimizer", "lr_scheduler", "train_state", "data", "rng"}
+    kinds = {"model", "optimizer", "lr_scheduler", "train_state", "data", "rng", "value_model", "value_optimizer"}
     for kind in cfg.checkpoint.exclude_from_loading:
         if kind not in kinds:
             yield f"--checkpoint.exclude_from_loading: unknown part {kind!r}; valid: {', '.join(sorted(kinds))}"

@@ -137,10 +137,8 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
         cfg,
         "ppo",
         {
-            "tensor_parallel_degree": "trains a value model with a one-output head, with no vocabulary to shard (FSDP "
-            "works)",
             "pipeline_parallel_degree": "runs the value model beside the policy's loss, which a pipeline's last stage "
-            "alone computes (FSDP works)",
-            "context_parallel_degree": "does not split its rollouts over context-parallel ranks yet (FSDP works)",
+            "alone computes (FSDP and TP work)",
+            "context_parallel_degree": "does not split its rollouts over context-parallel ranks yet (FSDP and TP work)",
         },
     )

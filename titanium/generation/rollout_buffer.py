@@ -9,6 +9,7 @@ minibatches, further epochs) adds one more, as in PPO.
 
 from __future__ import annotations
 
+import io
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -46,6 +47,22 @@ class RolloutBatch:
     @property
     def steps_left(self) -> int:
         return self.minibatches * self.epochs - self.served
+
+    def to_bytes(self) -> bytes:
+        """Its rows (copied to the CPU) and how far it was served, for a checkpoint that resumes mid-batch."""
+        buffer = io.BytesIO()
+        rows = {k: v.cpu() for k, v in self.rows.items()}
+        serving = [self.version, self.minibatches, self.epochs, self.served]
+        torch.save({"rows": rows, "serving": serving}, buffer)
+        return buffer.getvalue()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, device: torch.device) -> RolloutBatch:
+        """The batch ``to_bytes`` saved, its rows on ``device``, served as far as it was."""
+        state = torch.load(io.BytesIO(data), weights_only=True)
+        version, minibatches, epochs, served = state["serving"]
+        rows = {k: v.to(device) for k, v in state["rows"].items()}
+        return cls(rows, version, minibatches, epochs, served=served)
 
     def next_step(self, microbatches: int) -> list[Batch]:
         """The next step's part of the rows, as ``microbatches`` equal microbatches (views, no copy)."""

@@ -70,13 +70,13 @@ def reward_spec(spec: ModelSpec, *, pad_token_id: int | None, from_causal_lm: bo
     Its HF adapter reads and writes sequence-classification checkpoints (``score.weight``, ``num_labels = 1``,
     ``pad_token_id``); with ``from_causal_lm`` it instead starts from a causal-LM checkpoint: the body loads,
     ``lm_head`` is left out and the head keeps its seeded initialization (as TRL starts a reward model). The
-    tensor-parallel plan is dropped: the family plans shard ``output`` by vocabulary rows, which a one-row head
-    has not got, so ``--parallelism.tensor_parallel_degree > 1`` is refused by the builder.
+    family's tensor-parallel plan applies: it keeps a one-output head whole (``score_head_plan`` in
+    ``titanium/models/common/parallelize.py``).
     """
     adapter = spec.hf_adapter
     if adapter is not None:
         adapter = sequence_classification_adapter(adapter, pad_token_id, head_in_checkpoint=not from_causal_lm)
-    return dataclasses.replace(spec, model_cls=reward_model_cls(spec.model_cls), hf_adapter=adapter, tp_plan=None)
+    return dataclasses.replace(spec, model_cls=reward_model_cls(spec.model_cls), hf_adapter=adapter)
 
 
 def last_non_pad_index(tokens: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:

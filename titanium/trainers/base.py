@@ -232,6 +232,12 @@ class Objective(ABC):
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def checkpoint_states(self) -> dict[str, Any]:
+        """Further state the objective trains itself, as Stateful objects by top-level checkpoint key, the same on
+        every rank (a model it trains beside the policy and its optimizer: sharded tensors reshard on load like the
+        policy's); saved and restored with the policy's. None by default."""
+        return {}
+
     def close(self) -> None:  # noqa: B027 (most objectives hold nothing to free)
         """Free what the objective holds (a rollout engine), at the very end of the job: after the last checkpoint
         and export, and nothing collective may follow (vLLM's teardown destroys the default process group)."""

@@ -10,13 +10,14 @@ minibatches`` optimizer steps; each microbatch's loss is the clipped policy loss
 value loss, summed over response tokens (the loop divides by the step's response tokens over all ranks).
 
 The value model is a decoder with a scalar head per position (``titanium.models.reward``), built by the job's
-builder under the policy's parallel plan (FSDP or plain data parallelism), started from ``value_model_path``, the
-reward model, or a seeded initialization. The loss runs its forward, so the loop's backward fills its gradients;
-the objective clips them and steps the value model's own AdamW after every optimizer step of the policy. The reward
-model and the reference are frozen handles, built by the same builder.
+builder under the policy's parallel plan (FSDP, tensor parallelism: the family's plan keeps the one-output head
+whole), started from ``value_model_path``, the reward model, or a seeded initialization. The loss runs its forward,
+so the loop's backward fills its gradients; the objective clips them and steps the value model's own AdamW after
+every optimizer step of the policy. The reward model and the reference are frozen handles, built by the same
+builder. Checkpoints hold the value model and its optimizer (``checkpoint_states``) and the rollout batch in flight.
 
-Not yet: tensor, pipeline and context parallelism (refused at config time), and the value model in checkpoints
-(so resuming a PPO run is refused).
+Not yet: pipeline parallelism (the value loss runs inside the policy's loss, which only a pipeline's last stage
+computes) and context parallelism, both refused at config time.
 """
 
 from __future__ import annotations
@@ -33,16 +34,19 @@ from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row
 from titanium.checkpoint.hf import hf_model_args
+from titanium.checkpoint.states import ModelState, OptimizerState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, PPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.engine import build_engine
+from titanium.generation.generate import Generation
 from titanium.generation.rollout import batch_logprobs, to_rollout
 from titanium.generation.rollout_buffer import RolloutBatch
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.models.reward import reward_spec
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.trainers.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
@@ -111,7 +115,8 @@ class PPOObjective(Objective):
 
     ``training.local_batch_size`` counts responses (one per prompt) per microbatch; a rollout batch holds
     ``minibatches`` steps' worth per rank. ``next_microbatch`` hands out empty batches: the rows are made in
-    ``prepare``. A checkpoint holds the prompt position before the batch in flight, which a resumed run makes again.
+    ``prepare``. A checkpoint holds the prompt position, the rollout batch in flight (its rows, as far as served)
+    and the value model with its optimizer (``checkpoint_states``): a resumed run goes on as the interrupted one.
     """
 
     loss_spikes = False  # (the policy loss sits near 0, of either sign)
@@ -173,7 +178,7 @@ class PPOObjective(Objective):
         """Step the value model on the gradients the step's backward left (none at the start), then sync the engine
         with the policy's weights (every rank together)."""
         if any(p.grad is not None for p in self.value_params):
-            torch.nn.utils.clip_grad_norm_(self.value_params, self.cfg.value_max_norm, foreach=True)
+            clip_grad_norm(self.value_params, self.cfg.value_max_norm, self.value.pp_group)
             self.value_optimizer.step()
             self.value_optimizer.zero_grad(set_to_none=True)
         self.engine.sync_from(self.policy.model, version=step, pp_group=self.policy.pp_group)
@@ -214,15 +219,8 @@ class PPOObjective(Objective):
     def _make_batch(self, microbatches: int) -> RolloutBatch:
         """Sample the next rollout batch and compute everything the loss needs of it, as rows on the device."""
         cfg = self.cfg
-        resume_point = {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches)
-        out = self.engine.generate(
-            [s.prompt for s in samples], self.params, seed=rollout_seed(self.seed, self.dp_rank, self.batches_made)
-        )
-        generation = dataclasses.replace(
-            out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
-        )
-        rollout = to_rollout(samples, 1, generation, self.rule_rewards, self.tokenizer)
+        rollout = to_rollout(samples, 1, self.sample(samples), self.rule_rewards, self.tokenizer)
         self.batches_made += 1
         rows: Rows = {k: v.to(self.device) for k, v in rollout.model_inputs().items()}
         mask = rollout.response_mask.to(self.device)
@@ -258,7 +256,14 @@ class PPOObjective(Objective):
             rows["ppo/accuracy"] = torch.tensor(
                 [exact_match(c, s.answer, {}) for c, s in zip(rollout.completions, samples)], device=self.device
             )
-        return RolloutBatch(rows, self.version, cfg.minibatches, cfg.ppo_epochs, resume_point=resume_point)
+        return RolloutBatch(rows, self.version, cfg.minibatches, cfg.ppo_epochs)
+
+    def sample(self, samples: list[PromptSample]) -> Generation:
+        """One response to each prompt from the engine, drawn with this batch's seed, on the device (a layout test
+        replaces it with responses fixed in advance: tests/objectives/fixed_rollouts.py)."""
+        seed = rollout_seed(self.seed, self.dp_rank, self.batches_made)
+        out = self.engine.generate([s.prompt for s in samples], self.params, seed=seed).generation
+        return dataclasses.replace(out, **{k: getattr(out, k).to(self.device) for k in GENERATION_TENSORS})
 
     @staticmethod
     def _gathered(logprobs: torch.Tensor | None) -> torch.Tensor:
@@ -334,7 +339,7 @@ class PPOObjective(Objective):
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
         if pipeline_microbatch_size is not None:  # (config validation refuses it first)
-            raise ConfigError("--training.objective ppo: pipeline parallelism is not supported; use FSDP")
+            raise ConfigError("--training.objective ppo: pipeline parallelism is not supported; use FSDP or TP")
 
     # ----- log and checkpoint -----
 
@@ -343,16 +348,23 @@ class PPOObjective(Objective):
         return {k: float(v) for k, v in counters.items() if v}
 
     def state_dict(self) -> dict[str, Any]:
-        """The prompt position before the rollout batch in flight (made again on resume)."""
-        if self.current is not None and self.current.steps_left > 0:
-            return dict(self.current.resume_point)
-        return {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
+        """This rank's prompt position and the rollout batch in flight, with how far it was served (``b""``: none):
+        a resumed run trains on the very rows the interrupted one would have."""
+        in_flight = self.current is not None and self.current.steps_left > 0
+        return {
+            "prompts": self.prompts.state_dict(),
+            "batches_made": self.batches_made,
+            "in_flight": self.current.to_bytes() if in_flight else b"",
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Resuming would restart the value model (and its optimizer) from its initial weights: a different run
-        # from the one interrupted, so it is refused rather than warned about.
-        raise ConfigError(
-            "--training.objective ppo cannot resume from its own checkpoint yet: the value model is not saved in "
-            "checkpoints. Start a new run from the policy's weights with --checkpoint.initial_load_path <step folder> "
-            "in a new --job.dump_folder"
-        )
+        self.prompts.load_state_dict(state["prompts"])
+        self.batches_made, self._prompt_stream = state["batches_made"], None
+        self.current = RolloutBatch.from_bytes(state["in_flight"], self.device) if state["in_flight"] else None
+
+    def checkpoint_states(self) -> dict[str, Any]:
+        """The value model's weights and its optimizer's moments (sharded as they train; DCP reshards on load)."""
+        return {
+            "value_model": ModelState(self.value.model),
+            "value_optimizer": OptimizerState(self.value.model, self.value_optimizer),
+        }

@@ -1,4 +1,5 @@
-"""Tensor-parallel styles for a group of linear layers: torch's, or torchao's float8 ones.
+"""Tensor-parallel styles for a group of linear layers (torch's, or torchao's float8 ones), and the plan of a
+one-output score head.
 
 A family's TP plan (``models/<family>/parallelize.py``) asks here which styles to use for the layers that
 share one input (a block's q/k/v projections, the MLP's gate and up projections). When every layer of the
@@ -16,7 +17,16 @@ import sys
 from dataclasses import dataclass
 
 from torch import nn
-from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 
 @dataclass(frozen=True)
@@ -52,3 +62,13 @@ def _tensorwise_float8(layer: nn.Module, float8_cls: type) -> bool:
     config = layer.config
     casts = (config.cast_config_input, config.cast_config_weight, config.cast_config_grad_output)
     return all(cast.scaling_granularity is ScalingGranularity.TENSORWISE for cast in casts)
+
+
+def score_head_plan(head: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """A reward or value model's ``[1, dim]`` score head, which has no vocabulary rows to split: its weight is
+    replicated over the tensor-parallel ranks, each scores its own part of the sequence (the final norm's output
+    stays split along it: sequence parallel, so the weight's gradient is summed over the ranks), and the scores
+    ``[B, S, 1]`` are gathered whole, a plain tensor on every rank, with or without loss parallel."""
+    parallelize_module(head, tp_mesh, SequenceParallel(use_local_output=False))
+    gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
+    parallelize_module(head, tp_mesh, gather)

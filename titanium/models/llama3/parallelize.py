@@ -4,7 +4,8 @@ Inside a block, wq/wk/wv and w1/w3 are split by output rows (each rank holds who
 of the hidden width) and wo/w2 by input columns, so each half-block needs one all-gather in and one
 reduce-scatter out. Between blocks the activations stay split along the sequence (Shard(1)), and so
 do the norms that run on them (SequenceParallel). The output projection is split by vocabulary:
-with loss parallel the logits stay vocabulary-sharded into the cross-entropy.
+with loss parallel the logits stay vocabulary-sharded into the cross-entropy. A one-output score head (a reward
+or value model's) has no vocabulary to split: ``score_head_plan``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from titanium.models.common.parallelize import linear_styles
+from titanium.models.common.parallelize import linear_styles, score_head_plan
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
@@ -34,7 +35,9 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         )
     if model.norm is not None:
         root_plan["norm"] = SequenceParallel()
-    if model.output is not None:
+    if model.output is not None and model.output.out_features == 1:
+        score_head_plan(model.output, tp_mesh)
+    elif model.output is not None:
         root_plan["output"] = ColwiseParallel(
             input_layouts=Shard(1),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
