@@ -20,7 +20,9 @@ One step is what each library does per microbatch, on the same batch of pairs, w
 (the same on both sides):
 
 - titanium: ``DPOObjective.prepare`` (the reference forward and its token log-probs, as in training), the
-  policy forward on the batch's ``model_inputs``, ``DPOObjective.loss`` and the backward of loss_sum / pairs;
+  policy forward on the batch's ``model_inputs`` (to its final hidden states, as the loop runs it for the
+  objective's ``loss_input``), ``DPOObjective.loss`` (the output projection at the labelled positions) and the
+  backward of loss_sum / pairs;
 - TRL: ``DPOTrainer.training_step`` (its ``compute_loss``: policy and reference forwards through TRL's fused
   log-prob head, the sigmoid loss; then the backward).
 
