@@ -20,7 +20,9 @@ One step is what each library does per microbatch, on the same batch of pairs, w
 (the same on both sides):
 
 - titanium: ``DPOObjective.prepare`` (the reference forward and its token log-probs, as in training), the
-  policy forward on the batch's ``model_inputs``, ``DPOObjective.loss`` and the backward of loss_sum / pairs;
+  policy forward on the batch's ``model_inputs`` (to its final hidden states, as the loop runs it for the
+  objective's ``loss_input``), ``DPOObjective.loss`` (the output projection at the labelled positions) and the
+  backward of loss_sum / pairs;
 - TRL: ``DPOTrainer.training_step`` (its ``compute_loss``: policy and reference forwards through TRL's fused
   log-prob head, the sigmoid loss; then the backward).
 
@@ -176,9 +178,16 @@ class FrozenReference:
         return self
 
     @torch.no_grad()
-    def __call__(self, batch: Batch) -> torch.Tensor:
+    def __call__(self, batch: Batch, **kwargs: Any) -> torch.Tensor:
         assert self.reference is not None
-        return self.reference(**batch.model_inputs())
+        return self.reference(**batch.model_inputs(), **kwargs)
+
+    def hidden(self, batch: Batch) -> torch.Tensor:
+        return self(batch, project=False)
+
+    def projection(self) -> tuple[torch.Tensor, None]:
+        assert self.reference is not None
+        return self.reference.output.weight.detach(), None
 
     def release(self) -> None:
         self.reference = None
@@ -223,8 +232,11 @@ def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Name
 
     def step(rows: dict[str, Any]) -> torch.Tensor:
         mb = objective.prepare([pair_batch(rows)]).batches[0]
-        logits = policy(**mb.model_inputs())
-        result = objective.loss(ModelOutput(logits=logits), mb)
+        if objective.loss_input == "hidden":  # (as titanium/executors/plain.py runs the forward)
+            output = ModelOutput(hidden=policy(**mb.model_inputs(), project=False), projection=policy.output)
+        else:
+            output = ModelOutput(logits=policy(**mb.model_inputs()))
+        result = objective.loss(output, mb)
         loss = result.loss_sum / mb.units()
         loss.backward()
         return loss.detach()

@@ -131,12 +131,24 @@ class LocalModels:
             self.models, self.id, self.module = models, models.id, None
 
         def __call__(self, batch):
+            return self._run(batch)
+
+        def hidden(self, batch):
+            return self._run(batch, project=False)
+
+        def projection(self):
+            if self.module is None:
+                self.module = self.models.reference()
+            output = self.module.output
+            return output.weight.detach().clone(), getattr(output, "logit_softcap", None)
+
+        def _run(self, batch, **kwargs):
             import torch
 
             if self.module is None:
                 self.module = self.models.reference()
             with torch.no_grad():
-                return self.module(**batch.model_inputs())
+                return self.module(**batch.model_inputs(), **kwargs)
 
         def release(self) -> None:
             self.module = None

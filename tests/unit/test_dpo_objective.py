@@ -68,6 +68,12 @@ def frozen(model: torch.nn.Module):
     return run
 
 
+def policy_output(obj: DPOObjective, batch: Batch, model: torch.nn.Module = POLICY) -> ModelOutput:
+    """What the loop hands the loss (titanium/executors/plain.py): the final hidden states and the output layer."""
+    assert obj.loss_input == "hidden"
+    return ModelOutput(hidden=model(**batch.model_inputs(), project=False), projection=model.output)
+
+
 def never_built():
     raise AssertionError("the reference model must not be built when the cache has the log-probs")
 
@@ -123,7 +129,7 @@ def test_loss_and_metrics_equal_each_sequence_run_alone(tmp_path, pairs_file, pa
     [batch] = obj.prepare([obj.next_microbatch()]).batches
     n = int(batch.units())
     assert n == PAIRS if not packing else n > PAIRS  # packed row pairs hold more pairs
-    result = obj.loss(ModelOutput(logits=POLICY(**batch.model_inputs())), batch)
+    result = obj.loss(policy_output(obj, batch), batch)
 
     losses, metrics = [], {name: [] for name in METRICS}
     for pair in first_pairs(pairs_file, n):
@@ -285,7 +291,7 @@ def test_each_loss_type_equals_its_function_on_each_sequence_run_alone(tmp_path,
     obj = objective(tmp_path, pairs_file, cfg, models=models)
     [batch] = obj.prepare([obj.next_microbatch()]).batches
     assert (obj.reference is None) == reference_free and (batch.fields.reference_logps is None) == reference_free
-    result = obj.loss(ModelOutput(logits=POLICY(**batch.model_inputs())), batch)
+    result = obj.loss(policy_output(obj, batch), batch)
 
     n = int(batch.units())
     pairs = first_pairs(pairs_file, n)
@@ -354,3 +360,55 @@ def test_rows_are_trimmed_by_default_and_as_wide_as_the_layout_needs(tmp_path, p
     assert "pipeline parallelism needs fixed shapes" in caplog.text
     dims = [ParallelDims(1, 1, 8, tp=2), ParallelDims(1, 1, 8, cp=2), ParallelDims(1, 1, 8, cp=2, tp=4)]
     assert [d.sequence_multiple for d in dims] == [2, 4, 8]
+
+
+class PlainLinearSubclass(torch.nn.Linear):
+    """An output layer that is not a plain ``nn.Linear`` (as LoRA, float8 or QAT make it): called as a module."""
+
+
+def output_variant(model: torch.nn.Module, variant: str) -> torch.nn.Module:
+    """A copy of ``model`` whose output layer is soft-capped (Gemma 2's final cap) or not a plain linear map."""
+    model = __import__("copy").deepcopy(model)
+    if variant == "softcap":
+        model.args = dataclasses.replace(model.args, final_logit_softcap=3.0)
+        model.output.logit_softcap = 3.0
+    elif variant == "module":
+        layer = PlainLinearSubclass(model.output.in_features, model.output.out_features, bias=False)
+        layer.weight = model.output.weight
+        model.output = layer
+    return model
+
+
+@pytest.mark.parametrize("variant", ["plain", "softcap", "module"])
+@pytest.mark.parametrize("packing", [False, True])
+def test_projecting_only_the_labels_equals_the_full_logits(tmp_path, pairs_file, variant, packing):
+    """The normal path projects the hidden states at the responses' positions only (policy and reference): its
+    loss, metrics, gradients and reference log-probs equal those from the whole ``[rows, seq, vocab]`` logits
+    (the pipeline path) to 1e-6 relative."""
+    policy, reference = output_variant(POLICY, variant).train(), output_variant(REFERENCE, variant)
+    obj = objective(tmp_path, pairs_file, DPOSection(beta=0.5, packing=packing), models=local_models(lambda: reference))
+    [batch] = obj.prepare([obj.next_microbatch()]).batches
+    fields = batch.fields
+    labelled = fields.labels != IGNORE_INDEX
+    assert fields.label_index is not None and len(fields.label_index) == int(labelled.sum()) < labelled.numel() // 4
+    with torch.no_grad():
+        full_reference = token_logps(reference(**batch.model_inputs()), fields.labels)
+    torch.testing.assert_close(fields.reference_logps, full_reference, rtol=1e-6, atol=1e-6)
+
+    results, grads = [], []
+    for output in (
+        lambda: policy_output(obj, batch, policy),
+        lambda: ModelOutput(logits=policy(**batch.model_inputs())),
+    ):
+        result = obj.loss(output(), batch)
+        result.loss_sum.backward()
+        results.append(result)
+        grads.append({name: p.grad.clone() for name, p in policy.named_parameters()})
+        policy.zero_grad(set_to_none=True)
+    (gathered, full), (gathered_grads, full_grads) = results, grads
+    torch.testing.assert_close(gathered.loss_sum, full.loss_sum, rtol=1e-6, atol=0)
+    for name, (value, count) in full.metrics.items():
+        torch.testing.assert_close(gathered.metrics[name][0], value, rtol=1e-6, atol=1e-6, msg=name)
+        assert torch.equal(gathered.metrics[name][1], count)
+    for name, grad in full_grads.items():
+        torch.testing.assert_close(gathered_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)

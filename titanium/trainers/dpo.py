@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
+from torch import nn
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, Replicate
 
 from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.components import DPO_LOSSES
@@ -75,6 +78,57 @@ def token_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return -flat.view(labels.shape)
 
 
+def projected_logps(
+    hidden: torch.Tensor,
+    project: Callable[[torch.Tensor], torch.Tensor],
+    labels: torch.Tensor,
+    index: torch.Tensor,
+) -> torch.Tensor:
+    """``token_logps`` from final hidden states ``[rows, seq, dim]``, projected (``project``: hidden -> logits)
+    only at the flat positions ``index`` (where a label counts); 0 elsewhere, as ``token_logps`` gives.
+
+    A DPO response is a few tokens after a long prompt, so the output projection and the softmax over the
+    vocabulary run on a small share of the positions (the response tokens) instead of all of them.
+    """
+    selected = hidden.flatten(0, 1).index_select(0, index)
+    targets = labels.flatten().index_select(0, index)
+    logps = -F.cross_entropy(project(selected).float(), targets, reduction="none")
+    return logps.new_zeros(labels.numel()).index_copy(0, index, logps).view(labels.shape)
+
+
+def linear_projection(weight: torch.Tensor, softcap: float | None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """hidden -> float32 logits by an output weight ``[vocab, dim]``, soft-capped as the decoder's forward does.
+    A vocabulary-sharded (tensor-parallel) weight is gathered whole, differentiably."""
+    weight = weight.full_tensor() if isinstance(weight, DTensor) else weight
+
+    def project(hidden: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(hidden.to(weight.dtype), weight).float()
+        return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+    return project
+
+
+def policy_projection(output: ModelOutput) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The policy's whole final hidden states and its projection to logits, from a ``loss_input = "hidden"``
+    output. Under tensor parallelism the sequence-parallel hidden states and the vocabulary-sharded weight are
+    gathered whole, differentiably (every tp rank computes the whole loss; each gets its shards' gradients). An
+    output layer that is not a plain linear map (LoRA, float8 or QAT on ``output``) is called as a module."""
+    hidden, layer = output.hidden, output.projection
+    assert hidden is not None and layer is not None
+    if isinstance(hidden, DTensor):  # (sequence parallel)
+        hidden = hidden.redistribute(placements=[Replicate()] * hidden.device_mesh.ndim).to_local()
+    softcap = getattr(layer, "logit_softcap", None)  # (set by the decoder: Gemma 2's final cap)
+    layer_cls = type(layer).__bases__[-1] if isinstance(layer, FSDPModule) else type(layer)
+    if layer_cls is nn.Linear:
+        return hidden, linear_projection(layer.weight, softcap)
+
+    def project(selected: torch.Tensor) -> torch.Tensor:
+        logits = layer(selected).float()
+        return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+    return hidden, project
+
+
 def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) -> torch.Tensor:
     """Per-pair sums of per-token ``values`` [..., rows, seq] over each response's labels: [..., pairs, 2].
 
@@ -104,6 +158,14 @@ class PreferenceFields(Fields):
     """The reference's token log-probs: from the cache (precompute_reference), else filled in ``prepare``."""
     prompt_labels: torch.Tensor | None = per_token(default=None)
     """ORPO: the next token at the chosen sequences' unlabeled positions (titanium.data.preference_batch)."""
+    label_index: torch.Tensor | None = None
+    """The flat positions of ``learned()``'s labels, found in ``prepare`` (not under pipeline parallelism)."""
+
+    def learned(self) -> torch.Tensor:
+        """The labels the policy's log-probs are taken at: the responses' (and ORPO's chosen prompts')."""
+        if self.prompt_labels is None:
+            return self.labels
+        return torch.where(self.labels == IGNORE_INDEX, self.prompt_labels, self.labels)
 
     def units(self) -> torch.Tensor:
         return self.pairs_per_row.sum()
@@ -208,6 +270,7 @@ class DPOObjective(LoaderObjective):
     """
 
     loss_unit = "pairs"
+    loss_input = "hidden"  # (the responses' positions alone are projected; logits under pipeline parallelism)
 
     @classmethod
     def frozen_sources(
@@ -226,7 +289,13 @@ class DPOObjective(LoaderObjective):
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
         self.pad_to, self.pad_multiple = row_width(dpo, ctx)
+        self.pipelined = ctx.fixed_shapes
+        """Pipeline parallelism: the loss gets the last stage's logits (and the reference gives its logits)."""
+        if self.pipelined:
+            self.loss_input = "logits"
         self.reference: FrozenModel | None = None
+        self._reference_project: Callable[[torch.Tensor], torch.Tensor] | None = None
+        """The reference's output projection (its weight copied once: frozen), while ``reference`` is set."""
         stream: PairStream = self.pairs
         if self.pair_loss.reference and dpo.precompute_reference:
             stream = CachedReferencePairs(self.pairs, self._reference_cache)
@@ -288,7 +357,7 @@ class DPOObjective(LoaderObjective):
             try:
                 return precompute(self._pairs(0, 1), self._loader, self.reference_sums, ctx.dp_rank, ctx.dp_world)
             finally:
-                self.reference = None
+                self.reference, self._reference_project = None, None
 
         try:
             return load_or_compute(Path(ctx.dump_folder) / self.cfg.reference_cache_folder, identity, compute)
@@ -299,14 +368,33 @@ class DPOObjective(LoaderObjective):
     def reference_sums(self, rows: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The reference's (chosen, rejected) log-prob sums of each pair slot of a CPU microbatch [slots, 2]
         (the precompute pass), or None on pipeline ranks without the last stage."""
-        assert self.reference is not None
         batch = self.ctx.placement.place(pair_batch(rows))
-        logits = self.reference(batch)
-        if logits is None:
+        logps = self._reference_logps(self._find_labels(batch))
+        if logps is None:
             return None
+        return self.ctx.placement.add_parts(response_sums(logps, batch.fields.response_ids, self.slots))
+
+    def _find_labels(self, batch: Batch[PreferenceFields]) -> Batch[PreferenceFields]:
+        """The batch with the flat positions of its learned labels (``label_index``); not under pipeline
+        parallelism, whose microbatches are cut into row slices. Found here, before the forward is queued, so
+        the host sync their count needs waits only for the labels' copy to the device."""
+        if not self.pipelined:
+            batch.fields.label_index = (batch.fields.learned().flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+        return batch
+
+    def _reference_logps(self, batch: Batch[PreferenceFields]) -> torch.Tensor | None:
+        """The reference's token log-probs at the batch's labels [rows, seq] (None on pipeline ranks without the
+        last stage): from its hidden states projected at the labels only, or under pipeline parallelism from its
+        logits."""
+        assert self.reference is not None
         fields = batch.fields
-        sums = response_sums(token_logps(logits, fields.labels), fields.response_ids, self.slots)
-        return self.ctx.placement.add_parts(sums)
+        if self.pipelined:
+            logits = self.reference(batch)
+            return None if logits is None else token_logps(logits, fields.labels)
+        if self._reference_project is None:
+            self._reference_project = linear_projection(*self.reference.projection())
+        assert fields.label_index is not None
+        return projected_logps(self.reference.hidden(batch), self._reference_project, fields.labels, fields.label_index)
 
     def next_microbatch(self) -> Batch[PreferenceFields]:
         rows = next(self.loader)
@@ -314,20 +402,20 @@ class DPOObjective(LoaderObjective):
         return pair_batch(rows)
 
     def prepare(self, microbatches: list[Batch[PreferenceFields]]) -> Prepared:
-        if self.reference is not None:  # (cached: the batches carry reference_logps already)
-            for mb in microbatches:
-                logits = self.reference(mb)
-                if logits is not None:  # (pipeline ranks without the last stage get None)
-                    mb.fields.reference_logps = token_logps(logits, mb.fields.labels)
+        for mb in microbatches:
+            self._find_labels(mb)
+            if self.reference is not None:  # (cached: the batches carry reference_logps already)
+                mb.fields.reference_logps = self._reference_logps(mb)
         return Prepared(microbatches)
 
     def loss(self, output: ModelOutput, batch: Batch[PreferenceFields]) -> LossResult:
-        assert output.logits is not None
         fields, reference = batch.fields, self.pair_loss.reference
-        ids, labels = fields.response_ids, fields.labels
-        if fields.prompt_labels is not None:  # (ORPO: the chosen prompts' tokens too, in the same cross-entropy)
-            labels = torch.where(labels == IGNORE_INDEX, fields.prompt_labels, labels)
-        logps = token_logps(output.logits, labels)
+        ids, labels = fields.response_ids, fields.learned()
+        if output.logits is not None:  # (pipeline parallelism: the last stage's logits)
+            logps = token_logps(output.logits, labels)
+        else:
+            assert fields.label_index is not None, "prepare finds the labels"
+            logps = projected_logps(*policy_projection(output), labels, fields.label_index)
         per_token = [logps, (ids >= 0).float()]
         if reference:
             assert fields.reference_logps is not None
