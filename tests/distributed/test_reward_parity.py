@@ -1,10 +1,12 @@
-"""The reward objective under FSDP (and PP) trains to the same numbers as one process (fp32, gloo).
+"""The reward objective under FSDP, TP and PP trains to the same numbers as one process (fp32, gloo).
 
 5 steps of the debug model as a reward model on the first pairs of the bundled preference set, 4 pairs per step,
 from the same seeded weights. Losses must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py
 says why), and so must the per-pair metrics the loop reduces over ranks (accuracy, margin, chosen score).
 
 - FSDP: two data-parallel ranks of 2 pairs each read the file's 2 byte ranges, as one process does in turn.
+- TP: the body split by the family's plan, the one-output score head replicated on both ranks (each scores its
+  sequence shard, the scores gathered whole).
 - PP: 1F1B over 2 stages, pipeline microbatches of one pair (2 rows): each holds whole pairs, the last stage
   scores them.
 
@@ -26,7 +28,7 @@ PP2 = (
 )  # fmt: skip
 
 
-def test_reward_fsdp_and_pp_match_one_process(tmp_path):
+def test_reward_fsdp_tp_and_pp_match_one_process(tmp_path):
     lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines(keepends=True)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(lines[:PAIRS]))
@@ -36,7 +38,8 @@ def test_reward_fsdp_and_pp_match_one_process(tmp_path):
         "--optimizer.lr", "1e-3",
     )  # fmt: skip
     single = layout_runs(tmp_path, 1, {"single": ()}, *common)["single"]
-    runs = layout_runs(tmp_path, 2, {"fsdp2": ("--training.local_batch_size", "2"), "pp2": PP2}, *common)
+    tp2 = ("--parallelism.tensor_parallel_degree", "2")
+    runs = layout_runs(tmp_path, 2, {"fsdp2": ("--training.local_batch_size", "2"), "pp2": PP2, "tp2": tp2}, *common)
     assert single[0][STEPS] != pytest.approx(single[0][1], rel=1e-3)  # it trains
     for name, run in runs.items():
         assert_matches(run, single)

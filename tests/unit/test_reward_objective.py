@@ -53,7 +53,6 @@ REWARD = ["--training.objective", "reward", "--data.kind", "preference"]
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([*REWARD, "--parallelism.tensor_parallel_degree", "2"], "score head, with no vocabulary to shard"),
         ([*REWARD, "--parallelism.context_parallel_degree", "2"], "which one rank alone holds"),
         ([*REWARD, "--reward.center_rewards_coefficient", "-1"], "--reward.center_rewards_coefficient must be >= 0"),
         (["--training.objective", "reward"], "--training.objective reward needs preference pairs"),

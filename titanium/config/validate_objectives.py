@@ -26,7 +26,6 @@ def validate_reward(cfg: Any) -> Iterator[str]:
         cfg,
         "reward",
         {
-            "tensor_parallel_degree": "has a one-output score head, with no vocabulary to shard (FSDP and PP work)",
             "context_parallel_degree": "reads each score at its sequence's last token, which one rank alone holds",
         },
     )
