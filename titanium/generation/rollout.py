@@ -5,6 +5,11 @@ its response, with the positions and document ids generation used. A training fo
 ``model_inputs()`` therefore computes the very logits the tokens were sampled from (padding is a
 document of its own; tokens after a row's end are padding, outside ``response_mask``), and
 ``response_logprobs`` of that forward equals ``old_logprobs`` until the policy changes.
+
+A forward over some of the rows needs only the columns they use (``narrow``): from the first column holding a prompt
+token of any of them to the last holding a response token of any of them, rounded up to a bucket. The columns cut
+are left padding (a document of its own, which no real token sees) and steps after every response's end (which
+causal attention hides from the tokens before them), so every kept log-prob is the same.
 """
 
 from __future__ import annotations
@@ -13,13 +18,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from titanium.data.packing import bucket_width
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
-from titanium.generation.generate import PROMPT_DOCUMENT, Generation, generate, left_pad
+from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rewards import Rewards, RewardSet
+
+MODEL_INPUTS = ("tokens", "positions", "document_ids")
+"""The keys of a rollout's model inputs (``Rollout.model_inputs``)."""
 
 
 @dataclass(frozen=True)
@@ -46,13 +56,39 @@ class Rollout:
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments of the model's forward over prompt + response."""
-        return {"tokens": self.tokens, "positions": self.positions, "document_ids": self.document_ids}
+        return dict(zip(MODEL_INPUTS, (self.tokens, self.positions, self.document_ids)))
 
 
 def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, temperature: float) -> torch.Tensor:
     """``[B, T]`` log-probs of the last ``width`` (T) tokens of ``tokens`` ``[B, P + T]`` (the responses of a
     rollout) from the logits ``[B, P + T, V]`` of a forward over them (the logits at i predict token i + 1)."""
     return token_logprobs(logits[:, -width - 1 : -1], tokens[:, -width:], temperature)
+
+
+def narrow(rows: Mapping[str, torch.Tensor], mask: torch.Tensor, pad_multiple: int) -> dict[str, torch.Tensor]:
+    """``rows`` of a rollout (``MODEL_INPUTS`` ``[B, P + T]``, response-aligned ``[B, T]`` tensors, any others)
+    with only the columns they use (the module docstring): the model inputs keep columns ``[s, e)``, the
+    response-aligned tensors their first ``e - P``, where ``mask`` ``[B, T]`` marks the response tokens needed. The
+    width ``e - s`` is the used span rounded up by ``bucket_width`` (a multiple of ``pad_multiple``), or the full
+    width. One host sync."""
+    full, width = rows["tokens"].shape[1], mask.shape[1]
+    prompt_width = full - width
+    columns = (rows["document_ids"] != PAD_DOCUMENT).any(0).int().argmax()  # (every row has a prompt token)
+    steps = mask.any(0).flip(0).int().argmax()
+    first, unused_steps, masked = torch.stack([columns, steps, mask.any().int()]).tolist()
+    end = prompt_width + (width - unused_steps if masked else 1)
+    kept = bucket_width(end - first, full, pad_multiple)
+    end = max(end, kept)  # (a bucket wider than the columns before the end takes columns after it)
+    start, response = end - kept, end - prompt_width
+    out = {}
+    for key, value in rows.items():
+        if key in MODEL_INPUTS:
+            out[key] = value[:, start:end]
+        elif value.dim() == 2 and value.shape[1] == width:
+            out[key] = value[:, :response]
+        else:
+            out[key] = value
+    return out
 
 
 @torch.no_grad()
@@ -62,17 +98,25 @@ def batch_logprobs(
     width: int,
     temperature: float,
     batch_size: int,
+    mask: torch.Tensor | None = None,
+    pad_multiple: int = 8,
 ) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses (the last ``width`` tokens) of a rollout batch's ``rows`` under
     ``forward`` (model inputs -> logits: a frozen reference, or the trained policy recomputing the old log-probs),
     ``batch_size`` rows per forward; None where ``forward`` gives no logits (pipeline ranks without the last
-    stage)."""
+    stage). With ``mask`` ``[B, T]`` each forward runs on the columns its rows use (``narrow`` by their ``mask``
+    rows, ``pad_multiple``); the log-probs past its last masked column are 0."""
     parts = []
     for start in range(0, rows["tokens"].shape[0], batch_size):  # (every forward runs: a pipeline's are collective)
-        part = {k: rows[k][start : start + batch_size] for k in ("tokens", "positions", "document_ids")}
+        part, response = {k: rows[k][start : start + batch_size] for k in MODEL_INPUTS}, width
+        if mask is not None:
+            rows_mask = mask[start : start + batch_size]
+            part = narrow({**part, "mask": rows_mask}, rows_mask, pad_multiple)
+            response = part.pop("mask").shape[1]
         logits = forward(part)
         if logits is not None:
-            parts.append(response_logprobs(logits, part["tokens"], width, temperature))
+            logprobs = response_logprobs(logits, part["tokens"], response, temperature)
+            parts.append(F.pad(logprobs, (0, width - response)))
     return torch.cat(parts) if parts else None
 
 

@@ -33,7 +33,7 @@ from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.background import GenerationWorker
 from titanium.generation.engine import SyncStats, build_engine
-from titanium.generation.rollout import Rollout, batch_logprobs, to_rollout
+from titanium.generation.rollout import Rollout, batch_logprobs, narrow, to_rollout
 from titanium.generation.rollout_buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.model_builder import ModelSource
@@ -46,6 +46,7 @@ from titanium.trainers.base import (
     Objective,
     ObjectiveContext,
     Prepared,
+    row_width,
 )
 from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
@@ -224,6 +225,8 @@ class GRPOObjective(Objective):
         self.cfg, self.policy, self.device = cfg, ctx.models.policy(), ctx.device
         self.loss_unit = LOSS_UNITS[cfg.loss_type]
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
+        pad_to, self.pad_multiple = row_width(cfg.pad_to, cfg.pad_multiple, ctx, "--grpo.pad_to")
+        self.narrowed = pad_to == "longest"  # (else every microbatch keeps its rollout batch's width)
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
@@ -314,6 +317,8 @@ class GRPOObjective(Objective):
         current = self.current
         lag = self.version - current.version
         parts = current.next_step(len(microbatches))
+        if self.narrowed:  # the columns the microbatch's rows use: those the log-prob forwards of its rows used
+            parts = [narrow(part, part["response_mask"], self.pad_multiple) for part in parts]
         # The next batch's lag at its first use is the steps left on this one, plus one.
         if not self.queue and current.steps_left < self.cfg.max_policy_lag:
             self.queue.put(self._start_batch(len(microbatches)))
@@ -424,6 +429,7 @@ class GRPOObjective(Objective):
         rows = {
             **out.model_inputs(),
             "old_logprobs": out.old_logprobs,
+            "response_mask": out.response_mask,
             "loss_mask": loss_mask(out.response_mask, out.finished, cfg.mask_truncated),
             "advantages": advantages,
             **{k: v.to(self.device, torch.float32) for k, v in per_response.items()},
@@ -473,10 +479,12 @@ class GRPOObjective(Objective):
         return out
 
     def _logprobs(self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows) -> torch.Tensor:
-        """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time); under pipeline
-        parallelism the last stage's, broadcast over the pipeline group."""
-        width = rows["loss_mask"].shape[1]
-        out = batch_logprobs(forward, rows, width, self.cfg.temperature, self.local_batch_size)
+        """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time, narrowed to the
+        columns its rows use with ``pad_to`` longest: the very columns its training microbatch keeps, so each of
+        those holds a computed log-prob); under pipeline parallelism the last stage's, broadcast over the pipeline
+        group."""
+        width, mask = rows["loss_mask"].shape[1], rows["response_mask"] if self.narrowed else None
+        out = batch_logprobs(forward, rows, width, self.cfg.temperature, self.local_batch_size, mask, self.pad_multiple)
         group = self.policy.pp_group
         if group is None:
             assert out is not None
