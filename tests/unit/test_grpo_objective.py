@@ -371,3 +371,44 @@ def test_recomputed_old_logprobs_measure_the_engine_gap_and_a_skipped_sync(token
     assert weights is not None and weights.shape == microbatch.fields.old_logprobs.shape
     parts = {name.split("/")[-1] for name in prepared.metrics if name.startswith("grpo/time/")}
     assert parts == {"generate", "wait", "old_logprobs", *(("sync", "train") if synced else ())}
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_microbatches_narrowed_to_the_columns_they_use_give_the_full_width_loss_and_gradients(
+    tokenizer, loss_type
+) -> None:
+    """--grpo.pad_to longest vs seq_len on the same rollouts (4 microbatches of one prompt's group each, responses
+    of 1 to 12 tokens): narrower microbatches, the same old and reference log-probs (recomputed, with importance
+    weights) where responses are, and the same loss, units, metrics and gradients (fp32, 1e-6)."""
+    model = _model(tokenizer.vocab_size)
+    settings = {"beta": 0.1, "old_logprobs": "recompute", "is_correction": "token_truncate", "loss_type": loss_type}
+    results = {}
+    for pad_to in ("seq_len", "longest"):
+        objective = _objective(tokenizer, model, 4, stop_every=8, max_new_tokens=12, pad_to=pad_to, **settings)
+        prepared = objective.prepare([objective.next_microbatch() for _ in range(4)])
+        model.zero_grad()
+        loss, units, metrics = torch.zeros(()), torch.zeros(()), {}
+        for batch in prepared.batches:
+            result = objective.loss(ModelOutput(logits=model(**batch.model_inputs())), batch)
+            loss, units = loss + result.loss_sum, units + batch.units()
+            for name, (total, count) in result.metrics.items():
+                metrics[name] = metrics.get(name, 0) + total.detach() / count
+        (loss / units).backward()
+        logprobs = [(b.fields.old_logprobs, b.fields.ref_logprobs, b.fields.loss_mask) for b in prepared.batches]
+        grads = {name: p.grad.clone() for name, p in model.named_parameters()}
+        widths = [b.tokens.shape[1] for b in prepared.batches]
+        results[pad_to] = (widths, loss.detach() / units, units, metrics, logprobs, grads)
+    (full, full_loss, full_units, full_metrics, full_logprobs, full_grads) = results["seq_len"]
+    (short, loss, units, metrics, logprobs, grads) = results["longest"]
+    assert len(set(full)) == 1 and max(short) <= full[0] and min(short) < full[0], (full, short)
+    assert units == full_units and torch.isfinite(loss)
+    torch.testing.assert_close(loss, full_loss, rtol=0, atol=1e-6)
+    for name, value in metrics.items():
+        torch.testing.assert_close(value, full_metrics[name], rtol=0, atol=1e-6, msg=name)
+    for (old, ref, mask), (full_old, full_ref, full_mask) in zip(logprobs, full_logprobs):
+        width = mask.shape[1]
+        assert torch.equal(mask, full_mask[:, :width]) and not full_mask[:, width:].any()
+        torch.testing.assert_close(old * mask, full_old[:, :width] * mask, rtol=0, atol=1e-6)
+        torch.testing.assert_close(ref * mask, full_ref[:, :width] * mask, rtol=0, atol=1e-6)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, full_grads[name], rtol=0, atol=1e-6, msg=name)

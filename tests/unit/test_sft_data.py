@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import torch
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import Llama3Template, Message
 from titanium.data.loader import BatchLoader
-from titanium.data.packing import PackedDataset, PaddedDataset
+from titanium.data.packing import PackedDataset, padded_rows
 from titanium.data.sft import IGNORE_INDEX, SFTDataset
 from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer
@@ -254,13 +255,25 @@ def test_packing_keeps_samples_whole_and_the_buffer_bounded():
 
 def test_padding_one_sample_per_row():
     samples = [{"tokens": [5, 6, 7], "labels": [6, 7, IGNORE_INDEX]}, {"tokens": [1, 2, 3, 4], "labels": [2] * 4}]
-    rows = list(PaddedDataset(ListStream(samples), 4, PAD))
+    batch = padded_rows(samples, 4, PAD, "seq_len")
+    rows = [{k: v[i] for k, v in batch.items()} for i in range(2)]
     assert rows[0]["input"].tolist() == [5, 6, 7, PAD] and rows[0]["label"].tolist() == [6, 7, -100, -100]
     assert rows[0]["positions"].tolist() == [0, 1, 2, 0] and rows[0]["document_ids"].tolist() == [0, 0, 0, 1]
     assert rows[1]["document_ids"].tolist() == [0] * 4 and rows[1]["positions"].tolist() == [0, 1, 2, 3]
     assert [unpack(r) for r in rows] == [[s] for s in samples]
-    with pytest.raises(ValueError, match="longer than seq_len=3"):
-        list(PaddedDataset(ListStream(samples), 3, PAD))
+    for pad_to in ("seq_len", "longest"):
+        with pytest.raises(ValueError, match="longer than seq_len=3"):
+            padded_rows(samples, 3, PAD, pad_to)
+
+
+def test_padding_to_the_longest_cuts_only_padding_columns():
+    """pad_to longest: the seq_len-wide batch with the columns no sample uses cut off, bucketed (bucket_width)."""
+    samples = [{"tokens": list(range(1, n + 1)), "labels": [2] * n} for n in (3, 11, 7)]
+    full = padded_rows(samples, 64, PAD, "seq_len")
+    short = padded_rows(samples, 64, PAD, "longest", pad_multiple=8)
+    assert short["input"].shape == (3, 16)  # 11 rounded up to a multiple of 8
+    assert all(torch.equal(short[k], full[k][:, :16]) for k in full)
+    assert padded_rows(samples, 12, PAD, "longest", pad_multiple=8)["input"].shape == (3, 12)  # capped at seq_len
 
 
 @pytest.mark.parametrize("packing", [True, False])
@@ -271,7 +284,9 @@ def test_packed_and_padded_batches_resume_identically(tmp_path, packing):
 
     def loader() -> BatchLoader:
         ds = dataset(path, seq_len=64)
-        return BatchLoader(PackedDataset(ds, 64, PAD, 3) if packing else PaddedDataset(ds, 64, PAD), batch_size=2)
+        if packing:
+            return BatchLoader(PackedDataset(ds, 64, PAD, 3), batch_size=2)
+        return BatchLoader(ds, batch_size=2, collate_fn=partial(padded_rows, seq_len=64, pad_id=PAD, pad_to="seq_len"))
 
     ref = loader()
     take(ref, 3)

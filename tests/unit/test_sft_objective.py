@@ -12,11 +12,11 @@ from tests.helpers import REPO
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_chat_template
 from titanium.data.loader import collate
-from titanium.data.packing import PackedDataset, PaddedDataset
+from titanium.data.packing import PackedDataset, make_row
 from titanium.data.sft import SFTDataset
 from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.models import build_model_args, get_model_spec
-from titanium.trainers.base import ObjectiveContext
+from titanium.trainers.base import ModelOutput, ObjectiveContext
 from titanium.trainers.cross_entropy import cross_entropy_sum
 from titanium.trainers.sft import SFTObjective
 
@@ -49,7 +49,7 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path: Path) -> Non
     """Same 12 samples, packed into few rows vs one padded row each: loss and gradients agree (fp32, 1e-5)."""
     seq_len = 96
     samples = _samples(tmp_path, seq_len)
-    padded = list(PaddedDataset(iter(samples), seq_len, TOKENIZER.pad_id))[: len(samples)]
+    padded = [make_row([sample], seq_len, TOKENIZER.pad_id) for sample in samples]
     packed = list(PackedDataset(iter(samples), seq_len, TOKENIZER.pad_id, buffer_size=8))  # a finite stream
     assert len(packed) < len(padded)  # packing really shared rows
     assert sum(int((r["label"] != -100).sum()) for r in packed) == sum(int((r["label"] != -100).sum()) for r in padded)
@@ -63,6 +63,44 @@ def test_packed_rows_give_the_unpacked_loss_and_gradients(tmp_path: Path) -> Non
     torch.testing.assert_close(packed_loss, padded_loss, rtol=1e-5, atol=0)
     for name, grad in packed_grads.items():
         torch.testing.assert_close(grad, padded_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rows_padded_to_the_longest_give_the_seq_len_loss_and_gradients(tmp_path: Path) -> None:
+    """Unpacked SFT, --sft.pad_to longest vs seq_len on the same microbatches: narrower rows (bucketed), the same
+    trainable tokens, loss and gradients (fp32, 1e-6), through the objective's own loss."""
+    seq_len = 128
+    path = tmp_path / "chat.jsonl"
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]} for q, a in QUESTIONS]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = get_model_spec("llama3")
+    torch.manual_seed(0)
+    model = spec.model_cls(build_model_args(spec, "debugmodel", vocab_size=TOKENIZER.vocab_size, max_seq_len=seq_len))
+    model.init_weights()
+    results = {}
+    for pad_to in ("seq_len", "longest"):
+        ctx = ObjectiveContext(TOKENIZER, "llama3", TOKENIZER.vocab_size, seq_len, 4, dp_rank=0, dp_world=1, seed=0)
+        sft = SFTSection(packing=False, pad_to=pad_to)
+        objective = SFTObjective(ctx, DataSection(kind="chat", path=str(path)), sft)
+        batches = objective.prepare([objective.next_microbatch() for _ in range(3)]).batches
+        units = sum(batch.fields.units() for batch in batches)
+        model.zero_grad()
+        loss = sum(
+            objective.loss(ModelOutput(logits=model(**batch.model_inputs())), batch).loss_sum for batch in batches
+        )
+        (loss / units).backward()
+        widths = [batch.tokens.shape[1] for batch in batches]
+        results[pad_to] = (
+            widths,
+            int(units),
+            loss.detach() / units,
+            {n: p.grad.clone() for n, p in model.named_parameters()},
+        )
+    (full, full_units, full_loss, full_grads), (short, short_units, short_loss, short_grads) = results.values()
+    assert full == [seq_len] * 3 and all(w < seq_len and w % 8 == 0 for w in short), short
+    assert short_units == full_units
+    torch.testing.assert_close(short_loss, full_loss, rtol=0, atol=1e-6)
+    for name, grad in short_grads.items():
+        torch.testing.assert_close(grad, full_grads[name], rtol=0, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("packing, expected_pct", [(False, 100 * 3 / 8), (True, 0.0)])

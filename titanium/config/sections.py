@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+PadToOption = Literal["auto", "longest", "seq_len"]
+"""How wide an objective's rows are (``[sft]``, ``[dpo]``, ``[grpo]`` pad_to; titanium.trainers.base.row_width)."""
+
 
 @dataclass
 class JobSection:
@@ -437,6 +440,15 @@ class SFTSection:
     sees another sample and positions restarting per sample. Off: one sample per row, padded."""
     pack_buffer: int = 64
     """Samples held while packing (best fit in a bounded buffer; data is streamed, never loaded whole)."""
+    pad_to: PadToOption = "auto"
+    """Without packing: how wide a microbatch's rows are. longest: its longest sample rounded up to a bucket (a
+    few widths per doubling, so compile sees few shapes); short samples stop paying for seq_len, with the same
+    loss. seq_len: every row seq_len wide (fixed shapes). auto: longest, but seq_len under pipeline parallelism
+    (whose schedule needs fixed shapes; longest asked for there is overridden with a warning). Packed rows are
+    always seq_len wide."""
+    pad_multiple: int = 8
+    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
+    tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
     max_prompt_length: int = 0
     """Prompt/completion rows: a prompt longer than this many tokens keeps only its last max_prompt_length tokens
     (cut from the left, BOS included, as TRL's max_prompt_length); counted as data/truncated_prompts. 0: no
@@ -491,7 +503,7 @@ class DPOSection:
     """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first,
     from its start but keeping at least half of seq_len, then both responses to the same length) or left
     out (drop); either is counted in the log."""
-    pad_to: Literal["auto", "longest", "seq_len"] = "auto"
+    pad_to: PadToOption = "auto"
     """How wide a microbatch's rows are. longest: the microbatch's longest row rounded up to a bucket (a few
     widths per doubling, so compile sees few shapes); short pairs stop paying for seq_len, with the same loss.
     seq_len: every row seq_len wide (fixed shapes). auto: longest, but seq_len under pipeline parallelism
@@ -748,6 +760,16 @@ class GRPOSection:
     cispo_cap: float = 5.0
     """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
     uses 5.0)."""
+    pad_to: PadToOption = "auto"
+    """How wide the rows of each training microbatch and of each old/reference log-prob forward are. longest: the
+    columns no row of it uses are cut (left padding before the prompts, steps after every response's end), its
+    width rounded up to a bucket (a few widths per doubling, so compile sees few shapes); the loss is the same.
+    seq_len: no cut, every row as wide as its rollout batch (the widest prompt of the batch plus every generated
+    step). auto: longest, but seq_len under pipeline parallelism (whose schedule needs fixed shapes; longest asked
+    for there is overridden with a warning)."""
+    pad_multiple: int = 8
+    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores), or the rollout batch's
+    full width; under context or tensor parallelism it is raised to a multiple of 2 x cp and cp x tp."""
     old_logprobs: Literal["sampler", "recompute"] = "sampler"
     """The old policy's log-probs in the ratio. sampler: those the rollout engine reported for its tokens.
     recompute: a no-grad forward of the trained policy over the rollouts before their first step (TRL's

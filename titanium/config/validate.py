@@ -193,6 +193,9 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
     ):
         if value < 0:
             yield f"{flag} must be >= 0 (0: no limit), got {value}"
+    for name, section in (("sft", cfg.sft), ("dpo", cfg.dpo), ("grpo", cfg.grpo)):
+        if section.pad_multiple < 1:
+            yield f"--{name}.pad_multiple must be >= 1 (8 suits tensor cores), got {section.pad_multiple}"
     lora = cfg.lora  # (the target names are checked by titanium.peft, before any process group)
     if lora.rank > 0 and par.tensor_parallel_degree > 1:
         yield (
@@ -270,8 +273,6 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
             yield f"--dpo.loss_type {d.loss_type} needs no reference model: set --dpo.precompute_reference false"
         if d.length_normalize:
             yield f"--dpo.loss_type {d.loss_type} always averages log-probs: set --dpo.length_normalize false"
-    if d.pad_multiple < 1:
-        yield f"--dpo.pad_multiple must be >= 1 (8 suits tensor cores), got {d.pad_multiple}"
 
 
 def _validate_debugging(cfg: JobConfig) -> Iterator[str]:

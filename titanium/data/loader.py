@@ -8,7 +8,7 @@ starts exactly after the last batch the training loop took.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import torch
@@ -19,7 +19,7 @@ Batch = dict[str, torch.Tensor]
 
 
 class ResumableDataset(Protocol):
-    def __iter__(self) -> Iterator[Batch]: ...
+    def __iter__(self) -> Iterator[Any]: ...
     def state_dict(self) -> dict[str, Any]:
         """A snapshot: later iteration must not change the returned objects."""
         ...
@@ -28,15 +28,25 @@ class ResumableDataset(Protocol):
 
 
 class BatchLoader:
-    """Stacks `batch_size` samples into one batch; checkpointable through the dataset's state.
+    """Stacks `batch_size` samples into one batch with ``collate_fn`` (by default ``collate``: rows of one width
+    stacked; or samples padded together, titanium.data.packing.padded_rows); checkpointable through the dataset's
+    state.
 
     ``prefetch``: batches made ahead in a background thread (0: inline). ``pin_memory``: put batches in
     page-locked memory so the copy to the GPU (``.to(device, non_blocking=True)``) overlaps compute; only
     with CUDA.
     """
 
-    def __init__(self, dataset: ResumableDataset, batch_size: int, prefetch: int = 0, pin_memory: bool = False):
+    def __init__(
+        self,
+        dataset: ResumableDataset,
+        batch_size: int,
+        prefetch: int = 0,
+        pin_memory: bool = False,
+        collate_fn: Callable[[list[Any]], Batch] | None = None,
+    ):
         self.dataset, self.batch_size, self.prefetch, self.pin_memory = dataset, batch_size, prefetch, pin_memory
+        self.collate_fn = collate_fn or collate
         self._samples: Iterator[Batch] | None = None
         self._prefetcher: Prefetcher[tuple[Batch, dict[str, Any]]] | None = None
         self._handed_out: dict[str, Any] | None = None  # the dataset's state after the last batch handed out
@@ -56,7 +66,7 @@ class BatchLoader:
         return batch
 
     def _batch(self, samples: Iterator[Batch]) -> Batch:
-        batch = collate([next(samples) for _ in range(self.batch_size)])
+        batch = self.collate_fn([next(samples) for _ in range(self.batch_size)])
         return {k: v.pin_memory() for k, v in batch.items()} if self.pin_memory else batch
 
     def _batches_and_states(self) -> Iterator[tuple[Batch, dict[str, Any]]]:

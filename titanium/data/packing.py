@@ -1,4 +1,4 @@
-"""Fine-tuning samples -> fixed-length training rows: packed several to a row, or one per row padded.
+"""Fine-tuning samples -> training rows: packed several to a seq_len row, or one per row padded (``padded_rows``).
 
 Every row carries, besides ``input`` and ``label``, the ``positions`` (restarting at 0 per sample)
 and ``document_ids`` (0, 1, 2... per sample in the row) that let attention stay within a sample, so
@@ -16,6 +16,8 @@ from typing import Any, Literal, Protocol
 import torch
 
 from titanium.data.sft import IGNORE_INDEX, Sample
+
+Batch = dict[str, torch.Tensor]
 
 
 class SampleStream(Protocol):
@@ -94,21 +96,15 @@ def _check_length(sample: Sample, seq_len: int) -> Sample:
     return sample
 
 
-class PaddedDataset:
-    """One sample per row, right-padded to seq_len (--sft.packing false)."""
-
-    def __init__(self, samples: SampleStream, seq_len: int, pad_id: int) -> None:
-        self.samples, self.seq_len, self.pad_id = samples, seq_len, pad_id
-
-    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
-        for sample in self.samples:
-            yield make_row([_check_length(sample, self.seq_len)], self.seq_len, self.pad_id)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.samples.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.samples.load_state_dict(state)
+def padded_rows(samples: list[Sample], seq_len: int, pad_id: int, pad_to: PadTo, pad_multiple: int = 8) -> Batch:
+    """One row per sample (``make_row``), stacked: seq_len wide, or with ``pad_to="longest"`` as wide as the longest
+    sample rounded up by ``bucket_width``. Causal attention never lets a token see the padding after it, so either
+    width gives every real token the same logits; short samples just stop paying for seq_len."""
+    width = seq_len
+    if pad_to == "longest":
+        width = bucket_width(max(len(_check_length(s, seq_len)["tokens"]) for s in samples), seq_len, pad_multiple)
+    made = [make_row([_check_length(s, seq_len)], width, pad_id) for s in samples]
+    return {key: torch.stack([m[key] for m in made]) for key in made[0]}
 
 
 class PackedDataset:

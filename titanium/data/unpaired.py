@@ -24,7 +24,7 @@ import torch
 
 from titanium.config.sections import DataSection
 from titanium.data.chat import ChatTemplate, Message, RowError, check_conversation, with_system_prompt
-from titanium.data.packing import PadTo, bucket_width, make_row
+from titanium.data.packing import PadTo, padded_rows
 from titanium.data.preference import (
     Response,
     _messages,
@@ -149,16 +149,6 @@ def mismatched(examples: list[UnpairedExample], seq_len: int) -> list[dict[str, 
     return samples
 
 
-def _rows(
-    samples: list[dict[str, list[int]]], seq_len: int, pad_id: int, pad_to: PadTo, multiple: int
-) -> dict[str, torch.Tensor]:
-    width = seq_len
-    if pad_to == "longest":
-        width = bucket_width(max(len(s["tokens"]) for s in samples), seq_len, multiple)
-    made = [make_row([s], width, pad_id) for s in samples]
-    return {key: torch.stack([m[key] for m in made]) for key in made[0]}
-
-
 def unpaired_batch(
     examples: list[UnpairedExample], seq_len: int, pad_id: int, pad_to: PadTo = "seq_len", pad_multiple: int = 8
 ) -> dict[str, torch.Tensor]:
@@ -166,8 +156,8 @@ def unpaired_batch(
     makes them, right-padded), ``desirable`` [B] bool, and the mismatched rows under ``kl_input`` and ``kl_label``.
     Rows are seq_len wide, or with ``pad_to="longest"`` as wide as the longest rounded up by ``bucket_width``
     (each set of rows on its own)."""
-    batch = _rows([pair_sample(e.prompt, e.completion) for e in examples], seq_len, pad_id, pad_to, pad_multiple)
-    kl = _rows(mismatched(examples, seq_len), seq_len, pad_id, pad_to, pad_multiple)
+    batch = padded_rows([pair_sample(e.prompt, e.completion) for e in examples], seq_len, pad_id, pad_to, pad_multiple)
+    kl = padded_rows(mismatched(examples, seq_len), seq_len, pad_id, pad_to, pad_multiple)
     batch["kl_input"], batch["kl_label"] = kl["input"], kl["label"]
     batch["desirable"] = torch.tensor([e.desirable for e in examples], dtype=torch.bool)
     return batch

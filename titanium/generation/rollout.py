@@ -5,6 +5,11 @@ its response, with the positions and document ids generation used. A training fo
 ``model_inputs()`` therefore computes the very logits the tokens were sampled from (padding is a
 document of its own; tokens after a row's end are padding, outside ``response_mask``), and
 ``response_logprobs`` of that forward equals ``old_logprobs`` until the policy changes.
+
+A forward over some of the rows needs only the columns they use (``narrow``): from the first column holding a prompt
+token of any of them to the last holding a response token of any of them, rounded up to a bucket. The columns cut
+are left padding (a document of its own, which no real token sees) and steps after every response's end (which
+causal attention hides from the tokens before them), so every kept log-prob is the same.
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from titanium.batch import Batch, Fields, Placement, per_token
+from titanium.data.packing import bucket_width
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rewards import Rewards, RewardSet
+
+MODEL_INPUTS = ("tokens", "positions", "document_ids")
+"""The keys of a rollout's model inputs (``Rollout.model_inputs``)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +57,7 @@ class Rollout:
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments of the model's forward over prompt + response."""
-        return {"tokens": self.tokens, "positions": self.positions, "document_ids": self.document_ids}
+        return dict(zip(MODEL_INPUTS, (self.tokens, self.positions, self.document_ids)))
 
 
 def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, temperature: float) -> torch.Tensor:
@@ -107,6 +116,32 @@ def whole_responses(values: torch.Tensor, slots: torch.Tensor | None, width: int
     return placement.add_parts(values.new_zeros(values.shape[0], width).index_copy(1, slots, values))
 
 
+def narrow(rows: Mapping[str, torch.Tensor], mask: torch.Tensor, pad_multiple: int) -> dict[str, torch.Tensor]:
+    """``rows`` of a rollout (``MODEL_INPUTS`` ``[B, P + T]``, response-aligned ``[B, T]`` tensors, any others)
+    with only the columns they use (the module docstring): the model inputs keep columns ``[s, e)``, the
+    response-aligned tensors their first ``e - P``, where ``mask`` ``[B, T]`` marks the response tokens needed. The
+    width ``e - s`` is the used span rounded up by ``bucket_width`` (a multiple of ``pad_multiple``), or the full
+    width. One host sync."""
+    full, width = rows["tokens"].shape[1], mask.shape[1]
+    prompt_width = full - width
+    columns = (rows["document_ids"] != PAD_DOCUMENT).any(0).int().argmax()  # (every row has a prompt token)
+    steps = mask.any(0).flip(0).int().argmax()
+    first, unused_steps, masked = torch.stack([columns, steps, mask.any().int()]).tolist()
+    end = prompt_width + (width - unused_steps if masked else 1)
+    kept = bucket_width(end - first, full, pad_multiple)
+    end = max(end, kept)  # (a bucket wider than the columns before the end takes columns after it)
+    start, response = end - kept, end - prompt_width
+    out = {}
+    for key, value in rows.items():
+        if key in MODEL_INPUTS:
+            out[key] = value[:, start:end]
+        elif value.dim() == 2 and value.shape[1] == width:
+            out[key] = value[:, :response]
+        else:
+            out[key] = value
+    return out
+
+
 @torch.no_grad()
 def batch_logprobs(
     forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None],
@@ -115,15 +150,24 @@ def batch_logprobs(
     temperature: float,
     batch_size: int,
     placement: Placement = WHOLE_ROWS,
+    mask: torch.Tensor | None = None,
+    pad_multiple: int = 8,
 ) -> torch.Tensor | None:
     """``[B, T]`` log-probs of the responses (the last ``width`` tokens) of a rollout batch's ``rows`` under
     ``forward`` (model inputs -> logits: a frozen reference, or the trained policy recomputing the old log-probs),
     ``batch_size`` rows per forward; None where ``forward`` gives no logits (pipeline ranks without the last
     stage). With a ``placement`` that splits rows (context parallelism; ``rows`` made ``split_ready``) each forward
-    runs on this rank's part of the rows and the log-probs are completed from every rank's."""
+    runs on this rank's part of the rows and the log-probs are completed from every rank's. Else, with ``mask``
+    ``[B, T]`` each forward runs on the columns its rows use (``narrow`` by their ``mask`` rows, ``pad_multiple``);
+    the log-probs past its last masked column are 0."""
+    assert mask is None or not placement.split, "rows split over context-parallel ranks keep their whole width"
     parts = []
     for start in range(0, rows["tokens"].shape[0], batch_size):  # (every forward runs: a pipeline's are collective)
-        part = {k: v[start : start + batch_size] for k, v in rows.items()}
+        part, response = {k: v[start : start + batch_size] for k, v in rows.items()}, width
+        if mask is not None:
+            rows_mask = mask[start : start + batch_size]
+            part = narrow({**part, "mask": rows_mask}, rows_mask, pad_multiple)
+            response = part.pop("mask").shape[1]
         fields = ResponseTargets(part["targets"], part["slots"]) if placement.split else Fields()
         batch = Batch(part["tokens"], fields, part["positions"], part["document_ids"])
         if placement.split:
@@ -131,8 +175,9 @@ def batch_logprobs(
         logits = forward(batch.model_inputs())
         if logits is not None:
             parts_of_rows = batch.fields if isinstance(batch.fields, ResponseTargets) else None
-            local, next_tokens, slots = local_responses(logits, batch.tokens, width, parts_of_rows)
-            parts.append(whole_responses(token_logprobs(local, next_tokens, temperature), slots, width, placement))
+            local, next_tokens, slots = local_responses(logits, batch.tokens, response, parts_of_rows)
+            logprobs = whole_responses(token_logprobs(local, next_tokens, temperature), slots, response, placement)
+            parts.append(F.pad(logprobs, (0, width - response)))
     return torch.cat(parts) if parts else None
 
 

@@ -14,6 +14,8 @@ same way.
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -24,12 +26,15 @@ from torch import nn
 
 from titanium.batch import Batch, Placement
 from titanium.config.registry import SectionSpec
-from titanium.config.sections import ChatSection
+from titanium.config.sections import ChatSection, PadToOption
+from titanium.data.packing import PadTo
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from titanium.model_builder import ModelSource
+
+logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
@@ -164,6 +169,17 @@ class ObjectiveContext:
     sequence_multiple: int = 1
     """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
     split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
+
+
+def row_width(pad_to: PadToOption, pad_multiple: int, ctx: ObjectiveContext, option: str) -> tuple[PadTo, int]:
+    """An objective's ``pad_to`` option (``option``: its name, e.g. ``--dpo.pad_to``) and ``pad_multiple`` as the
+    layout allows: fixed-width rows under pipeline parallelism (``auto`` says so quietly, ``longest`` with a
+    warning), else widths that the context- and tensor-parallel sequence split divides."""
+    if ctx.fixed_shapes:
+        if pad_to == "longest":
+            logger.warning(f"{option} longest: pipeline parallelism needs fixed shapes; rows keep a fixed width")
+        return "seq_len", pad_multiple
+    return ("seq_len" if pad_to == "seq_len" else "longest"), math.lcm(pad_multiple, ctx.sequence_multiple)
 
 
 class Objective(ABC):

@@ -18,8 +18,6 @@ mean) weigh it slightly differently.
 
 from __future__ import annotations
 
-import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,6 @@ from titanium.config.components import DPO_LOSSES
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.meter import DataMeter
-from titanium.data.packing import PadTo
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
 from titanium.model_builder import ModelSource
@@ -48,6 +45,7 @@ from titanium.trainers.base import (
     Models,
     ObjectiveContext,
     Prepared,
+    row_width,
 )
 from titanium.trainers.dpo_losses import PairLoss, as_pair_loss
 from titanium.trainers.dpo_reference import (
@@ -59,8 +57,6 @@ from titanium.trainers.dpo_reference import (
     tokenizer_identity,
 )
 from titanium.trainers.preference_losses import token_mean_nll
-
-logger = logging.getLogger(__name__)
 
 METRICS = ("reward_chosen", "reward_rejected", "margin", "accuracy", "logp_chosen", "logp_rejected")
 """The per-pair metrics (sums over pairs in DPOLoss; ``dpo/<name>`` means on the log line)."""
@@ -247,17 +243,6 @@ def pair_loss(cfg: DPOSection) -> PairLoss:
     return as_pair_loss(DPO_LOSSES.load(cfg.loss_type))
 
 
-def row_width(cfg: DPOSection, ctx: ObjectiveContext) -> tuple[PadTo, int]:
-    """``pad_to`` and ``pad_multiple`` as the layout allows: fixed seq_len-wide rows under pipeline
-    parallelism (``auto`` says so quietly, ``longest`` with a warning), widths that the context- and
-    tensor-parallel sequence split divides."""
-    if ctx.fixed_shapes:
-        if cfg.pad_to == "longest":
-            logger.warning("--dpo.pad_to longest: pipeline parallelism needs fixed shapes; rows are seq_len wide")
-        return "seq_len", cfg.pad_multiple
-    return ("seq_len" if cfg.pad_to == "seq_len" else "longest"), math.lcm(cfg.pad_multiple, ctx.sequence_multiple)
-
-
 class DPOObjective(LoaderObjective):
     """DPO on preference pairs (``[data] kind = "preference"``), configured by ``[dpo]``.
 
@@ -288,7 +273,7 @@ class DPOObjective(LoaderObjective):
         self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.slots = pair_slots(ctx.seq_len, dpo.packing)
-        self.pad_to, self.pad_multiple = row_width(dpo, ctx)
+        self.pad_to, self.pad_multiple = row_width(dpo.pad_to, dpo.pad_multiple, ctx, "--dpo.pad_to")
         self.pipelined = ctx.fixed_shapes
         """Pipeline parallelism: the loss gets the last stage's logits (and the reference gives its logits)."""
         if self.pipelined:

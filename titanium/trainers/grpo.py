@@ -38,6 +38,7 @@ from titanium.generation.rollout import (
     Rollout,
     batch_logprobs,
     local_responses,
+    narrow,
     split_ready,
     to_rollout,
     whole_responses,
@@ -54,6 +55,7 @@ from titanium.trainers.base import (
     Objective,
     ObjectiveContext,
     Prepared,
+    row_width,
 )
 from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
@@ -241,6 +243,10 @@ class GRPOObjective(Objective):
         self.placement, self.sequence_multiple = ctx.placement, ctx.sequence_multiple
         self.loss_unit = LOSS_UNITS[cfg.loss_type]
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
+        pad_to, self.pad_multiple = row_width(cfg.pad_to, cfg.pad_multiple, ctx, "--grpo.pad_to")
+        self.narrowed = pad_to == "longest" and not ctx.placement.split
+        """Microbatches cut to the columns their rows use (rows split over context-parallel ranks keep their rollout
+        batch's width, as with pad_to seq_len)."""
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
@@ -331,6 +337,8 @@ class GRPOObjective(Objective):
         current = self.current
         lag = self.version - current.version
         parts = current.next_step(len(microbatches))
+        if self.narrowed:  # the columns the microbatch's rows use: those the log-prob forwards of its rows used
+            parts = [narrow(part, part["response_mask"], self.pad_multiple) for part in parts]
         # The next batch's lag at its first use is the steps left on this one, plus one.
         if not self.queue and current.steps_left < self.cfg.max_policy_lag:
             self.queue.put(self._start_batch(len(microbatches)))
@@ -440,6 +448,7 @@ class GRPOObjective(Objective):
         rows = {
             **out.model_inputs(),
             "old_logprobs": out.old_logprobs,
+            "response_mask": out.response_mask,
             "loss_mask": loss_mask(out.response_mask, out.finished, cfg.mask_truncated),
             "advantages": advantages,
             **{k: v.to(self.device, torch.float32) for k, v in per_response.items()},
@@ -491,10 +500,14 @@ class GRPOObjective(Objective):
         return out
 
     def _logprobs(self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows) -> torch.Tensor:
-        """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time); under pipeline
-        parallelism the last stage's, broadcast over the pipeline group."""
-        width = rows["loss_mask"].shape[1]
-        out = batch_logprobs(forward, rows, width, self.cfg.temperature, self.local_batch_size, self.placement)
+        """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time, narrowed to the
+        columns its rows use with ``pad_to`` longest: the very columns its training microbatch keeps, so each of
+        those holds a computed log-prob); under pipeline parallelism the last stage's, broadcast over the pipeline
+        group."""
+        width, mask = rows["loss_mask"].shape[1], rows["response_mask"] if self.narrowed else None
+        out = batch_logprobs(
+            forward, rows, width, self.cfg.temperature, self.local_batch_size, self.placement, mask, self.pad_multiple
+        )
         group = self.policy.pp_group
         if group is None:
             assert out is not None

@@ -9,14 +9,16 @@ by the global count, which makes every layout and accumulation give the exact to
 
 from __future__ import annotations
 
+from functools import partial
+
 from titanium.batch import Batch
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
-from titanium.data.packing import PackedDataset, PaddedDataset
+from titanium.data.packing import PackedDataset, padded_rows
 from titanium.data.sft import SFTDataset
-from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
+from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared, row_width
 from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
 
 
@@ -27,13 +29,16 @@ class SFTObjective(LoaderObjective):
         self.samples = SFTDataset(
             data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
         )
-        pad_id = ctx.tokenizer.pad_id
+        pad_id, pin = ctx.tokenizer.pad_id, ctx.device.type == "cuda"
         if sft.packing:
             rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
-        else:
-            rows = PaddedDataset(self.samples, ctx.seq_len, pad_id)
-        pin = ctx.device.type == "cuda"
-        self.loader = BatchLoader(rows, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
+            self.loader = BatchLoader(rows, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
+        else:  # one sample per row, padded together (to the microbatch's longest by default)
+            pad_to, multiple = row_width(sft.pad_to, sft.pad_multiple, ctx, "--sft.pad_to")
+            pad = partial(padded_rows, seq_len=ctx.seq_len, pad_id=pad_id, pad_to=pad_to, pad_multiple=multiple)
+            self.loader = BatchLoader(
+                self.samples, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin, collate_fn=pad
+            )
         self.meter = DataMeter(self.samples)
         self.cross_entropy = TokenCrossEntropy(ctx.loss_chunk_size)
         self.loss_input = self.cross_entropy.loss_input
