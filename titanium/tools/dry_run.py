@@ -15,9 +15,10 @@ For MoE models the estimate assumes balanced routing, with the busiest expert-pa
 ``--moe_imbalance`` (default 1.25) times its even share of the routed tokens.
 
 The trained model is the objective's (``Objective.policy_spec``: a reward model's scalar head), and the frozen models
-the objective builds (``Objective.frozen_sources``: a kd teacher, a DPO, KTO or GRPO reference) are built by the same
-plan and their parameters on this rank added to the estimate; a reference that is the policy itself with its LoRA
-switched off costs nothing.
+the objective builds (``Objective.frozen_sources``: a kd teacher, a DPO, KTO, GRPO or PPO reference, PPO's reward
+model) are built by the same plan and their parameters on this rank added to the estimate; a reference that is the
+policy itself with its LoRA switched off costs nothing. PPO's value model (trained, with its own optimizer) is not
+counted yet.
 """
 
 from __future__ import annotations

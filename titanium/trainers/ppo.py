@@ -121,6 +121,17 @@ class PPOObjective(Objective):
 
     loss_spikes = False  # (the policy loss sits near 0, of either sign)
 
+    @classmethod
+    def frozen_sources(
+        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
+    ) -> list[ModelSource]:
+        """The reference (with ``kl_coef > 0``) and the reward model. (The value model is trained: not counted.)"""
+        reference = [start] if section.kl_coef > 0 else []
+        if not section.reward_model_path:
+            return reference
+        path = section.reward_model_path
+        return [*reference, scalar_head_source(start.spec, path, "reward_model_path", None, vocab_size, seq_len)]
+
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection, rollout: RolloutSection | None = None
     ) -> None:
