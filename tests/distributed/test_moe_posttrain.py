@@ -5,9 +5,10 @@ One 4-process launch runs the three jobs (``moe_posttrain_worker``), one single-
 each 3 steps of ``debugmodel_moe`` from the seeded initialization, 4 sequences (pairs, prompts) per step read in the
 same order by both (``--data.shards 4``). Per step: losses to 1e-5 relative and the tokens routed to every expert
 of every layer *identical*, which needs rows as wide at any layout (padding tokens are routed too: DPO pads to
-seq_len, SFT rows are seq_len wide anyway, and GRPO's prompts, left-padded to the widest of a rank's batch, are
-all as long); gradients of every parameter at steps 1 and 3 to 1e-5 absolute; the auxiliary loss (DPO, SFT) to
-1e-5 relative.
+seq_len, SFT's unpacked rows too (``--sft.pad_to seq_len``), and GRPO's microbatches keep their rollout batch's
+width (``--grpo.pad_to seq_len``; its prompts, left-padded to the widest of a rank's batch, are all as long): a
+pad-to-longest row is as wide as its own microbatch's longest, which differs by layout); gradients of every
+parameter at steps 1 and 3 to 1e-5 absolute; the auxiliary loss (DPO, SFT) to 1e-5 relative.
 
 - DPO (aux-loss balancing): the frozen reference is a second expert-parallel model; its no-grad forwards must not
   count tokens nor feed the auxiliary loss, so the counts equal one process's and the first loss is log 2.
@@ -41,10 +42,11 @@ GRPO = (
     "--grpo.group_size", "4", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
     "--grpo.minibatches", "1", "--training.global_batch_size", "16", "--optimizer.lr", "3e-4",
     "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.beta", "0.05", *BIAS,
-    "--grpo.old_logprobs", "recompute",
+    "--grpo.old_logprobs", "recompute", "--grpo.pad_to", "seq_len",
 )  # fmt: skip
 SFT_LORA = (
-    "--training.objective", "sft", "--chat.chat_template", "llama3", "--sft.no_packing", "--optimizer.lr", "1e-2",
+    "--training.objective", "sft", "--chat.chat_template", "llama3", "--sft.no_packing", "--sft.pad_to", "seq_len",
+    "--optimizer.lr", "1e-2",
     "--lora.rank", "4", "--lora.target_modules", "wq", "experts",
 )  # fmt: skip
 TASKS = REPO / "assets/tasks/arithmetic"
