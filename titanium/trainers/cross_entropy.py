@@ -81,7 +81,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), device=hidden.device, dtype=torch.float32)
         for start in range(0, hidden.shape[0], chunk_size):
             end = start + chunk_size
-            logits = _capped((hidden[start:end] @ weight.t()).float(), softcap)
+            logits = capped((hidden[start:end] @ weight.t()).float(), softcap)
             chunk_lse, target_logits = _softmax_terms(logits, targets[start:end] - vocab_start, group)
             lse[start:end] = chunk_lse
             total += (chunk_lse - target_logits).sum()
@@ -121,7 +121,8 @@ class _LinearCrossEntropy(torch.autograd.Function):
         return grad_hidden, grad_weight, None, None, None, None, None
 
 
-def _capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+def capped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """``logits`` under a final soft-cap (Gemma 2's ``softcap * tanh(z / softcap)``), as the decoder's forward."""
     return logits if softcap is None else torch.tanh(logits / softcap) * softcap
 
 
@@ -171,12 +172,30 @@ def linear_cross_entropy_sum(
         )
 
 
-def plain_projection_weight(projection: nn.Module, flag: str, way_out: str) -> torch.Tensor:
-    """The weight of an output layer that is a plain linear map (a loss that projects by it alone needs one), or a
-    ConfigError naming ``flag``, the setting that projects by hand, and ``way_out``, the other fix."""
+def _layer_class(projection: nn.Module) -> type:
     layer_cls = type(projection)
     if issubclass(layer_cls, FSDPModule):  # FSDP2 swaps in FSDP<Name>(FSDPModule, <Name>)
         layer_cls = layer_cls.__bases__[-1]
+    return layer_cls
+
+
+def is_plain_linear(projection: nn.Module) -> bool:
+    """Whether an output layer is a plain linear map (not LoRA, float8 or QAT), FSDP-wrapped or not."""
+    return _layer_class(projection) is nn.Linear
+
+
+def whole_hidden(hidden: torch.Tensor) -> torch.Tensor:
+    """Final hidden states made whole on every tensor-parallel rank (sequence parallel: gathered differentiably, the
+    gradient each rank sends back whole), for a loss every tp rank computes in full; plain tensors as they are."""
+    if isinstance(hidden, DTensor):
+        hidden = hidden.redistribute(placements=[Replicate()] * hidden.device_mesh.ndim).to_local()
+    return hidden
+
+
+def plain_projection_weight(projection: nn.Module, flag: str, way_out: str) -> torch.Tensor:
+    """The weight of an output layer that is a plain linear map (a loss that projects by it alone needs one), or a
+    ConfigError naming ``flag``, the setting that projects by hand, and ``way_out``, the other fix."""
+    layer_cls = _layer_class(projection)
     if layer_cls is not nn.Linear:
         raise ConfigError(
             f"{flag} projects with the output layer's weight alone, but the output layer is a {layer_cls.__name__} "

@@ -24,9 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.components import DPO_LOSSES
@@ -47,6 +45,7 @@ from titanium.trainers.base import (
     Prepared,
     row_width,
 )
+from titanium.trainers.cross_entropy import capped, is_plain_linear, whole_hidden
 from titanium.trainers.dpo_losses import PairLoss, as_pair_loss
 from titanium.trainers.dpo_reference import (
     CachedReferencePairs,
@@ -96,12 +95,7 @@ def linear_projection(weight: torch.Tensor, softcap: float | None) -> Callable[[
     """hidden -> float32 logits by an output weight ``[vocab, dim]``, soft-capped as the decoder's forward does.
     A vocabulary-sharded (tensor-parallel) weight is gathered whole, differentiably."""
     weight = weight.full_tensor() if isinstance(weight, DTensor) else weight
-
-    def project(hidden: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(hidden.to(weight.dtype), weight).float()
-        return logits if softcap is None else torch.tanh(logits / softcap) * softcap
-
-    return project
+    return lambda hidden: capped(F.linear(hidden.to(weight.dtype), weight).float(), softcap)
 
 
 def policy_projection(output: ModelOutput) -> tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
@@ -109,20 +103,12 @@ def policy_projection(output: ModelOutput) -> tuple[torch.Tensor, Callable[[torc
     output. Under tensor parallelism the sequence-parallel hidden states and the vocabulary-sharded weight are
     gathered whole, differentiably (every tp rank computes the whole loss; each gets its shards' gradients). An
     output layer that is not a plain linear map (LoRA, float8 or QAT on ``output``) is called as a module."""
-    hidden, layer = output.hidden, output.projection
-    assert hidden is not None and layer is not None
-    if isinstance(hidden, DTensor):  # (sequence parallel)
-        hidden = hidden.redistribute(placements=[Replicate()] * hidden.device_mesh.ndim).to_local()
+    layer = output.projection
+    assert output.hidden is not None and layer is not None
     softcap = getattr(layer, "logit_softcap", None)  # (set by the decoder: Gemma 2's final cap)
-    layer_cls = type(layer).__bases__[-1] if isinstance(layer, FSDPModule) else type(layer)
-    if layer_cls is nn.Linear:
-        return hidden, linear_projection(layer.weight, softcap)
-
-    def project(selected: torch.Tensor) -> torch.Tensor:
-        logits = layer(selected).float()
-        return logits if softcap is None else torch.tanh(logits / softcap) * softcap
-
-    return hidden, project
+    if is_plain_linear(layer):
+        return whole_hidden(output.hidden), linear_projection(layer.weight, softcap)
+    return whole_hidden(output.hidden), lambda selected: capped(layer(selected).float(), softcap)
 
 
 def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) -> torch.Tensor:

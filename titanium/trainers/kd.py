@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate
+from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, per_token
 from titanium.checkpoint.hf import hf_model_args
@@ -33,7 +33,7 @@ from titanium.config.sections import DataSection, KDSection, SFTSection
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.models import build_model_args, get_model_spec
 from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
-from titanium.trainers.cross_entropy import TokenFields, plain_projection_weight
+from titanium.trainers.cross_entropy import TokenFields, plain_projection_weight, whole_hidden
 from titanium.trainers.distill_loss import DistillSums, distillation_sum, linear_distillation_sum
 from titanium.trainers.sft import SFTObjective
 
@@ -144,9 +144,7 @@ class KDObjective(Objective):
         assert output.hidden is not None and output.projection is not None
         assert fields.label_index is not None and fields.teacher_hidden is not None and self._teacher_projection
         teacher_weight, teacher_softcap = self._teacher_projection
-        hidden = output.hidden
-        if isinstance(hidden, DTensor):  # (sequence parallel)
-            hidden = hidden.redistribute(placements=[Replicate()] * hidden.device_mesh.ndim).to_local()
+        hidden = whole_hidden(output.hidden)
         weight = plain_projection_weight(output.projection, "--training.objective kd", "use --training.objective sft")
         if isinstance(weight, DTensor):  # (vocabulary-sharded)
             weight = weight.full_tensor()
