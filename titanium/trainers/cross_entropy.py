@@ -179,6 +179,12 @@ def _layer_class(projection: nn.Module) -> type:
     return layer_cls
 
 
+def labelled_positions(labels: torch.Tensor) -> torch.Tensor:
+    """The flat positions whose label counts (not ``IGNORE_INDEX``): where a loss from hidden states projects. One
+    host sync (the count), so objectives find them in ``prepare``, before the forward is queued."""
+    return (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+
+
 def is_plain_linear(projection: nn.Module) -> bool:
     """Whether an output layer is a plain linear map (not LoRA, float8 or QAT), FSDP-wrapped or not."""
     return _layer_class(projection) is nn.Linear
@@ -219,7 +225,7 @@ class TokenCrossEntropy:
         """Chunked: add each microbatch's labelled-token positions (see the module docstring)."""
         if self.chunk_size:
             for mb in microbatches:
-                mb.fields.label_index = (mb.fields.labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+                mb.fields.label_index = labelled_positions(mb.fields.labels)
         return microbatches
 
     def __call__(self, output: ModelOutput, batch: Batch[TokenFields]) -> torch.Tensor:

@@ -45,7 +45,7 @@ from titanium.trainers.base import (
     Prepared,
     row_width,
 )
-from titanium.trainers.cross_entropy import capped, is_plain_linear, whole_hidden
+from titanium.trainers.cross_entropy import capped, is_plain_linear, labelled_positions, whole_hidden
 from titanium.trainers.dpo_losses import PairLoss, as_pair_loss
 from titanium.trainers.dpo_reference import (
     CachedReferencePairs,
@@ -350,7 +350,7 @@ class DPOObjective(LoaderObjective):
         parallelism, whose microbatches are cut into row slices. Found here, before the forward is queued, so
         the host sync their count needs waits only for the labels' copy to the device."""
         if not self.pipelined:
-            batch.fields.label_index = (batch.fields.learned().flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+            batch.fields.label_index = labelled_positions(batch.fields.learned())
         return batch
 
     def _reference_logps(self, batch: Batch[PreferenceFields]) -> torch.Tensor | None:

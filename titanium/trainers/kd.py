@@ -32,8 +32,8 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, KDSection, SFTSection
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.models import build_model_args, get_model_spec
-from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
-from titanium.trainers.cross_entropy import TokenFields, plain_projection_weight, whole_hidden
+from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.cross_entropy import TokenFields, labelled_positions, plain_projection_weight, whole_hidden
 from titanium.trainers.distill_loss import DistillSums, distillation_sum, linear_distillation_sum
 from titanium.trainers.sft import SFTObjective
 
@@ -112,7 +112,7 @@ class KDObjective(Objective):
             return Prepared(microbatches)
         for mb in microbatches:
             fields = mb.fields
-            fields.label_index = (fields.labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
+            fields.label_index = labelled_positions(fields.labels)
             fields.teacher_hidden = self.teacher.hidden(mb).flatten(0, 1).index_select(0, fields.label_index)
         if self._teacher_projection is None:  # (frozen: gathered once)
             self._teacher_projection = self.teacher.projection()
