@@ -766,7 +766,8 @@ class GRPOSection:
     width rounded up to a bucket (a few widths per doubling, so compile sees few shapes); the loss is the same.
     seq_len: no cut, every row as wide as its rollout batch (the widest prompt of the batch plus every generated
     step). auto: longest, but seq_len under pipeline parallelism (whose schedule needs fixed shapes; longest asked
-    for there is overridden with a warning)."""
+    for there is overridden with a warning) and under context parallelism (rows split over the cp ranks keep their
+    rollout batch's width)."""
     pad_multiple: int = 8
     """With pad_to longest: every row width is a multiple of this (8 suits tensor cores), or the rollout batch's
     full width; under context or tensor parallelism it is raised to a multiple of 2 x cp and cp x tp."""
