@@ -1,4 +1,4 @@
-"""The kto objective under FSDP, PP, TP and LoRA trains to the same numbers as one process (fp32, gloo).
+"""The kto objective under FSDP, PP, TP, CP and LoRA trains to the same numbers as one process (fp32, gloo).
 
 5 steps of the debug model, 4 examples per step, from the same seeded weights (the reference is the starting
 policy), on unpaired rows derived from the bundled preference pairs (each pair: its chosen answer desirable, its
@@ -15,6 +15,8 @@ why), and so must the metrics the loop reduces over ranks (the KL estimate, the 
   runs through the pipeline too.
 - TP 2: the training log-probs come from vocabulary-sharded logits (loss parallel), the prepare phase's from
   whole ones.
+- CP 2: each rank sums the log-probs of its head-tail half of every row (training and mismatched rows, policy and
+  reference), completed over the pair of ranks before the loss and the KL estimate.
 - LoRA under FSDP 2 against LoRA in one process: the reference is the policy with its adapters switched off.
 
 Each process count is one launch (tests/distributed/jobs_worker.py).
@@ -38,7 +40,7 @@ PP2 = (
 )  # fmt: skip
 
 
-def test_kto_fsdp_and_pp_match_one_process(tmp_path):
+def test_kto_fsdp_pp_tp_and_cp_match_one_process(tmp_path):
     lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines()[:PAIRS]
     pairs = [json.loads(line) for line in lines]
     prompt = pairs[0]["prompt"]
@@ -63,6 +65,7 @@ def test_kto_fsdp_and_pp_match_one_process(tmp_path):
             "fsdp2": fsdp2,
             "pp2": PP2,
             "tp2": ("--parallelism.tensor_parallel_degree", "2"),
+            "cp2": ("--parallelism.context_parallel_degree", "2"),
             "lora_fsdp2": (*LORA, *fsdp2),
         },
         *common,

@@ -1,4 +1,4 @@
-"""The reward objective under FSDP, TP and PP trains to the same numbers as one process (fp32, gloo).
+"""The reward objective under FSDP, TP, PP and CP trains to the same numbers as one process (fp32, gloo).
 
 5 steps of the debug model as a reward model on the first pairs of the bundled preference set, 4 pairs per step,
 from the same seeded weights. Losses must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py
@@ -9,6 +9,8 @@ says why), and so must the per-pair metrics the loop reduces over ranks (accurac
   sequence shard, the scores gathered whole).
 - PP: 1F1B over 2 stages, pipeline microbatches of one pair (2 rows): each holds whole pairs, the last stage
   scores them.
+- CP: each rank holds the head-tail half of every sequence; the score comes from the rank holding the sequence's
+  last non-pad token (the other adds zero), summed over the pair of ranks before the loss.
 
 Each process count is one launch (tests/distributed/jobs_worker.py).
 """
@@ -28,7 +30,7 @@ PP2 = (
 )  # fmt: skip
 
 
-def test_reward_fsdp_tp_and_pp_match_one_process(tmp_path):
+def test_reward_fsdp_tp_pp_and_cp_match_one_process(tmp_path):
     lines = (REPO / "assets/tasks/arithmetic/preference_train.jsonl").read_text().splitlines(keepends=True)
     pairs = tmp_path / "pairs.jsonl"
     pairs.write_text("".join(lines[:PAIRS]))
@@ -38,8 +40,13 @@ def test_reward_fsdp_tp_and_pp_match_one_process(tmp_path):
         "--optimizer.lr", "1e-3",
     )  # fmt: skip
     single = layout_runs(tmp_path, 1, {"single": ()}, *common)["single"]
-    tp2 = ("--parallelism.tensor_parallel_degree", "2")
-    runs = layout_runs(tmp_path, 2, {"fsdp2": ("--training.local_batch_size", "2"), "pp2": PP2, "tp2": tp2}, *common)
+    jobs = {
+        "fsdp2": ("--training.local_batch_size", "2"),
+        "pp2": PP2,
+        "tp2": ("--parallelism.tensor_parallel_degree", "2"),
+        "cp2": ("--parallelism.context_parallel_degree", "2"),
+    }
+    runs = layout_runs(tmp_path, 2, jobs, *common)
     assert single[0][STEPS] != pytest.approx(single[0][1], rel=1e-3)  # it trains
     for name, run in runs.items():
         assert_matches(run, single)

@@ -20,15 +20,6 @@ def _unsupported_layouts(cfg: Any, objective: str, why: dict[str, str]) -> Itera
 def validate_reward(cfg: Any) -> Iterator[str]:
     if (center := cfg.reward.center_rewards_coefficient) < 0:
         yield f"--reward.center_rewards_coefficient must be >= 0 (0 turns it off), got {center}"
-    if cfg.training.objective != "reward":
-        return
-    yield from _unsupported_layouts(
-        cfg,
-        "reward",
-        {
-            "context_parallel_degree": "reads each score at its sequence's last token, which one rank alone holds",
-        },
-    )
 
 
 def validate_kd(cfg: Any) -> Iterator[str]:
@@ -67,9 +58,6 @@ def validate_kto(cfg: Any) -> Iterator[str]:
         )
     if cfg.training.loss_chunk_size:
         yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to kto; set it to 0"
-    yield from _unsupported_layouts(
-        cfg, "kto", {"context_parallel_degree": "is not supported under context parallelism yet (FSDP, TP, PP work)"}
-    )
 
 
 def _ppo_ranges(ppo: Any) -> Iterator[str]:

@@ -15,8 +15,10 @@ accumulation); with accumulation titanium's estimate uses the whole step's pairs
 the loop divides the sum of the per-example losses by the step's example count, TRL's batch mean.
 
 The reference is the policy as it started (without converters: LoRA's adapters switched off), a frozen model
-handle built like DPO's. Rows are single sequences, right-padded, read with plain causal attention. Context
-parallelism is not supported (refused with the config).
+handle built like DPO's. Rows are single sequences, right-padded, read with plain causal attention. Under context
+parallelism each rank sums the log-probs of its part of every row (training and mismatched rows alike), and the
+placement adds the parts over the context-parallel group (differentiably, as DPO does) before the loss and the KL
+estimate, so every rank computes them from whole sequences.
 """
 
 from __future__ import annotations
@@ -156,15 +158,15 @@ class KTOObjective(LoaderObjective):
         if policy is None or reference is None:
             return torch.zeros(2, device=self.ctx.device)
         labels = batch.fields.labels
-        ratio = sequence_logps(policy, labels) - sequence_logps(reference, labels)
+        ratio = self.ctx.placement.add_parts(sequence_logps(policy, labels) - sequence_logps(reference, labels))
         return torch.stack([ratio.sum(), torch.tensor(float(batch.rows), device=ratio.device)])
 
     def loss(self, output: ModelOutput, batch: Batch[KTOFields]) -> LossResult:
         assert output.logits is not None
         fields = batch.fields
         assert fields.reference_logps is not None
-        policy = sequence_logps(output.logits, fields.labels)
-        reference = fields.reference_logps.sum(-1)
+        parts = torch.stack([sequence_logps(output.logits, fields.labels), fields.reference_logps.sum(-1)])
+        policy, reference = self.ctx.placement.add_parts(parts).unbind()
         desirable = fields.desirable
         out = kto_loss(
             policy,

@@ -10,6 +10,11 @@ rejected one. Those rows are shifted for next-token prediction (the sequence's l
 each row's input gets its last label appended: the model reads the whole sequence, and the score is read at its
 last non-pad token, ``transformers``' rule, so the exported model scores exactly as trained. The loss unit is a
 pair (titanium/trainers/reward_loss.py).
+
+Under context parallelism each rank holds a part of every sequence, and a sequence's last token lies in one rank's
+part: each rank gives the scores of the score positions it holds (zero for the others), and the placement adds
+them over the context-parallel group (differentiably), so every rank has every score whole and computes the loss
+whole, as DPO completes its log-prob sums.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from titanium.batch import Batch, Fields, per_row
+from titanium.batch import Batch, Fields, Placement, per_row
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, RewardSection
 from titanium.data.chat import build_chat_template
@@ -28,7 +33,7 @@ from titanium.data.meter import DataMeter
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import Tokenizer
-from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
+from titanium.models.reward import last_non_pad_index, reward_spec
 from titanium.models.spec import ModelSpec
 from titanium.trainers.base import IGNORE_INDEX, LoaderObjective, LossResult, ModelOutput, ObjectiveContext
 from titanium.trainers.reward_loss import METRICS, reward_loss
@@ -63,6 +68,18 @@ def whole_sequences(rows: dict[str, torch.Tensor], pad_id: int) -> Batch[RewardF
     return Batch(tokens, fields)
 
 
+def held_scores(scores: torch.Tensor, batch: Batch[RewardFields], placement: Placement) -> torch.Tensor:
+    """``[rows]``: each row's score at its ``index``, from the per-position scores ``[rows, seq, 1]`` of this rank's
+    part of the rows, completed over the ranks that split the sequences (``placement.add_parts``: the rank whose
+    part holds the position gives the score, the others zero; whole sequences are their own part)."""
+    scores = scores.squeeze(-1)
+    positions = batch.positions  # (a context-parallel part's global positions; None: 0..seq-1)
+    if positions is None:
+        positions = torch.arange(scores.shape[1], device=scores.device).expand_as(scores)
+    held = positions == batch.fields.index[:, None].to(positions.device)
+    return placement.add_parts(torch.where(held, scores, 0.0).sum(-1))
+
+
 def starts_from_causal_lm(hf_start: str | None) -> bool:
     """Whether the Hugging Face start folder holds a causal LM (its body loads, the head keeps its seeded values)
     rather than a sequence classifier."""
@@ -80,9 +97,9 @@ class RewardObjective(LoaderObjective):
     """A reward model on preference pairs (``[data] kind = "preference"``), configured by ``[reward]``.
 
     ``training.local_batch_size`` pairs per microbatch (2 x as many rows). Each pair lies in a row pair, so a
-    pipeline microbatch of an even row count holds whole pairs. Context parallelism is refused (a rank would not
-    hold each sequence's last token), and tensor parallelism by the builder (a one-row head has no vocabulary to
-    shard)."""
+    pipeline microbatch of an even row count holds whole pairs. Under tensor parallelism the one-output head stays
+    whole (``score_head_plan``); under context parallelism each score comes from the rank holding its position
+    (``held_scores``)."""
 
     metric_names = tuple(f"reward/{name}" for name in METRICS)
     loss_unit = "pairs"
@@ -92,14 +109,9 @@ class RewardObjective(LoaderObjective):
         return reward_spec(spec, pad_token_id=tokenizer.pad_id, from_causal_lm=starts_from_causal_lm(hf_start))
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, reward: RewardSection) -> None:
-        if ctx.placement.split:
-            raise ConfigError(
-                "--training.objective reward: context parallelism is not supported (a sequence's score is read at "
-                "its last token, which only one rank would hold); use --parallelism.context_parallel_degree 1"
-            )
         if ctx.seq_len < 3:
             raise ConfigError(f"--training.seq_len {ctx.seq_len}: a reward model needs at least 3")
-        self.cfg, self.pad_id = reward, ctx.tokenizer.pad_id
+        self.cfg, self.pad_id, self.placement = reward, ctx.tokenizer.pad_id, ctx.placement
         template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         # One token short of seq_len: the appended last token must fit the row.
         self.pairs = PreferenceDataset(
@@ -129,7 +141,7 @@ class RewardObjective(LoaderObjective):
 
     def loss(self, output: ModelOutput, batch: Batch[RewardFields]) -> LossResult:
         assert output.logits is not None
-        scores = sequence_scores(output.logits.float(), batch.fields.index)
+        scores = held_scores(output.logits.float(), batch, self.placement)
         present = batch.fields.pairs_per_row[0::2] > 0
         out = reward_loss(
             scores[0::2], scores[1::2], center_rewards_coefficient=self.cfg.center_rewards_coefficient, mask=present
