@@ -4,7 +4,10 @@ The folder is a Hugging Face ``*ForSequenceClassification`` checkpoint with one 
 reward`` exports, or any such checkpoint of a family titanium has an adapter for). It is built by the model builder
 with one process's plan (titanium's reward model: the family's decoder with a scalar head, read through the
 family's adapter, ``titanium.models.reward``), so every training process holds its own unsharded copy and scores
-its own responses alone: no collective, whatever the training layout or the number of generation rounds.
+its own responses alone: no collective, whatever the training layout or the number of generation rounds. Under
+context parallelism too it scores whole sequences: GRPO takes rewards on the whole rollouts before their rows are
+split over the context-parallel ranks, so each of those ranks computes the same scores itself. (PPO's
+``--ppo.reward_model_path`` is another path: a frozen model under the training plan, titanium/trainers/ppo.py.)
 
 What it reads is what the policy saw and wrote: the prompt's token ids (the job's chat template's generation
 prompt) followed by the response's ids, its stop token (the end of the assistant turn) included: the
