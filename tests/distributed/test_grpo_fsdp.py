@@ -1,5 +1,6 @@
-"""GRPO under FSDP, TP, PP and CP on gloo: 2 processes train exactly as one process does, given the same rollouts;
-and rollouts sampled by the titanium engine synced from the sharded policy through the real loop.
+"""GRPO under FSDP, TP, PP, CP and CP with TP or PP on gloo: 2 or 4 processes train exactly as one process does,
+given the same rollouts; and rollouts sampled by the titanium engine synced from the sharded policy through the
+real loop.
 
 The layout runs (tests/objectives/fixed_rollouts.py) replace sampling by responses fixed in advance (sampling
 draws differ between layouts); the rest is the real objective, engine and weight sync included. Each step trains
@@ -9,9 +10,11 @@ to 1e-5. Two configurations cover the options: token aggregation with a KL-penal
 batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
 responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
 (under PP: the pipeline's forward, broadcast from the last stage; under CP: each rank's part of every row, the
-response log-probs completed over the context-parallel group). PPO rides in the same launches: on fixed responses
-too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint taken mid rollout batch. Every
-job of a process count runs in one launch (tests/distributed/jobs_worker.py).
+response log-probs completed over the context-parallel group). On 4 processes, in the launch the layout tests
+share (conftest.py's ``four_process_runs``), the second configuration runs under CP 2 x TP 2 (and its engines are
+compared with the run's Hugging Face export, bitwise) and the first under CP 2 x PP 2. PPO rides in the same
+launches: on fixed responses too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint
+taken mid rollout batch. Every job of a process count runs in one launch (tests/distributed/jobs_worker.py).
 """
 
 from __future__ import annotations
