@@ -1,5 +1,6 @@
-"""GRPO under FSDP, TP, PP and CP on gloo: 2 processes train exactly as one process does, given the same rollouts;
-and rollouts sampled by the titanium engine synced from the sharded policy through the real loop.
+"""GRPO under FSDP, TP, PP, CP and CP with TP or PP on gloo: 2 or 4 processes train exactly as one process does,
+given the same rollouts; and rollouts sampled by the titanium engine synced from the sharded policy through the
+real loop.
 
 The layout runs (tests/objectives/fixed_rollouts.py) replace sampling by responses fixed in advance (sampling
 draws differ between layouts); the rest is the real objective, engine and weight sync included. Each step trains
@@ -9,9 +10,11 @@ to 1e-5. Two configurations cover the options: token aggregation with a KL-penal
 batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
 responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
 (under PP: the pipeline's forward, broadcast from the last stage; under CP: each rank's part of every row, the
-response log-probs completed over the context-parallel group). PPO rides in the same launches: on fixed responses
-too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint taken mid rollout batch. Every
-job of a process count runs in one launch (tests/distributed/jobs_worker.py).
+response log-probs completed over the context-parallel group). On 4 processes, in the launch the layout tests
+share (conftest.py's ``four_process_runs``), the second configuration runs under CP 2 x TP 2 (and its engines are
+compared with the run's Hugging Face export, bitwise) and the first under CP 2 x PP 2. PPO rides in the same
+launches: on fixed responses too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint
+taken mid rollout batch. Every job of a process count runs in one launch (tests/distributed/jobs_worker.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
 from tests.helpers import run_train, scalars, tiny_args
+from tests.objectives.synced_engine import assert_engines_hold_the_export
 from tests.objectives.tiny_hf import debug_model_hf
 
 GRPO = (
@@ -47,13 +51,23 @@ CONFIGS = {
 }  # fmt: skip
 METRICS = ("grpo/reward", "grpo/reward_std", "grpo/response_len", "grpo/entropy", "grpo/clip_frac", "grpo/policy_lag")
 PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2")
+TP2, CP2 = ("--parallelism.tensor_parallel_degree", "2"), ("--parallelism.context_parallel_degree", "2")
 LAYOUTS = {  # processes, what the layout adds
     "single": (1, ("--training.local_batch_size", "8")),
     "fsdp2": (2, ("--training.local_batch_size", "4")),
-    "tp2": (2, ("--training.local_batch_size", "8", "--parallelism.tensor_parallel_degree", "2")),
+    "tp2": (2, ("--training.local_batch_size", "8", *TP2)),
     "pp2": (2, ("--training.local_batch_size", "8", *PP2)),
-    "cp2": (2, ("--training.local_batch_size", "8", "--parallelism.context_parallel_degree", "2")),
+    "cp2": (2, ("--training.local_batch_size", "8", *CP2)),
 }
+FOUR_PROCESS = {  # one configuration each, in the shared 4-process launch (conftest.py's four_process_runs)
+    "sequence_masked_lag_cp2_tp2": (
+        *GRPO, *FIXED, *CONFIGS["sequence_masked_lag"], "--training.local_batch_size", "8", *CP2, *TP2,
+        "--checkpoint.last_save_in_hf",  # (its engine's weights are compared with the export)
+    ),
+    "kl_batch_epochs_cp2_pp2": (
+        *GRPO, *FIXED, *CONFIGS["kl_batch_epochs"], "--training.local_batch_size", "8", *CP2, *PP2,
+    ),
+}  # fmt: skip
 
 
 PPO = (
@@ -104,17 +118,39 @@ def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]
             if n == nproc:
                 jobs[name] = (*PPO, "--ppo.reward_model_path", reward, *extra)
         done = layout_runs(tmp, nproc, jobs, data=(), module="tests.objectives.fixed_rollouts")
-        for name, run in done.items():
-            tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
-            tags = PPO_METRICS if name.startswith("ppo_") else tags
-            out[name] = (run, {tag: scalars(tmp / name / "tb", tag) for tag in tags})
+        out.update({name: (run, job_metrics(tmp / name)) for name, run in done.items()})
     return out
+
+
+def job_metrics(folder: Path) -> dict[str, dict[int, float]]:
+    """The metrics a job in ``folder`` is checked on, by step (its name tells GRPO's configuration or PPO)."""
+    name = folder.name
+    tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
+    tags = PPO_METRICS if name.startswith("ppo_") else tags
+    return {tag: scalars(folder / "tb", tag) for tag in tags}
 
 
 @pytest.mark.parametrize("layout", ["fsdp2", "tp2", "pp2", "cp2"])
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_grpo_step_equals_one_process(runs, config, layout) -> None:
-    (run, metrics), (ref_run, ref_metrics) = runs[f"{config}_{layout}"], runs[f"{config}_single"]
+    assert_grpo_matches(*runs[f"{config}_{layout}"], *runs[f"{config}_single"], config)
+
+
+@pytest.mark.parametrize("name", sorted(FOUR_PROCESS))
+def test_grpo_under_context_with_tensor_or_pipeline_parallelism(runs, four_process_runs, name) -> None:
+    """Context parallelism over 2 ranks with tensor parallelism over 2 (the loss's vocabulary-sharded logits
+    picked at this rank's response positions on each shard) or with a 2-stage pipeline: one process's losses, grad
+    norms and metrics. Under cp2 x tp2 every rank's engine, synced from the trained layout, also holds the run's
+    Hugging Face export bitwise after the last step."""
+    (run, folder), config = four_process_runs[name], name.rsplit("_", 2)[0]
+    assert_grpo_matches(run, job_metrics(folder), *runs[f"{config}_single"], config)
+    if "tp2" in name:
+        assert_engines_hold_the_export(folder, 4, version=STEPS)
+
+
+def assert_grpo_matches(run: Run, metrics: dict, ref_run: Run, ref_metrics: dict, config: str) -> None:
+    """A layout's GRPO job against one process's: losses and grad norms (parity.py), the metrics (1e-5, or 1e-7
+    absolute), the engine/trainer gap (recomputed), and that it trains."""
     assert_matches(run, ref_run)
     for tag, values in metrics.items():
         if tag == "grpo/logprob_mismatch_max":  # of the batches first used (steps 1, 3, 5); recomputed then, so

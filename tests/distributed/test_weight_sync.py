@@ -11,12 +11,9 @@ step's update too little (checked by hand: with the last sync skipped, the fsdp2
 from __future__ import annotations
 
 import pytest
-import torch
-from safetensors import safe_open
 
 from tests.distributed.parity import layout_run
-from titanium.checkpoint.hf import HFCheckpoint
-from titanium.models import get_model_spec
+from tests.objectives.synced_engine import assert_engines_hold_the_export
 
 ENGINE = "tests.objectives.synced_engine"
 COMMON = ("--checkpoint.last_save_in_hf", "--optimizer.lr", "1e-2", "--training.steps", "3")
@@ -33,27 +30,8 @@ LAYOUTS = {
 }  # fmt: skip
 
 
-def engine_weights(folder, rank: int) -> tuple[dict[str, torch.Tensor], int]:
-    with safe_open(str(folder / "engine" / f"rank{rank}.safetensors"), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, int(f.metadata()["version"])
-
-
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_engine_holds_the_trained_weights_of_every_layout(tmp_path, layout) -> None:
     nproc, extra = LAYOUTS[layout]
     layout_run(tmp_path, layout, nproc, *COMMON, *extra, module=ENGINE)
-    out = tmp_path / layout
-    spec = get_model_spec("llama3")
-    exported = HFCheckpoint.open(out / "hf").read()
-    args = type("Args", (), {"tie_word_embeddings": False, "head_dim": 16})()  # (what from_hf reads)
-    expected = spec.hf_adapter.from_hf(exported, args)
-    first = None
-    for rank in range(nproc):
-        weights, version = engine_weights(out, rank)
-        assert version == 3, (rank, version)  # synced after the last step
-        assert sorted(weights) == sorted(expected), rank
-        for key, value in expected.items():
-            assert torch.equal(weights[key], value), (rank, key, (weights[key] - value).abs().max())
-        logprobs = torch.load(out / "engine" / f"rank{rank}_logprobs.pt")
-        first = logprobs if first is None else first
-        assert torch.equal(logprobs, first), rank  # every rank generates from the same policy
+    assert_engines_hold_the_export(tmp_path / layout, nproc, version=3)

@@ -7,7 +7,7 @@ prompt's tokens, j and the rollout batch's number, some ending with a stop id an
 Everything else is the real objective: the engine and its weight sync, the rewards (``characters`` below tells
 such responses apart), advantages, old log-probs from a forward of the engine's copy of the policy (what sampling
 returns), reference log-probs, the serving schedule and the loss. Any layout then trains on exactly the same
-rollouts.
+rollouts. A GRPO job with ``--checkpoint.last_save_in_hf`` also writes its engine's weights (``export_with_engine``).
 """
 
 from __future__ import annotations
@@ -19,11 +19,16 @@ from typing import Any
 
 import torch
 
+from tests.objectives.synced_engine import write_engine
 from titanium.data.prompts import PromptSample
 from titanium.generation.generate import Generation
 from titanium.generation.rollout import Rollout, response_logprobs, to_rollout
+from titanium.generation.titanium_engine import TitaniumEngine
+from titanium.trainer import Trainer
 from titanium.trainers.grpo import GRPOObjective
 from titanium.trainers.ppo import PPOObjective
+
+_export = Trainer._export
 
 
 def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> float:
@@ -76,12 +81,23 @@ def fixed_ppo_sample(self: PPOObjective, samples: list[PromptSample]) -> Generat
     return fixed_responses(samples, 1, self.batches_made, self)
 
 
+def export_with_engine(self: Trainer) -> None:
+    """The trainer's exports, then, for a GRPO job exporting to Hugging Face format at the end, its titanium
+    engine's weights next to them (``tests.objectives.synced_engine.write_engine``): the weights the last sync
+    gathered from the trained layout, to compare with the export."""
+    _export(self)
+    engine = getattr(self.objective, "engine", None)
+    if self.cfg.checkpoint.last_save_in_hf and isinstance(engine, TitaniumEngine):
+        write_engine(self, engine)
+
+
 if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs in one launch (jobs_worker)
     from tests.distributed.jobs_worker import run_jobs_file
     from titanium.train import main
 
     GRPOObjective.sample = fixed_sample
     PPOObjective.sample = fixed_ppo_sample
+    Trainer._export = export_with_engine
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         run_jobs_file(sys.argv[1])
     else:

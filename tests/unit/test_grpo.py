@@ -206,6 +206,8 @@ GRPO_JOB = [
     "--training.local_batch_size", "16", "--grpo.max_prompt_len", "64",
 ]  # fmt: skip
 
+CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tensor_parallel_degree", "2")
+
 
 @pytest.mark.parametrize(
     "args, message",
@@ -239,10 +241,7 @@ GRPO_JOB = [
         ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
         ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
-        (
-            [*GRPO_JOB, "--parallelism.context_parallel_degree", "2", "--parallelism.tensor_parallel_degree", "2"],
-            "use context, tensor or pipeline parallelism alone",
-        ),
+        ([*GRPO_JOB, *CP2, *TP2, "--parallelism.pipeline_parallel_degree", "2"], "with both tensor and pipeline"),
         ([*GRPO_JOB, "--fault_tolerance.enable", "--fault_tolerance.lighthouse", "http://h:1"], "fault tolerance off"),
         ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),
         ([*GRPO_JOB, "--validation.interval", "10"], "held-out loss has no meaning for --training.objective grpo"),
@@ -253,6 +252,14 @@ def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch)
     with pytest.raises(ConfigError) as err:
         load_config(args)
     assert message in str(err.value)
+
+
+def test_grpo_runs_under_context_parallelism_with_tensor_or_pipeline_parallelism(monkeypatch) -> None:
+    """Each is checked against one process (tests/distributed/test_grpo_fsdp.py); all three at once is refused."""
+    monkeypatch.chdir(REPO)
+    for layout in (TP2, ("--parallelism.pipeline_parallel_degree", "2")):
+        cfg = load_config([*GRPO_JOB, *CP2, *layout])
+        assert cfg.parallelism.context_parallel_degree == 2
 
 
 def test_grpo_defaults_follow_the_papers_and_trl() -> None:

@@ -421,7 +421,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
-    and a layout it runs under (no fault tolerance yet)."""
+    and a layout it is checked under (context parallelism with tensor or pipeline parallelism, not both; no fault
+    tolerance yet)."""
     g, t, par = cfg.grpo, cfg.training, cfg.parallelism
     if cfg.data.kind not in ("chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
@@ -435,11 +436,12 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
             f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
             f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
         )
-    if par.context_parallel_degree > 1 and max(par.tensor_parallel_degree, par.pipeline_parallel_degree) > 1:
+    if par.context_parallel_degree > 1 and min(par.tensor_parallel_degree, par.pipeline_parallel_degree) > 1:
         yield (
-            f"--parallelism.context_parallel_degree {par.context_parallel_degree} with tensor or pipeline parallelism: "
-            "--training.objective grpo is checked against one process under each of them alone, not combined; "
-            "use context, tensor or pipeline parallelism alone"
+            f"--parallelism.context_parallel_degree {par.context_parallel_degree} with both tensor and pipeline "
+            "parallelism: --training.objective grpo is checked against one process under context parallelism with "
+            "either of them, not with both at once; drop --parallelism.tensor_parallel_degree or "
+            "--parallelism.pipeline_parallel_degree"
         )
     if cfg.fault_tolerance.enable:
         yield (

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, Placement, per_token
 from titanium.data.packing import bucket_width
@@ -105,7 +106,20 @@ def local_responses(
     if parts is None:
         return logits[:, -width - 1 : -1], tokens[:, -width:], None
     columns = (parts.slots[0] >= 0).nonzero().squeeze(1)
-    return logits[:, columns], parts.targets[:, columns], parts.slots[0, columns]
+    return _columns(logits, columns), parts.targets[:, columns], parts.slots[0, columns]
+
+
+def _columns(logits: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
+    """``logits[:, columns]``, differentiably; vocabulary-sharded logits (tensor parallelism's loss parallel, a
+    DTensor: advanced indexing is not one of its operators) picked on each rank's shard, sharded as before."""
+    if not isinstance(logits, DTensor):
+        return logits[:, columns]
+    assert all(not p.is_shard(1) for p in logits.placements), "the sequence dim is whole on every rank"
+    local = logits.to_local()[:, columns]
+    shape = (logits.shape[0], len(columns), logits.shape[2])
+    return DTensor.from_local(
+        local, logits.device_mesh, logits.placements, shape=shape, stride=torch.empty(shape, device="meta").stride()
+    )
 
 
 def whole_responses(values: torch.Tensor, slots: torch.Tensor | None, width: int, placement: Placement) -> torch.Tensor:
