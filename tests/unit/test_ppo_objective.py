@@ -44,7 +44,6 @@ RULE = ("--ppo.rewards", "exact_match")
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
         (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
-        (["--parallelism.context_parallel_degree", "2"], "context-parallel ranks"),
         (["--parallelism.pipeline_parallel_degree", "2"], "a pipeline's last stage"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],
