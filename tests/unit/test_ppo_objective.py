@@ -53,6 +53,12 @@ def test_bad_ppo_configs_are_refused(args, message):
         load_config([*PPO, *RULE, *args])
 
 
+def test_context_parallelism_is_accepted():
+    """PPO splits its rollouts over context-parallel ranks (tests/distributed/test_grpo_fsdp.py checks the numbers)."""
+    cfg = load_config([*PPO, *RULE, "--parallelism.context_parallel_degree", "2"])
+    assert cfg.parallelism.context_parallel_degree == 2
+
+
 def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_path):
     with pytest.raises(ConfigError, match="is not a one-label sequence classifier.*needs a scalar head"):
         load_config([*PPO, "--ppo.reward_model_path", causal_lm_folder])

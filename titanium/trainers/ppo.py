@@ -151,12 +151,19 @@ class PPOObjective(Objective):
     def frozen_sources(
         cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
     ) -> list[ModelSource]:
-        """The reference (with ``kl_coef > 0``) and the reward model. (The value model is trained: not counted.)"""
+        """The reference (with ``kl_coef > 0``) and the reward model (the value model trains: ``trainable_sources``)."""
         reference = [start] if section.kl_coef > 0 else []
         if not section.reward_model_path:
             return reference
         path = section.reward_model_path
         return [*reference, scalar_head_source(start.spec, path, "reward_model_path", None, vocab_size, seq_len)]
+
+    @classmethod
+    def trainable_sources(
+        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
+    ) -> list[ModelSource]:
+        """The value model (trained beside the policy, with its own AdamW)."""
+        return [value_source(section, start, None, vocab_size, seq_len)]
 
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection, rollout: RolloutSection | None = None
