@@ -93,7 +93,8 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     """The frozen models the objective builds, on this rank under the same plan (FSDP over 2: half of each): a kd
     teacher (here of the student's shape), a DPO, KTO or PPO reference copy, PPO's reward model, and no copy for a
     LoRA policy's reference; and PPO's value model, which trains: its parameters, gradients and two AdamW moments
-    (four times its half). The peak grows by exactly these (the policy's trace is the same)."""
+    (four times its half), and the rollout engine's whole copy of the policy. The peak grows by exactly these (the
+    policy's trace is the same)."""
     common = [
         "--job.config_file", "train_configs/debug_sft.toml", "--checkpoint.initial_load_path", "",
         "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.mixed_precision_param", "float32",
@@ -132,7 +133,8 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     # (uneven shards: a few rows more)
     assert teacher == reference == kto_reference == ppo_reference == pytest.approx(half_fp32, rel=1e-3)
     assert ppo_reference_and_scorer - ppo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
-    assert ppo_peak == pytest.approx(sft_peak + ppo_reference + value, rel=0.01)
+    engine = 2 * half_fp32  # (unsharded, in the training dtype)
+    assert ppo_peak == pytest.approx(sft_peak + ppo_reference + value + engine, rel=0.01)
     # (the same student's traces agree to within a one-time allocation of the first trace in a process, ~0.3%)
     assert kd_peak == pytest.approx(sft_peak + teacher, rel=0.01) and kd_peak > sft_peak
     assert dpo_peak > sft_peak
