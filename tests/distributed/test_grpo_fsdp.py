@@ -13,7 +13,7 @@ responses masked, a policy lag of 1 and old log-probs recomputed by the trained 
 response log-probs completed over the context-parallel group). On 4 processes, in the launch the layout tests
 share (conftest.py's ``four_process_runs``), the second configuration runs under CP 2 x TP 2 (and its engines are
 compared with the run's Hugging Face export, bitwise) and the first under CP 2 x PP 2. PPO rides in the same
-launches: on fixed responses too, one process against FSDP 2 and TP 2, and a TP 2 run resumed from a checkpoint
+launches: on fixed responses too, one process against FSDP 2, TP 2 and CP 2, and a TP 2 run resumed from a checkpoint
 taken mid rollout batch. Every job of a process count runs in one launch (tests/distributed/jobs_worker.py).
 """
 
@@ -83,14 +83,15 @@ PPO = (
 
 
 def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """name -> (processes, what the job adds): one process; FSDP 2; TP 2, saving at step 3 (in the rollout batch of
-    steps 3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own
+    """name -> (processes, what the job adds): one process; FSDP 2; CP 2; TP 2, saving at step 3 (in the rollout
+    batch of steps 3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own
     TensorBoard folder): it runs steps 4 and 5."""
     tp2 = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "--checkpoint.interval", "3")
     resume = ("--job.dump_folder", str(tmp / "ppo_tp2"), "--checkpoint.load_step", "3")
     return {
         "ppo_single": (1, ()),
         "ppo_fsdp2": (2, ("--training.local_batch_size", "4")),
+        "ppo_cp2": (2, ("--parallelism.context_parallel_degree", "2")),
         "ppo_tp2": (2, tp2),
         "ppo_tp2_resumed": (2, (*tp2, *resume, "--metrics.save_tb_folder", str(tmp / "ppo_tp2_resumed/tb"))),
     }
@@ -168,12 +169,14 @@ def assert_grpo_matches(run: Run, metrics: dict, ref_run: Run, ref_metrics: dict
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2"])
 def test_ppo_step_equals_one_process(runs, layout) -> None:
-    """PPO on fixed responses with a reward model (which also starts the value model) under FSDP or TP over 2
+    """PPO on fixed responses with a reward model (which also starts the value model) under FSDP, TP or CP over 2
     processes: the policy, the reference, the reward model and the value model each under the plan (under TP the
-    one-output heads kept whole). Losses, the policy's grad norms and every PPO metric (scores, KL, the value
-    loss: the value model trains alike; clip fractions) equal one process's at every step (1e-5 / 2e-4)."""
+    one-output heads kept whole; under CP each rank's part of every row: log-probs and values completed over the
+    group, each score added from the rank holding the last token). Losses, the policy's grad norms and every PPO
+    metric (scores, KL, the value loss: the value model trains alike; clip fractions) equal one process's at every
+    step (1e-5 / 2e-4)."""
     (run, metrics), (ref_run, ref_metrics) = runs[f"ppo_{layout}"], runs["ppo_single"]
     assert_matches(run, ref_run)
     for tag, values in metrics.items():

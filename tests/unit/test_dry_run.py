@@ -89,18 +89,21 @@ def test_the_shipped_moe_plans_fit_an_h100(in_repo, capsys, config, world):
     assert "% of 78 GiB: fits" in out and "receives 1.25x its even share" in out, out[-2000:]
 
 
-def test_the_estimate_counts_a_kd_teacher_and_a_dpo_or_kto_reference(in_repo, tmp_path):
+def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     """The frozen models the objective builds, on this rank under the same plan (FSDP over 2: half of each): a kd
     teacher (here of the student's shape), a DPO, KTO or PPO reference copy, PPO's reward model, and no copy for a
-    LoRA policy's reference."""
+    LoRA policy's reference; and PPO's value model, which trains: its parameters, gradients and two AdamW moments
+    (four times its half), and the rollout engine's whole copy of the policy. The peak grows by exactly these (the
+    policy's trace is the same)."""
     common = [
         "--job.config_file", "train_configs/debug_sft.toml", "--checkpoint.initial_load_path", "",
         "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.mixed_precision_param", "float32",
     ]  # fmt: skip
 
-    def estimate(*extra: str) -> tuple[float, int]:
+    def estimate(*extra: str, trained: int = 0) -> tuple[float, int]:
         run = dry_run([*common, *extra], world_size=2, device_type="cpu")
         try:
+            assert run.trained_bytes == pytest.approx(trained, rel=1e-3), (extra, run.trained_bytes)
             return run.estimate_memory().peak, run.frozen_bytes
         finally:
             dist.destroy_process_group()
@@ -112,22 +115,26 @@ def test_the_estimate_counts_a_kd_teacher_and_a_dpo_or_kto_reference(in_repo, tm
     dpo_peak, reference = estimate(*dpo)
     _, lora_reference = estimate(*dpo, "--lora.rank", "4")
     _, kto_reference = estimate("--training.objective", "kto", "--data.kind", "unpaired")
-    ppo = ("--training.objective", "ppo", "--data.kind", "chat", "--ppo.rewards", "exact_match")
-    ppo += ("--ppo.max_prompt_len", "48", "--ppo.max_new_tokens", "16")
-    _, ppo_reference = estimate(*ppo)
-    _, ppo_reference_and_scorer = estimate(*ppo, "--ppo.reward_model_path", debug_model_hf(tmp_path / "rm", True))
     spec = get_model_spec("llama3")
     with torch.device("meta"):
         student = spec.model_cls(build_model_args(spec, "debugmodel", max_seq_len=64))
-    half_fp32 = sum(p.numel() for p in student.parameters()) * 4 / 2
+        # PPO's reward and value models: the body with a one-output head in place of the vocabulary's
+        scalar = reward_spec(spec, pad_token_id=None)
+        scorer = scalar.model_cls(build_model_args(scalar, "debugmodel", max_seq_len=64))
+    half_fp32 = sum(p.numel() for p in student.parameters()) * 4 // 2
+    half_scorer_fp32 = sum(p.numel() for p in scorer.parameters()) * 4 // 2
+    ppo = ("--training.objective", "ppo", "--data.kind", "chat", "--ppo.rewards", "exact_match")
+    ppo += ("--ppo.max_prompt_len", "48", "--ppo.max_new_tokens", "16")
+    value = 4 * half_scorer_fp32  # (the value model trains: its parameters, gradients and 2 AdamW moments)
+    ppo_peak, ppo_reference = estimate(*ppo, trained=value)
+    rm = debug_model_hf(tmp_path / "rm", True)
+    _, ppo_reference_and_scorer = estimate(*ppo, "--ppo.reward_model_path", rm, trained=value)
     assert sft_frozen == 0 and lora_reference == 0
     # (uneven shards: a few rows more)
     assert teacher == reference == kto_reference == ppo_reference == pytest.approx(half_fp32, rel=1e-3)
-    with torch.device("meta"):  # PPO's reward model: the body with a one-output head in place of the vocabulary's
-        scalar = reward_spec(spec, pad_token_id=None)
-        scorer = scalar.model_cls(build_model_args(scalar, "debugmodel", max_seq_len=64))
-    half_scorer_fp32 = sum(p.numel() for p in scorer.parameters()) * 4 / 2
     assert ppo_reference_and_scorer - ppo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
+    engine = 2 * half_fp32  # (unsharded, in the training dtype)
+    assert ppo_peak == pytest.approx(sft_peak + ppo_reference + value + engine, rel=0.01)
     # (the same student's traces agree to within a one-time allocation of the first trace in a process, ~0.3%)
     assert kd_peak == pytest.approx(sft_peak + teacher, rel=0.01) and kd_peak > sft_peak
     assert dpo_peak > sft_peak

@@ -44,6 +44,26 @@ def test_estimate_is_within_the_stated_error_of_the_measured_peak(in_repo, case)
         assert -ERROR_BELOW <= error <= ERROR_ABOVE, (case, rank, estimated, measured[rank])
 
 
+PPO = (
+    "--job.config_file", "train_configs/debug_model.toml", "--job.no_print_config", "--checkpoint.no_enable",
+    "--training.steps", "3", "--training.objective", "ppo", "--data.kind", "chat",
+    "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
+    "--ppo.rewards", "exact_match", "--ppo.max_prompt_len", "40", "--ppo.max_new_tokens", "8",
+    "--training.seq_len", "48", "--training.local_batch_size", "8", "--training.global_batch_size", "8",
+)  # fmt: skip
+
+
+def test_a_ppo_estimate_is_within_the_stated_error_of_the_measured_peak(in_repo):
+    """PPO in one process (the debug model, a rule reward, rows up to 48 tokens): besides the policy's trace, the
+    frozen reference, the value model's parameters, gradients and AdamW moments, and the rollout engine's copy of the
+    policy. Measured: +0.4% (bf16), +0.3% (float32); without the value model and the engine's copy the estimate was
+    39% below."""
+    bench = load_script("benchmarks/estimator_cpu.py")
+    measured = bench.measure(list(PPO), 1)[0]
+    error = (bench.estimate(list(PPO), 1, 0) - measured) / measured
+    assert -ERROR_BELOW <= error <= ERROR_ABOVE, (error, measured)
+
+
 def test_the_shipped_405b_and_70b_plans_fit_an_h100(in_repo, capsys):
     for config, world in (("llama3_405b", 512), ("llama3_70b", 256)):
         start = time.perf_counter()

@@ -44,7 +44,6 @@ RULE = ("--ppo.rewards", "exact_match")
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
         (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
-        (["--parallelism.context_parallel_degree", "2"], "context-parallel ranks"),
         (["--parallelism.pipeline_parallel_degree", "2"], "a pipeline's last stage"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],
@@ -52,6 +51,12 @@ RULE = ("--ppo.rewards", "exact_match")
 def test_bad_ppo_configs_are_refused(args, message):
     with pytest.raises(ConfigError, match=message):
         load_config([*PPO, *RULE, *args])
+
+
+def test_context_parallelism_is_accepted():
+    """PPO splits its rollouts over context-parallel ranks (tests/distributed/test_grpo_fsdp.py checks the numbers)."""
+    cfg = load_config([*PPO, *RULE, "--parallelism.context_parallel_degree", "2"])
+    assert cfg.parallelism.context_parallel_degree == 2
 
 
 def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_path):

@@ -125,7 +125,6 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
         "ppo",
         {
             "pipeline_parallel_degree": "runs the value model beside the policy's loss, which a pipeline's last stage "
-            "alone computes (FSDP and TP work)",
-            "context_parallel_degree": "does not split its rollouts over context-parallel ranks yet (FSDP and TP work)",
+            "alone computes (FSDP, TP and CP work)",
         },
     )

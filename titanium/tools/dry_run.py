@@ -17,8 +17,11 @@ For MoE models the estimate assumes balanced routing, with the busiest expert-pa
 The trained model is the objective's (``Objective.policy_spec``: a reward model's scalar head), and the frozen models
 the objective builds (``Objective.frozen_sources``: a kd teacher, a DPO, KTO, GRPO or PPO reference, PPO's reward
 model) are built by the same plan and their parameters on this rank added to the estimate; a reference that is the
-policy itself with its LoRA switched off costs nothing. PPO's value model (trained, with its own optimizer) is not
-counted yet.
+policy itself with its LoRA switched off costs nothing. The models the objective trains beside the policy
+(``Objective.trainable_sources``: PPO's value model, with its own AdamW) add their parameters, gradients and two AdamW
+moments on this rank; an objective that generates with the ``[rollout]`` engine (GRPO, PPO) adds titanium engine's
+own copy of the policy (the family's whole plain model in the engine's dtype, on every rank; a vLLM engine's memory
+is its own and not counted).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +43,7 @@ from titanium.config.components import OBJECTIVES
 from titanium.config.sections import CompileSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
-from titanium.model_builder import BuiltModel, ModelBuilder, ModelSource
+from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, ModelSource
 from titanium.model_handles import is_the_policy
 from titanium.model_setup import job_converters, job_plan
 from titanium.parallel.compile import check_compile
@@ -48,7 +52,7 @@ from titanium.parallel.params import clean_fqn
 from titanium.parallel.pipeline import Pipeline
 from titanium.precision import dtype_name
 from titanium.preflight import check_job
-from titanium.tools.memory_estimate import FROZEN, Job, MemoryEstimate, estimate_memory
+from titanium.tools.memory_estimate import ENGINE, FROZEN, TRAINED, Job, MemoryEstimate, estimate_memory
 
 
 @dataclass(frozen=True)
@@ -74,11 +78,18 @@ class DryRun:
     pipeline: Pipeline | None = None
     frozen_bytes: int = 0
     """This rank's parameters of the frozen models the objective builds (a teacher, a reference)."""
+    trained_bytes: int = 0
+    """This rank's parameters, gradients and AdamW states of the models the objective trains beside the policy."""
+    engine_bytes: int = 0
+    """The rollout engine's copy of the policy on this rank (titanium's engine)."""
 
     def estimate_memory(self) -> MemoryEstimate:
         assert self.job is not None
         estimate = estimate_memory(self.job, self.pipeline)
-        return estimate.plus(FROZEN, self.frozen_bytes) if self.frozen_bytes else estimate
+        extra = ((FROZEN, self.frozen_bytes), (TRAINED, self.trained_bytes), (ENGINE, self.engine_bytes))
+        for name, nbytes in extra:
+            estimate = estimate.plus(name, nbytes) if nbytes else estimate
+        return estimate
 
     @property
     def local_numel(self) -> int:
@@ -189,24 +200,59 @@ def dry_run(
         moe_imbalance=moe_imbalance,
     )
     params = [_param_plan(clean_fqn(n), p) for n, p in built.model.named_parameters()]
-    frozen = frozen_bytes(cfg, builder, built, ModelSource(spec, args))
+    frozen, trained = objective_model_bytes(cfg, builder, built, ModelSource(spec, args))
     return DryRun(
-        cfg, dims, meshes, built.model, params, stages=stage_ids, job=job, pipeline=pipeline, frozen_bytes=frozen
+        cfg,
+        dims,
+        meshes,
+        built.model,
+        params,
+        stages=stage_ids,
+        job=job,
+        pipeline=pipeline,
+        frozen_bytes=frozen,
+        trained_bytes=trained,
+        engine_bytes=engine_bytes(cfg, spec, args, plan.param_dtype),
     )
 
 
-def frozen_bytes(cfg: JobConfig, builder: ModelBuilder, policy: BuiltModel, start: ModelSource) -> int:
-    """The bytes of this rank's parameters of the frozen models the objective builds, each built (on meta) by the
-    plan as training builds it: without converters (``ModelHandles.frozen``'s default)."""
+TRAINED_COPIES = 4
+"""A trained model's bytes per parameter byte: the parameter, its gradient and AdamW's two moments (its dtype)."""
+
+
+def objective_model_bytes(
+    cfg: JobConfig, builder: ModelBuilder, policy: BuiltModel, start: ModelSource
+) -> tuple[int, int]:
+    """``(frozen, trained)``: the bytes on this rank of the parameters of the frozen models the objective builds, and
+    of the parameters, gradients and AdamW states of the models it trains beside the policy, each built (on meta)
+    by the plan as training builds it: without converters (``ModelHandles.frozen``'s default, and ``trainable``)."""
     name = cfg.training.objective
     section = OBJECTIVES.section(name)
-    sources = OBJECTIVES.load(name).frozen_sources(
-        getattr(cfg, section.name) if section is not None else None, start, start.args.vocab_size, cfg.training.seq_len
-    )
+    objective = OBJECTIVES.load(name)
+    config = getattr(cfg, section.name) if section is not None else None
+    wanted = (config, start, start.args.vocab_size, cfg.training.seq_len)
+    frozen = [s for s in objective.frozen_sources(*wanted) if not is_the_policy(policy, start, (), s)]
+    trained = objective.trainable_sources(*wanted)
+    return _parameter_bytes(builder, frozen), TRAINED_COPIES * _parameter_bytes(builder, trained)
+
+
+def engine_bytes(cfg: JobConfig, spec: Any, args: Any, training_dtype: torch.dtype) -> int:
+    """The bytes of the rollout engine's copy of the policy (``spec``, ``args``) on this rank, for an objective that
+    reads ``[rollout]``: titanium's engine holds the family's plain model, unsharded, in its dtype (``auto``: the
+    training forward's, ``training_dtype``); vLLM's engine manages its own memory (0 here)."""
+    wants_engine = any(s.name == "rollout" for s in OBJECTIVES.more_sections(cfg.training.objective))
+    if not wants_engine or cfg.rollout.engine != "titanium":
+        return 0
+    dtype = training_dtype if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype]
+    with torch.device("meta"):
+        model = spec.model_cls(args)
+    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+
+
+def _parameter_bytes(builder: ModelBuilder, sources: list[ModelSource]) -> int:
+    """The bytes of this rank's parameters of the models of ``sources``, built on meta by ``builder``'s plan."""
     total = 0
     for source in sources:
-        if is_the_policy(policy, start, (), source):
-            continue
         model = builder.build(source.spec, source.args, materialize=False).model
         for p in model.parameters():
             local = p.to_local() if isinstance(p, DTensor) else p

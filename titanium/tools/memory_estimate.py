@@ -28,10 +28,12 @@ times its even share of the routed rows (the busiest rank; dry_run's ``--moe_imb
 Not modelled: torch.compile (compiled blocks usually save less), the allocator's caching and fragmentation and the
 CUDA context (PyTorch reserves more than it allocates: keep some headroom), kernels' internal workspaces and NCCL's
 buffers, and what an objective adds beyond a cross-entropy on the logits (the dry run adds the parameters of the
-frozen models an objective builds, a teacher or a reference, as ``FROZEN``; not their forward's activations, which
-are gone before the step's forward starts, nor a copy an objective keeps, such as the kd teacher's whole output
-projection). The
-trace runs CPU kernels; GPU attention kernels save about as much (the output and its log-sum-exp).
+frozen models an objective builds, a teacher or a reference, as ``FROZEN``, the parameters, gradients and AdamW
+states of a model it trains beside the policy, PPO's value model, as ``TRAINED``, and the titanium rollout engine's
+copy of the policy as ``ENGINE``; not the frozen models' forward's activations, which are gone before the step's
+forward starts, nor those the value model's forward in PPO's loss keeps for its backward beside the policy's, nor a
+copy an objective keeps, such as the kd teacher's whole output projection). The trace runs CPU kernels; GPU attention
+kernels save about as much (the output and its log-sum-exp).
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ PARAMETERS, GATHERED, GRADIENTS, OPTIMIZER = (
 BACKWARD = "backward: activation gradients, recomputation, reduce-scatter buffers"
 IN_FLIGHT = "activations of the other microbatches a pipeline stage holds"
 FROZEN = "frozen models' parameters (a teacher, a reference)"
+TRAINED = "other trained models' parameters, gradients and AdamW states (PPO's value model)"
+ENGINE = "the rollout engine's copy of the policy (titanium engine)"
 
 
 @dataclass(frozen=True)

@@ -218,6 +218,13 @@ class Objective(ABC):
         default."""
         return []
 
+    @classmethod
+    def trainable_sources(cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+        """The models an instance trains beside the policy with its own AdamW (``ctx.models.trainable``: PPO's
+        value model), as ``frozen_sources``: the dry run adds their parameters, gradients and AdamW states to its
+        memory estimate. None by default."""
+        return []
+
     @abstractmethod
     def next_microbatch(self) -> Batch:
         """The next microbatch for this data-parallel rank, as CPU tensors."""

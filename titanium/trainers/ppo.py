@@ -16,15 +16,21 @@ so the loop's backward fills its gradients; the objective clips them and steps t
 every optimizer step of the policy. The reward model and the reference are frozen handles, built by the same
 builder. Checkpoints hold the value model and its optimizer (``checkpoint_states``) and the rollout batch in flight.
 
+Under context parallelism every rank of a data-parallel rank makes the same rows (as GRPO's), then runs each model
+on its part of every row (``split_ready``): the policy's and the reference's log-probs and the value model's values
+of the response tokens it holds are completed over the cp group (``whole_responses``), and the reward model's score
+at each response's last token, which one rank alone holds, is added from every rank's part (zeros elsewhere). The
+rows the loss sees are then whole on every rank ([B, T] per response token), so the PPO math runs as without it.
+
 Not yet: pipeline parallelism (the value loss runs inside the policy's loss, which only a pipeline's last stage
-computes) and context parallelism, both refused at config time.
+computes), refused at config time.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +38,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-from titanium.batch import Batch, Fields, empty_batch, per_row
+from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
 from titanium.checkpoint.hf import hf_model_args
 from titanium.checkpoint.states import ModelState, OptimizerState
 from titanium.config.loader import ConfigError
@@ -41,7 +47,14 @@ from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.engine import build_engine
 from titanium.generation.generate import Generation
-from titanium.generation.rollout import batch_logprobs, to_rollout
+from titanium.generation.rollout import (
+    ResponseTargets,
+    batch_logprobs,
+    local_responses,
+    split_ready,
+    to_rollout,
+    whole_responses,
+)
 from titanium.generation.rollout_buffer import RolloutBatch
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.model_builder import ModelSource, WeightSource
@@ -55,7 +68,6 @@ from titanium.trainers.ppo_loss import generalized_advantages, kl_penalized_rewa
 logger = logging.getLogger("titanium")
 
 Rows = dict[str, torch.Tensor]
-MODEL_INPUTS = ("tokens", "positions", "document_ids")
 
 
 @dataclass
@@ -69,9 +81,29 @@ class PPOFields(Fields):
     returns: torch.Tensor = per_row()
     loss_mask: torch.Tensor = per_row()
     """``[B, T]`` the generated tokens (a final stop id included)."""
+    targets: torch.Tensor | None = per_token(default=None)
+    """Under context parallelism: the next token at each position (``titanium.generation.rollout.split_ready``)."""
+    slots: torch.Tensor | None = per_token(default=None)
+    """Under context parallelism: the response slot of that next token (-1: none)."""
 
     def units(self) -> torch.Tensor:
         return self.loss_mask.sum()
+
+
+@dataclass
+class ScoreFields(Fields):
+    """A chunk of rollout rows to score in ``prepare`` (values, the reward model's score), as ``PPOFields`` places
+    them: where each row's score is read, and the same ``targets`` and ``slots``."""
+
+    score_at: torch.Tensor = per_token()
+    """``[B, S]`` True at the response's last token (the prompt's last token for an empty response)."""
+    targets: torch.Tensor | None = per_token(default=None)
+    slots: torch.Tensor | None = per_token(default=None)
+
+
+def response_parts(fields: PPOFields | ScoreFields) -> ResponseTargets | None:
+    """Where this rank's positions put their response tokens under context parallelism (None: whole rows)."""
+    return None if fields.targets is None or fields.slots is None else ResponseTargets(fields.targets, fields.slots)
 
 
 ROW_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/response_len", "ppo/truncated")
@@ -104,12 +136,6 @@ def value_source(cfg: PPOSection, policy: Any, pad_id: int | None, vocab_size: i
     return ModelSource(reward_spec(policy.spec, pad_token_id=pad_id), policy.args)
 
 
-def in_chunks(rows: Rows, size: int) -> Iterator[dict[str, torch.Tensor]]:
-    """The model inputs of ``rows``, ``size`` rows at a time."""
-    for start in range(0, rows["tokens"].shape[0], size):
-        yield {k: rows[k][start : start + size] for k in MODEL_INPUTS}
-
-
 class PPOObjective(Objective):
     """PPO on prompts (``[data] kind = chat, instruct or text``), configured by ``[ppo]``.
 
@@ -125,12 +151,19 @@ class PPOObjective(Objective):
     def frozen_sources(
         cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
     ) -> list[ModelSource]:
-        """The reference (with ``kl_coef > 0``) and the reward model. (The value model is trained: not counted.)"""
+        """The reference (with ``kl_coef > 0``) and the reward model (the value model trains: ``trainable_sources``)."""
         reference = [start] if section.kl_coef > 0 else []
         if not section.reward_model_path:
             return reference
         path = section.reward_model_path
         return [*reference, scalar_head_source(start.spec, path, "reward_model_path", None, vocab_size, seq_len)]
+
+    @classmethod
+    def trainable_sources(
+        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
+    ) -> list[ModelSource]:
+        """The value model (trained beside the policy, with its own AdamW)."""
+        return [value_source(section, start, None, vocab_size, seq_len)]
 
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection, rollout: RolloutSection | None = None
@@ -138,6 +171,7 @@ class PPOObjective(Objective):
         """``rollout``: the ``[rollout]`` section (the engine to generate with; its defaults when not given)."""
         assert ctx.models is not None, "PPO follows the live policy: the loop must hand it (ObjectiveContext.models)"
         self.cfg, self.device, self.policy = cfg, ctx.device, ctx.models.policy()
+        self.placement, self.sequence_multiple = ctx.placement, ctx.sequence_multiple
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
         self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
         template = (
@@ -214,13 +248,17 @@ class PPOObjective(Objective):
         batches = [
             Batch(
                 part["tokens"],
-                PPOFields(part["old_logprobs"], part["old_values"], part["advantages"], part["returns"], part["mask"]),
+                PPOFields(
+                    *(part[k] for k in ("old_logprobs", "old_values", "advantages", "returns", "mask")),
+                    part.get("targets"),
+                    part.get("slots"),
+                ),
                 positions=part["positions"],
                 document_ids=part["document_ids"],
             )
             for part in parts
         ]
-        return Prepared(batches, metrics)
+        return Prepared([self.placement.place(batch) for batch in batches], metrics)
 
     def _next_prompts(self, n: int) -> list[PromptSample]:
         if self._prompt_stream is None:
@@ -237,17 +275,15 @@ class PPOObjective(Objective):
         mask = rollout.response_mask.to(self.device)
         width = mask.shape[1]
         rows["mask"] = mask
-        logprobs = self._gathered(
-            batch_logprobs(self.policy.forward, rows, width, cfg.temperature, self.local_batch_size)
-        )
-        ref_logprobs = None
-        if self.reference is not None:
-            ref_logprobs = batch_logprobs(self._reference_logits, rows, width, cfg.temperature, self.local_batch_size)
+        if self.placement.split:  # (each rank runs the models on its part of every row)
+            rows = split_ready(rows, width, self.sequence_multiple, self.tokenizer.pad_id)
+        logprobs = self._gathered(self._logprobs(self.policy.forward, rows, width))
+        ref_logprobs = self._logprobs(self._reference_logits, rows, width) if self.reference is not None else None
         finished = rollout.finished.to(self.device)
         scores = rollout.rewards.total.to(self.device, torch.float32) - cfg.missing_eos_penalty * (~finished).float()
-        if self.reward_model is not None:
-            scores = scores + self._reward_scores(rows, rollout.prompt_width)
-        values = self._values(rows, width)
+        values, reward_scores = self._scores(rows, width)
+        if reward_scores is not None:
+            scores = scores + reward_scores
         rewards, kl = kl_penalized_rewards(scores, logprobs * mask, ref_logprobs, mask, cfg.kl_coef)
         advantages, returns = generalized_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
         group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
@@ -285,31 +321,45 @@ class PPOObjective(Objective):
         assert self.reference is not None
         return self.reference(Batch(inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"]))
 
-    def _reward_scores(self, rows: Rows, prompt_width: int) -> torch.Tensor:
-        """``[B]`` the reward model's score of each prompt + response, read at the response's last token (the
-        prompt's last token for an empty response)."""
-        assert self.reward_model is not None
-        last = prompt_width + rows["mask"].sum(dim=1) - 1
-        parts = []
-        for start, inputs in zip(range(0, len(last), self.local_batch_size), in_chunks(rows, self.local_batch_size)):
-            scores = self.reward_model(Batch(inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"]))
-            assert scores is not None
-            index = last[start : start + len(inputs["tokens"])]
-            parts.append(scores.squeeze(-1).float().gather(1, index[:, None]).squeeze(1))
-        return torch.cat(parts)
-
-    def _value_forward(self, inputs: dict[str, torch.Tensor], width: int) -> torch.Tensor:
-        """``[B, T]`` the value model's values of the response positions (the value at t is read where token t is
-        predicted, as the log-probs are)."""
-        with self.value.autocast():
-            out = self.value.model(**{k: inputs[k] for k in MODEL_INPUTS})
-        if isinstance(out, DTensor):
-            out = out.full_tensor()
-        return out.squeeze(-1).float()[:, -width - 1 : -1]
+    def _logprobs(self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows: Rows, width: int):
+        """``[B, T]`` log-probs of the responses under ``forward``, a microbatch of rows at a time (under context
+        parallelism each rank's part of them, completed over the cp group)."""
+        t = self.cfg.temperature
+        return batch_logprobs(forward, rows, width, t, self.local_batch_size, self.placement)
 
     @torch.no_grad()
-    def _values(self, rows: Rows, width: int) -> torch.Tensor:
-        return torch.cat([self._value_forward(inputs, width) for inputs in in_chunks(rows, self.local_batch_size)])
+    def _scores(self, rows: Rows, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``([B, T], [B] or None)``: the value model's values of the response positions, and the reward model's
+        score of each prompt + response, read at the response's last token (the prompt's last token for an empty
+        response; under context parallelism one rank holds it, the others add zeros). None without a reward
+        model."""
+        seq = rows["tokens"].shape[1]
+        score_at = torch.zeros_like(rows["tokens"], dtype=torch.bool)
+        last = seq - width + rows["mask"].sum(dim=1) - 1
+        score_at[torch.arange(len(last), device=last.device), last] = True
+        rows, values, scores = {**rows, "score_at": score_at}, [], []
+        for start in range(0, len(last), self.local_batch_size):
+            part = {k: v[start : start + self.local_batch_size] for k, v in rows.items()}
+            fields = ScoreFields(part["score_at"], part.get("targets"), part.get("slots"))
+            batch = self.placement.place(Batch(part["tokens"], fields, part["positions"], part["document_ids"]))
+            values.append(self._value_forward(batch, width))
+            if self.reward_model is not None:
+                out = self.reward_model(batch)
+                assert out is not None
+                here = torch.where(batch.fields.score_at, out.squeeze(-1).float(), 0.0).sum(dim=1)
+                scores.append(self.placement.add_parts(here))
+        return torch.cat(values), torch.cat(scores) if scores else None
+
+    def _value_forward(self, batch: Batch[PPOFields] | Batch[ScoreFields], width: int) -> torch.Tensor:
+        """``[B, T]`` the value model's values of the response positions of a (placed) microbatch: the value at t is
+        read where token t is predicted, as the log-probs are (under context parallelism completed over the cp
+        group, with their gradient)."""
+        with self.value.autocast():
+            out = self.value.model(**batch.model_inputs())
+        if isinstance(out, DTensor):
+            out = out.full_tensor()
+        local, _, slots = local_responses(out.squeeze(-1).float(), batch.tokens, width, response_parts(batch.fields))
+        return whole_responses(local, slots, width, self.placement)
 
     # ----- the loss -----
 
@@ -318,11 +368,12 @@ class PPOObjective(Objective):
         fields, cfg = batch.fields, self.cfg
         mask = fields.loss_mask
         width = mask.shape[1]
-        logits = output.logits[:, -width - 1 : -1]
-        if isinstance(logits, DTensor):
+        # the response tokens' logits (at i predict token i + 1): of this rank's part under context parallelism
+        logits, next_tokens, slots = local_responses(output.logits, batch.tokens, width, response_parts(fields))
+        if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
             logits = logits.full_tensor()
-        logprobs = token_logprobs(logits, batch.tokens[:, -width:], cfg.temperature)
-        values = self._value_forward(batch.model_inputs(), width)
+        logprobs = whole_responses(token_logprobs(logits, next_tokens, cfg.temperature), slots, width, self.placement)
+        values = self._value_forward(batch, width)
         sums = ppo_loss(
             logprobs,
             fields.old_logprobs,
@@ -336,7 +387,8 @@ class PPOObjective(Objective):
             vf_coef=cfg.vf_coef,
         )
         with torch.no_grad():
-            entropy = masked_entropy_sum(logits, mask, cfg.temperature)
+            local_mask = mask if slots is None else mask[:, slots]
+            entropy = self.placement.add_parts(masked_entropy_sum(logits, local_mask, cfg.temperature))
         tokens = sums.tokens
         metrics = {
             "ppo/policy_loss": (sums.policy, tokens),
