@@ -125,6 +125,45 @@ def test_server_mode_engine_ends_when_the_trainer_dies(server) -> None:
     assert not running(server["pid"])
 
 
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("shared")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    run([*torchrun, "-m", "tests.vllm.shared_checks", str(out)])
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_one_engine_for_the_job_gives_each_rank_what_its_own_engine_would(shared) -> None:
+    """Two FSDP ranks with their own prompts and seeds: the job's one engine (owned by rank 0) answers each rank
+    bitwise as the rank's own engine process did, greedy and seeded sampling (tokens and log-probs)."""
+    assert [rank["owns_engine"] for rank in shared] == [True, False]
+    for rank in shared:
+        assert rank["job_equals_rank"] == {"greedy": True, "sampled": True}, rank["job_equals_rank"]
+    assert shared[0]["sampled"] != shared[1]["sampled"]  # (each rank's own prompts and seed)
+    assert len(shared[0]["rank_engines_mb"]) == 2 and len(shared[0]["job_engine_mb"]) == 1
+
+
+def test_one_engine_for_the_job_serves_the_synced_policy(shared) -> None:
+    """Every rank's sampled log-probs equal the sharded policy's (at A, and at B after a sync: version 1); the
+    engine's teacher-forced log-probs too, and at B they are far from A's (a stale sync is caught)."""
+    for rank in shared:
+        assert close(rank["sampled_vs_titanium_a"]) and close(rank["sampled_vs_titanium_b"]), rank
+        assert rank["version_a"] == 0 and rank["version_b"] == 1 and rank["sync_b"]["blocks"] == 5
+        assert rank["policy_b_vs_a"]["max"] > STEP_MOVES_LOGPROBS
+    owner = shared[0]
+    assert close(owner["engine_vs_policy_a"]) and close(owner["engine_vs_policy_b"]), owner
+    assert not close(owner["engine_b_vs_policy_a"])
+
+
+def test_one_engine_for_the_job_on_a_generation_thread_and_with_equal_requests(shared) -> None:
+    """Generation on GRPO's thread while the loop runs its own collectives gives the same tokens; two ranks
+    sending one request (tensor-parallel ranks do) both get its answer; close ends the engine process."""
+    for rank in shared:
+        assert rank["thread_generates_the_same"] and rank["closed"]
+        assert rank["same_request"] == shared[0]["sampled_b"]  # (rank 0's request, at B)
+    assert not running(shared[0]["pid"])
+
+
 def grpo(out: Path, policy: Path, mode: str) -> str:
     """GRPO through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded head_dim-32 Llama from a
     Hugging Face folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the
