@@ -164,33 +164,38 @@ def test_one_engine_for_the_job_on_a_generation_thread_and_with_equal_requests(s
     assert not running(shared[0]["pid"])
 
 
-def grpo(out: Path, policy: Path, mode: str) -> str:
+def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1) -> str:
     """GRPO through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded head_dim-32 Llama from a
-    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the
-    weights); its log."""
-    from tests.helpers import tiny_args
+    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch of 16 per rank and step, a length reward so every step
+    moves the weights) on ``nproc`` ranks; its log."""
+    from tests.helpers import tiny_args, train_cmd
 
     args = tiny_args(
         out, "--training.objective", "grpo", "--data.kind", "chat",
         "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
         "--checkpoint.initial_load_path", str(policy), "--checkpoint.initial_load_in_hf",
-        "--training.steps", "3", "--training.local_batch_size", "16", "--training.global_batch_size", "16",
+        "--training.steps", "3", "--training.local_batch_size", "16",
+        "--training.global_batch_size", str(16 * nproc),
         "--grpo.group_size", "8", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
         "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.old_logprobs", "recompute",
         "--optimizer.lr", "1e-2", "--lr_scheduler.warmup_steps", "0", "--rollout.engine", "vllm",
-        "--rollout.mode", mode,
+        "--rollout.mode", mode, *extra,
     )  # fmt: skip
-    return run([sys.executable, "-m", "titanium.train", *args])
+    return run(train_cmd(args, nproc))
 
 
 @pytest.fixture(scope="module")
 def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """The same GRPO job with vLLM colocated and in server mode: mode -> (its TensorBoard folder, its log)."""
+    """The same GRPO job with vLLM colocated and in server mode, and on 2 ranks with one engine process for the
+    job generating on GRPO's thread (policy lag 1): run -> (its TensorBoard folder, its log)."""
     from tests.helpers import load_script
 
     root = tmp_path_factory.mktemp("grpo")
     policy = load_script("benchmarks/grpo_engines.py").make_policy(root / "policy")
-    return {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
+    runs = {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
+    shared = ("--rollout.server_per", "job", "--grpo.max_policy_lag", "1")
+    runs["job"] = (root / "job" / "tb", grpo(root / "job", policy, "server", *shared, nproc=2))
+    return runs
 
 
 @pytest.mark.parametrize("mode", ["colocated", "server"])
@@ -216,3 +221,17 @@ def test_grpo_in_server_mode_equals_colocated(grpo_runs) -> None:
         assert sorted(server) == [1, 2, 3] and server == colocated, (tag, colocated, server)
     pid = int(re.search(r"vLLM engine process (\d+) started", grpo_runs["server"][1]).group(1))
     assert not running(pid) and "did not exit" not in grpo_runs["server"][1]
+
+
+def test_grpo_on_two_ranks_with_one_engine_for_the_job_generating_ahead(grpo_runs) -> None:
+    """2 FSDP ranks, one engine process (rank 0's) for both, the next batch generated on GRPO's thread while the
+    step trains (the shared engine's gathers run beside FSDP's): the first batch's engine log-probs equal the
+    trainer's (the later ones were sampled one version back: lag 1), and the job's end closed the engine."""
+    from tests.helpers import scalars
+
+    tb, log = grpo_runs["job"]
+    assert scalars(tb, "grpo/logprob_mismatch_max")[1] <= PER_TOKEN
+    assert scalars(tb, "grpo/policy_lag") == {1: 0.0, 2: 1.0, 3: 1.0}
+    assert len(scalars(tb, "grpo/time/sync")) == 3 and len(scalars(tb, LOSS_TAG)) == 3
+    pids = [int(pid) for pid in re.findall(r"vLLM engine process (\d+) started", log)]
+    assert len(pids) == 1 and not running(pids[0]) and "did not exit" not in log
