@@ -1,7 +1,8 @@
 """``torchrun --nproc_per_node 2 -m tests.vllm.shared_checks OUT_DIR``: one vLLM engine process for the job.
 
 Both ranks train the small head_dim-32 Llama of ``engine_checks`` sharded with FSDP2 (gloo) and each has its own
-prompts and seed. First every rank starts its own engine process (``--rollout.server_per rank``, today's server
+prompts and seed. First a model the engine refuses (head_dim 16): rank 0's engine fails to start and every rank
+raises its error. Then every rank starts its own engine process (``--rollout.server_per rank``, today's server
 mode), syncs the policy A and generates greedily and at temperature 1; those engines are closed. Then rank 0 alone
 starts one engine for the job (``server_per job``), every rank syncs A into it and generates the same requests: each
 rank must get back exactly what its own engine gave it. Then one training step at a large learning rate (B), a sync,
@@ -35,6 +36,7 @@ from tests.vllm.engine_checks import (
     vllm_engine,
 )
 from tests.vllm.server_checks import running
+from titanium.config.loader import ConfigError
 from titanium.generation.background import GenerationWorker
 from titanium.generation.sampling import SamplingParams
 from titanium.parallel.distributed import shutdown_distributed
@@ -79,6 +81,12 @@ def main(out: Path) -> None:
     seqs = sequences()
     prompts, seed = seqs[4 * rank : 4 * rank + 4], 1000 * rank + 7  # each rank's own
     results: dict[str, Any] = {"trainer_mb_start": rss_mb()}
+    try:  # a model vLLM's CPU attention cannot serve (head_dim 16): rank 0's engine fails to start, every rank raises
+        vllm_engine(
+            spec, dataclasses.replace(args, n_heads=8), seed=rank, stop_ids={2}, mode="server", server_per="job"
+        )
+    except ConfigError as e:
+        results["start_error"] = str(e)
 
     own = vllm_engine(spec, args, seed=rank, stop_ids={2}, mode="server", server_per="rank")
     own.sync_from(model, version=0)
