@@ -2,8 +2,9 @@
 
 vLLM changes process-wide state (thread count, memory binding, torch.distributed), so each check program runs in a
 process of its own and these tests assert on what it measured: ``engine_checks`` (one process; Llama, and Qwen3
-with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank) and
-``server_checks`` (server mode: an engine process of its own); GRPO runs through the trainer in both modes.
+with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank),
+``server_checks`` (server mode: an engine process of its own) and ``shared_checks`` (2 ranks, one engine process for
+the job against one per rank); GRPO runs through the trainer in both modes, and on 2 ranks with one engine.
 Tolerances (fp32): 5e-5 per token and 5e-6 on the mean; observed about 1e-6 and 2e-7 (research note: up to 6.7e-6).
 A step at lr 3e-3 moves the policy's log-probs by ~0.4, so a skipped or stale sync fails by four orders of
 magnitude. Run them with ``pytest tests/vllm`` in an environment with vLLM (see .ci/run); elsewhere they skip.
