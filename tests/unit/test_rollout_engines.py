@@ -10,8 +10,9 @@ import dataclasses
 import pytest
 import torch
 
+from tests.helpers import REPO
 from titanium.checkpoint.full_blocks import block_name, full_blocks
-from titanium.config.loader import ConfigError
+from titanium.config.loader import ConfigError, load_config
 from titanium.config.sections import LoRASection, RolloutSection
 from titanium.errors import UserError
 from titanium.generation.engine import build_engine
@@ -141,9 +142,34 @@ def test_build_engine_picks_the_configured_engine() -> None:
                 build_engine(
                     RolloutSection(engine="vllm", mode=mode), SPEC, ARGS, training_dtype=torch.float32, **kwargs
                 )
-    with pytest.raises(ConfigError, match="--rollout.mode server runs on CPU only"):  # (before vLLM is looked for)
-        cuda = {**kwargs, "device": torch.device("cuda")}
-        build_engine(RolloutSection(engine="vllm", mode="server"), SPEC, ARGS, training_dtype=torch.float32, **cuda)
+    for per in ("rank", "job"):  # (before vLLM is looked for, and before a process or group is made)
+        with pytest.raises(ConfigError, match="--rollout.mode server runs on CPU only"):
+            cuda = {**kwargs, "device": torch.device("cuda")}
+            server = RolloutSection(engine="vllm", mode="server", server_per=per)
+            build_engine(server, SPEC, ARGS, training_dtype=torch.float32, **cuda)
+
+
+GRPO_VLLM = [
+    "--training.objective", "grpo", "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
+    "--training.local_batch_size", "16", "--grpo.max_prompt_len", "64", "--rollout.engine", "vllm",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--rollout.server_per", "job"], "--rollout.server_per job places the engine processes of --rollout.mode"),
+        (
+            ["--rollout.mode", "server", "--rollout.server_per", "job", "--grpo.dynamic_sampling"],
+            "use --rollout.server_per rank",
+        ),
+    ],
+)
+def test_bad_rollout_config_is_reported(args: list[str], message: str, monkeypatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(ConfigError) as err:
+        load_config([*GRPO_VLLM, *args])
+    assert message in str(err.value)
 
 
 @pytest.mark.cuda

@@ -49,10 +49,11 @@ def policy(family: str) -> tuple[Any, Any, torch.nn.Module]:
     return spec, args, model
 
 
-def vllm_engine(spec: Any, args: Any, seed: int, stop_ids: set[int], mode: str = "colocated") -> Any:
-    """A vLLM engine on CPU for the test policy (float32, prompts plus answers up to 512 tokens)."""
+def vllm_engine(spec: Any, args: Any, seed: int, stop_ids: set[int], **rollout: Any) -> Any:
+    """A vLLM engine on CPU for the test policy (float32, prompts plus answers up to 512 tokens); ``rollout``:
+    [rollout] keys (mode, server_per)."""
     return build_engine(
-        RolloutSection(engine="vllm", mode=mode, max_num_batched_tokens=4096),
+        RolloutSection(engine="vllm", max_num_batched_tokens=4096, **rollout),
         spec,
         args,
         stop_ids=stop_ids,
@@ -92,6 +93,15 @@ def engine_logprobs(engine: Any, seqs: list[list[int]]) -> torch.Tensor:
     params = VLLMSampling(max_tokens=1, prompt_logprobs=0, temperature=0.0)
     outs = engine.llm.generate([{"prompt_token_ids": s} for s in seqs], params, use_tqdm=False)
     return torch.tensor([[o.prompt_logprobs[t][s[t]].logprob for t in range(1, len(s))] for o, s in zip(outs, seqs)])
+
+
+def sampled_vs_titanium(model: torch.nn.Module, prompts: list[list[int]], out: Any) -> dict[str, float]:
+    """The engine's log-probs of the tokens it sampled after ``prompts`` (of one length; ``out``: its
+    ``Generation``) against titanium's forward of prompt plus answer, at temperature 1."""
+    mask = out.mask()
+    full = [prompt + out.tokens[row].tolist() for row, prompt in enumerate(prompts)]
+    expected = titanium_logprobs(model, full)[:, len(prompts[0]) - 1 :]
+    return diff(out.logprobs[mask], expected[mask])
 
 
 def diff(a: torch.Tensor, b: torch.Tensor) -> dict[str, float]:

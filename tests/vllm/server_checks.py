@@ -27,6 +27,7 @@ from tests.vllm.engine_checks import (
     engine_logprobs,
     one_large_step,
     policy,
+    sampled_vs_titanium,
     sequences,
     titanium_logprobs,
     vllm_engine,
@@ -65,13 +66,10 @@ def main() -> None:
     results["engine_b_vs_titanium_a"] = diff(engine_b, a)
     out = engine.generate(seqs[:4], SamplingParams(max_new_tokens=16), seed=3)
     results["version"] = out.version
-    mask = out.generation.mask()
-    full = [seqs[row] + out.generation.tokens[row].tolist() for row in range(4)]
-    expected = titanium_logprobs(model, full)[:, len(seqs[0]) - 1 :]
-    results["sampled_vs_titanium"] = diff(out.generation.logprobs[mask], expected[mask])
+    results["sampled_vs_titanium"] = sampled_vs_titanium(model, seqs[:4], out.generation)
     worker = GenerationWorker(engine.background)  # GRPO's generation thread (max_policy_lag > 0)
     later = worker.submit(lambda: engine.generate(seqs[:4], SamplingParams(max_new_tokens=16), seed=3))
-    titanium_logprobs(model, full)  # (the loop's work meanwhile)
+    titanium_logprobs(model, seqs)  # (the loop's work meanwhile)
     results["thread_generates_the_same"] = torch.equal(later.result().generation.tokens, out.generation.tokens)
     worker.close()
     results["trainer_threads_unchanged"] = torch.get_num_threads() == threads

@@ -2,8 +2,9 @@
 
 vLLM changes process-wide state (thread count, memory binding, torch.distributed), so each check program runs in a
 process of its own and these tests assert on what it measured: ``engine_checks`` (one process; Llama, and Qwen3
-with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank) and
-``server_checks`` (server mode: an engine process of its own); GRPO runs through the trainer in both modes.
+with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank),
+``server_checks`` (server mode: an engine process of its own) and ``shared_checks`` (2 ranks, one engine process for
+the job against one per rank); GRPO runs through the trainer in both modes, and on 2 ranks with one engine.
 Tolerances (fp32): 5e-5 per token and 5e-6 on the mean; observed about 1e-6 and 2e-7 (research note: up to 6.7e-6).
 A step at lr 3e-3 moves the policy's log-probs by ~0.4, so a skipped or stale sync fails by four orders of
 magnitude. Run them with ``pytest tests/vllm`` in an environment with vLLM (see .ci/run); elsewhere they skip.
@@ -125,33 +126,79 @@ def test_server_mode_engine_ends_when_the_trainer_dies(server) -> None:
     assert not running(server["pid"])
 
 
-def grpo(out: Path, policy: Path, mode: str) -> str:
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("shared")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    run([*torchrun, "-m", "tests.vllm.shared_checks", str(out)])
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_one_engine_for_the_job_gives_each_rank_what_its_own_engine_would(shared) -> None:
+    """Two FSDP ranks with their own prompts and seeds: the job's one engine (owned by rank 0) answers each rank
+    bitwise as the rank's own engine process did, greedy and seeded sampling (tokens and log-probs)."""
+    assert [rank["owns_engine"] for rank in shared] == [True, False]
+    for rank in shared:  # (rank 0's engine could not start: its error, raised on every rank)
+        assert "vLLM's CPU attention supports head_dim" in rank.get("start_error", ""), rank.get("start_error")
+    for rank in shared:
+        assert rank["job_equals_rank"] == {"greedy": True, "sampled": True}, rank["job_equals_rank"]
+    assert shared[0]["sampled"] != shared[1]["sampled"]  # (each rank's own prompts and seed)
+    assert len(shared[0]["rank_engines_mb"]) == 2 and len(shared[0]["job_engine_mb"]) == 1
+
+
+def test_one_engine_for_the_job_serves_the_synced_policy(shared) -> None:
+    """Every rank's sampled log-probs equal the sharded policy's (at A, and at B after a sync: version 1); the
+    engine's teacher-forced log-probs too, and at B they are far from A's (a stale sync is caught)."""
+    for rank in shared:
+        assert close(rank["sampled_vs_titanium_a"]) and close(rank["sampled_vs_titanium_b"]), rank
+        assert rank["version_a"] == 0 and rank["version_b"] == 1 and rank["sync_b"]["blocks"] == 5
+        assert rank["policy_b_vs_a"]["max"] > STEP_MOVES_LOGPROBS
+    owner = shared[0]
+    assert close(owner["engine_vs_policy_a"]) and close(owner["engine_vs_policy_b"]), owner
+    assert not close(owner["engine_b_vs_policy_a"])
+
+
+def test_one_engine_for_the_job_on_a_generation_thread_and_with_equal_requests(shared) -> None:
+    """Generation on GRPO's thread while the loop runs its own collectives gives the same tokens; two ranks
+    sending one request (tensor-parallel ranks do) both get its answer; close ends the engine process."""
+    for rank in shared:
+        assert rank["thread_generates_the_same"] and rank["closed"]
+        assert rank["same_request"] == shared[0]["sampled_b"]  # (rank 0's request, at B)
+    assert not running(shared[0]["pid"])
+
+
+def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1) -> str:
     """GRPO through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded head_dim-32 Llama from a
-    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch per step, a length reward so every step moves the
-    weights); its log."""
-    from tests.helpers import tiny_args
+    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch of 16 per rank and step, a length reward so every step
+    moves the weights) on ``nproc`` ranks; its log."""
+    from tests.helpers import tiny_args, train_cmd
 
     args = tiny_args(
         out, "--training.objective", "grpo", "--data.kind", "chat",
         "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
         "--checkpoint.initial_load_path", str(policy), "--checkpoint.initial_load_in_hf",
-        "--training.steps", "3", "--training.local_batch_size", "16", "--training.global_batch_size", "16",
+        "--training.steps", "3", "--training.local_batch_size", "16",
+        "--training.global_batch_size", str(16 * nproc),
         "--grpo.group_size", "8", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
         "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.old_logprobs", "recompute",
         "--optimizer.lr", "1e-2", "--lr_scheduler.warmup_steps", "0", "--rollout.engine", "vllm",
-        "--rollout.mode", mode,
+        "--rollout.mode", mode, *extra,
     )  # fmt: skip
-    return run([sys.executable, "-m", "titanium.train", *args])
+    return run(train_cmd(args, nproc))
 
 
 @pytest.fixture(scope="module")
 def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
-    """The same GRPO job with vLLM colocated and in server mode: mode -> (its TensorBoard folder, its log)."""
+    """The same GRPO job with vLLM colocated and in server mode, and on 2 ranks with one engine process for the
+    job generating on GRPO's thread (policy lag 1): run -> (its TensorBoard folder, its log)."""
     from tests.helpers import load_script
 
     root = tmp_path_factory.mktemp("grpo")
     policy = load_script("benchmarks/grpo_engines.py").make_policy(root / "policy")
-    return {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
+    runs = {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
+    shared = ("--rollout.server_per", "job", "--grpo.max_policy_lag", "1")
+    runs["job"] = (root / "job" / "tb", grpo(root / "job", policy, "server", *shared, nproc=2))
+    return runs
 
 
 @pytest.mark.parametrize("mode", ["colocated", "server"])
@@ -177,3 +224,17 @@ def test_grpo_in_server_mode_equals_colocated(grpo_runs) -> None:
         assert sorted(server) == [1, 2, 3] and server == colocated, (tag, colocated, server)
     pid = int(re.search(r"vLLM engine process (\d+) started", grpo_runs["server"][1]).group(1))
     assert not running(pid) and "did not exit" not in grpo_runs["server"][1]
+
+
+def test_grpo_on_two_ranks_with_one_engine_for_the_job_generating_ahead(grpo_runs) -> None:
+    """2 FSDP ranks, one engine process (rank 0's) for both, the next batch generated on GRPO's thread while the
+    step trains (the shared engine's gathers run beside FSDP's): the first batch's engine log-probs equal the
+    trainer's (the later ones were sampled one version back: lag 1), and the job's end closed the engine."""
+    from tests.helpers import scalars
+
+    tb, log = grpo_runs["job"]
+    assert scalars(tb, "grpo/logprob_mismatch_max")[1] <= PER_TOKEN
+    assert scalars(tb, "grpo/policy_lag") == {1: 0.0, 2: 1.0, 3: 1.0}
+    assert len(scalars(tb, "grpo/time/sync")) == 3 and len(scalars(tb, LOSS_TAG)) == 3
+    pids = [int(pid) for pid in re.findall(r"vLLM engine process (\d+) started", log)]
+    assert len(pids) == 1 and not running(pids[0]) and "did not exit" not in log

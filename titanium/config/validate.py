@@ -396,6 +396,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
     if r.mode == "server" and r.engine != "vllm":
         yield "--rollout.mode server starts vLLM in processes of its own: set --rollout.engine vllm (or mode colocated)"
+    if r.server_per != "rank" and r.mode != "server":
+        yield f"--rollout.server_per {r.server_per} places the engine processes of --rollout.mode server; set that mode"
     objective = cfg.training.objective
     changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
     if changed and objective not in ("grpo", "ppo") and ":" not in objective:  # (your own objective may read it)
@@ -408,6 +410,11 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         yield (
             "--rollout.tensor_parallel_size: GRPO gives every training rank its own prompts, so ranks cannot share "
             "one vLLM engine yet; set it to 1"
+        )
+    if r.server_per == "job" and g.dynamic_sampling:
+        yield (
+            "--grpo.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but "
+            "--rollout.server_per job generates every rank's prompts together; use --rollout.server_per rank"
         )
     if r.engine == "vllm" and r.compile:
         yield "--rollout.compile compiles the titanium engine's decode step; vLLM compiles its own: leave it off"

@@ -128,8 +128,13 @@ def build_engine(
     if cfg.engine == "vllm":
         from titanium.generation.vllm_engine import VLLMEngine
         from titanium.generation.vllm_server import VLLMServerEngine
+        from titanium.generation.vllm_shared import SharedServerEngine
 
-        return (VLLMServerEngine if cfg.mode == "server" else VLLMEngine)(
+        if cfg.mode == "server":
+            kind = SharedServerEngine if cfg.server_per == "job" else VLLMServerEngine
+        else:
+            kind = VLLMEngine
+        return kind(
             spec,
             args,
             cfg,

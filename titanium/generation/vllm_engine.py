@@ -139,10 +139,18 @@ class VLLMEngine(RolloutEngine):
         self.version = version
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
+        return self.generate_many([(prompts, seed)], params)[0]
+
+    def generate_many(
+        self, requests: Sequence[tuple[Sequence[Sequence[int]], int]], params: SamplingParams
+    ) -> list[Rollouts]:
+        """Several callers' prompts, each list with its own seed, in one engine call (one batch for the scheduler);
+        each caller's rows come back as its own ``Rollouts``, what ``generate`` would give it (every request has
+        its own seed: the caller's seed plus its row)."""
         from vllm import SamplingParams as VLLMSampling
 
         version, start = self.synced_version(), time.perf_counter()
-        requests = [
+        sampling = [
             VLLMSampling(
                 max_tokens=params.max_new_tokens,
                 temperature=params.temperature,
@@ -153,10 +161,17 @@ class VLLMEngine(RolloutEngine):
                 stop_token_ids=self.stop_ids,
                 ignore_eos=True,  # the stop ids are ours, not config.json's
             )
+            for prompts, seed in requests
             for row in range(len(prompts))
         ]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts], requests, use_tqdm=False)
-        return Rollouts(self._generation([o.outputs[0] for o in outs]), version, time.perf_counter() - start)
+        inputs = [{"prompt_token_ids": list(p)} for prompts, _ in requests for p in prompts]
+        outs = [o.outputs[0] for o in self.llm.generate(inputs, sampling, use_tqdm=False)]
+        seconds, first = time.perf_counter() - start, 0
+        rollouts = []
+        for prompts, _ in requests:
+            rollouts.append(Rollouts(self._generation(outs[first : first + len(prompts)]), version, seconds))
+            first += len(prompts)
+        return rollouts
 
     def _generation(self, outputs: list[Any]) -> Generation:
         """vLLM's completions as titanium's ``Generation``: ``[B, T]`` tokens (padding after a row's end; T the

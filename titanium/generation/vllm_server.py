@@ -1,9 +1,10 @@
 """vLLM in server mode: the engine in a process of its own, fed prompts and weights without touching disk.
 
-Each training process that builds the engine (one per data-parallel rank: GRPO gives every rank its own prompts)
-starts one engine process (a ``spawn`` child) that owns a colocated ``VLLMEngine`` in its own single-process
-torch.distributed group, so vLLM's process-wide state (threads, memory binding, its default group) stays out of
-the trainer. The two talk over a pipe: requests (generate, load a block, finish a sync, close) go one at a time and
+Each training process that builds the engine (one per data-parallel rank: GRPO gives every rank its own prompts;
+with ``--rollout.server_per job`` only global rank 0, serving every rank: ``vllm_shared``) starts one engine
+process (a ``spawn`` child) that owns a colocated ``VLLMEngine`` in its own single-process torch.distributed group,
+so vLLM's process-wide state (threads, memory binding, its default group) stays out of the trainer. The two talk
+over a pipe: requests (generate, load a block, finish a sync, close) go one at a time and
 every request waits for its answer, so a block's values are loaded before the trainer gathers the next one.
 
 Weights (CPU): each weight gets a shared-memory buffer the first time it is synced, handed to the engine process
@@ -52,15 +53,7 @@ class VLLMServerEngine(RolloutEngine):
 
     def __init__(self, spec: ModelSpec, args: Any, cfg: RolloutSection, *, device_type: str, **options: Any) -> None:
         """``options``: ``VLLMEngine``'s (stop ids, pad id, max_model_len, dtype, seed), for the engine process."""
-        from titanium.generation.vllm_engine import INSTALL
-
-        if device_type != "cpu":
-            raise ConfigError(
-                f"--rollout.mode server runs on CPU only so far (weights go through shared memory; the NCCL path for "
-                f"{device_type} is not built): use --rollout.mode colocated"
-            )
-        if importlib.util.find_spec("vllm") is None:
-            raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
+        check_server(device_type)
         context = mp.get_context("spawn")
         self._conn, child = context.Pipe()
         self.process = context.Process(
@@ -108,8 +101,14 @@ class VLLMServerEngine(RolloutEngine):
         self.version = version
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
+        return self.generate_many([(prompts, seed)], params)[0]
+
+    def generate_many(
+        self, requests: Sequence[tuple[Sequence[Sequence[int]], int]], params: SamplingParams
+    ) -> list[Rollouts]:
+        """``VLLMEngine.generate_many`` in the engine process: several callers' prompts in one request."""
         self.synced_version()
-        return self._request("generate", ([list(p) for p in prompts], params, seed))
+        return self._request("generate", ([([list(p) for p in prompts], seed) for prompts, seed in requests], params))
 
     def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(engine, *args)`` on the ``VLLMEngine`` in the engine process (``fn`` importable by name: it is
@@ -118,6 +117,19 @@ class VLLMServerEngine(RolloutEngine):
 
     def close(self) -> None:
         self._stop()
+
+
+def check_server(device_type: str) -> None:
+    """What server mode needs in the trainer's process: a CPU job (no NCCL path yet) and vLLM installed."""
+    from titanium.generation.vllm_engine import INSTALL
+
+    if device_type != "cpu":
+        raise ConfigError(
+            f"--rollout.mode server runs on CPU only so far (weights go through shared memory; the NCCL path for "
+            f"{device_type} is not built): use --rollout.mode colocated"
+        )
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
 
 
 def stop(process: multiprocessing.Process, conn: Connection) -> None:
@@ -143,8 +155,11 @@ def serve(conn: Connection, spec: ModelSpec, args: Any, cfg: RolloutSection, opt
     from titanium.generation.vllm_engine import VLLMEngine, free_port
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # (so that vLLM is closed on the way out)
-    # its own one-process group: the trainer's torchrun variables name the training job, not this process
+    # its own one-process group: the trainer's torchrun variables name the training job, not this process (and
+    # under torchrun, the agent's store flag would make it wait for a store at its own port that nobody serves)
     os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    os.environ.update(LOCAL_WORLD_SIZE="1", GROUP_RANK="0", GROUP_WORLD_SIZE="1")
+    os.environ.pop("TORCHELASTIC_USE_AGENT_STORE", None)
     try:
         engine = VLLMEngine(spec, args, cfg, **options)
     except BaseException as e:
@@ -181,7 +196,7 @@ def handle(engine: Any, buffers: dict[str, torch.Tensor], op: str, payload: Any)
     if op == "finish_sync":
         return engine.finish_sync(payload)
     if op == "generate":
-        return engine.generate(*payload)
+        return engine.generate_many(*payload)
     if op == "call":
         fn, args = payload
         return fn(engine, *args)

@@ -1,0 +1,102 @@
+"""vLLM in server mode with one engine process for the whole training job (``--rollout.server_per job``).
+
+Global rank 0 owns the engine process (a ``VLLMServerEngine``); the other ranks start none. ``generate`` is a
+collective of every training rank: each rank's prompts and seed are gathered to rank 0, which asks the engine for
+all of them in one request (one batch for vLLM's scheduler; identical requests, as the ranks of one data-parallel
+rank make under tensor/pipeline/context parallelism, are generated once) and sends each rank its own ``Rollouts``
+back. Every prompt keeps the seed it would have had in its own rank's engine (the rank's seed plus its row), so a
+rank gets what a per-rank engine would have sampled for it (tests/vllm checks this bitwise).
+
+The collectives run on a gloo group of their own, made here: GRPO may generate on a thread while the loop's
+forward, backward and gathers use the job's groups, and collectives of one group must not interleave from two
+threads. Every rank must call ``generate`` the same number of times in the same order (GRPO's dynamic sampling,
+whose rounds differ per rank, is refused with it by config validation).
+
+Weight sync: every rank runs ``sync_from`` (the block-by-block gathers are collectives of the training job); only
+rank 0 copies the blocks into shared memory and has the engine reload them and reset its prefix cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from titanium.config.sections import RolloutSection
+from titanium.generation.engine import RolloutEngine, Rollouts
+from titanium.generation.sampling import SamplingParams
+from titanium.generation.vllm_server import VLLMServerEngine, check_server
+from titanium.models.spec import ModelSpec
+
+logger = logging.getLogger(__name__)
+
+OWNER = 0
+"""The rank (in the engine's group: every rank of the job, in order) that owns the engine process."""
+
+Request = tuple[tuple[tuple[int, ...], ...], int]
+"""One rank's prompts and seed."""
+
+
+class SharedServerEngine(RolloutEngine):
+    background = True  # (its collectives have a group of their own; the engine process does the work)
+
+    def __init__(self, spec: ModelSpec, args: Any, cfg: RolloutSection, *, device_type: str, **options: Any) -> None:
+        """``options``: ``VLLMEngine``'s, for the engine process (its seed: the owner's)."""
+        check_server(device_type)
+        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        self.owner = self.group is None or dist.get_rank(self.group) == OWNER
+        self.server: VLLMServerEngine | None = None
+        error = None
+        if self.owner:
+            try:
+                self.server = VLLMServerEngine(spec, args, cfg, device_type=device_type, **options)
+            except Exception as e:
+                error = e
+        if self.group is not None:  # (every rank learns whether the engine started, and raises its error if not)
+            shared = [error]
+            dist.broadcast_object_list(shared, group=self.group, group_src=OWNER)
+            error = shared[0]
+        if error is not None:
+            raise error
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
+        self.synced_version()
+        request: Request = (tuple(tuple(p) for p in prompts), seed)
+        if self.group is None:
+            answer = self._answers([request], params)[0]
+        else:
+            requests: list[Any] | None = [None] * dist.get_world_size(self.group) if self.owner else None
+            dist.gather_object(request, requests, group=self.group, group_dst=OWNER)
+            answers = self._answers(requests, params) if requests is not None else None
+            mine: list[Any] = [None]
+            dist.scatter_object_list(mine, answers, group=self.group, group_src=OWNER)
+            answer = mine[0]
+        if isinstance(answer, Exception):  # (the engine's error, raised on every rank)
+            raise answer
+        return answer
+
+    def _answers(self, requests: list[Request], params: SamplingParams) -> list[Rollouts | Exception]:
+        """The owner's part of ``generate``: every rank's request in one engine call, its rollouts per rank."""
+        assert self.server is not None
+        distinct = list(dict.fromkeys(requests))
+        try:
+            made = dict(zip(distinct, self.server.generate_many(distinct, params)))
+        except Exception as e:
+            return [e] * len(requests)
+        return [made[request] for request in requests]
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
+        if self.server is not None:  # (the other ranks only took part in the gathers)
+            self.server.load_weights(weights)
+
+    def finish_sync(self, version: int) -> None:
+        if self.server is not None:
+            self.server.finish_sync(version)
+        self.version = version
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
