@@ -138,9 +138,9 @@ def lay_row(
     pad = width - len(row["input"])
     if pad < 0:
         raise ValueError(f"pieces of {len(row['input'])} tokens do not fit a row of {width}")
-    fill = {"input": pad_id, "document_ids": documents, "parent_ids": documents, "response_ids": NO_SIDE}
+    fill = {"input": pad_id, "label": IGNORE_INDEX, "label_sources": 0, "prompt_labels": IGNORE_INDEX}
+    fill.update(document_ids=documents, parent_ids=documents, response_ids=NO_SIDE)
     for key, values in row.items():
-        values += list(range(pad)) if key == "positions" else [fill.get(key, IGNORE_INDEX)] * pad
-    row["label_sources"][width - pad :] = [0] * pad
+        values += list(range(pad)) if key == "positions" else [fill[key]] * pad
     tensors = {key: torch.tensor(values, dtype=torch.long) for key, values in row.items()}
     return {**tensors, "reference_logps": torch.tensor(reference), "pairs": torch.tensor(pairs)}
