@@ -304,6 +304,7 @@ def test_shared_prompt_batches_hold_each_pair_in_one_row_learning_what_its_seque
     for batch in loader:
         n = int(batch["pairs_per_row"].sum())
         assert batch["input"].shape == (2, 2 * seq_len) and (n >= 2 if packing else n == 2)
+        assert batch["positions"].max() < seq_len  # (the model's positions), padding included
         responses: dict[tuple[int, int], list[tuple[int, int]]] = {}
         for r in range(2):
             tokens, labels, sources, ids = (

@@ -16,6 +16,7 @@ from titanium.models.common.attention import document_causal_mask
 from titanium.models.common.attention_kernels import document_block_mask
 
 VOCAB = 300
+SEQ_LEN = 64
 
 
 def sequence(prompt: list[int], response: list[int]) -> dict[str, list[int]]:
@@ -38,7 +39,8 @@ PAIRS = [random_pair(0, 9, 4, 6), random_pair(1, 3, 7, 2), random_pair(2, 5, 3, 
 
 def layout_mask(pairs: list[PreferencePair], width: int) -> torch.Tensor:
     """Which columns each column sees, written out from the layout: a prompt token the prompt up to itself, a
-    response token the prompt and its own response up to itself, padding the padding up to itself."""
+    response token the prompt and its own response up to itself, padding the padding at positions up to its own
+    (they count from 0 again every SEQ_LEN columns: the model has SEQ_LEN positions)."""
     spans: list[list[int]] = []  # for every column: the columns of the sequence it belongs to
     start = 0
     for pair in pairs:
@@ -48,20 +50,22 @@ def layout_mask(pairs: list[PreferencePair], width: int) -> torch.Tensor:
         rejected = list(range(start + n_chosen, start + n_chosen + len(pair.rejected["tokens"]) - s))
         spans += [prompt] * s + [prompt + chosen] * len(chosen) + [prompt + rejected] * len(rejected)
         start = rejected[-1] + 1
-    spans += [list(range(start, width))] * (width - start)
     mask = torch.zeros(width, width, dtype=torch.bool)
     for q, span in enumerate(spans):
         mask[q, [k for k in span if k <= q]] = True
+    position = lambda column: (column - start) % SEQ_LEN  # noqa: E731
+    for q in range(start, width):
+        mask[q, [k for k in range(start, width) if position(k) <= position(q)]] = True
     return mask
 
 
 def shared_row(pairs: list[PreferencePair], width: int) -> dict[str, torch.Tensor]:
-    return lay_row([(shared_piece(pair, False), m, None) for m, pair in enumerate(pairs)], width, pad_id=0)
+    return lay_row([(shared_piece(pair, False), m, None) for m, pair in enumerate(pairs)], width, 0, SEQ_LEN)
 
 
 def test_the_mask_rule_equals_the_layout_written_out_in_both_forms():
     assert [shared_prefix(pair) for pair in PAIRS] == [9, 3, 0]  # (the prompts; the last pair shares nothing)
-    width = 160  # two FlexAttention blocks of 128, the second partly padding
+    width = 160  # two FlexAttention blocks of 128, the second partly padding (2 x SEQ_LEN + 32 wide)
     row = shared_row(PAIRS, width)
     positions, documents, parents = (row[k][None] for k in ("positions", "document_ids", "parent_ids"))
     dense = document_causal_mask(positions, positions, documents, documents, q_parents=parents)[0, 0]
@@ -72,7 +76,7 @@ def test_the_mask_rule_equals_the_layout_written_out_in_both_forms():
 
 def model(name: str) -> torch.nn.Module:
     spec = get_model_spec(name)
-    built = spec.model_cls(build_model_args(spec, "debugmodel", vocab_size=VOCAB, max_seq_len=64))
+    built = spec.model_cls(build_model_args(spec, "debugmodel", vocab_size=VOCAB, max_seq_len=SEQ_LEN))
     built.init_weights(seed=0)
     return built.eval()
 
@@ -86,7 +90,7 @@ def test_a_shared_row_gives_each_sequence_its_hidden_states_alone(name, backend)
     on CPU."""
     net = model(name)
     net.attention_backend = backend
-    row = shared_row(PAIRS, 64)
+    row = shared_row(PAIRS, 2 * SEQ_LEN)  # (as pad_to seq_len makes it: padding past SEQ_LEN positions too)
     inputs = {k: row[k][None] for k in ("positions", "document_ids", "parent_ids")}
     hidden = net(row["input"][None], **inputs, project=False)[0]
     start = 0

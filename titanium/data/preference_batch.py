@@ -104,7 +104,7 @@ def preference_batch(
     if pad_to == "longest":
         longest = max(sum(len(piece.tokens) for piece, _, _ in row) for row in rows)
         width = bucket_width(longest, width, pad_multiple)
-    made = [lay_row(row, width, pad_id) for row in rows]
+    made = [lay_row(row, width, pad_id, seq_len) for row in rows]
     batch = {key: torch.stack([m[key] for m in made]) for key in made[0]}
     batch["pairs_per_row"] = batch.pop("pairs")
     if not prompt_labels:

@@ -107,10 +107,12 @@ def shared_piece(pair: PreferencePair, prompt_labels: bool) -> Piece:
 
 
 def lay_row(
-    pieces: list[tuple[Piece, int, tuple[float, float] | None]], width: int, pad_id: int
+    pieces: list[tuple[Piece, int, tuple[float, float] | None]], width: int, pad_id: int, seq_len: int
 ) -> dict[str, torch.Tensor]:
     """One row of ``width`` columns holding ``pieces`` (each with its pair's index m in the row group and its cached
-    reference log-probs), right-padded: padding is a document of its own (positions from 0).
+    reference log-probs), right-padded: padding is a document of its own, its positions counting from 0 and
+    starting again at every ``seq_len`` (a shared-prompt row may be 2 x seq_len wide; the model has positions
+    for seq_len; every padding token still sees itself).
 
     ``response_ids`` is ``2m + side`` at each label; ``reference_logps`` each response's reference value at its
     first label; ``pairs`` how many pieces hold a chosen label; ``label_sources`` the row column predicting each
@@ -141,6 +143,6 @@ def lay_row(
     fill = {"input": pad_id, "label": IGNORE_INDEX, "label_sources": 0, "prompt_labels": IGNORE_INDEX}
     fill.update(document_ids=documents, parent_ids=documents, response_ids=NO_SIDE)
     for key, values in row.items():
-        values += list(range(pad)) if key == "positions" else [fill[key]] * pad
+        values += [t % seq_len for t in range(pad)] if key == "positions" else [fill[key]] * pad
     tensors = {key: torch.tensor(values, dtype=torch.long) for key, values in row.items()}
     return {**tensors, "reference_logps": torch.tensor(reference), "pairs": torch.tensor(pairs)}
