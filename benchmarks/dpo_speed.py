@@ -10,9 +10,11 @@ trivial log 2 of a policy equal to its reference. The pairs are the first ``--ba
 of the bundled preference set, tokenized once by titanium (llama3 chat template, ``--seq-len``) and handed to
 both sides as the same token ids: TRL gets them as ``prompt_ids``/``chosen_ids``/``rejected_ids`` through its
 own ``DataCollatorForPreference`` (right padding to the batch's longest sequence), titanium through its
-``PreferenceBatchLoader`` with the widths the objective resolves from ``[dpo]``, once with every row padded to
-seq_len (``pad_to="seq_len"``) and once as configured by default (``pad_to="auto"``: trimmed to the longest row
-rounded up to a bucket). Two more rows have the reference's log-probs
+``PreferenceBatchLoader`` with the rows and widths the objective resolves from ``[dpo]``: one row per sequence
+padded to seq_len (``pad_to="seq_len"``, ``share_prompt=false``), one row per sequence trimmed to the longest row
+rounded up to a bucket (``pad_to="auto"``), and as configured by default (``share_prompt=true``: one row per
+pair, its prompt once and both responses after it, trimmed the same way). Two more rows have the reference's
+log-probs
 precomputed on both sides (titanium ``precompute_reference``, TRL ``precompute_ref_log_probs``; the values
 come from one titanium pass over the reference and go into both sides' batches), so no reference forward.
 
@@ -79,13 +81,15 @@ class Variant:
     cached: bool = False  # reference log-probs precomputed (titanium precompute_reference, TRL's
     # precompute_ref_log_probs): the step has no reference forward
     baseline: str = "TRL DPOTrainer"  # the row its ratio is taken against
+    share_prompt: bool = True  # --dpo.share_prompt (the default): a pair's prompt once, both responses after it
 
 
 VARIANTS = {
-    "titanium, rows padded to seq_len": Variant("titanium", "seq_len"),
-    "titanium, default (pad_to auto: trimmed to the longest)": Variant("titanium"),
+    "titanium, a row per sequence, padded to seq_len": Variant("titanium", "seq_len", share_prompt=False),
+    "titanium, a row per sequence, trimmed to the longest": Variant("titanium", share_prompt=False),
+    "titanium, default (a row per pair: shared prompt, trimmed)": Variant("titanium"),
     "TRL DPOTrainer": Variant("trl"),
-    "titanium, trimmed, reference cached": Variant("titanium", cached=True, baseline="TRL, reference precomputed"),
+    "titanium, default, reference cached": Variant("titanium", cached=True, baseline="TRL, reference precomputed"),
     "TRL, reference precomputed": Variant("trl", cached=True, baseline="TRL, reference precomputed"),
 }
 
@@ -221,12 +225,21 @@ def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Name
         models=FrozenReference(reference),
         chat=ChatSection("llama3"),
     )
-    dpo = DPOSection(beta=BETA, precompute_reference=variant.cached, pad_to=variant.pad_to)
+    dpo = DPOSection(
+        beta=BETA, precompute_reference=variant.cached, pad_to=variant.pad_to, share_prompt=variant.share_prompt
+    )
     objective = DPOObjective(ctx, DataSection(kind="preference", path=str(PAIRS)), dpo)
     stream = ListStream(with_reference(folder, pairs, args) if variant.cached else pairs)
-    # The objective's own widths (pad_to and pad_multiple as the config resolves them), over the same pairs.
+    # The objective's own rows and widths (share_prompt, pad_to, pad_multiple as the config resolves them).
     loader = PreferenceBatchLoader(
-        stream, args.pairs_per_batch, args.seq_len, tokenizer.pad_id, False, objective.pad_to, objective.pad_multiple
+        stream,
+        args.pairs_per_batch,
+        args.seq_len,
+        tokenizer.pad_id,
+        False,
+        objective.pad_to,
+        objective.pad_multiple,
+        shared=objective.shared,
     )
     batches = list(loader)
 
@@ -414,9 +427,9 @@ def report(args: argparse.Namespace) -> None:
     per_pass = {
         label: [sum(t[k : k + args.batches]) for k in range(0, len(t), args.batches)] for label, t in seconds.items()
     }
-    widths = {label: sorted({b["input"].shape[1] for b in r[1]}) for label, r in runners.items() if "input" in r[1][0]}
-    widths |= {
-        label: sorted({b["input_ids"].shape[1] for b in r[1]}) for label, r in runners.items() if "input_ids" in r[1][0]
+    shapes = {
+        label: sorted({"x".join(map(str, b["input" if "input" in b else "input_ids"].shape)) for b in r[1]})
+        for label, r in runners.items()
     }
     n_pairs = len(pairs)
     lines = [
@@ -434,7 +447,7 @@ def report(args: argparse.Namespace) -> None:
         "max over every batch; grad diff: max over every parameter on the first batch. See the script's docstring "
         "for what a step is and how memory is read.",
         "",
-        "| variant | row widths | pairs/s | speed | loss diff | grad diff | step peak RSS | held by the steps |",
+        "| variant | rows x width | pairs/s | speed | loss diff | grad diff | step peak RSS | held by the steps |",
         "|---|---|---:|---|---:|---:|---:|---:|",
     ]
     for label, variant in VARIANTS.items():
@@ -443,7 +456,7 @@ def report(args: argparse.Namespace) -> None:
         loss_diff, grad_diff = (f"{v:.1e}" for v in equal[label]) if label in equal else ("", "")
         speed = "1.00x (baseline)" if label == variant.baseline else f"{ratio:.2f}x {variant.baseline}"
         lines.append(
-            f"| {label} | {', '.join(map(str, widths[label]))} | {n_pairs / statistics.median(per_pass[label]):.1f} "
+            f"| {label} | {', '.join(shapes[label])} | {n_pairs / statistics.median(per_pass[label]):.1f} "
             f"| {speed} | {loss_diff} | {grad_diff} | {memory[label]['peak']:.0f} MiB "
             f"| {memory[label]['held']:.0f} MiB |"
         )

@@ -63,6 +63,10 @@ class Batch(Generic[F]):
     """``[rows, seq]`` positions of the tokens (packed samples restart them; context parallelism: global ones)."""
     document_ids: torch.Tensor | None = None
     """``[rows, seq]`` the sample each token belongs to: attention stays inside it."""
+    parent_ids: torch.Tensor | None = None
+    """``[rows, seq]`` with ``document_ids``: the document whose earlier positions a token's document continues
+    (a prompt shared by two responses; the token's own document where there is none). Not under context
+    parallelism."""
 
     @property
     def rows(self) -> int:
@@ -78,6 +82,8 @@ class Batch(Generic[F]):
             inputs["positions"] = self.positions
         if self.document_ids is not None:
             inputs["document_ids"] = self.document_ids
+        if self.parent_ids is not None:
+            inputs["parent_ids"] = self.parent_ids
         return inputs
 
     def split_sequence(self, index: torch.Tensor) -> Batch[F]:
@@ -104,13 +110,9 @@ class Batch(Generic[F]):
             if wanted and isinstance(value, torch.Tensor):
                 changes[f.name] = fn(value)
         fields = dataclasses.replace(self.fields, **changes) if changes else self.fields
-        positions, documents = self.positions, self.document_ids
-        return Batch(
-            fn(self.tokens),
-            fields,
-            positions=fn(positions) if positions is not None else None,
-            document_ids=fn(documents) if documents is not None else None,
-        )
+        core = (self.positions, self.document_ids, self.parent_ids)
+        positions, documents, parents = (fn(t) if t is not None else None for t in core)
+        return Batch(fn(self.tokens), fields, positions=positions, document_ids=documents, parent_ids=parents)
 
 
 def empty_batch() -> Batch[Fields]:

@@ -7,6 +7,10 @@ to 2e-4 (tests/distributed/parity.py says why), and the per-pair metrics the loo
 
 - Padded pairs hold the same pairs per step at any data-parallel degree, so FSDP compares with them; packed
   rows (several pairs per row pair) are read whole by the TP, CP and PP runs and compared with packed rows.
+- Shared-prompt rows (--dpo.share_prompt, the default: a pair's prompt once, then both responses) run under
+  one process, FSDP, TP and LoRA; CP and PP keep one row per sequence, so they compare with a one-process run
+  of separate rows (packed differently: a shared row holds other pairs than a row pair). The one-process
+  launch also trains separate padded rows, which must give what the shared rows give.
 - The pipeline runs cut each microbatch into 1-pair pipeline microbatches (2 rows each): the loss of a slice
   needs only its own rows. Under CP every response is split over the two ranks and its log-prob sums are
   added over the cp group (differentiably) before the sigmoid: the grad norms check that backward.
@@ -33,6 +37,7 @@ PAIRS = 64
 PACKED = ("--dpo.packing",)
 LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "wv", "w2")
 CACHED = ("--dpo.precompute_reference",)
+SEPARATE = ("--dpo.no_share_prompt",)
 PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B")
 METRICS = ("dpo/logp_chosen", "dpo/margin", "dpo/accuracy")
 
@@ -50,12 +55,18 @@ def pairs_file(tmp_path_factory) -> str:
 LAYOUTS = {
     "fsdp2_cached": ("padded", ("--training.local_batch_size", "2", *CACHED)),
     "tp2": ("packed", (*PACKED, "--parallelism.tensor_parallel_degree", "2")),
-    "cp2": ("packed", (*PACKED, "--parallelism.context_parallel_degree", "2")),
-    "pp2_cached": ("packed", (*PACKED, *PP2, *CACHED)),
+    "cp2": ("packed_separate", (*PACKED, "--parallelism.context_parallel_degree", "2")),
+    "pp2_cached": ("packed_separate", (*PACKED, *PP2, *CACHED)),
     "lora_fsdp2": ("lora", (*LORA, "--training.local_batch_size", "2")),
 }
 """Two-process layout -> (the one-process run it is compared with, its arguments)."""
-SINGLE = {"padded": (), "packed": PACKED, "lora": LORA}
+SINGLE = {
+    "padded": (),
+    "packed": PACKED,
+    "lora": LORA,
+    "packed_separate": (*PACKED, *SEPARATE),
+    "padded_separate": SEPARATE,
+}
 
 
 def dpo_runs(folder: Path, pairs_file: str, nproc: int, jobs: dict[str, tuple[str, ...]]) -> dict[str, DPORun]:
@@ -75,7 +86,16 @@ def runs(tmp_path_factory, pairs_file) -> dict[str, DPORun]:
 
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_dpo_layouts_match_one_process(runs, name):
-    (run, metrics), (reference, reference_metrics) = runs[name], runs[f"single_{LAYOUTS[name][0]}"]
+    assert_same_training(runs[name], runs[f"single_{LAYOUTS[name][0]}"])
+
+
+def test_shared_prompt_rows_train_as_separate_rows(runs):
+    assert_same_training(runs["single_padded_separate"], runs["single_padded"])
+
+
+def assert_same_training(got: DPORun, want: DPORun) -> None:
+    """Losses, grad norms and the DPO metrics of every step agree (the tolerances of the module docstring)."""
+    (run, metrics), (reference, reference_metrics) = got, want
     assert_matches(run, reference)
     for metric, values in metrics.items():
         assert sorted(values) == list(range(1, STEPS + 1)), metric

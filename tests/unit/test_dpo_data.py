@@ -294,12 +294,39 @@ def test_packed_batches_hold_whole_pairs_in_row_pairs_with_per_sequence_document
 
 
 @pytest.mark.parametrize("packing", [False, True])
-def test_batches_resume_identically(tmp_path, packing):
+def test_shared_prompt_batches_hold_each_pair_in_one_row_learning_what_its_sequences_learn(packing):
+    """A row per pair (or several, packed): through ``label_sources`` every label is learned from the very token
+    that predicts it in the pair's own sequence, so each response's (token, label) list equals the sequence's."""
+    pairs, seq_len = _pairs(40), 48
+    loader = PreferenceBatchLoader(_ListStream(pairs), 2, seq_len, TOK.pad_id, packing=packing, shared=True)
+    assert loader.slots == (2 * seq_len // 3 if packing else 1)
+    seen = 0
+    for batch in loader:
+        n = int(batch["pairs_per_row"].sum())
+        assert batch["input"].shape == (2, 2 * seq_len) and (n >= 2 if packing else n == 2)
+        assert batch["positions"].max() < seq_len  # (the model's positions), padding included
+        responses: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for r in range(2):
+            tokens, labels, sources, ids = (
+                batch[k][r].tolist() for k in ("input", "label", "label_sources", "response_ids")
+            )
+            for label, source, rid in zip(labels, sources, ids):
+                if rid >= 0:
+                    responses.setdefault((r * loader.slots + rid // 2, rid % 2), []).append((tokens[source], label))
+        got = sorted((responses[(slot, 0)], responses[(slot, 1)]) for slot in {slot for slot, _ in responses})
+        assert got == sorted((_learned(p.chosen), _learned(p.rejected)) for p in pairs[seen : seen + n])
+        seen += n
+    assert seen == 40
+
+
+@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_batches_resume_identically(tmp_path, packing, shared):
     rows = [{"prompt": f"question {i}" * (1 + i % 3), "chosen": f"a{i}", "rejected": "no" * (i % 4)} for i in range(9)]
     path = jsonl(tmp_path / "p.jsonl", rows)
 
     def loader() -> PreferenceBatchLoader:
-        return PreferenceBatchLoader(dataset(path, seq_len=96), 2, 96, TOK.pad_id, packing=packing)
+        return PreferenceBatchLoader(dataset(path, seq_len=96), 2, 96, TOK.pad_id, packing=packing, shared=shared)
 
     first = loader()
     take(first, 3)

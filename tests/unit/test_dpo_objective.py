@@ -28,7 +28,15 @@ from titanium.models import build_model_args, get_model_spec
 from titanium.parallel.dims import ParallelDims
 from titanium.tools import eval_preference
 from titanium.trainers.base import ModelOutput, ObjectiveContext
-from titanium.trainers.dpo import METRICS, DPOObjective, PreferenceFields, response_sums, token_logps
+from titanium.trainers.dpo import (
+    METRICS,
+    DPOObjective,
+    PreferenceFields,
+    policy_projection,
+    projected_logps,
+    response_sums,
+    token_logps,
+)
 from titanium.trainers.dpo_reference import ReferenceCache
 from titanium.trainers.preference_losses import bco_pair_loss, orpo_loss, robust_dpo_loss, simpo_loss, token_mean_nll
 
@@ -148,10 +156,10 @@ def test_loss_and_metrics_equal_each_sequence_run_alone(tmp_path, pairs_file, pa
         torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-4, msg=name)
 
 
-def reference_sums(batch: Batch[PreferenceFields], slots: int, online: bool) -> torch.Tensor:
-    fields = batch.fields
-    per_token = token_logps(frozen(REFERENCE)(batch), fields.labels) if online else fields.reference_logps
-    return response_sums(per_token, fields.response_ids, slots)
+def reference_sums(obj: DPOObjective, batch: Batch[PreferenceFields]) -> torch.Tensor:
+    """The reference's (chosen, rejected) sums of every pair slot: cached, or from ``obj``'s online reference."""
+    fields = obj.prepare([batch]).batches[0].fields
+    return response_sums(fields.reference_logps, fields.response_ids, obj.slots, obj.group)
 
 
 @pytest.mark.parametrize("packing", [False, True])
@@ -165,8 +173,8 @@ def test_cached_reference_logps_equal_online_ones(tmp_path, pairs_file, packing)
         assert all(torch.equal(x, y) for x, y in same)  # the same rows
         assert b.fields.reference_logps is None and a.fields.reference_logps is not None  # cached: already there
         assert cached.prepare([a]).batches[0] is a and cached.reference is None  # nothing to run: the model is gone
-        expected = reference_sums(b, cached.slots, online=True)
-        torch.testing.assert_close(reference_sums(a, cached.slots, online=False), expected, rtol=1e-5, atol=1e-5)
+        expected = reference_sums(online, b)
+        torch.testing.assert_close(reference_sums(cached, a), expected, rtol=1e-5, atol=1e-5)
         assert (expected != 0).any()
 
 
@@ -353,7 +361,8 @@ def test_rows_are_trimmed_by_default_and_as_wide_as_the_layout_needs(tmp_path, p
 
     trimmed = width(DPOSection())  # auto: the longest row, in buckets of 8
     assert trimmed < SEQ_LEN and trimmed % 8 == 0
-    assert width(DPOSection(pad_to="seq_len")) == SEQ_LEN
+    assert width(DPOSection(pad_to="seq_len")) == 2 * SEQ_LEN  # a shared-prompt row holds a row pair's tokens
+    assert width(DPOSection(pad_to="seq_len", share_prompt=False)) == SEQ_LEN
     assert width(DPOSection(), sequence_multiple=12) % 24 == 0  # lcm(pad_multiple 8, 2 x cp, cp x tp)
     assert width(DPOSection(), fixed_shapes=True) == SEQ_LEN and not caplog.records  # pipeline: auto says nothing
     assert width(DPOSection(pad_to="longest"), fixed_shapes=True) == SEQ_LEN
@@ -384,9 +393,10 @@ def output_variant(model: torch.nn.Module, variant: str) -> torch.nn.Module:
 def test_projecting_only_the_labels_equals_the_full_logits(tmp_path, pairs_file, variant, packing):
     """The normal path projects the hidden states at the responses' positions only (policy and reference): its
     loss, metrics, gradients and reference log-probs equal those from the whole ``[rows, seq, vocab]`` logits
-    (the pipeline path) to 1e-6 relative."""
+    (the pipeline path, whose rows hold one sequence each) to 1e-6 relative."""
     policy, reference = output_variant(POLICY, variant).train(), output_variant(REFERENCE, variant)
-    obj = objective(tmp_path, pairs_file, DPOSection(beta=0.5, packing=packing), models=local_models(lambda: reference))
+    cfg = DPOSection(beta=0.5, packing=packing, share_prompt=False)
+    obj = objective(tmp_path, pairs_file, cfg, models=local_models(lambda: reference))
     [batch] = obj.prepare([obj.next_microbatch()]).batches
     fields = batch.fields
     labelled = fields.labels != IGNORE_INDEX
@@ -412,3 +422,39 @@ def test_projecting_only_the_labels_equals_the_full_logits(tmp_path, pairs_file,
         assert torch.equal(gathered.metrics[name][1], count)
     for name, grad in full_grads.items():
         torch.testing.assert_close(gathered_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize(("loss_type", "reference_kernel"), [("sigmoid", "sdpa"), ("sigmoid", "flex"), ("orpo", "")])
+def test_shared_prompt_rows_equal_separate_rows(tmp_path, pairs_file, loss_type, reference_kernel):
+    """The same pairs as shared-prompt rows (one a pair) and as separate rows (one a sequence): each response's
+    policy and reference log-prob sums, the loss, its metrics and the policy's gradients agree to 1e-5 relative
+    (fp32). ORPO learns the chosen prompts too (prompt labels); the reference of the shared rows runs on
+    FlexAttention in one case (CPU has its forward only, so the policy keeps SDPA)."""
+    reference = __import__("copy").deepcopy(REFERENCE)
+    reference.attention_backend = reference_kernel or "sdpa"
+    sums, results, grads = [], [], []
+    for shared in (True, False):
+        models = local_models(lambda model=reference if shared else REFERENCE: model)
+        obj = objective(tmp_path, pairs_file, DPOSection(beta=0.5, loss_type=loss_type, share_prompt=shared), models)
+        [batch] = obj.prepare([obj.next_microbatch()]).batches
+        fields = batch.fields
+        assert batch.rows == PAIRS * (1 if shared else 2) and (fields.label_sources is not None) == shared
+        policy = __import__("copy").deepcopy(POLICY).train()
+        output = policy_output(obj, batch, policy)
+        logps = projected_logps(*policy_projection(output), fields.learned(), fields.label_index, fields.source_index)
+        per_token = [logps] + ([] if fields.reference_logps is None else [fields.reference_logps])
+        sums.append(response_sums(torch.stack(per_token), fields.response_ids, obj.slots, obj.group))
+        result = obj.loss(output, batch)
+        result.loss_sum.backward()
+        results.append(result)
+        grads.append({name: p.grad for name, p in policy.named_parameters()})
+    torch.testing.assert_close(sums[0], sums[1], rtol=1e-5, atol=1e-5)
+    assert sums[0].shape == (1 + (loss_type != "orpo"), PAIRS, 2) and (sums[0] != 0).all()
+    (shared_result, separate), (shared_grads, separate_grads) = results, grads
+    torch.testing.assert_close(shared_result.loss_sum, separate.loss_sum, rtol=1e-5, atol=1e-6)
+    for name, (value, count) in separate.metrics.items():
+        torch.testing.assert_close(shared_result.metrics[name][0], value, rtol=1e-5, atol=1e-5, msg=name)
+        assert torch.equal(shared_result.metrics[name][1], count)
+    for name, grad in separate_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)

@@ -511,6 +511,12 @@ class DPOSection:
     pad_multiple: int = 8
     """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
     tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
+    share_prompt: bool = True
+    """Run each pair as one row: its prompt once, then the chosen and the rejected response, each response
+    seeing the prompt and itself (never the other), at the positions it has in its own sequence. The same
+    log-probs as a row per sequence, from about half the tokens when the prompt is most of a pair (rows up to
+    2 x seq_len wide). Off, and under context or pipeline parallelism (whose sequence split and stage logits
+    have no form of this mask yet): one row per sequence."""
 
 
 @dataclass

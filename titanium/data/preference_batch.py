@@ -4,6 +4,12 @@ A microbatch of B pairs is 2B rows, taken as B *row pairs* (rows 2g and 2g + 1),
 preference pair lies whole inside one row pair. So any run of an even number of rows holds whole pairs:
 a pipeline microbatch (a slice of rows) can compute the loss of its pairs with nothing from other rows.
 
+Shared-prompt rows (``shared=True``, what DPO uses where it can, titanium/data/preference_rows.py): a row
+holds a pair's prompt once and both responses after it, the responses masked from each other; a microbatch
+of B pairs is then B rows of at most 2 x seq_len, each row a *row group* of its own (separate sequences: a
+row pair is the row group). Padded, row g holds pair g; packed, pairs go first fit into the first row with
+room. Everything below holds for them with "row pair" read as "row group".
+
 Padded (default): row pair g holds pair g, its chosen sequence in row 2g and its rejected one in row
 2g + 1, right-padded. Packed: pairs go first fit into the first row pair where both sequences fit, each
 in the first of the two rows with room; each sequence is a document of its own, with positions
@@ -25,6 +31,9 @@ batch carries, all row-aligned (first dimension 2B, second the width W):
 - ``pairs_per_row`` [2B]: pairs whose chosen sequence is in the row (they add up to the pairs).
 - ``reference_logps`` [2B, W] float32, only when the pairs carry cached reference log-probs: each
   response's value at its first label position, 0 elsewhere, so the same sums give the reference's.
+- ``parent_ids`` and ``label_sources`` [rows, W], only in shared-prompt rows: each token's parent document
+  (the model's ``parent_ids``), and for each label the column whose hidden state predicts it (a shared row
+  puts each label at its target's column, titanium/data/preference_rows.py).
 - ``prompt_labels`` [2B, W], only when asked for (``prompt_labels=True``; ORPO's NLL is over the chosen
   sequence's prompt too): the next token at every position of a chosen sequence that has no label (its
   prompt and template tokens, all but its last position), IGNORE_INDEX elsewhere.
@@ -38,9 +47,9 @@ from typing import Any, Protocol
 
 import torch
 
-from titanium.data.packing import PadTo, bucket_width, make_row
+from titanium.data.packing import PadTo, bucket_width
 from titanium.data.preference import PreferencePair
-from titanium.data.sft import IGNORE_INDEX, Sample
+from titanium.data.preference_rows import CHOSEN, REJECTED, Piece, lay_row, sequence_piece, shared_length, shared_piece
 
 Placement = tuple[PreferencePair, int, int]
 """A pair, its row pair g and its index m among the pairs of that row pair."""
@@ -54,62 +63,62 @@ class PairStream(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-def pair_slots(seq_len: int, packing: bool) -> int:
-    """How many pairs one row pair can hold: 1 padded; packed, seq_len // 2 (a sequence with a label has at
-    least 2 tokens, so a pair takes at least 4 of the row pair's 2 x seq_len)."""
-    return seq_len // 2 if packing else 1
+def pair_slots(seq_len: int, packing: bool, shared: bool = False) -> int:
+    """How many pairs one row group can hold: 1 padded; packed, seq_len // 2 in a row pair (a sequence with a
+    label has at least 2 tokens, so a pair takes at least 4 of the row pair's 2 x seq_len), 2 x seq_len // 3 in a
+    shared-prompt row (a shared piece has at least 3 tokens)."""
+    if not packing:
+        return 1
+    return 2 * seq_len // 3 if shared else seq_len // 2
+
+
+def group_rows(shared: bool) -> int:
+    """Rows per row group: 2 (a row pair) for separate sequences, 1 for shared-prompt rows."""
+    return 1 if shared else 2
 
 
 def preference_batch(
     placements: list[Placement],
-    row_pairs: int,
-    rows_of: list[tuple[int, int]],
+    groups: int,
+    rows_of: list[tuple[int, int]] | None,
     seq_len: int,
     pad_id: int,
     pad_to: PadTo = "seq_len",
     pad_multiple: int = 8,
     prompt_labels: bool = False,
 ) -> dict[str, torch.Tensor]:
-    """The batch of ``row_pairs`` row pairs holding ``placements``; ``rows_of[i]`` are the rows (0 or 1 in
-    the row pair) of placement i's chosen and rejected sequences, filled in placement order. Its width is
-    seq_len, or with ``pad_to="longest"`` the longest row's length rounded up by ``bucket_width``."""
-    rows: list[list[tuple[Sample, int, float | None]]] = [[] for _ in range(2 * row_pairs)]
-    chosen_rows = [0] * (2 * row_pairs)
-    for (pair, g, m), (chosen_row, rejected_row) in zip(placements, rows_of):
-        reference = pair.reference or (None, None)
-        rows[2 * g + chosen_row].append((pair.chosen, 2 * m, reference[0]))
-        rows[2 * g + rejected_row].append((pair.rejected, 2 * m + 1, reference[1]))
-        chosen_rows[2 * g + chosen_row] += 1
-    width = seq_len
+    """The batch of ``groups`` row groups holding ``placements``. ``rows_of[i]`` are the rows (0 or 1 in the
+    row pair) of placement i's chosen and rejected sequences, filled in placement order; None: shared-prompt
+    rows (one row a group, a piece per pair). Its width is the row capacity (seq_len, 2 x seq_len shared), or
+    with ``pad_to="longest"`` the longest row's length rounded up by ``bucket_width``."""
+    shared = rows_of is None
+    rows: list[list[tuple[Piece, int, tuple[float, float] | None]]] = [[] for _ in range(groups * group_rows(shared))]
+    for i, (pair, g, m) in enumerate(placements):
+        if rows_of is None:
+            rows[g].append((shared_piece(pair, prompt_labels), m, pair.reference))
+            continue
+        chosen_row, rejected_row = rows_of[i]
+        rows[2 * g + chosen_row].append((sequence_piece(pair.chosen, CHOSEN, prompt_labels), m, pair.reference))
+        rows[2 * g + rejected_row].append((sequence_piece(pair.rejected, REJECTED, False), m, pair.reference))
+    width = row_capacity(seq_len, shared)
     if pad_to == "longest":
-        longest = max(sum(len(sample["tokens"]) for sample, _, _ in row) for row in rows)
-        width = bucket_width(longest, seq_len, pad_multiple)
-    made = [make_row([sample for sample, _, _ in row], width, pad_id) for row in rows]
+        longest = max(sum(len(piece.tokens) for piece, _, _ in row) for row in rows)
+        width = bucket_width(longest, width, pad_multiple)
+    made = [lay_row(row, width, pad_id, seq_len) for row in rows]
     batch = {key: torch.stack([m[key] for m in made]) for key in made[0]}
-    ids = torch.full((2 * row_pairs, width), -1, dtype=torch.long)
-    reference = torch.zeros(2 * row_pairs, width)
-    prompt = torch.full((2 * row_pairs, width), IGNORE_INDEX, dtype=torch.long)
-    for r, row in enumerate(rows):
-        start = 0
-        for sample, rid, value in row:
-            labels = torch.tensor(sample["labels"])
-            learned = (labels != IGNORE_INDEX).nonzero().flatten() + start
-            ids[r, learned] = rid
-            if value is not None:
-                reference[r, learned[0]] = value
-            if prompt_labels and rid % 2 == 0:  # a chosen sequence: the next token where there is no label
-                unlabeled = labels[:-1] == IGNORE_INDEX
-                prompt[r, start : start + len(labels) - 1] = torch.where(
-                    unlabeled, torch.tensor(sample["tokens"][1:]), IGNORE_INDEX
-                )
-            start += len(labels)
-    if prompt_labels:
-        batch["prompt_labels"] = prompt
-    batch["response_ids"] = ids
-    batch["pairs_per_row"] = torch.tensor(chosen_rows, dtype=torch.long)
-    if placements and all(pair.reference is not None for pair, _, _ in placements):
-        batch["reference_logps"] = reference
+    batch["pairs_per_row"] = batch.pop("pairs")
+    if not prompt_labels:
+        del batch["prompt_labels"]
+    if not shared:  # (one document per sequence, each label at its predicting column)
+        del batch["parent_ids"], batch["label_sources"]
+    if not placements or any(pair.reference is None for pair, _, _ in placements):
+        del batch["reference_logps"]
     return batch
+
+
+def row_capacity(seq_len: int, shared: bool) -> int:
+    """Tokens a row holds: seq_len, or 2 x seq_len for shared-prompt rows (a row group's tokens, as a row pair's)."""
+    return 2 * seq_len if shared else seq_len
 
 
 class PreferenceBatchLoader:
@@ -136,6 +145,7 @@ class PreferenceBatchLoader:
         pad_to: PadTo = "seq_len",
         pad_multiple: int = 8,
         prompt_labels: bool = False,
+        shared: bool = False,
     ) -> None:
         if pairs_per_batch < 1:
             raise ValueError(f"pairs_per_batch must be >= 1, got {pairs_per_batch}")
@@ -143,9 +153,9 @@ class PreferenceBatchLoader:
             raise ValueError(f"pad_to must be seq_len or longest and pad_multiple >= 1, got {pad_to}, {pad_multiple}")
         self.pairs, self.pairs_per_batch, self.seq_len, self.pad_id = pairs, pairs_per_batch, seq_len, pad_id
         self.packing, self.pad_to, self.pad_multiple = packing, pad_to, pad_multiple
-        self.prompt_labels = prompt_labels
-        self.slots = pair_slots(seq_len, packing)
-        """Pairs a row pair can hold: a batch has ``pairs_per_batch x slots`` pair slots."""
+        self.prompt_labels, self.shared = prompt_labels, shared
+        self.slots = pair_slots(seq_len, packing, shared)
+        """Pairs a row group can hold: a batch has ``pairs_per_batch x slots`` pair slots."""
         self._stream: Iterator[PreferencePair] | None = None
         self._pending: PreferencePair | None = None
 
@@ -160,33 +170,39 @@ class PreferenceBatchLoader:
             self._stream = iter(self.pairs)
         return next(self._stream, None)
 
-    def _place(self) -> tuple[list[Placement], list[tuple[int, int]]]:
-        """This microbatch's pairs, each with its row pair, its index there and the rows of its two sides."""
+    def _place(self) -> tuple[list[Placement], list[tuple[int, int]] | None]:
+        """This microbatch's pairs, each with its row group, its index there and (separate sequences) the rows of
+        its two sides in the row pair."""
         placements: list[Placement] = []
         rows_of: list[tuple[int, int]] = []
         if not self.packing:
             while len(placements) < self.pairs_per_batch and (pair := self._next_pair()) is not None:
                 placements.append((pair, len(placements), 0))
                 rows_of.append((0, 1))
-            return placements, rows_of
-        space = [self.seq_len] * (2 * self.pairs_per_batch)
+            return placements, None if self.shared else rows_of
+        rows = group_rows(self.shared)
+        space = [row_capacity(self.seq_len, self.shared)] * (rows * self.pairs_per_batch)
         counts = [0] * self.pairs_per_batch
         while (pair := self._next_pair()) is not None:
-            sizes = (len(pair.chosen["tokens"]), len(pair.rejected["tokens"]))
+            sizes = (
+                (shared_length(pair),) if self.shared else (len(pair.chosen["tokens"]), len(pair.rejected["tokens"]))
+            )
             fits = (
-                (g, rows) for g in range(self.pairs_per_batch) if (rows := _first_fit(space[2 * g : 2 * g + 2], sizes))
+                (g, fit)
+                for g in range(self.pairs_per_batch)
+                if (fit := _first_fit(space[rows * g : rows * g + rows], sizes))
             )
             found = next(fits, None)
             if found is None:
                 self._pending = pair
                 break
-            g, (chosen_row, rejected_row) = found
-            space[2 * g + chosen_row] -= sizes[0]
-            space[2 * g + rejected_row] -= sizes[1]
+            g, placed = found
+            for row, size in zip(placed, sizes):
+                space[rows * g + row] -= size
             placements.append((pair, g, counts[g]))
-            rows_of.append((chosen_row, rejected_row))
+            rows_of.append((placed[0], placed[-1]))
             counts[g] += 1
-        return placements, rows_of
+        return placements, None if self.shared else rows_of
 
     def next_placed(self) -> tuple[dict[str, torch.Tensor], list[Placement]]:
         """The next microbatch and where each of its pairs is (for results read back per pair)."""
@@ -220,8 +236,8 @@ class PreferenceBatchLoader:
         self._stream = None  # restart the generator from the restored position
 
 
-def _first_fit(space: list[int], sizes: tuple[int, int]) -> tuple[int, int] | None:
-    """Rows of a row pair with ``space`` free tokens for two sequences, each in the first row with room."""
+def _first_fit(space: list[int], sizes: tuple[int, ...]) -> list[int] | None:
+    """Rows of a row group with ``space`` free tokens for pieces of ``sizes``, each in the first row with room."""
     space = list(space)
     placed = []
     for size in sizes:
@@ -230,4 +246,4 @@ def _first_fit(space: list[int], sizes: tuple[int, int]) -> tuple[int, int] | No
             return None
         space[row] -= size
         placed.append(row)
-    return placed[0], placed[1]
+    return placed

@@ -122,6 +122,10 @@ class _ContextParallelDecoder:
         positions, documents = inputs.positions, inputs.document_ids
         if positions is None:
             raise ValueError("context parallel attention needs the tokens' global positions")
+        if inputs.parent_ids is not None:
+            raise NotImplementedError(
+                "context parallel attention has no form of the parent-document (shared prefix) mask"
+            )
         if documents is not None:
             positions = positions.expand_as(documents)
         elif positions.dim() == 1:

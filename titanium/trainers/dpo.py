@@ -32,7 +32,7 @@ from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.preference import PreferenceDataset
-from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, pair_slots
+from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, group_rows, pair_slots
 from titanium.model_builder import ModelSource
 from titanium.trainers.base import (
     IGNORE_INDEX,
@@ -78,14 +78,17 @@ def projected_logps(
     project: Callable[[torch.Tensor], torch.Tensor],
     labels: torch.Tensor,
     index: torch.Tensor,
+    sources: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``token_logps`` from final hidden states ``[rows, seq, dim]``, projected (``project``: hidden -> logits)
     only at the flat positions ``index`` (where a label counts); 0 elsewhere, as ``token_logps`` gives.
+    ``sources`` (flat, aligned with ``index``): the hidden state predicting each of those labels, where it is not
+    the label's own position (shared-prompt rows, titanium/data/preference_rows.py).
 
     A DPO response is a few tokens after a long prompt, so the output projection and the softmax over the
     vocabulary run on a small share of the positions (the response tokens) instead of all of them.
     """
-    selected = hidden.flatten(0, 1).index_select(0, index)
+    selected = hidden.flatten(0, 1).index_select(0, index if sources is None else sources)
     targets = labels.flatten().index_select(0, index)
     logps = -F.cross_entropy(project(selected).float(), targets, reduction="none")
     return logps.new_zeros(labels.numel()).index_copy(0, index, logps).view(labels.shape)
@@ -111,21 +114,22 @@ def policy_projection(output: ModelOutput) -> tuple[torch.Tensor, Callable[[torc
     return whole_hidden(output.hidden), lambda selected: capped(layer(selected).float(), softcap)
 
 
-def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int) -> torch.Tensor:
+def response_sums(values: torch.Tensor, response_ids: torch.Tensor, slots: int, group: int = 2) -> torch.Tensor:
     """Per-pair sums of per-token ``values`` [..., rows, seq] over each response's labels: [..., pairs, 2].
 
     ``response_ids`` [rows, seq] is the batch's (titanium.data.preference_batch): ``2m + side`` for the
-    m-th pair of a row pair, -1 where there is no label. Pair ``g * slots + m`` is the m-th pair of row pair
-    g; column 0 is its chosen response, 1 its rejected one; a slot without a pair sums to 0. Padded and
-    packed rows, and any run of whole row pairs, sum the same way. Under context parallelism each rank
-    sums its part of the sequences; the caller adds the parts over the cp group before any non-linearity.
+    m-th pair of a row group (``group`` rows: 2, a row pair; 1, a shared-prompt row), -1 where there is no
+    label. Pair ``g * slots + m`` is the m-th pair of row group g; column 0 is its chosen response, 1 its
+    rejected one; a slot without a pair sums to 0. Padded and packed rows, and any run of whole row groups, sum
+    the same way. Under context parallelism each rank sums its part of the sequences; the caller adds the parts
+    over the cp group before any non-linearity.
     """
     rows, seq = response_ids.shape
-    ids = response_ids.reshape(rows // 2, 2 * seq)
+    ids = response_ids.reshape(rows // group, group * seq)
     index = ids.clamp(min=0).expand(*values.shape[:-2], -1, -1)
-    masked = torch.where(ids >= 0, values.reshape(*values.shape[:-2], rows // 2, 2 * seq), 0.0)
-    sums = values.new_zeros(*values.shape[:-2], rows // 2, 2 * slots).scatter_add(-1, index, masked)
-    return sums.view(*values.shape[:-2], rows // 2 * slots, 2)
+    masked = torch.where(ids >= 0, values.reshape(*values.shape[:-2], rows // group, group * seq), 0.0)
+    sums = values.new_zeros(*values.shape[:-2], rows // group, 2 * slots).scatter_add(-1, index, masked)
+    return sums.view(*values.shape[:-2], rows // group * slots, 2)
 
 
 @dataclass
@@ -134,14 +138,18 @@ class PreferenceFields(Fields):
 
     labels: torch.Tensor = per_token()
     response_ids: torch.Tensor = per_token()
-    """``2m + side`` where a label belongs to the m-th pair of its row pair, -1 elsewhere."""
+    """``2m + side`` where a label belongs to the m-th pair of its row group, -1 elsewhere."""
     pairs_per_row: torch.Tensor = per_row()
     reference_logps: torch.Tensor | None = per_token(default=None)
     """The reference's token log-probs: from the cache (precompute_reference), else filled in ``prepare``."""
     prompt_labels: torch.Tensor | None = per_token(default=None)
     """ORPO: the next token at the chosen sequences' unlabeled positions (titanium.data.preference_batch)."""
+    label_sources: torch.Tensor | None = per_token(default=None)
+    """Shared-prompt rows: the column whose hidden state predicts each label (None: the label's own column)."""
     label_index: torch.Tensor | None = None
     """The flat positions of ``learned()``'s labels, found in ``prepare`` (not under pipeline parallelism)."""
+    source_index: torch.Tensor | None = None
+    """With ``label_sources``: the flat positions of the hidden states predicting them, found with ``label_index``."""
 
     def learned(self) -> torch.Tensor:
         """The labels the policy's log-probs are taken at: the responses' (and ORPO's chosen prompts')."""
@@ -161,8 +169,10 @@ def pair_batch(rows: dict[str, torch.Tensor]) -> Batch[PreferenceFields]:
         rows["pairs_per_row"],
         reference_logps=rows.get("reference_logps"),
         prompt_labels=rows.get("prompt_labels"),
+        label_sources=rows.get("label_sources"),
     )
-    return Batch(rows["input"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
+    core = {"positions": rows["positions"], "document_ids": rows["document_ids"], "parent_ids": rows.get("parent_ids")}
+    return Batch(rows["input"], fields, **core)
 
 
 @dataclass
@@ -232,12 +242,13 @@ def pair_loss(cfg: DPOSection) -> PairLoss:
 class DPOObjective(LoaderObjective):
     """DPO on preference pairs (``[data] kind = "preference"``), configured by ``[dpo]``.
 
-    The loss unit is a pair: ``training.local_batch_size`` pairs per microbatch (2 x as many rows, see
-    titanium.data.preference_batch). The reference policy's token log-probs come from a frozen model handle
-    (``ctx.models``) in ``prepare``, or, with ``precompute_reference``, from a cache made once before training
-    (the reference model is released right after). Every field is row-aligned and each pair lies in one row
-    pair, so a pipeline microbatch computes the loss of its own pairs; under context parallelism each rank sums
-    its part of every response, and the placement adds the parts (differentiably) before the loss.
+    The loss unit is a pair: ``training.local_batch_size`` pairs per microbatch (as many shared-prompt rows, or
+    2 x as many rows of one sequence each, see titanium.data.preference_batch). The reference policy's token
+    log-probs come from a frozen model handle (``ctx.models``) in ``prepare``, or, with ``precompute_reference``,
+    from a cache made once before training (the reference model is released right after). Every field is
+    row-aligned and each pair lies in one row group, so a pipeline microbatch computes the loss of its own pairs;
+    under context parallelism each rank sums its part of every response, and the placement adds the parts
+    (differentiably) before the loss.
     """
 
     loss_unit = "pairs"
@@ -258,10 +269,12 @@ class DPOObjective(LoaderObjective):
         self.metric_names = tuple(f"dpo/{name}" for name in names)
         self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
-        self.slots = pair_slots(ctx.seq_len, dpo.packing)
         self.pad_to, self.pad_multiple = row_width(dpo.pad_to, dpo.pad_multiple, ctx, "--dpo.pad_to")
         self.pipelined = ctx.fixed_shapes
         """Pipeline parallelism: the loss gets the last stage's logits (and the reference gives its logits)."""
+        self.shared = dpo.share_prompt and not self.pipelined and not ctx.placement.split
+        """Shared-prompt rows (``--dpo.share_prompt``; not under pipeline or context parallelism, see its help)."""
+        self.slots, self.group = pair_slots(ctx.seq_len, dpo.packing, self.shared), group_rows(self.shared)
         if self.pipelined:
             self.loss_input = "logits"
         self.reference: FrozenModel | None = None
@@ -301,6 +314,7 @@ class DPOObjective(LoaderObjective):
             self.pad_to,
             self.pad_multiple,
             prompt_labels=self.pair_loss.nll_over_prompt and self.nll_weight > 0,
+            shared=self.shared,
         )
 
     def _models(self) -> Models:
@@ -343,14 +357,19 @@ class DPOObjective(LoaderObjective):
         logps = self._reference_logps(self._find_labels(batch))
         if logps is None:
             return None
-        return self.ctx.placement.add_parts(response_sums(logps, batch.fields.response_ids, self.slots))
+        return self.ctx.placement.add_parts(response_sums(logps, batch.fields.response_ids, self.slots, self.group))
 
     def _find_labels(self, batch: Batch[PreferenceFields]) -> Batch[PreferenceFields]:
         """The batch with the flat positions of its learned labels (``label_index``); not under pipeline
         parallelism, whose microbatches are cut into row slices. Found here, before the forward is queued, so
         the host sync their count needs waits only for the labels' copy to the device."""
+        fields = batch.fields
         if not self.pipelined:
-            batch.fields.label_index = labelled_positions(batch.fields.learned())
+            fields.label_index = labelled_positions(fields.learned())
+            if fields.label_sources is not None:  # (the same rows, the source columns)
+                width = fields.label_sources.shape[1]
+                columns = fields.label_sources.flatten().index_select(0, fields.label_index)
+                fields.source_index = fields.label_index - fields.label_index % width + columns
         return batch
 
     def _reference_logps(self, batch: Batch[PreferenceFields]) -> torch.Tensor | None:
@@ -365,7 +384,8 @@ class DPOObjective(LoaderObjective):
         if self._reference_project is None:
             self._reference_project = linear_projection(*self.reference.projection())
         assert fields.label_index is not None
-        return projected_logps(self.reference.hidden(batch), self._reference_project, fields.labels, fields.label_index)
+        hidden = self.reference.hidden(batch)
+        return projected_logps(hidden, self._reference_project, fields.labels, fields.label_index, fields.source_index)
 
     def next_microbatch(self) -> Batch[PreferenceFields]:
         rows = next(self.loader)
@@ -386,12 +406,12 @@ class DPOObjective(LoaderObjective):
             logps = token_logps(output.logits, labels)
         else:
             assert fields.label_index is not None, "prepare finds the labels"
-            logps = projected_logps(*policy_projection(output), labels, fields.label_index)
+            logps = projected_logps(*policy_projection(output), labels, fields.label_index, fields.source_index)
         per_token = [logps, (ids >= 0).float()]
         if reference:
             assert fields.reference_logps is not None
             per_token.append(fields.reference_logps)
-        sums = self.ctx.placement.add_parts(response_sums(torch.stack(per_token), ids, self.slots))  # (whole)
+        sums = self.ctx.placement.add_parts(response_sums(torch.stack(per_token), ids, self.slots, self.group))
         policy, lengths, *ref = sums.unbind(0)
         present = lengths[:, 0] > 0  # slots that hold a pair
         references = ref[0].unbind(1) if reference else (None, None)

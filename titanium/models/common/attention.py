@@ -28,6 +28,9 @@ class AttentionInputs:
     """Token positions ``[S]`` or ``[B, S]`` for RoPE (global ones under context parallelism)."""
     document_ids: torch.Tensor | None = None
     """Packed samples ``[B, S]``: attention stays within a document."""
+    parent_ids: torch.Tensor | None = None
+    """``[B, S]`` with ``document_ids``: the document whose earlier positions a token's document continues (a
+    prompt shared by two responses, see ``document_causal_mask``); a token's own document where there is none."""
     mask: torch.Tensor | None = None
     """The dense document-causal mask of ``positions``/``document_ids`` (the SDPA path), if any."""
     block_mask: BlockMask | None = None
@@ -49,9 +52,13 @@ def document_causal_mask(
     q_documents: torch.Tensor | None,
     k_documents: torch.Tensor | None,
     window: int | None = None,
+    q_parents: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean SDPA mask ``[B, 1, S_q, S_k]``: a query sees a key of its own document (any key without document
     ids) at an earlier or equal position, and with a sliding ``window`` fewer than ``window`` positions back.
+    With ``q_parents`` (the query's parent document) it also sees the keys of its parent document at earlier
+    positions than its own: two responses placed after one prompt (prompt, chosen, rejected in one row, their
+    positions each continuing the prompt's) each see the prompt and themselves, never each other.
 
     Positions restart at 0 in every packed document, so within a document they order the tokens as
     their indices do; comparing positions (not indices) keeps the rule right when the queries are a
@@ -62,7 +69,10 @@ def document_causal_mask(
     if window is not None:
         visible = visible & (distance < window)
     if q_documents is not None and k_documents is not None:
-        visible = visible & (k_documents[:, None, :] == q_documents[:, :, None])
+        same = k_documents[:, None, :] == q_documents[:, :, None]
+        if q_parents is not None:
+            same = same | ((k_documents[:, None, :] == q_parents[:, :, None]) & (distance > 0))
+        visible = visible & same
     return visible.unsqueeze(1)
 
 
@@ -121,8 +131,8 @@ class Attention(nn.Module):
         q, k = apply_rope(q, k, inputs.rope_cos, inputs.rope_sin, inputs.positions)
         if inputs.kv_cache is not None:
             positions, document_ids = inputs.positions, inputs.document_ids
-            if positions is None or document_ids is None:
-                raise ValueError("decoding with a KV cache needs positions and document_ids")
+            if positions is None or document_ids is None or inputs.parent_ids is not None:
+                raise ValueError("decoding with a KV cache needs positions and document_ids (and no parent_ids)")
             k, v, k_positions, k_documents = inputs.kv_cache.update(k, v, positions, document_ids)
             mask = document_causal_mask(positions, k_positions, document_ids, k_documents, self.window)
             out = sdpa(q, k, v, mask, self.scores)

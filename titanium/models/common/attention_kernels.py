@@ -134,11 +134,12 @@ def document_block_mask(
     q_documents: torch.Tensor | None,
     k_documents: torch.Tensor | None,
     window: int | None = None,
+    q_parents: torch.Tensor | None = None,
 ) -> BlockMask:
     """The FlexAttention form of ``document_causal_mask``: a query sees a key of its own document (any key
     when there are no document ids) at an earlier or equal position, and with ``window`` fewer than ``window``
-    positions back. ``[B, S_q]`` and ``[B, S_k]`` inputs; positions of batch 1 (without documents) give a mask
-    that broadcasts over the batch.
+    positions back; with ``q_parents``, also a key of its parent document at an earlier position. ``[B, S_q]``
+    and ``[B, S_k]`` inputs; positions of batch 1 (without documents) give a mask that broadcasts over the batch.
 
     Built once per forward and shared by all layers; on CUDA the construction is compiled, so the
     ``[S_q, S_k]`` mask is evaluated block by block and never stored.
@@ -153,7 +154,11 @@ def document_block_mask(
             visible = visible & (q_position - k_position < window)
         if q_documents is None or k_documents is None:
             return visible
-        return visible & (k_documents[b, kv_idx] == q_documents[b, q_idx])
+        k_document = k_documents[b, kv_idx]
+        same = k_document == q_documents[b, q_idx]
+        if q_parents is not None:
+            same = same | ((k_document == q_parents[b, q_idx]) & (k_position < q_position))
+        return visible & same
 
     bsz, q_len = q_positions.shape
     build = create_block_mask if q_positions.device.type == "cpu" else _compiled_create_block_mask

@@ -259,12 +259,15 @@ class Decoder(nn.Module):
         document_ids: torch.Tensor | None = None,
         kv_cache: KVCache | None = None,
         project: bool = True,
+        parent_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """``positions`` (``[S]`` or ``[B, S]``) overrides the default ``0..S-1`` for RoPE.
 
         ``document_ids`` ``[B, S]`` mark packed samples: attention stays within a sample (``positions``
-        must then restart at 0 per sample). ``kv_cache`` appends this call's keys/values (decoding).
-        ``project=False`` returns the final (normed) hidden states instead of logits, for losses that
+        must then restart at 0 per sample). ``parent_ids`` ``[B, S]`` (with ``document_ids``) name the document
+        each token's document continues, whose earlier positions it also sees (a shared prompt; the token's own
+        document where there is none; ``document_causal_mask``). ``kv_cache`` appends this call's keys/values
+        (decoding). ``project=False`` returns the final (normed) hidden states instead of logits, for losses that
         apply the output projection themselves (chunk by chunk).
         """
         h = tokens
@@ -274,7 +277,7 @@ class Decoder(nn.Module):
                 h = h * self.embedding_scale[h.dtype]
         if positions is None and kv_cache is None and self._masked_windows(h.device, document_ids is not None):
             positions = torch.arange(h.shape[1], device=h.device)  # (the masks are built from positions)
-        inputs = AttentionInputs(self.rope_cos, self.rope_sin, positions, document_ids)
+        inputs = AttentionInputs(self.rope_cos, self.rope_sin, positions, document_ids, parent_ids)
         if kv_cache is None:
             inputs = self.prepare_attention(inputs)
         for key, layer in self.layers.items():
@@ -307,6 +310,8 @@ class Decoder(nn.Module):
         positions, document_ids = inputs.positions, inputs.document_ids
         if document_ids is not None and positions is None:
             raise ValueError("document_ids need positions (restarting at 0 in every document)")
+        if inputs.parent_ids is not None and document_ids is None:
+            raise ValueError("parent_ids need document_ids")
         if positions is None:
             return inputs  # (forward supplies positions whenever a mask is needed)
         windows = self._masked_windows(positions.device, document_ids is not None)
@@ -319,7 +324,7 @@ class Decoder(nn.Module):
         masks = {}
         for window in windows:
             build = document_block_mask if flex else document_causal_mask
-            masks[window] = build(positions, positions, document_ids, document_ids, window)
+            masks[window] = build(positions, positions, document_ids, document_ids, window, inputs.parent_ids)
         global_mask, window_mask = masks.get(None), next((m for w, m in masks.items() if w is not None), None)
         if flex:
             return dataclasses.replace(inputs, block_mask=global_mask, window_block_mask=window_mask)
