@@ -49,26 +49,28 @@ def test_pipeline_schedules_match_single_process(schedule_runs, single_process_r
     assert_matches(schedule_runs[name], single_process_reference)
 
 
-@pytest.mark.parametrize(
-    "name, nproc, extra",
-    [
-        ("pp2_fsdp2", 4, (*schedule("Interleaved1F1B"), "--training.local_batch_size", "2")),
-        ("pp2_tp2", 4, (*schedule("1F1B"), "--parallelism.tensor_parallel_degree", "2")),
-        (
-            "pp2_fsdp2_tp2",
-            8,
-            (
-                *schedule("Interleaved1F1B"),
-                "--parallelism.tensor_parallel_degree",
-                "2",
-                "--training.local_batch_size",
-                "2",
-            ),  # fmt: skip
-        ),
-    ],
-)
-def test_pipeline_composes_with_fsdp_and_tp(tmp_path, single_process_reference, name, nproc, extra):
-    assert_matches(layout_run(tmp_path, name, nproc, *PP2, *extra), single_process_reference)
+COMPOSED = {  # name: (processes, flags beyond PP2)
+    "pp2_fsdp2": (4, (*schedule("Interleaved1F1B"), "--training.local_batch_size", "2")),
+    "pp2_tp2": (4, (*schedule("1F1B"), "--parallelism.tensor_parallel_degree", "2")),
+    "pp2_fsdp2_tp2": (
+        8,
+        (*schedule("Interleaved1F1B"), "--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "2"),
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def composed_runs(tmp_path_factory) -> dict[str, Run]:
+    """Every case of COMPOSED, one launch per process count (one torchrun start for the lot)."""
+    folder, runs = tmp_path_factory.mktemp("composed"), {}
+    for nproc in sorted({nproc for nproc, _ in COMPOSED.values()}):
+        runs |= layout_runs(folder, nproc, {name: extra for name, (n, extra) in COMPOSED.items() if n == nproc}, *PP2)
+    return runs
+
+
+@pytest.mark.parametrize("name", list(COMPOSED))
+def test_pipeline_composes_with_fsdp_and_tp(composed_runs, single_process_reference, name):
+    assert_matches(composed_runs[name], single_process_reference)
 
 
 def test_pipeline_checkpoint_resumes_exactly(tmp_path, single_process_reference):
