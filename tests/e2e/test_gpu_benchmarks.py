@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -97,41 +96,11 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]+", requirement).group(0)).lower()
 
 
-Smokes = dict[str, tuple[Path, subprocess.Popen]]
-"""name -> (the table it writes, its process) of each benchmark run in SMOKES."""
-SMOKES = {  # name: the script and its flags beyond --device cpu --smoke --out
-    "pretrain": ("benchmarks/pretrain_speed.py",),
-    "sft_ladder": ("benchmarks/sft_ladder.py",),
-    "float8_linear": ("benchmarks/float8_linear.py",),
-    "grpo": ("benchmarks/grpo_gpu.py",),
-    "moe": ("benchmarks/pretrain_speed.py", "--models", "30B-A3B"),
-}
-
-
-@pytest.fixture(scope="module")
-def smokes(tmp_path_factory) -> Iterator[Smokes]:
-    """Each benchmark run of SMOKES, all started together the first time a test asks (each has one thread: a 2-core
-    machine runs them side by side; the tests check that they run and what they write, not their speed); a run no
-    test waited for is stopped when the module ends."""
-    folder = tmp_path_factory.mktemp("smokes")
-    runs = {}
-    for name, (script, *extra) in SMOKES.items():
-        out, log = folder / f"{name}.md", (folder / f"{name}.log").open("w")
-        cmd = [sys.executable, script, "--device", "cpu", "--smoke", "--out", str(out), *extra]
-        runs[name] = out, subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=log, text=True)
-        log.close()
-    yield runs
-    for _, proc in runs.values():
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-
-
-def smoke(smokes: Smokes, name: str) -> str:
-    """The table the SMOKES run ``name`` wrote, once it has ended (within 300 s of waiting)."""
-    out, proc = smokes[name]
-    code = proc.wait(timeout=300)
-    assert code == 0, out.with_suffix(".log").read_text()[-3000:]
+def smoke(script: str, tmp_path: Path, *extra: str) -> str:
+    out = tmp_path / f"{Path(script).stem}.md"
+    cmd = [sys.executable, script, "--device", "cpu", "--smoke", "--out", str(out), *extra]
+    result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
     return out.read_text()
 
 
@@ -145,9 +114,9 @@ def table_rows(text: str) -> dict[str, list[str]]:
     return rows
 
 
-def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(smokes):
+def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(tmp_path):
     """Each variant trained (a number, not 'failed' or 'timed out') and the papers' rows are quoted beside it."""
-    pretrain = smoke(smokes, "pretrain")
+    pretrain = smoke("benchmarks/pretrain_speed.py", tmp_path)
     rows = table_rows(pretrain)
     assert set(rows) == {"eager", "compile + float8 tensorwise"}
     for cells in rows.values():
@@ -155,33 +124,33 @@ def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(smokes):
     assert "6,258 tok/s, 81.9" in rows["eager"] and "9,409 tok/s, 76.8" in rows["compile + float8 tensorwise"]
     assert "7,689.5 tok/s, 47.77" in rows["compile + float8 tensorwise"]
 
-    ladder = table_rows(smoke(smokes, "sft_ladder"))
+    ladder = table_rows(smoke("benchmarks/sft_ladder.py", tmp_path))
     assert set(ladder) == {"baseline", "+ LCE"}
     for name, paper in (("baseline", "8.6 GB, 5,213 tok/s (Table 2)"), ("+ LCE", "8.41 GB, 5,454 tok/s (Table 2)")):
         tps, padding, useful = (float(c.rstrip("%").replace(",", "")) for c in ladder[name][:3])
         assert tps > 0 and useful == pytest.approx(tps * (1 - padding / 100), rel=0.01, abs=1)
         assert paper in ladder[name]
 
-    linear = table_rows(smoke(smokes, "float8_linear"))
+    linear = table_rows(smoke("benchmarks/float8_linear.py", tmp_path))
     assert list(linear) == ["64"]
     bf16_ms, tensorwise_ms, tensorwise_speedup = (float(c) for c in linear["64"][2:5])
     assert tensorwise_speedup == pytest.approx(bf16_ms / tensorwise_ms, rel=0.05)  # (of the rounded times)
 
 
-def test_grpo_benchmark_runs_on_cpu(smokes):
+def test_grpo_benchmark_runs_on_cpu(tmp_path):
     """Part 6's script in its smoke form (Qwen3's debug flavor): generation in the loop and on the generation thread
     both train and give every column a number (sync may round to 0 s)."""
-    rows = table_rows(smoke(smokes, "grpo"))
+    rows = table_rows(smoke("benchmarks/grpo_gpu.py", tmp_path))
     assert set(rows) == {"lag0", "lag1"}, rows
     for cells in rows.values():
         generate, tps, waited, old, reference, sync, train, step, memory = (float(c.replace(",", "")) for c in cells)
         assert min(generate, tps, old, reference, train, step, memory) > 0 and min(waited, sync) >= 0, cells
 
 
-def test_moe_benchmarks_run_on_cpu(smokes):
+def test_moe_benchmarks_run_on_cpu(tmp_path):
     """Part 5's two scripts on CPU shapes: the MoE model (``--models 30B-A3B``, smoke: its debug flavor) trains and
     logs tokens/s; the layer benchmark times all three grouped GEMMs, which agree with the loop."""
-    rows = table_rows(smoke(smokes, "moe"))
+    rows = table_rows(smoke("benchmarks/pretrain_speed.py", tmp_path, "--models", "30B-A3B"))
     assert set(rows) == {"eager"} and float(rows["eager"][0].replace(",", "")) > 0
 
     layer = load_script("benchmarks/moe_layer.py")
