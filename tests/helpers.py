@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -55,6 +56,41 @@ def run_train(
     if result.returncode != 0:
         raise AssertionError(f"training failed ({result.returncode}):\n{result.stderr[-4000:]}")
     return result
+
+
+class Background:
+    """A ``titanium.train`` run started in a process of its own, writing its console output (stderr) to ``log``,
+    for a test that does other work meanwhile; ``wait`` collects it like ``run_train``."""
+
+    def __init__(self, args: list[str], log: Path, nproc: int = 1, timeout: int = 300) -> None:
+        self.log, self.deadline = log, time.monotonic() + timeout
+        with log.open("w") as stderr:
+            self.proc = subprocess.Popen(
+                train_cmd(args, nproc), cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=stderr, text=True
+            )
+
+    def wait(self) -> str:
+        """Wait for the run to end (within its timeout, counted from its start); its console output. Fails the
+        test with the end of it if the run failed."""
+        try:
+            code = self.proc.wait(timeout=max(1.0, self.deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise
+        if code != 0:
+            raise AssertionError(f"training failed ({code}):\n{self.log.read_text()[-4000:]}")
+        return self.log.read_text()
+
+    def stop(self) -> None:
+        """End the run if it is still going (a test that failed or a session that ended before waiting for it):
+        SIGTERM first, which torchrun passes on to its workers."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def run_jobs(jobs: list[list[str]], nproc: int, jobs_file: Path, timeout: int = 900) -> subprocess.CompletedProcess:

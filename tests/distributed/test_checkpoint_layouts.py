@@ -6,6 +6,7 @@ schedule as one that ran 8 steps straight. Synthetic data, fp32; losses compared
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 
@@ -20,16 +21,18 @@ def args(out, *extra):
     return tiny_args(out, "--data.kind", "synthetic", "--checkpoint.enable", *CONSTANT_LR, *extra)
 
 
-RESHARDS = {  # name: (layout saved at 2 processes, processes and layout of the resumed run)
+SAVES = {  # name: the layout of the runs that save, at 2 processes
+    "fsdp2": ("--training.local_batch_size", "2"),
+    "pp2": ("--parallelism.pipeline_parallel_degree", "2"),
+}
+RESHARDS = {  # name: (the saved run it resumes, processes and layout of the resumed run)
     "fsdp2_to_hsdp2x1": (
-        ("--training.local_batch_size", "2"),
-        2, ("--training.local_batch_size", "2", "--parallelism.data_parallel_replicate_degree", "2"),
+        "fsdp2", 2, ("--training.local_batch_size", "2", "--parallelism.data_parallel_replicate_degree", "2"),
     ),
     "fsdp2_to_fsdp2_tp2": (
-        ("--training.local_batch_size", "2"),
-        4, ("--training.local_batch_size", "2", "--parallelism.tensor_parallel_degree", "2"),
+        "fsdp2", 4, ("--training.local_batch_size", "2", "--parallelism.tensor_parallel_degree", "2"),
     ),
-    "pp2_to_single": (("--parallelism.pipeline_parallel_degree", "2"), 1, ()),
+    "pp2_to_single": ("pp2", 1, ()),
 }  # fmt: skip
 
 
@@ -38,19 +41,21 @@ def test_checkpoint_resumes_at_another_layout(tmp_path):
 
     The data-parallel degree is kept (a data position belongs to one DP layout); sharding, tensor
     and pipeline parallelism change, and DCP reshards the model and optimizer on load. The runs that save go in
-    one launch of 2 processes; each resumed run is a launch of its own (a restarted job).
+    one launch of 2 processes, once per saved layout; each resumed run is a launch of its own (a restarted job) in
+    a copy of the cut run's folder.
     """
     interval = ("--checkpoint.interval", "4")
     saves = []
-    for name, (save_layout, _, _) in RESHARDS.items():
+    for name, save_layout in SAVES.items():
         saves.append(args(tmp_path / name / "straight", *save_layout, *interval, "--training.steps", "8"))
         saves.append(args(tmp_path / name / "cut", *save_layout, *interval, "--training.steps", "4"))
     run_jobs(saves, 2, tmp_path / "saves.json")
-    for name, (_, load_nproc, load_layout) in RESHARDS.items():
-        resumed_args = args(tmp_path / name / "cut", *load_layout, *interval, "--training.steps", "8")
+    for name, (saved, load_nproc, load_layout) in RESHARDS.items():
+        shutil.copytree(tmp_path / saved / "cut", tmp_path / name)
+        resumed_args = args(tmp_path / name, *load_layout, *interval, "--training.steps", "8")
         result = run_train([*resumed_args, "--metrics.save_tb_folder", "tb_resumed"], nproc=load_nproc)
         assert "resuming at step 4" in result.stderr, name
-        expected, resumed = scalars(tmp_path / name / "straight/tb"), scalars(tmp_path / name / "cut/tb_resumed")
+        expected, resumed = scalars(tmp_path / saved / "straight/tb"), scalars(tmp_path / name / "tb_resumed")
         assert sorted(resumed) == [5, 6, 7, 8], name
         for step in resumed:
             assert resumed[step] == pytest.approx(expected[step], rel=1e-5), (name, step)

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from tests.distributed.parity import assert_matches, layout_run
+from tests.distributed.parity import Run, assert_matches, layout_run, layout_runs
 from tests.helpers import scalars
 
 PP2 = ("--parallelism.pipeline_parallel_degree", "2")
@@ -22,56 +22,55 @@ def schedule(name: str) -> tuple[str, str]:
     return ("--parallelism.pipeline_parallel_schedule", name)
 
 
-@pytest.mark.parametrize(
-    "name, nproc, extra",
-    [
-        # GPipe with 2 pipeline microbatches of 2 sequences, and gradient accumulation over 2 of those.
-        (
-            "gpipe_accum",
-            2,
-            (
-                *schedule("GPipe"),
-                "--training.local_batch_size",
-                "2",
-                "--training.global_batch_size",
-                "4",
-                "--parallelism.pipeline_parallel_microbatch_size",
-                "1",
-            ),
-        ),  # fmt: skip
-        ("1f1b_split_points", 2, (*schedule("1F1B"), "--parallelism.pipeline_parallel_split_points", "layers.2")),
-        ("interleaved_1f1b_full_ac", 2, (*schedule("Interleaved1F1B"), "--activation_checkpoint.mode", "full")),
-        # 6 stages of 1 block, 3 per rank (looped placement).
-        ("looped_bfs_6_stages", 2, (*schedule("LoopedBFS"), "--parallelism.pipeline_parallel_layers_per_stage", "1")),
-        ("interleaved_zero_bubble", 2, schedule("InterleavedZeroBubble")),
-        ("zbv_zero_bubble", 2, schedule("ZBVZeroBubble")),
-        ("dualpipev", 2, schedule("DualPipeV")),
-    ],
-)
-def test_pipeline_schedules_match_single_process(tmp_path, single_process_reference, name, nproc, extra):
-    assert_matches(layout_run(tmp_path, name, nproc, *PP2, *extra), single_process_reference)
+SCHEDULES = {  # name: flags beyond PP2, each case 2 processes
+    # GPipe with 2 pipeline microbatches of 2 sequences, and gradient accumulation over 2 of those.
+    "gpipe_accum": (
+        *schedule("GPipe"), "--training.local_batch_size", "2", "--training.global_batch_size", "4",
+        "--parallelism.pipeline_parallel_microbatch_size", "1",
+    ),
+    "1f1b_split_points": (*schedule("1F1B"), "--parallelism.pipeline_parallel_split_points", "layers.2"),
+    "interleaved_1f1b_full_ac": (*schedule("Interleaved1F1B"), "--activation_checkpoint.mode", "full"),
+    # 6 stages of 1 block, 3 per rank (looped placement).
+    "looped_bfs_6_stages": (*schedule("LoopedBFS"), "--parallelism.pipeline_parallel_layers_per_stage", "1"),
+    "interleaved_zero_bubble": schedule("InterleavedZeroBubble"),
+    "zbv_zero_bubble": schedule("ZBVZeroBubble"),
+    "dualpipev": schedule("DualPipeV"),
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name, nproc, extra",
-    [
-        ("pp2_fsdp2", 4, (*schedule("Interleaved1F1B"), "--training.local_batch_size", "2")),
-        ("pp2_tp2", 4, (*schedule("1F1B"), "--parallelism.tensor_parallel_degree", "2")),
-        (
-            "pp2_fsdp2_tp2",
-            8,
-            (
-                *schedule("Interleaved1F1B"),
-                "--parallelism.tensor_parallel_degree",
-                "2",
-                "--training.local_batch_size",
-                "2",
-            ),  # fmt: skip
-        ),
-    ],
-)
-def test_pipeline_composes_with_fsdp_and_tp(tmp_path, single_process_reference, name, nproc, extra):
-    assert_matches(layout_run(tmp_path, name, nproc, *PP2, *extra), single_process_reference)
+@pytest.fixture(scope="module")
+def schedule_runs(tmp_path_factory) -> dict[str, Run]:
+    """Every case of SCHEDULES, in one launch of 2 processes (one torchrun start for the lot)."""
+    return layout_runs(tmp_path_factory.mktemp("schedules"), 2, SCHEDULES, *PP2)
+
+
+@pytest.mark.parametrize("name", list(SCHEDULES))
+def test_pipeline_schedules_match_single_process(schedule_runs, single_process_reference, name):
+    assert_matches(schedule_runs[name], single_process_reference)
+
+
+COMPOSED = {  # name: (processes, flags beyond PP2)
+    "pp2_fsdp2": (4, (*schedule("Interleaved1F1B"), "--training.local_batch_size", "2")),
+    "pp2_tp2": (4, (*schedule("1F1B"), "--parallelism.tensor_parallel_degree", "2")),
+    "pp2_fsdp2_tp2": (
+        8,
+        (*schedule("Interleaved1F1B"), "--parallelism.tensor_parallel_degree", "2", "--training.local_batch_size", "2"),
+    ),
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def composed_runs(tmp_path_factory) -> dict[str, Run]:
+    """Every case of COMPOSED, one launch per process count (one torchrun start for the lot)."""
+    folder, runs = tmp_path_factory.mktemp("composed"), {}
+    for nproc in sorted({nproc for nproc, _ in COMPOSED.values()}):
+        runs |= layout_runs(folder, nproc, {name: extra for name, (n, extra) in COMPOSED.items() if n == nproc}, *PP2)
+    return runs
+
+
+@pytest.mark.parametrize("name", list(COMPOSED))
+def test_pipeline_composes_with_fsdp_and_tp(composed_runs, single_process_reference, name):
+    assert_matches(composed_runs[name], single_process_reference)
 
 
 def test_pipeline_checkpoint_resumes_exactly(tmp_path, single_process_reference):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed.parity import Run, assert_matches, layout_run
+from tests.distributed.parity import Run, assert_matches, layout_runs
 
 SFT = (
     "--training.objective", "sft",
@@ -34,51 +34,41 @@ ADAPTERS = {"full": (), "dora": LORA, "qdora": (*LORA, "--lora.quantize_base", "
 FSDP2 = ("--training.local_batch_size", "2")
 
 
+PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B")
+CP2 = ("--parallelism.context_parallel_degree", "2")
+PACKED = {"tp2": ("--parallelism.tensor_parallel_degree", "2"), "cp2": CP2, "pp2": PP2}
+"""name: flags of each layout on packed rows (2 processes)."""
+PADDED_LAYOUTS = {
+    # Evaluation (generation on both FSDP ranks) between steps must leave training untouched.
+    "full_fsdp2_eval": (
+        "full", (*FSDP2, "--eval.interval", "2", "--eval.max_samples", "8", "--eval.batch_size", "2"),
+    ),
+    "dora_fsdp2": ("dora", FSDP2),
+    "dora_pp2": ("dora", PP2),
+    "dora_cp2": ("dora", CP2),
+    "qdora_fsdp2": ("qdora", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
+}  # fmt: skip
+"""name: (what trains, flags) of each layout on padded rows (2 processes)."""
+
+
 @pytest.fixture(scope="module")
-def packed_reference(tmp_path_factory) -> Run:
-    return layout_run(tmp_path_factory.mktemp("sft"), "single_packed", 1, data=SFT)
+def runs(tmp_path_factory) -> dict[str, Run]:
+    """Every layout in one launch of 2 processes, and the one-process references (packed; padded full, DoRA and
+    QDoRA) in one launch of 1: two torchrun starts for the lot."""
+    folder = tmp_path_factory.mktemp("sft")
+    singles = {"single_packed": (), **{f"single_{kind}": (*PADDED, *flags) for kind, flags in ADAPTERS.items()}}
+    layouts = {
+        **{f"packed_{name}": flags for name, flags in PACKED.items()},
+        **{f"padded_{name}": (*PADDED, *ADAPTERS[kind], *flags) for name, (kind, flags) in PADDED_LAYOUTS.items()},
+    }
+    return {**layout_runs(folder, 1, singles, data=SFT), **layout_runs(folder, 2, layouts, data=SFT)}
 
 
-@pytest.mark.parametrize(
-    "name, extra",
-    [
-        ("tp2", ("--parallelism.tensor_parallel_degree", "2")),
-        ("cp2", ("--parallelism.context_parallel_degree", "2")),
-        ("pp2", ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B")),
-    ],
-)
-def test_packed_sft_layouts_match_one_process(tmp_path, packed_reference, name, extra):
-    assert_matches(layout_run(tmp_path, name, 2, *extra, data=SFT), packed_reference)
+@pytest.mark.parametrize("name", list(PACKED))
+def test_packed_sft_layouts_match_one_process(runs, name):
+    assert_matches(runs[f"packed_{name}"], runs["single_packed"])
 
 
-@pytest.fixture(scope="module")
-def padded_reference(tmp_path_factory):
-    """One-process padded runs (full, DoRA, QDoRA), each made once for the module."""
-    folder, runs = tmp_path_factory.mktemp("sft_padded"), {}
-
-    def get(kind: str) -> Run:
-        if kind not in runs:
-            runs[kind] = layout_run(folder, f"single_{kind}", 1, *PADDED, *ADAPTERS[kind], data=SFT)
-        return runs[kind]
-
-    return get
-
-
-@pytest.mark.parametrize(
-    "kind, name, extra",
-    [
-        # Evaluation (generation on both FSDP ranks) between steps must leave training untouched.
-        ("full", "fsdp2_eval", (*FSDP2, "--eval.interval", "2", "--eval.max_samples", "8", "--eval.batch_size", "2")),
-        ("dora", "fsdp2", FSDP2),
-        (
-            "dora",
-            "pp2",
-            ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_schedule", "1F1B"),
-        ),
-        ("dora", "cp2", ("--parallelism.context_parallel_degree", "2")),
-        ("qdora", "fsdp2", FSDP2),  # NF4 base quantized before sharding: the same weights as one process
-    ],
-)
-def test_padded_sft_layouts_match_one_process(tmp_path, padded_reference, kind, name, extra):
-    run = layout_run(tmp_path, name, 2, *PADDED, *ADAPTERS[kind], *extra, data=SFT)
-    assert_matches(run, padded_reference(kind))
+@pytest.mark.parametrize("name", list(PADDED_LAYOUTS))
+def test_padded_sft_layouts_match_one_process(runs, name):
+    assert_matches(runs[f"padded_{name}"], runs[f"single_{PADDED_LAYOUTS[name][0]}"])

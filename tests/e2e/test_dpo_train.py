@@ -10,10 +10,12 @@ held-out pairs (assets/tasks/arithmetic/preference_test.jsonl) with the DPO poli
 - held-out exact match of greedy answers (128 rows of test.jsonl, logged by the DPO run at steps 0 and 60)
   must not collapse.
 
-`pipeline(folder, seed)` is the whole chain. Measured on the 2-core CPU machine for seeds 0, 1, 2: reward
-accuracy 0.845 / 0.79 / 0.82, margin 0.223 / 0.228 / 0.236, exact match 40.6% -> 51.6%, 36.7% -> 39.1%,
-36.7% -> 35.9% (docs/post_training.md); 175-190 s of CPU time (one thread), 4-13 minutes of wall time
-depending on the machine's other load. The thresholds leave room for other machines' float rounding.
+`measure(folder, seed, *chain.start("dpo", folder, seed))` is the whole chain. Measured on the 2-core CPU machine
+for seeds 0, 1, 2: reward accuracy 0.845 / 0.79 / 0.82, margin 0.223 / 0.228 / 0.236, exact match
+40.6% -> 51.6%, 36.7% -> 39.1%, 36.7% -> 35.9% (docs/post_training.md); 175-190 s of CPU time (one thread),
+4-13 minutes of wall time depending on the machine's other load. In a test session the DPO run goes side by side
+with the GRPO test's run (tests/e2e/conftest.py's ``post_trained``). The thresholds leave room for other machines'
+float rounding.
 """
 
 from __future__ import annotations
@@ -21,32 +23,21 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.e2e.chain import fine_tuned
-from tests.helpers import REPO, run_train, scalars
+from tests.e2e.chain import DPO_STEPS, dpo_config
+from tests.helpers import REPO, Background, run_train, scalars
 from titanium.tools import eval_preference
 
-DPO_STEPS = 60
 HELD_OUT_PAIRS = 200
 
 
-def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, float]:
-    """Pretrain -> SFT -> DPO with ``seed``; held-out preference metrics and exact match before/after DPO."""
-    common = ["--job.no_print_config", "--debug.seed", str(seed)]
-    dpo = folder / "dpo"
-    reference = fine_tuned(shared or folder, seed)
-    config = [
-        "--job.config_file",
-        str(REPO / "train_configs/debug_dpo.toml"),
-        "--checkpoint.initial_load_path",
-        str(reference),
-    ]
-    run_train([
-        *config, "--job.dump_folder", str(dpo), "--training.steps", str(DPO_STEPS),
-        "--checkpoint.interval", str(DPO_STEPS), "--eval.interval", str(DPO_STEPS), *common,
-    ], timeout=600)  # fmt: skip
+def measure(folder: Path, seed: int, dpo: Path, run: Background) -> dict[str, float]:
+    """Held-out preference metrics of the chain's DPO ``run`` of ``seed`` (in ``dpo``, from
+    ``fine_tuned(folder, seed)``) and its exact match before/after DPO, once the run has ended."""
+    run.wait()
     exact_match = scalars(dpo / "tb", "eval/exact_match")
+    config = dpo_config(folder, seed)
     args = eval_preference.parser().parse_args([
-        str(dpo / f"checkpoint/step-{DPO_STEPS}"), str(reference), "--max-pairs", str(HELD_OUT_PAIRS),
+        str(dpo / f"checkpoint/step-{DPO_STEPS}"), config[-1], "--max-pairs", str(HELD_OUT_PAIRS),
         "--data", str(REPO / "assets/tasks/arithmetic/preference_test.jsonl"),
     ])  # fmt: skip
     held_out = eval_preference.run(args, config)
@@ -54,9 +45,9 @@ def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, f
 
 
 def test_debug_dpo_raises_heldout_preference_accuracy_and_keeps_exact_match(
-    tmp_path: Path, pretrained_folder: Path
+    pretrained_folder: Path, post_trained: dict[str, tuple[Path, Background]]
 ) -> None:
-    result = pipeline(tmp_path, seed=0, shared=pretrained_folder)
+    result = measure(pretrained_folder, 0, *post_trained["dpo"])
     print(json.dumps(result))
     assert result["pairs"] == HELD_OUT_PAIRS
     assert result["reward_accuracy"] >= 0.7, result  # 0 before DPO; measured 0.79-0.845

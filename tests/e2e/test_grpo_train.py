@@ -6,7 +6,7 @@ test's policy, made once per session: tests/e2e/chain.py) make a policy at modes
 answers sampled at temperature 0.7, seed 0); GRPO then samples 8 answers to each of 32 prompts per step from it,
 rewards exact matches, and trains for GRPO_STEPS steps. Checked: the mean reward of the rollouts (first 5 steps
 against the last 5) and held-out accuracy (128 held-out prompts, 4 answers each sampled as in the rollouts, same
-seed before and after) both rise. `pipeline(folder, seed)` is the whole chain. Measured with this chain, seed 0:
+seed before and after) both rise. Measured with this chain, seed 0:
 reward 0.292 -> 0.377 (+0.084), held-out accuracy 0.299 -> 0.326 (+0.027). With the former 100-step SFT policy
 (13-16% accuracy), seeds 0 / 1 / 2 gave reward +0.090 / +0.056 / +0.051 and held-out accuracy +0.064 / +0.014 /
 +0.023 (docs/post_training.md, GRPO, Measured); about 4.5 minutes of CPU time (one thread). The asserted gains leave
@@ -18,10 +18,9 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from tests.e2e.chain import fine_tuned
-from tests.helpers import REPO, run_train, scalars
+from tests.e2e.chain import GRPO_STEPS, start
+from tests.helpers import Background, scalars
 
-GRPO_STEPS = 40
 REWARD_GAIN = 0.03
 """Smallest accepted rise of the mean rollout reward, first 5 steps to last 5 (measured: 0.051 at least)."""
 ACCURACY_GAIN = 0.005
@@ -29,18 +28,10 @@ ACCURACY_GAIN = 0.005
 more right of 512 answers: the held-out gain is small on 2 of 3 seeds)."""
 
 
-def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, float]:
-    """Pretrain -> SFT -> GRPO with ``seed``: mean reward of the first and last 5 GRPO steps, held-out accuracy
-    before and after, and the GRPO run's console output."""
-    common = ["--job.no_print_config", "--debug.seed", str(seed)]
-    grpo = folder / "grpo"
-    sft = fine_tuned(shared or folder, seed)
-    result = run_train([
-        "--job.config_file", str(REPO / "train_configs/debug_grpo.toml"), "--job.dump_folder", str(grpo),
-        "--checkpoint.initial_load_path", str(sft),
-        "--training.steps", str(GRPO_STEPS), "--checkpoint.interval", str(GRPO_STEPS),
-        "--eval.interval", str(GRPO_STEPS), "--metrics.log_freq", "1", *common,
-    ], timeout=900)  # fmt: skip
+def measure(grpo: Path, run: Background) -> dict[str, float]:
+    """Mean reward of the first and last 5 steps of the chain's GRPO ``run`` (in ``grpo``), held-out accuracy before
+    and after, and the run's console output, once it has ended."""
+    console = run.wait()
     reward = scalars(grpo / "tb", "grpo/reward")
     accuracy = scalars(grpo / "tb", "eval/exact_match")
     assert sorted(reward) == list(range(1, GRPO_STEPS + 1)) and sorted(accuracy) == [0, GRPO_STEPS]
@@ -49,12 +40,12 @@ def pipeline(folder: Path, seed: int, shared: Path | None = None) -> dict[str, f
         "reward_last": statistics.fmean(reward[s] for s in range(GRPO_STEPS - 4, GRPO_STEPS + 1)),
         "accuracy_before": accuracy[0],
         "accuracy_after": accuracy[GRPO_STEPS],
-        "console": result.stderr,
+        "console": console,
     }
 
 
-def test_debug_grpo_raises_reward_and_heldout_accuracy(tmp_path: Path, pretrained_folder: Path) -> None:
-    m = pipeline(tmp_path, seed=0, shared=pretrained_folder)
+def test_debug_grpo_raises_reward_and_heldout_accuracy(post_trained: dict[str, tuple[Path, Background]]) -> None:
+    m = measure(*post_trained["grpo"])
     first, last, before, after = m["reward_first"], m["reward_last"], m["accuracy_before"], m["accuracy_after"]
     print(f"mean reward {first:.3f} -> {last:.3f}; held-out accuracy {before:.3f} -> {after:.3f}")
     assert last >= first + REWARD_GAIN, (first, last)
@@ -65,6 +56,6 @@ def test_debug_grpo_raises_reward_and_heldout_accuracy(tmp_path: Path, pretraine
 if __name__ == "__main__":  # python -m tests.e2e.test_grpo_train SEED FOLDER: the numbers of one seed
     import sys
 
-    out = pipeline(Path(sys.argv[2]), int(sys.argv[1]))
+    out = measure(*start("grpo", Path(sys.argv[2]), int(sys.argv[1])))
     out.pop("console")
     print(out)
