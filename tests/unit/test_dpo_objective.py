@@ -393,7 +393,7 @@ def output_variant(model: torch.nn.Module, variant: str) -> torch.nn.Module:
 def test_projecting_only_the_labels_equals_the_full_logits(tmp_path, pairs_file, variant, packing):
     """The normal path projects the hidden states at the responses' positions only (policy and reference): its
     loss, metrics, gradients and reference log-probs equal those from the whole ``[rows, seq, vocab]`` logits
-    (the pipeline path, whose rows hold one sequence each) to 1e-6 relative."""
+    (the pipeline path, whose rows hold one sequence each) to 1e-6 relative (gradients: see assert_grads_close)."""
     policy, reference = output_variant(POLICY, variant).train(), output_variant(REFERENCE, variant)
     cfg = DPOSection(beta=0.5, packing=packing, share_prompt=False)
     obj = objective(tmp_path, pairs_file, cfg, models=local_models(lambda: reference))
@@ -420,17 +420,25 @@ def test_projecting_only_the_labels_equals_the_full_logits(tmp_path, pairs_file,
     for name, (value, count) in full.metrics.items():
         torch.testing.assert_close(gathered.metrics[name][0], value, rtol=1e-6, atol=1e-6, msg=name)
         assert torch.equal(gathered.metrics[name][1], count)
-    for name, grad in full_grads.items():
-        torch.testing.assert_close(gathered_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert_grads_close(gathered_grads, full_grads, of_largest=1e-6)
+
+
+def assert_grads_close(actual: dict, expected: dict, of_largest: float) -> None:
+    """Gradients to 1e-5 relative plus ``of_largest`` times each parameter's largest gradient: other matmul shapes
+    sum in another order, and torch 2.11's CPU kernels are a few ulps of the largest element off (measured)."""
+    for name, grad in expected.items():
+        atol = of_largest * float(grad.abs().max())
+        torch.testing.assert_close(actual[name], grad, rtol=1e-5, atol=atol, msg=name)
 
 
 @pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
 @pytest.mark.parametrize(("loss_type", "reference_kernel"), [("sigmoid", "sdpa"), ("sigmoid", "flex"), ("orpo", "")])
 def test_shared_prompt_rows_equal_separate_rows(tmp_path, pairs_file, loss_type, reference_kernel):
     """The same pairs as shared-prompt rows (one a pair) and as separate rows (one a sequence): each response's
-    policy and reference log-prob sums, the loss, its metrics and the policy's gradients agree to 1e-5 relative
-    (fp32). ORPO learns the chosen prompts too (prompt labels); the reference of the shared rows runs on
-    FlexAttention in one case (CPU has its forward only, so the policy keeps SDPA)."""
+    policy and reference log-prob sums, the loss and its metrics agree to 1e-5 relative (fp32), the policy's
+    gradients to 1e-5 relative plus 5e-6 of each parameter's largest gradient (torch 2.11 measured 1.2e-6). ORPO
+    learns the chosen prompts too (prompt labels); the reference of the shared rows runs on FlexAttention in one
+    case (CPU has its forward only, so the policy keeps SDPA)."""
     reference = __import__("copy").deepcopy(REFERENCE)
     reference.attention_backend = reference_kernel or "sdpa"
     sums, results, grads = [], [], []
@@ -456,5 +464,4 @@ def test_shared_prompt_rows_equal_separate_rows(tmp_path, pairs_file, loss_type,
     for name, (value, count) in separate.metrics.items():
         torch.testing.assert_close(shared_result.metrics[name][0], value, rtol=1e-5, atol=1e-5, msg=name)
         assert torch.equal(shared_result.metrics[name][1], count)
-    for name, grad in separate_grads.items():
-        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    assert_grads_close(shared_grads, separate_grads, of_largest=5e-6)
