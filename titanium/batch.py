@@ -65,8 +65,7 @@ class Batch(Generic[F]):
     """``[rows, seq]`` the sample each token belongs to: attention stays inside it."""
     parent_ids: torch.Tensor | None = None
     """``[rows, seq]`` with ``document_ids``: the document whose earlier positions a token's document continues
-    (a prompt shared by two responses; the token's own document where there is none). Not under context
-    parallelism."""
+    (a prompt shared by two responses; the token's own document where there is none)."""
 
     @property
     def rows(self) -> int:
@@ -124,11 +123,16 @@ class Placement:
     """Where a microbatch runs: on ``device``, its sequences whole. Under context parallelism the loop hands
     objectives a subclass (titanium.parallel.context) whose ranks each hold a part of every sequence."""
 
-    split = False
-    """True when each rank holds only a part of every sequence."""
+    parts = 1
+    """How many ranks share every sequence, each holding a part of it."""
 
     def __init__(self, device: torch.device | None = None) -> None:
         self.device = device or torch.device("cpu")
+
+    @property
+    def split(self) -> bool:
+        """True when each rank holds only a part of every sequence."""
+        return self.parts > 1
 
     def place(self, batch: Batch[F]) -> Batch[F]:
         """This rank's part of ``batch`` (a CPU microbatch as the data pipeline made it), on the device."""
@@ -137,4 +141,9 @@ class Placement:
     def add_parts(self, values: torch.Tensor) -> torch.Tensor:
         """Sums over each sequence (e.g. a response's log-prob) completed from every rank's part of it, with
         their gradient (a loss non-linear in such a sum needs the whole sum first)."""
+        return values
+
+    def whole_sequences(self, values: torch.Tensor) -> torch.Tensor:
+        """``[rows, part, ...]`` values of this rank's part of every sequence (e.g. hidden states) completed to
+        ``[rows, parts x part, ...]`` in sequence order from every rank's part, with their gradient."""
         return values

@@ -8,12 +8,14 @@ to 2e-4 (tests/distributed/parity.py says why), and the per-pair metrics the loo
 - Padded pairs hold the same pairs per step at any data-parallel degree, so FSDP compares with them; packed
   rows (several pairs per row pair) are read whole by the TP, CP and PP runs and compared with packed rows.
 - Shared-prompt rows (--dpo.share_prompt, the default: a pair's prompt once, then both responses) run under
-  one process, FSDP, TP and LoRA; CP and PP keep one row per sequence, so they compare with a one-process run
+  one process, FSDP, TP, CP and LoRA; PP keeps one row per sequence, so it compares with a one-process run
   of separate rows (packed differently: a shared row holds other pairs than a row pair). The one-process
   launch also trains separate padded rows, which must give what the shared rows give.
 - The pipeline runs cut each microbatch into 1-pair pipeline microbatches (2 rows each): the loss of a slice
-  needs only its own rows. Under CP every response is split over the two ranks and its log-prob sums are
-  added over the cp group (differentiably) before the sigmoid: the grad norms check that backward.
+  needs only its own rows. Under CP every shared row is split over the two ranks (the parent-document mask
+  in chunks), a label whose predicting column lies on the other rank is taken from the gathered hidden
+  states, and the log-prob sums are added over the cp group (differentiably) before the sigmoid: the grad
+  norms check that backward.
 - FSDP and PP also run with precomputed reference log-probs (the pass split over data-parallel ranks, and
   under PP computed on the last stage only, then gathered): training on the cache must give what the online
   reference gives, within the same tolerances.
@@ -55,7 +57,7 @@ def pairs_file(tmp_path_factory) -> str:
 LAYOUTS = {
     "fsdp2_cached": ("padded", ("--training.local_batch_size", "2", *CACHED)),
     "tp2": ("packed", (*PACKED, "--parallelism.tensor_parallel_degree", "2")),
-    "cp2": ("packed_separate", (*PACKED, "--parallelism.context_parallel_degree", "2")),
+    "cp2": ("packed", (*PACKED, "--parallelism.context_parallel_degree", "2")),
     "pp2_cached": ("packed_separate", (*PACKED, *PP2, *CACHED)),
     "lora_fsdp2": ("lora", (*LORA, "--training.local_batch_size", "2")),
 }

@@ -14,6 +14,7 @@ from titanium.data.sft import IGNORE_INDEX
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.common.attention import document_causal_mask
 from titanium.models.common.attention_kernels import document_block_mask
+from titanium.parallel.context import chunk_masks, gather_order, headtail_indices
 
 VOCAB = 300
 SEQ_LEN = 64
@@ -72,6 +73,38 @@ def test_the_mask_rule_equals_the_layout_written_out_in_both_forms():
     assert torch.equal(dense, layout_mask(PAIRS, width))
     block_mask = document_block_mask(positions, positions, documents, documents, q_parents=parents)
     assert torch.equal(create_mask(block_mask.mask_mod, 1, 1, width, width, device="cpu")[0, 0], dense)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("cp", [2, 3])
+def test_context_parallel_chunk_masks_with_parents_equal_the_whole_row_mask(cp):
+    """Each cp rank's query chunks (split head-tail, keys in gather order) see the keys of their rows of the whole
+    row's mask, in both forms; the dense chunks, cut at each chunk's key limit, drop the keys after their query,
+    which only padding sees (its positions start again at SEQ_LEN; no label is learned from it)."""
+    width = 168  # (divided by 2 x cp for cp 2 and 3)
+    row = shared_row(PAIRS, width)
+    positions, documents, parents = (row[k][None] for k in ("positions", "document_ids", "parent_ids"))
+    dense = document_causal_mask(positions, positions, documents, documents, q_parents=parents)[0, 0]
+    padding = row["document_ids"] == row["document_ids"].max()
+    sources = row["label_sources"][row["label"] != IGNORE_INDEX]
+    assert padding[dense.triu(1).any(1)].all() and not padding[sources].any()
+    gathered = gather_order(width, cp)
+    for rank in range(cp):
+        local = headtail_indices(width, cp, rank)
+        want = dense[local]
+        shards = (positions[:, local], positions[:, gathered], documents[:, local], documents[:, gathered])
+        options = {"cp_size": cp, "cp_rank": rank, "parents": parents[:, local]}
+        masks = {kernel: chunk_masks(*shards, kernel=kernel, **options) for kernel in ("sdpa", "flex")}
+        flex_mask = masks["flex"].block_mask
+        assert flex_mask is not None
+        got = torch.zeros_like(want)
+        got[:, gathered] = create_mask(flex_mask.mask_mod, 1, 1, len(local), width, device="cpu")[0, 0]
+        assert torch.equal(got, want)
+        state, chunk = masks["sdpa"], len(local) // 2
+        assert state.order is not None and state.masks is not None
+        assert torch.equal(gathered[state.order], torch.arange(state.key_limits[1]))  # (the row's first columns)
+        for queries, mask, limit in zip((local[:chunk], local[chunk:]), state.masks, state.key_limits):
+            assert torch.equal(mask[0, 0], dense[queries, :limit])
 
 
 def model(name: str) -> torch.nn.Module:

@@ -515,8 +515,9 @@ class DPOSection:
     """Run each pair as one row: its prompt once, then the chosen and the rejected response, each response
     seeing the prompt and itself (never the other), at the positions it has in its own sequence. The same
     log-probs as a row per sequence, from about half the tokens when the prompt is most of a pair (rows up to
-    2 x seq_len wide). Off, and under context or pipeline parallelism (whose sequence split and stage logits
-    have no form of this mask yet): one row per sequence."""
+    2 x seq_len wide; under context parallelism each cp rank gathers the rows' final hidden states for the
+    loss). Off, and under pipeline parallelism (whose stage logits have no form of these rows yet): one row
+    per sequence."""
 
 
 @dataclass

@@ -12,7 +12,9 @@ over the ranks: once per forward (not per layer) the decoder gathers positions a
 builds the masks of its two query chunks. With the dense (SDPA) kernel each chunk attends only to
 the keys up to its own end (chunk j of 2cp sees (j + 1) / 2cp of the sequence); with FlexAttention one
 block mask over the gathered keys skips the masked blocks. Visible keys never lie after their query
-in the row (packed documents are contiguous and causal), which is what makes the key limit exact.
+in the row (packed documents are contiguous and causal, and a shared prompt, a parent document, precedes
+its responses), which is what makes the key limit exact. (The padding of a shared-prompt row wider than
+seq_len, whose positions start again, loses the keys it would see after it: no label is learned from it.)
 
 The model knows nothing of this: ``apply_context_parallel`` swaps the class of each attention module
 for a subclass whose ``attend`` gathers K/V, and the decoder's for one whose ``prepare_attention``
@@ -54,20 +56,28 @@ def headtail_indices(seq_len: int, cp_size: int, cp_rank: int, device: torch.dev
     return torch.cat([head, torch.arange(tail_start, tail_start + chunk, device=device)])
 
 
+def gather_order(seq_len: int, cp_size: int, device: torch.device | None = None) -> torch.Tensor:
+    """The sequence positions of the gathered (rank-major) parts of every rank, in gather order."""
+    return torch.cat([headtail_indices(seq_len, cp_size, r, device) for r in range(cp_size)])
+
+
 class ContextParallelPlacement(Placement):
     """Each rank of ``cp_mesh`` holds its head-tail part of every sequence (``shard_batch``)."""
 
-    split = True
-
     def __init__(self, device: torch.device, cp_mesh: DeviceMesh) -> None:
         super().__init__(device)
-        self.cp_mesh = cp_mesh
+        self.cp_mesh, self.parts = cp_mesh, cp_mesh.size()
 
     def place(self, batch: Batch[F]) -> Batch[F]:
         return super().place(shard_batch(batch, self.cp_mesh))
 
     def add_parts(self, values: torch.Tensor) -> torch.Tensor:
         return all_reduce_with_grad(values, group=self.cp_mesh.get_group())
+
+    def whole_sequences(self, values: torch.Tensor) -> torch.Tensor:
+        gathered = funcol.all_gather_tensor_autograd(values.contiguous(), gather_dim=1, group=self.cp_mesh.get_group())
+        order = gather_order(gathered.shape[1], self.parts, values.device)
+        return gathered.index_select(1, torch.argsort(order))
 
 
 def sequence_placement(device: torch.device, cp_mesh: DeviceMesh | None) -> Placement:
@@ -111,7 +121,8 @@ class ChunkMasks:
 
 
 class _ContextParallelDecoder:
-    """Mixin overriding ``Decoder.prepare_attention``: gathers positions and document ids once per forward."""
+    """Mixin overriding ``Decoder.prepare_attention``: gathers positions and document ids once per forward (the
+    parent ids of shared-prompt rows are needed for the local queries only)."""
 
     cp_group: object
     cp_size: int
@@ -122,10 +133,6 @@ class _ContextParallelDecoder:
         positions, documents = inputs.positions, inputs.document_ids
         if positions is None:
             raise ValueError("context parallel attention needs the tokens' global positions")
-        if inputs.parent_ids is not None:
-            raise NotImplementedError(
-                "context parallel attention has no form of the parent-document (shared prefix) mask"
-            )
         if documents is not None:
             positions = positions.expand_as(documents)
         elif positions.dim() == 1:
@@ -142,6 +149,7 @@ class _ContextParallelDecoder:
             cp_size=self.cp_size,
             cp_rank=self.cp_rank,
             kernel=masked_kernel(self.attention_backend, positions.device),
+            parents=inputs.parent_ids,
         )
         return dataclasses.replace(inputs, plan_state=state)
 
@@ -155,15 +163,17 @@ def chunk_masks(
     cp_size: int,
     cp_rank: int,
     kernel: Literal["sdpa", "flex"],
+    parents: torch.Tensor | None = None,
 ) -> ChunkMasks:
-    """The masks of ``cp_rank``'s queries (``[B, S / cp]`` positions and document ids) over the gathered keys
-    (``[B, S]``, rank-major as all-gather returns them)."""
+    """The masks of ``cp_rank``'s queries (``[B, S / cp]`` positions, document ids and, for shared-prompt rows,
+    parent ids) over the gathered keys (``[B, S]``, rank-major as all-gather returns them). A query sees its
+    parent's keys only at columns before its own (a prompt precedes its responses), so the key limits hold."""
     if kernel == "flex":
-        return ChunkMasks(block_mask=document_block_mask(positions, key_positions, documents, key_documents))
+        mask = document_block_mask(positions, key_positions, documents, key_documents, q_parents=parents)
+        return ChunkMasks(block_mask=mask)
     seq_len, chunk = key_positions.shape[1], positions.shape[1] // 2
-    gather_order = torch.cat([headtail_indices(seq_len, cp_size, r, positions.device) for r in range(cp_size)])
     key_limits = ((cp_rank + 1) * chunk, (2 * cp_size - cp_rank) * chunk)
-    order = torch.argsort(gather_order)[: key_limits[1]]
+    order = torch.argsort(gather_order(seq_len, cp_size, positions.device))[: key_limits[1]]
     key_positions = key_positions.index_select(1, order)
     key_documents = None if key_documents is None else key_documents.index_select(1, order)
     q_head, q_tail, k_head = positions[:, :chunk], positions[:, chunk:], key_positions[:, : key_limits[0]]
@@ -171,9 +181,10 @@ def chunk_masks(
         masks = (_causal_mask(q_head, k_head), _causal_mask(q_tail, key_positions))
     else:
         d_head, d_tail, dk_head = documents[:, :chunk], documents[:, chunk:], key_documents[:, : key_limits[0]]
+        p_head, p_tail = (None, None) if parents is None else (parents[:, :chunk], parents[:, chunk:])
         masks = (
-            document_causal_mask(q_head, k_head, d_head, dk_head),
-            document_causal_mask(q_tail, key_positions, d_tail, key_documents),
+            document_causal_mask(q_head, k_head, d_head, dk_head, q_parents=p_head),
+            document_causal_mask(q_tail, key_positions, d_tail, key_documents, q_parents=p_tail),
         )
     return ChunkMasks(order=order, key_limits=key_limits, masks=masks)
 

@@ -247,8 +247,9 @@ class DPOObjective(LoaderObjective):
     log-probs come from a frozen model handle (``ctx.models``) in ``prepare``, or, with ``precompute_reference``,
     from a cache made once before training (the reference model is released right after). Every field is
     row-aligned and each pair lies in one row group, so a pipeline microbatch computes the loss of its own pairs;
-    under context parallelism each rank sums its part of every response, and the placement adds the parts
-    (differentiably) before the loss.
+    under context parallelism each rank sums its part of every response (with shared-prompt rows projecting its
+    labels from the gathered hidden states: a label's predicting column may lie on another rank), and the
+    placement adds the parts (differentiably) before the loss.
     """
 
     loss_unit = "pairs"
@@ -272,8 +273,8 @@ class DPOObjective(LoaderObjective):
         self.pad_to, self.pad_multiple = row_width(dpo.pad_to, dpo.pad_multiple, ctx, "--dpo.pad_to")
         self.pipelined = ctx.fixed_shapes
         """Pipeline parallelism: the loss gets the last stage's logits (and the reference gives its logits)."""
-        self.shared = dpo.share_prompt and not self.pipelined and not ctx.placement.split
-        """Shared-prompt rows (``--dpo.share_prompt``; not under pipeline or context parallelism, see its help)."""
+        self.shared = dpo.share_prompt and not self.pipelined
+        """Shared-prompt rows (``--dpo.share_prompt``; not under pipeline parallelism, see its help)."""
         self.slots, self.group = pair_slots(ctx.seq_len, dpo.packing, self.shared), group_rows(self.shared)
         if self.pipelined:
             self.loss_input = "logits"
@@ -366,10 +367,10 @@ class DPOObjective(LoaderObjective):
         fields = batch.fields
         if not self.pipelined:
             fields.label_index = labelled_positions(fields.learned())
-            if fields.label_sources is not None:  # (the same rows, the source columns)
+            if fields.label_sources is not None:  # (the same rows, the source columns of the whole sequences)
                 width = fields.label_sources.shape[1]
                 columns = fields.label_sources.flatten().index_select(0, fields.label_index)
-                fields.source_index = fields.label_index - fields.label_index % width + columns
+                fields.source_index = fields.label_index // width * width * self.ctx.placement.parts + columns
         return batch
 
     def _reference_logps(self, batch: Batch[PreferenceFields]) -> torch.Tensor | None:
@@ -384,8 +385,14 @@ class DPOObjective(LoaderObjective):
         if self._reference_project is None:
             self._reference_project = linear_projection(*self.reference.projection())
         assert fields.label_index is not None
-        hidden = self.reference.hidden(batch)
+        hidden = self._source_states(self.reference.hidden(batch), fields)
         return projected_logps(hidden, self._reference_project, fields.labels, fields.label_index, fields.source_index)
+
+    def _source_states(self, hidden: torch.Tensor, fields: PreferenceFields) -> torch.Tensor:
+        """The hidden states ``source_index`` points into: with shared-prompt rows under context parallelism a
+        label's predicting column may lie on another rank (a response's first label, each part's first column),
+        so the whole sequences' states, gathered differentiably; else this rank's own."""
+        return hidden if fields.source_index is None else self.ctx.placement.whole_sequences(hidden)
 
     def next_microbatch(self) -> Batch[PreferenceFields]:
         rows = next(self.loader)
@@ -406,7 +413,9 @@ class DPOObjective(LoaderObjective):
             logps = token_logps(output.logits, labels)
         else:
             assert fields.label_index is not None, "prepare finds the labels"
-            logps = projected_logps(*policy_projection(output), labels, fields.label_index, fields.source_index)
+            hidden, project = policy_projection(output)
+            hidden = self._source_states(hidden, fields)
+            logps = projected_logps(hidden, project, labels, fields.label_index, fields.source_index)
         per_token = [logps, (ids >= 0).float()]
         if reference:
             assert fields.reference_logps is not None
