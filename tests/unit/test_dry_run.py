@@ -149,3 +149,17 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     # (the same student's traces agree to within a one-time allocation of the first trace in a process, ~0.3%)
     assert kd_peak == pytest.approx(sft_peak + teacher, rel=0.01) and kd_peak > sft_peak
     assert dpo_peak > sft_peak
+
+
+def test_the_value_models_activations_and_gradients_are_added_where_they_are_alive():
+    """Its backward runs first and turns its activations into its gradients: until the backward leaves the blocks the
+    larger of the two (both when the step accumulates, the gradients of the earlier microbatches being alive),
+    afterwards its gradients."""
+    from titanium.tools.memory_estimate import BESIDE_GRADIENTS, REGIONS, Trace, _add_beside
+
+    for accumulation, blocks_high in ((1, 100 + 30), (2, 100 + 30 + 20)):
+        trace = Trace(peaks={REGIONS[0]: 100.0, REGIONS[1]: 90.0}, parts={r: {} for r in REGIONS}, saved=[], body=[])
+        _add_beside(trace, activations=30.0, gradients=20.0, accumulation=accumulation)
+        assert trace.peaks == {REGIONS[0]: blocks_high, REGIONS[1]: 90 + 20}
+        assert sum(trace.parts[REGIONS[0]].values()) == blocks_high - 100
+        assert trace.parts[REGIONS[1]] == {BESIDE_GRADIENTS: 20}
