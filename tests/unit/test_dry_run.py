@@ -13,6 +13,7 @@ from tests.objectives.tiny_hf import debug_model_hf
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.reward import reward_spec
 from titanium.tools.dry_run import dry_run, main
+from titanium.tools.memory_estimate import BESIDE
 
 
 @pytest.fixture
@@ -92,19 +93,24 @@ def test_the_shipped_moe_plans_fit_an_h100(in_repo, capsys, config, world):
 def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     """The frozen models the objective builds, on this rank under the same plan (FSDP over 2: half of each): a kd
     teacher (here of the student's shape), a DPO, KTO or PPO reference copy, PPO's reward model, and no copy for a
-    LoRA policy's reference; and PPO's value model, which trains: its parameters, gradients and two AdamW moments
-    (four times its half), and the rollout engine's whole copy of the policy. The peak grows by exactly these (the
-    policy's trace is the same)."""
+    LoRA policy's reference; and PPO's value model, which trains: its parameters and two AdamW moments (three times
+    its half), and, as its backward turns them into its gradients (a fourth), the activations its forward keeps (the
+    policy's body's, by the estimator's own trace), whichever is larger; and the rollout engine's whole copy of the
+    policy. The peak grows by exactly these (the policy's trace is the same)."""
     common = [
         "--job.config_file", "train_configs/debug_sft.toml", "--checkpoint.initial_load_path", "",
         "--training.seq_len", "64", "--training.local_batch_size", "2", "--training.mixed_precision_param", "float32",
     ]  # fmt: skip
 
+    beside = {}
+
     def estimate(*extra: str, trained: int = 0) -> tuple[float, int]:
         run = dry_run([*common, *extra], world_size=2, device_type="cpu")
         try:
             assert run.trained_bytes == pytest.approx(trained, rel=1e-3), (extra, run.trained_bytes)
-            return run.estimate_memory().peak, run.frozen_bytes
+            result = run.estimate_memory()
+            beside[extra] = dict(result.parts).get(BESIDE, 0.0), result.body_activations, run.job.accumulation
+            return result.peak, run.frozen_bytes
         finally:
             dist.destroy_process_group()
 
@@ -134,7 +140,26 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     assert teacher == reference == kto_reference == ppo_reference == pytest.approx(half_fp32, rel=1e-3)
     assert ppo_reference_and_scorer - ppo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
     engine = 2 * half_fp32  # (unsharded, in the training dtype)
-    assert ppo_peak == pytest.approx(sft_peak + ppo_reference + value + engine, rel=0.01)
+    # the value model's forward activations: the policy's trace's, without the output projection and the loss (here
+    # larger than its gradients: one microbatch per step)
+    value_activations, body, accumulation = beside[ppo]
+    assert value_activations == body > value / 4 and accumulation == 1 and beside[()][0] == 0  # (sft: none)
+    grown = ppo_reference + value * 3 / 4 + body + engine
+    assert ppo_peak == pytest.approx(sft_peak + grown, rel=0.01)
     # (the same student's traces agree to within a one-time allocation of the first trace in a process, ~0.3%)
     assert kd_peak == pytest.approx(sft_peak + teacher, rel=0.01) and kd_peak > sft_peak
     assert dpo_peak > sft_peak
+
+
+def test_the_value_models_activations_and_gradients_are_added_where_they_are_alive():
+    """Its backward runs first and turns its activations into its gradients: until the backward leaves the blocks the
+    larger of the two (both when the step accumulates, the gradients of the earlier microbatches being alive),
+    afterwards its gradients."""
+    from titanium.tools.memory_estimate import BESIDE_GRADIENTS, REGIONS, Trace, _add_beside
+
+    for accumulation, blocks_high in ((1, 100 + 30), (2, 100 + 30 + 20)):
+        trace = Trace(peaks={REGIONS[0]: 100.0, REGIONS[1]: 90.0}, parts={r: {} for r in REGIONS}, saved=[], body=[])
+        _add_beside(trace, activations=30.0, gradients=20.0, accumulation=accumulation)
+        assert trace.peaks == {REGIONS[0]: blocks_high, REGIONS[1]: 90 + 20}
+        assert sum(trace.parts[REGIONS[0]].values()) == blocks_high - 100
+        assert trace.parts[REGIONS[1]] == {BESIDE_GRADIENTS: 20}

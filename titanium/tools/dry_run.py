@@ -18,10 +18,13 @@ The trained model is the objective's (``Objective.policy_spec``: a reward model'
 the objective builds (``Objective.frozen_sources``: a kd teacher, a DPO, KTO, GRPO or PPO reference, PPO's reward
 model) are built by the same plan and their parameters on this rank added to the estimate; a reference that is the
 policy itself with its LoRA switched off costs nothing. The models the objective trains beside the policy
-(``Objective.trainable_sources``: PPO's value model, with its own AdamW) add their parameters, gradients and two AdamW
-moments on this rank; an objective that generates with the ``[rollout]`` engine (GRPO, PPO) adds titanium engine's
-own copy of the policy (the family's whole plain model in the engine's dtype, on every rank; a vLLM engine's memory
-is its own and not counted).
+(``Objective.trainable_sources``: PPO's value model, with its own AdamW) add their parameters and two AdamW moments
+on this rank, and, as their forward runs in the policy's loss (both backwards are one), their gradients and the
+activations their forward keeps for the backward where they are alive (``estimate_memory``): the policy's own trace's
+forward activations without the output projection and the loss (the value model is the policy's body with a
+one-column head, on the same rows); an objective that generates with the ``[rollout]`` engine (GRPO, PPO) adds
+titanium engine's own copy of the policy (the family's whole plain model in the engine's dtype, on every rank; a vLLM
+engine's memory is its own and not counted).
 """
 
 from __future__ import annotations
@@ -82,11 +85,15 @@ class DryRun:
     """This rank's parameters, gradients and AdamW states of the models the objective trains beside the policy."""
     engine_bytes: int = 0
     """The rollout engine's copy of the policy on this rank (titanium's engine)."""
+    trained_models: int = 0
+    """How many models the objective trains beside the policy (their forward runs in the policy's loss)."""
 
     def estimate_memory(self) -> MemoryEstimate:
         assert self.job is not None
-        estimate = estimate_memory(self.job, self.pipeline)
-        extra = ((FROZEN, self.frozen_bytes), (TRAINED, self.trained_bytes), (ENGINE, self.engine_bytes))
+        gradients = self.trained_bytes // TRAINED_COPIES  # (alive part of the step: estimate_memory places them)
+        estimate = estimate_memory(self.job, self.pipeline, self.trained_models, gradients)
+        trained = self.trained_bytes - gradients
+        extra = ((FROZEN, self.frozen_bytes), (TRAINED, trained), (ENGINE, self.engine_bytes))
         for name, nbytes in extra:
             estimate = estimate.plus(name, nbytes) if nbytes else estimate
         return estimate
@@ -200,7 +207,7 @@ def dry_run(
         moe_imbalance=moe_imbalance,
     )
     params = [_param_plan(clean_fqn(n), p) for n, p in built.model.named_parameters()]
-    frozen, trained = objective_model_bytes(cfg, builder, built, ModelSource(spec, args))
+    frozen, trained, trained_models = objective_model_bytes(cfg, builder, built, ModelSource(spec, args))
     return DryRun(
         cfg,
         dims,
@@ -213,6 +220,7 @@ def dry_run(
         frozen_bytes=frozen,
         trained_bytes=trained,
         engine_bytes=engine_bytes(cfg, spec, args, plan.param_dtype),
+        trained_models=trained_models,
     )
 
 
@@ -222,10 +230,11 @@ TRAINED_COPIES = 4
 
 def objective_model_bytes(
     cfg: JobConfig, builder: ModelBuilder, policy: BuiltModel, start: ModelSource
-) -> tuple[int, int]:
-    """``(frozen, trained)``: the bytes on this rank of the parameters of the frozen models the objective builds, and
-    of the parameters, gradients and AdamW states of the models it trains beside the policy, each built (on meta)
-    by the plan as training builds it: without converters (``ModelHandles.frozen``'s default, and ``trainable``)."""
+) -> tuple[int, int, int]:
+    """``(frozen, trained, n_trained)``: the bytes on this rank of the parameters of the frozen models the objective
+    builds, and of the parameters, gradients and AdamW states of the models it trains beside the policy, each built
+    (on meta) by the plan as training builds it: without converters (``ModelHandles.frozen``'s default, and
+    ``trainable``); and how many models it trains beside the policy."""
     name = cfg.training.objective
     section = OBJECTIVES.section(name)
     objective = OBJECTIVES.load(name)
@@ -233,7 +242,7 @@ def objective_model_bytes(
     wanted = (config, start, start.args.vocab_size, cfg.training.seq_len)
     frozen = [s for s in objective.frozen_sources(*wanted) if not is_the_policy(policy, start, (), s)]
     trained = objective.trainable_sources(*wanted)
-    return _parameter_bytes(builder, frozen), TRAINED_COPIES * _parameter_bytes(builder, trained)
+    return _parameter_bytes(builder, frozen), TRAINED_COPIES * _parameter_bytes(builder, trained), len(trained)
 
 
 def engine_bytes(cfg: JobConfig, spec: Any, args: Any, training_dtype: torch.dtype) -> int:

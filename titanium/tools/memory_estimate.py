@@ -28,11 +28,12 @@ times its even share of the routed rows (the busiest rank; dry_run's ``--moe_imb
 Not modelled: torch.compile (compiled blocks usually save less), the allocator's caching and fragmentation and the
 CUDA context (PyTorch reserves more than it allocates: keep some headroom), kernels' internal workspaces and NCCL's
 buffers, and what an objective adds beyond a cross-entropy on the logits (the dry run adds the parameters of the
-frozen models an objective builds, a teacher or a reference, as ``FROZEN``, the parameters, gradients and AdamW
-states of a model it trains beside the policy, PPO's value model, as ``TRAINED``, and the titanium rollout engine's
-copy of the policy as ``ENGINE``; not the frozen models' forward's activations, which are gone before the step's
-forward starts, nor those the value model's forward in PPO's loss keeps for its backward beside the policy's, nor a
-copy an objective keeps, such as the kd teacher's whole output projection). The trace runs CPU kernels; GPU attention
+frozen models an objective builds, a teacher or a reference, as ``FROZEN``, the parameters and AdamW states of a
+model it trains beside the policy, PPO's value model, as ``TRAINED``, and the titanium rollout engine's copy of the
+policy as ``ENGINE``; ``estimate_memory`` adds that model's gradients and the activations its forward in the loss
+keeps for its backward (the trace's own forward activations without the output projection and the loss) where they
+are alive; not the frozen models' forward's activations, which are gone before the step's forward starts, nor a copy
+an objective keeps, such as the kd teacher's whole output projection). The trace runs CPU kernels; GPU attention
 kernels save about as much (the output and its log-sum-exp).
 """
 
@@ -87,8 +88,12 @@ PARAMETERS, GATHERED, GRADIENTS, OPTIMIZER = (
 BACKWARD = "backward: activation gradients, recomputation, reduce-scatter buffers"
 IN_FLIGHT = "activations of the other microbatches a pipeline stage holds"
 FROZEN = "frozen models' parameters (a teacher, a reference)"
-TRAINED = "other trained models' parameters, gradients and AdamW states (PPO's value model)"
+TRAINED = "other trained models' parameters and AdamW states (PPO's value model)"
 ENGINE = "the rollout engine's copy of the policy (titanium engine)"
+BESIDE = "activations of the models trained beside the policy (PPO's value model)"
+BESIDE_GRADIENTS = "gradients of the models trained beside the policy (PPO's value model)"
+HEAD_LABELS = ("activations: output", "activations: loss")
+"""What a forward makes for the vocabulary: the output projection's logits and the loss on them."""
 
 
 @dataclass(frozen=True)
@@ -129,6 +134,8 @@ class Trace:
     """Per region: what was alive at that high, by label."""
     saved: list[float]
     """Per stage: the bytes one microbatch's forward leaves alive for its backward."""
+    body: list[float]
+    """Per stage: of ``saved``, the activations of the body (without the output projection's logits and the loss)."""
 
 
 @dataclass
@@ -142,6 +149,9 @@ class MemoryEstimate:
     held: list[int] | None = None
     """Pipelines: microbatches each stage holds at the worst moment."""
     seconds: float = 0.0
+    body_activations: float = 0.0
+    """One microbatch's forward activations of this rank's stages without the vocabulary's logits and loss: what a
+    model of the policy's shape with a small head (PPO's value model) keeps for its backward."""
 
     def report(self, device_memory_gib: float, top: int = 8) -> Iterator[str]:
         peak = self.peak / GIB
@@ -176,8 +186,15 @@ class MemoryEstimate:
         return self.peak / GIB <= device_memory_gib
 
 
-def estimate_memory(job: Job, pipeline: Pipeline | None = None) -> MemoryEstimate:
-    """Trace, extrapolate to the real depth, and add a pipeline's in-flight microbatches."""
+def estimate_memory(
+    job: Job, pipeline: Pipeline | None = None, beside: int = 0, beside_gradients: float = 0.0
+) -> MemoryEstimate:
+    """Trace, extrapolate to the real depth, and add a pipeline's in-flight microbatches and what ``beside`` models of
+    the policy's shape trained in the policy's loss (PPO's value model) hold beyond their parameters and optimizer
+    states: their gradients (``beside_gradients`` bytes) and their forward's activations (one microbatch, as the
+    policy's body's). Their forward runs after the policy's and their backward first, so before the backward leaves
+    the blocks they hold their activations or, as their backward turns those into gradients, their gradients (both,
+    when the step accumulates gradients); afterwards only their gradients (the optimizer steps)."""
     start = time.perf_counter()
     period = _checkpoint_period(job.cfg)
     blocks = [n for _, _, n in job.stages]
@@ -193,7 +210,10 @@ def estimate_memory(job: Job, pipeline: Pipeline | None = None) -> MemoryEstimat
             peaks={r: _lerp(a.peaks[r], b.peaks[r], factor) for r in REGIONS},
             parts={r: _lerp_parts(a.parts[r], b.parts[r], factor) for r in REGIONS},
             saved=[_lerp(x, y, (n - d1) / (d2 - d1)) for x, y, n in zip(a.saved, b.saved, blocks)],
+            body=[_lerp(x, y, (n - d1) / (d2 - d1)) for x, y, n in zip(a.body, b.body, blocks)],
         )
+    if beside:
+        _add_beside(trace, beside * sum(trace.body), beside_gradients, job.accumulation)
     region = max(REGIONS, key=lambda r: trace.peaks[r])
     peak, parts = trace.peaks[region], dict(trace.parts[region])
     held = None
@@ -205,7 +225,18 @@ def estimate_memory(job: Job, pipeline: Pipeline | None = None) -> MemoryEstimat
         peak += extra
         parts[IN_FLIGHT] = extra
     ranked = sorted(((k, v) for k, v in parts.items() if v > 0), key=lambda kv: -kv[1])
-    return MemoryEstimate(peak, ranked, depths, held, time.perf_counter() - start)
+    return MemoryEstimate(peak, ranked, depths, held, time.perf_counter() - start, sum(trace.body))
+
+
+def _add_beside(trace: Trace, activations: float, gradients: float, accumulation: int) -> None:
+    """Add the activations and gradients of the models trained beside the policy to the regions' highs where they
+    are alive (see ``estimate_memory``)."""
+    blocks = {BESIDE: activations, BESIDE_GRADIENTS: gradients}
+    if accumulation == 1:  # (one or the other: their backward frees the activations as it makes the gradients)
+        blocks = dict([max(blocks.items(), key=lambda kv: kv[1])])
+    for region, extra in ((REGIONS[0], blocks), (REGIONS[1], {BESIDE_GRADIENTS: gradients})):
+        trace.peaks[region] += sum(extra.values())
+        trace.parts[region].update(extra)
 
 
 def _lerp(x: float, y: float, factor: float) -> float:
@@ -272,6 +303,7 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
         for t in [*params, *container.buffers()]:
             tracker.add(t, PARAMETERS)
         saved: list[float] = []
+        body: list[float] = []
         with (
             tracker,
             _module_labels(tracker, parts),
@@ -286,10 +318,10 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
             for step in range(2):
                 with job.autocast() if pipelined else contextlib.nullcontext():
                     for microbatch in range(min(job.accumulation, 2)):
-                        saved_now = _microbatch(job, parts, tracker, forward_autocast)
+                        saved_now, body_now = _microbatch(job, parts, tracker, forward_autocast)
                         tracker.learn_roles(params, optimizer)
                         if step == 1 and microbatch == 0:
-                            saved = saved_now
+                            saved, body = saved_now, body_now
                 tracker.phase = "optimizer step"
                 tracker.set_region(REGIONS[1])
                 trainable = [p for p in params if p.grad is not None]
@@ -300,7 +332,7 @@ def trace_steps(job: Job, depths: list[int]) -> Trace:
                 if step == 0:
                     tracker.reset_peak()
         peaks, parts_at_peaks = tracker.peaks(), tracker.peak_parts()
-    return Trace(peaks, parts_at_peaks, saved)
+    return Trace(peaks, parts_at_peaks, saved, body)
 
 
 def _build_low_bit_maps() -> None:
@@ -356,13 +388,14 @@ def _assume_balanced_routing(part: nn.Module, job: Job) -> None:
 
 def _microbatch(
     job: Job, parts: list[nn.Module], tracker: _LiveStorages, autocast: Callable[[], contextlib.AbstractContextManager]
-) -> list[float]:
-    """Forward (and loss) through the stages, then backward; returns what each stage's forward left alive."""
+) -> tuple[list[float], list[float]]:
+    """Forward (and loss) through the stages, then backward; returns what each stage's forward left alive, all of it
+    and its body's activations (without the output projection's and the loss's)."""
     dims, seq = job.dims, job.cfg.training.seq_len // job.dims.cp
     dim = job.args.decoder_args().dim
     sharded_loss = loss_parallel if dims.loss_parallel_enabled else contextlib.nullcontext
     hidden_dtype = job.plan.param_dtype if dims.fsdp_enabled else torch.float32
-    outputs, saved, kept = [], [], []
+    outputs, saved, body, kept = [], [], [], []
     loss = TokenCrossEntropy(job.cfg.training.loss_chunk_size)
     tracker.set_region(REGIONS[0])
 
@@ -399,16 +432,16 @@ def _microbatch(
                 out = out.full_tensor() if isinstance(out, DTensor) else out
                 tracker.module = None
                 del output
-        saved.append(
-            float(sum(n for k, (n, label, _) in tracker.live.items() if k not in before and label != GATHERED))
-        )
+        made = [(n, label) for k, (n, label, _) in tracker.live.items() if k not in before and label != GATHERED]
+        saved.append(float(sum(n for n, _ in made)))
+        body.append(float(sum(n for n, label in made if label.startswith("activations") and label not in HEAD_LABELS)))
         outputs.append(out)
     handle.remove()
     tracker.phase = "backward"
     for out, (_, last, _) in reversed(list(zip(outputs, job.stages))):
         with sharded_loss():
             out.backward() if last else out.backward(torch.ones_like(out))
-    return saved
+    return saved, body
 
 
 def _position_inputs(job: Job, seq: int) -> dict[str, torch.Tensor]:
