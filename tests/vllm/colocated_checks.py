@@ -10,37 +10,27 @@ The engine is closed last: vLLM's teardown destroys the default process group it
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import sys
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
-
 from tests.vllm.engine_checks import (
     diff,
     engine_logprobs,
+    fsdp_policy,
     one_large_step,
-    policy,
     sequences,
     titanium_logprobs,
     vllm_engine,
 )
 from titanium.generation.sampling import SamplingParams
 from titanium.parallel.distributed import shutdown_distributed
-from titanium.parallel.fsdp import apply_fsdp
 from titanium.peft.merge import merged_full_state_dict
 
 
 def main(out: Path) -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    spec, args, reference = policy("llama3")
-    model = copy.deepcopy(reference)
-    apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), torch.float32, torch.float32, True)
+    rank, spec, args, reference, model = fsdp_policy("llama3")
     engine = vllm_engine(spec, args, seed=rank, stop_ids={2})
     try:
         seqs = sequences()

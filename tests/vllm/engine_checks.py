@@ -18,6 +18,7 @@ Every measurement goes to OUT.json (max and mean absolute differences); tests/vl
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import time
@@ -47,6 +48,21 @@ def policy(family: str) -> tuple[Any, Any, torch.nn.Module]:
     model.init_weights(seed=0)
     assert args.decoder_args().head_dim == 32
     return spec, args, model
+
+
+def fsdp_policy(family: str) -> tuple[int, Any, Any, torch.nn.Module, torch.nn.Module]:
+    """For the checks run under torchrun: join the job's gloo group; this rank, ``policy``'s spec, args and
+    (unsharded) model, and a copy of that model sharded by FSDP over every rank (the trained policy)."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from titanium.parallel.fsdp import apply_fsdp
+
+    dist.init_process_group("gloo")
+    spec, args, reference = policy(family)
+    model = copy.deepcopy(reference)
+    apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), torch.float32, torch.float32, True)
+    return dist.get_rank(), spec, args, reference, model
 
 
 def vllm_engine(spec: Any, args: Any, seed: int, stop_ids: set[int], **rollout: Any) -> Any:

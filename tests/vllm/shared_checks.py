@@ -14,7 +14,6 @@ memory is noted per configuration. Each rank writes ``rank<r>.json``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import sys
@@ -23,13 +22,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 
 from tests.vllm.engine_checks import (
     diff,
     engine_logprobs,
+    fsdp_policy,
     one_large_step,
-    policy,
     sampled_vs_titanium,
     sequences,
     titanium_logprobs,
@@ -40,7 +38,6 @@ from titanium.config.loader import ConfigError
 from titanium.generation.background import GenerationWorker
 from titanium.generation.sampling import SamplingParams
 from titanium.parallel.distributed import shutdown_distributed
-from titanium.parallel.fsdp import apply_fsdp
 from titanium.peft.merge import merged_full_state_dict
 
 GREEDY, SAMPLED = SamplingParams(max_new_tokens=16, temperature=0.0), SamplingParams(max_new_tokens=16)
@@ -73,11 +70,7 @@ def engine_memory(engine: Any) -> list[float]:
 
 
 def main(out: Path) -> None:
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    spec, args, reference = policy("llama3")
-    model = copy.deepcopy(reference)
-    apply_fsdp(model, init_device_mesh("cpu", (dist.get_world_size(),)), torch.float32, torch.float32, True)
+    rank, spec, args, reference, model = fsdp_policy("llama3")
     seqs = sequences()
     prompts, seed = seqs[4 * rank : 4 * rank + 4], 1000 * rank + 7  # each rank's own
     results: dict[str, Any] = {"trainer_mb_start": rss_mb()}
