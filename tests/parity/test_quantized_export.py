@@ -5,9 +5,9 @@ fake-quantized training model computed.
 
 Random fp32 checkpoints (Llama with GQA, so the q/k RoPE row order matters; Qwen3 with tied embeddings).
 
-- Layer by layer, the loaded weights compute what titanium's quantized weights compute on the same input (q/k
-  outputs in Hugging Face row order): max difference 8 epsilon of the dtype times the largest output (float32:
-  1e-6; measured 0: the same integers, scales and kernels).
+- Layer by layer, the loaded weights compute what titanium's quantized weights compute on the same input, random
+  and the loaded model's own activations (q/k outputs in Hugging Face row order): max difference 8 epsilon of the
+  dtype times the largest output (float32: 1e-6; measured 0: the same integers, scales and kernels).
 - Logits: weight-only schemes within 1e-5 (measured ~1e-6). Schemes that quantize activations at run time
   round each token's activations to an int8 step, and a hidden state that differs in its last float32 bit
   between the two implementations can fall on the other side of a rounding step; from that token on, later
@@ -72,17 +72,27 @@ def _compare_export(
     layers = quantized_layers(model, scheme, 32, ["output"])
     quantize_model(model, scheme, 32, layers)
     adapter = get_model_spec(case.model).hf_adapter
+    inputs: dict[str, torch.Tensor] = {}  # each loaded layer's input in the loaded model's own forward
+    hooks = [
+        loaded.get_submodule(adapter.hf_key(f"{layer}.weight").removesuffix(".weight")).register_forward_pre_hook(
+            lambda _, args, layer=layer: inputs.update({layer: args[0].reshape(-1, args[0].shape[-1])})
+        )
+        for layer in layers
+    ]
+    theirs = loaded(input_ids=tokens).logits.float()
+    for hook in hooks:
+        hook.remove()
     for layer in layers:
         ours = model.get_submodule(layer).weight
         hf_key = adapter.hf_key(f"{layer}.weight")
-        theirs = loaded.get_submodule(hf_key.removesuffix(".weight")).weight
-        assert type(theirs) is type(ours), (layer, type(theirs), type(ours))
-        x = torch.randn(5, ours.shape[1], generator=torch.Generator().manual_seed(0)).to(device, dtype)
-        expected = adapter.to_hf({f"{layer}.weight": F.linear(x, ours).T}, args)[hf_key].T  # HF row order
-        got = F.linear(x, theirs)
-        assert (got - expected).abs().max() <= 8 * torch.finfo(dtype).eps * expected.abs().max(), layer
+        theirs_weight = loaded.get_submodule(hf_key.removesuffix(".weight")).weight
+        assert type(theirs_weight) is type(ours), (layer, type(theirs_weight), type(ours))
+        random = torch.randn(5, ours.shape[1], generator=torch.Generator().manual_seed(0)).to(device, dtype)
+        for x in (random, inputs[layer]):
+            expected = adapter.to_hf({f"{layer}.weight": F.linear(x, ours).T}, args)[hf_key].T  # HF row order
+            got = F.linear(x, theirs_weight)
+            assert (got - expected).abs().max() <= 8 * torch.finfo(dtype).eps * expected.abs().max(), layer
     ours = model(tokens).float()
-    theirs = loaded(input_ids=tokens).logits.float()
     return (theirs - ours).abs().max().item(), (ours - dense).abs().max().item(), dense.abs().max().item()
 
 
@@ -103,14 +113,20 @@ def test_cpu_schemes_load_in_transformers_and_match_titanium(case: ParityCase, s
 @pytest.mark.cuda
 @pytest.mark.parametrize("scheme", CUDA_SCHEMES)
 def test_cuda_schemes_load_in_transformers_and_match_titanium(scheme: str, tmp_path: Path) -> None:
-    """bfloat16 on the GPU: both sides run the same torchao kernels on the same weights, but the rest of each model
-    rounds to bfloat16 in its own order, so the tolerance is 2% of the largest logit (bfloat16 keeps 8 bits)."""
+    """bfloat16 on the GPU: every loaded layer computes what titanium's computes on the loaded model's own
+    activations (``_compare_export``), but the rest of each model rounds to bfloat16 in its own order (dense logits
+    differ by ~3e-2 of 2.9), so the logits differ by more than in float32. Weight-only int4: within 2% of the
+    largest logit (bfloat16 keeps 8 bits; measured 0.9-1.3%). Float8 also rounds each token's activations to e4m3
+    (3 mantissa bits) at run time, which turns those bfloat16 differences into whole float8 steps (the module doc):
+    its logits must only be closer to titanium's than the quantization's own change (measured on an H200: 0.51 and
+    0.59 of it over two seeds)."""
     source = tmp_path / "hf"
     make_hf_checkpoint(LLAMA, source)
     assert _quantize(source, tmp_path / "q", "llama3", scheme) == 0  # (default dtype: bfloat16)
     diff, error, scale = _compare_export(LLAMA, source, tmp_path / "q", scheme, "cuda", torch.bfloat16)
-    assert diff <= 2e-2 * scale, f"{scheme}: transformers vs titanium logits differ by {diff:.1e} (largest {scale:.1f})"
-    assert error > 0
+    bound = error if "dynamic_activation" in scheme else 2e-2 * scale
+    assert diff <= bound, f"{scheme}: transformers vs titanium logits differ by {diff:.1e} (bound {bound:.1e})"
+    assert error > 2e-2 * scale, f"{scheme}: quantization changed the logits by only {error:.1e}"
 
 
 @pytest.mark.parametrize("scheme", ["int4_weight_only", "int8_dynamic_activation_int4_weight"])
