@@ -271,20 +271,27 @@ class ModelBuilder:
         built = self.build(spec, args, converters=converters, weights=weights)
         for p in built.model.parameters():
             p.requires_grad_(False)
-        return FrozenModel(self._forward_only(built, batch_size), contextlib.nullcontext)
+        return FrozenModel(self.scheduled(built, batch_size), contextlib.nullcontext)
 
     def switched_off(self, policy: BuiltModel, converters: list[ModelConverter], *, batch_size: int) -> FrozenModel:
         """``policy``'s own modules run without gradients and with ``converters`` switched off in place (each must
         offer ``without_conversion``): no second copy."""
-        same = dataclasses.replace(policy)  # the same modules (a pipeline gets its own schedule)
-        return FrozenModel(self._forward_only(same, batch_size), lambda: unconverted(converters, policy.model))
+        return FrozenModel(self.scheduled(policy, batch_size), lambda: unconverted(converters, policy.model))
 
-    def _forward_only(self, built: BuiltModel, batch_size: int) -> BuiltModel:
-        """``built`` with a forward-only schedule over its pipeline stages, if it has any."""
-        if built.pipeline is not None and self.plan is not None:
-            built.pipeline = dataclasses.replace(built.pipeline, schedule=None)
-            built.pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=None)
-        return built
+    def scheduled(
+        self,
+        built: BuiltModel,
+        batch_size: int,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    ) -> BuiltModel:
+        """``built``'s own modules with a pipeline schedule of their own over its stages, if it has any: forward only
+        without ``loss_fn``, else forward and backward with it as the last stage's loss (``Pipeline.build_schedule``),
+        ``batch_size`` rows a step."""
+        if built.pipeline is None or self.plan is None:
+            return built
+        pipeline = dataclasses.replace(built.pipeline, schedule=None)
+        pipeline.build_schedule(self.plan.parallelism, batch_size, self.device, loss_fn=loss_fn)
+        return dataclasses.replace(built, pipeline=pipeline)
 
     def register_hooks(self, built: BuiltModel, hooks: TrainingHooks) -> None:
         """``built``'s hooks on the loop (the policy's): its converters'."""

@@ -148,6 +148,49 @@ class PolicyHandle:
             model.train(was_training)
 
 
+class TrainableModel:
+    """A model its owner trains beside the policy: the owner steps its own optimizer and keeps its state.
+
+    Without pipeline stages the owner runs ``model`` under ``autocast()`` inside the policy's loss, so the loop's
+    backward fills its gradients. With stages no single rank runs it whole: ``train_step`` runs forward and backward
+    of one microbatch through a schedule of its own (every rank of the pipeline together), the owner's loss on its
+    last stage. ``forward`` runs it without gradients either way."""
+
+    def __init__(self, built: BuiltModel, builder: ModelBuilder, batch_size: int) -> None:
+        self.built, self.model, self.autocast = built, built.model, built.autocast
+        self.pipelined = built.pipeline is not None
+        self._no_grad = FrozenModel(builder.scheduled(built, batch_size), contextlib.nullcontext)
+        self._training = builder.scheduled(built, batch_size, loss_fn=lambda out, rows: self._loss(out, rows))
+        self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = _no_loss
+
+    @property
+    def pp_group(self) -> dist.ProcessGroup | None:
+        """The pipeline group when its stages are spread over ranks (its gradient norm adds up over it)."""
+        return self.built.pp_group
+
+    def forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """Its output on model inputs without gradients, under the training precision (None on pipeline ranks
+        without the last stage)."""
+        return self._no_grad(inputs)
+
+    def train_step(
+        self, inputs: dict[str, torch.Tensor], loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    ) -> None:
+        """Forward and backward of one microbatch through its pipeline: ``loss(last stage output, rows)`` gets the
+        indices of the rows each pipeline microbatch holds and returns what to backpropagate."""
+        assert self._training.pipeline is not None, "train_step is for a pipelined model (else run it in the loss)"
+        self._loss = loss
+        try:
+            with torch.enable_grad(), self.autocast():
+                self._training.pipeline.step(inputs)
+        finally:
+            self._loss = _no_loss
+
+
+def _no_loss(output: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    raise AssertionError("a trainable model's pipeline ran outside train_step")
+
+
 class ModelHandles:
     """The models of a job an objective may ask for (``ctx.models``): frozen ones and the live policy.
 
@@ -171,11 +214,11 @@ class ModelHandles:
         self._shared.setdefault(key, _Shared(source)).holders += 1
         return FrozenHandle(self, key, identity)
 
-    def trainable(self, source: ModelSource) -> BuiltModel:
+    def trainable(self, source: ModelSource) -> TrainableModel:
         """Another model its owner trains beside the policy (a PPO value model): built now from ``source`` by the
-        job's builder under the same parallel plan, without converters, in train mode. The owner runs its forward
-        (under ``autocast()``), steps its own optimizer and keeps its state."""
-        return self.builder.build(source.spec, source.args, weights=source.weights)
+        job's builder under the same parallel plan, without converters, in train mode."""
+        built = self.builder.build(source.spec, source.args, weights=source.weights)
+        return TrainableModel(built, self.builder, self.batch_size)
 
     def policy(self) -> PolicyHandle:
         plan = self.builder.plan

@@ -83,7 +83,7 @@ PPO = (
 
 
 def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """name -> (processes, what the job adds): one process; FSDP 2; CP 2; TP 2, saving at step 3 (in the rollout
+    """name -> (processes, what the job adds): one process; FSDP 2; CP 2; PP 2; TP 2, saving at step 3 (in the rollout
     batch of steps 3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own
     TensorBoard folder): it runs steps 4 and 5."""
     tp2 = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "--checkpoint.interval", "3")
@@ -92,6 +92,7 @@ def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
         "ppo_single": (1, ()),
         "ppo_fsdp2": (2, ("--training.local_batch_size", "4")),
         "ppo_cp2": (2, ("--parallelism.context_parallel_degree", "2")),
+        "ppo_pp2": (2, PP2),
         "ppo_tp2": (2, tp2),
         "ppo_tp2_resumed": (2, (*tp2, *resume, "--metrics.save_tb_folder", str(tmp / "ppo_tp2_resumed/tb"))),
     }
@@ -169,14 +170,15 @@ def assert_grpo_matches(run: Run, metrics: dict, ref_run: Run, ref_metrics: dict
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2", "pp2"])
 def test_ppo_step_equals_one_process(runs, layout) -> None:
-    """PPO on fixed responses with a reward model (which also starts the value model) under FSDP, TP or CP over 2
+    """PPO on fixed responses with a reward model (which also starts the value model) under FSDP, TP, CP or PP over 2
     processes: the policy, the reference, the reward model and the value model each under the plan (under TP the
     one-output heads kept whole; under CP each rank's part of every row: log-probs and values completed over the
-    group, each score added from the rank holding the last token). Losses, the policy's grad norms and every PPO
-    metric (scores, KL, the value loss: the value model trains alike; clip fractions) equal one process's at every
-    step (1e-5 / 2e-4)."""
+    group, each score added from the rank holding the last token; under PP the value model trained through a
+    pipeline schedule of its own, the last stage's log-probs, values and scores shared). Losses, the policy's grad
+    norms and every PPO metric (scores, KL, the value loss: the value model trains alike; clip fractions) equal one
+    process's at every step (1e-5 / 2e-4; pp2 measured 3e-7 relative on the losses)."""
     (run, metrics), (ref_run, ref_metrics) = runs[f"ppo_{layout}"], runs["ppo_single"]
     assert_matches(run, ref_run)
     for tag, values in metrics.items():

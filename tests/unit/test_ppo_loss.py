@@ -13,7 +13,14 @@ import math
 import pytest
 import torch
 
-from titanium.trainers.ppo_loss import generalized_advantages, kl_penalized_rewards, ppo_loss, whiten
+from titanium.trainers.ppo_loss import (
+    PPOLossSums,
+    generalized_advantages,
+    kl_penalized_rewards,
+    ppo_loss,
+    value_sums,
+    whiten,
+)
 
 ATOL = 1e-6
 B, T = 6, 9
@@ -131,18 +138,8 @@ def test_loss_and_gradients_match_reference(seed: int) -> None:
 
     logprobs = r["logprobs"].clone().requires_grad_(True)
     values = r["values"].clone().requires_grad_(True)
-    sums = ppo_loss(
-        logprobs,
-        r["old_logprobs"],
-        advantages,
-        values,
-        r["old_values"],
-        returns,
-        r["mask"],
-        epsilon=EPSILON,
-        value_clip=VALUE_CLIP,
-        vf_coef=VF_COEF,
-    )
+    value = value_sums(values, r["old_values"], returns, r["mask"], VALUE_CLIP)
+    sums = ppo_loss(logprobs, r["old_logprobs"], advantages, r["mask"], value, epsilon=EPSILON, vf_coef=VF_COEF)
     loss = sums.loss / sums.tokens  # what the loop does with one microbatch
     loss.backward()
 
@@ -160,23 +157,14 @@ def test_token_sums_split_into_microbatches_give_the_whole_batch_mean() -> None:
     """Two microbatches' sums over the step's tokens equal the one-microbatch mean (the loop's division)."""
     r = rollouts(0)
     _, advantages, returns = titanium_advantages(r)
-    keys = ("logprobs", "old_logprobs", "values", "old_values", "mask")
     parts = [slice(0, 2), slice(2, B)]
-    kw = {"epsilon": EPSILON, "value_clip": VALUE_CLIP, "vf_coef": VF_COEF}
-    whole = ppo_loss(*(r[k] for k in keys[:2]), advantages, r["values"], r["old_values"], returns, r["mask"], **kw)
-    split = [
-        ppo_loss(
-            r["logprobs"][p],
-            r["old_logprobs"][p],
-            advantages[p],
-            r["values"][p],
-            r["old_values"][p],
-            returns[p],
-            r["mask"][p],
-            **kw,
-        )
-        for p in parts
-    ]
+
+    def loss(p: slice) -> PPOLossSums:
+        value = value_sums(r["values"][p], r["old_values"][p], returns[p], r["mask"][p], VALUE_CLIP)
+        logprobs, old = r["logprobs"][p], r["old_logprobs"][p]
+        return ppo_loss(logprobs, old, advantages[p], r["mask"][p], value, epsilon=EPSILON, vf_coef=VF_COEF)
+
+    whole, split = loss(slice(0, B)), [loss(p) for p in parts]
     total = sum(s.loss for s in split) / sum(s.tokens for s in split)
     assert abs(float(total - whole.loss / whole.tokens)) <= ATOL
 

@@ -34,6 +34,7 @@ def causal_lm_folder(tmp_path_factory) -> str:
 PPO = ["--training.objective", "ppo", *PROMPTS, "--training.seq_len", "64", "--ppo.max_prompt_len", "40"]
 PPO += ["--ppo.max_new_tokens", "8"]
 RULE = ("--ppo.rewards", "exact_match")
+PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "2"]
 
 
 @pytest.mark.parametrize(
@@ -44,7 +45,8 @@ RULE = ("--ppo.rewards", "exact_match")
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
         (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
-        (["--parallelism.pipeline_parallel_degree", "2"], "a pipeline's last stage"),
+        (PP2 + ["--parallelism.context_parallel_degree", "2"], "under either, not both at once yet"),
+        (["--validation.interval", "5"], "held-out loss has no meaning for --training.objective ppo"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],
 )
@@ -53,10 +55,12 @@ def test_bad_ppo_configs_are_refused(args, message):
         load_config([*PPO, *RULE, *args])
 
 
-def test_context_parallelism_is_accepted():
-    """PPO splits its rollouts over context-parallel ranks (tests/distributed/test_grpo_fsdp.py checks the numbers)."""
-    cfg = load_config([*PPO, *RULE, "--parallelism.context_parallel_degree", "2"])
-    assert cfg.parallelism.context_parallel_degree == 2
+@pytest.mark.parametrize("layout", [["--parallelism.context_parallel_degree", "2"], PP2])
+def test_context_or_pipeline_parallelism_is_accepted(layout):
+    """PPO splits its rollouts over context-parallel ranks, or trains its value model through a pipeline of its own
+    (tests/distributed/test_grpo_fsdp.py checks the numbers)."""
+    cfg = load_config([*PPO, *RULE, *layout])
+    assert cfg.parallelism.context_parallel_degree * cfg.parallelism.pipeline_parallel_degree == 2
 
 
 def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_path):

@@ -9,14 +9,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _unsupported_layouts(cfg: Any, objective: str, why: dict[str, str]) -> Iterator[str]:
-    """One message per parallel degree > 1 that ``objective`` refuses (``why``: degree name -> reason)."""
-    for name, reason in why.items():
-        degree = getattr(cfg.parallelism, name)
-        if degree > 1:
-            yield f"--parallelism.{name} {degree}: the {objective} objective {reason}; use 1"
-
-
 def validate_reward(cfg: Any) -> Iterator[str]:
     if (center := cfg.reward.center_rewards_coefficient) < 0:
         yield f"--reward.center_rewards_coefficient must be >= 0 (0 turns it off), got {center}"
@@ -120,11 +112,14 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
         yield "--fault_tolerance.enable with --training.objective ppo is not supported yet; turn fault tolerance off"
     if t.loss_chunk_size:
         yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to ppo; set it to 0"
-    yield from _unsupported_layouts(
-        cfg,
-        "ppo",
-        {
-            "pipeline_parallel_degree": "runs the value model beside the policy's loss, which a pipeline's last stage "
-            "alone computes (FSDP, TP and CP work)",
-        },
-    )
+    pp, cp = cfg.parallelism.pipeline_parallel_degree, cfg.parallelism.context_parallel_degree
+    if pp > 1 and cp > 1:
+        yield (
+            f"--parallelism.pipeline_parallel_degree {pp} with --parallelism.context_parallel_degree {cp}: the ppo "
+            "objective runs under either, not both at once yet; set one of them to 1"
+        )
+    if cfg.validation.interval > 0:
+        yield (
+            "--validation.interval: held-out loss has no meaning for --training.objective ppo (its loss needs "
+            "rollouts); set it to 0 and measure held-out accuracy with --eval.interval"
+        )

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
@@ -193,6 +194,20 @@ def batch_logprobs(
             logprobs = whole_responses(token_logprobs(local, next_tokens, temperature), slots, response, placement)
             parts.append(F.pad(logprobs, (0, width - response)))
     return torch.cat(parts) if parts else None
+
+
+def from_last_stage(
+    out: torch.Tensor | None, shape: Sequence[int], group: dist.ProcessGroup | None, device: torch.device
+) -> torch.Tensor:
+    """A float32 result of ``shape`` that only a pipeline's last stage computed (``out`` there, None on the other
+    ranks of the pipeline ``group``), the same on every rank of it: the others add zeros (one all-reduce). Without a
+    group, ``out`` itself."""
+    if group is None:
+        assert out is not None, "no pipeline group, so this rank runs the last stage"
+        return out
+    whole = out if out is not None else torch.zeros(tuple(shape), dtype=torch.float32, device=device)
+    dist.all_reduce(whole, group=group)
+    return whole
 
 
 @torch.no_grad()

@@ -133,7 +133,7 @@ class Models(Protocol):
     def policy(self) -> PolicyModel: ...
 
     def trainable(self, source: Any) -> Any:
-        """Another model the objective trains itself (a ``titanium.model_builder.BuiltModel`` from ``source``, a
+        """Another model the objective trains itself (a ``titanium.model_handles.TrainableModel`` from ``source``, a
         ``ModelSource``), built by the same builder under the policy's parallel plan: a PPO value model."""
         ...
 

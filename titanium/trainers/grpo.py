@@ -37,6 +37,7 @@ from titanium.generation.rollout import (
     ResponseTargets,
     Rollout,
     batch_logprobs,
+    from_last_stage,
     local_responses,
     narrow,
     split_ready,
@@ -288,7 +289,6 @@ class GRPOObjective(Objective):
         self.current: RolloutBatch | None = None
         self.version = 0  # optimizer steps taken (each prepare is followed by one)
         self.batches_made = 0
-        self._last_stage_rank: int | None = None
         self._times: dict[str, float] = {}  # seconds spent since the last prepare, by TIME_PARTS
         self._prepared_at: float | None = None
         self.engine = build_engine(
@@ -502,24 +502,13 @@ class GRPOObjective(Objective):
     def _logprobs(self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows) -> torch.Tensor:
         """``[B, T]`` log-probs of the responses under ``forward`` (a microbatch of rows at a time, narrowed to the
         columns its rows use with ``pad_to`` longest: the very columns its training microbatch keeps, so each of
-        those holds a computed log-prob); under pipeline parallelism the last stage's, broadcast over the pipeline
+        those holds a computed log-prob); under pipeline parallelism the last stage's, shared over the pipeline
         group."""
         width, mask = rows["loss_mask"].shape[1], rows["response_mask"] if self.narrowed else None
         out = batch_logprobs(
             forward, rows, width, self.cfg.temperature, self.local_batch_size, self.placement, mask, self.pad_multiple
         )
-        group = self.policy.pp_group
-        if group is None:
-            assert out is not None
-            return out
-        if self._last_stage_rank is None:  # (the rank holding the last stage: not always the last rank)
-            flag = torch.tensor(dist.get_rank() if out is not None else -1, device=self.device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
-            self._last_stage_rank = int(flag)
-        if out is None:
-            out = torch.empty(rows["loss_mask"].shape, dtype=torch.float32, device=self.device)
-        dist.broadcast(out, src=self._last_stage_rank, group=group)
-        return out
+        return from_last_stage(out, rows["loss_mask"].shape, self.policy.pp_group, self.device)
 
     def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
         assert self.reference is not None

@@ -22,8 +22,14 @@ of the response tokens it holds are completed over the cp group (``whole_respons
 at each response's last token, which one rank alone holds, is added from every rank's part (zeros elsewhere). The
 rows the loss sees are then whole on every rank ([B, T] per response token), so the PPO math runs as without it.
 
-Not yet: pipeline parallelism (the value loss runs inside the policy's loss, which only a pipeline's last stage
-computes), refused at config time.
+Under pipeline parallelism no rank holds either model whole, so the value model cannot run inside the policy's loss
+(which a pipeline's last stage alone computes). It trains apart instead: in ``prepare``, each microbatch of the step
+runs forward and backward through the value model's own pipeline schedule (``TrainableModel.train_step``) with the
+same loss rule (``vf_coef`` x its value loss over the step's response tokens on every rank), and its per-response
+value losses are handed to the policy's loss as constants, so the logged loss and metrics are those of one process.
+The value model's gradients are the same (its loss does not depend on the policy); the no-grad results that only the
+last stage computes (log-probs, values, scores) are shared over the pipeline group (``from_last_stage``). Not with
+context parallelism at once (refused at config time).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from titanium.generation.generate import Generation
 from titanium.generation.rollout import (
     ResponseTargets,
     batch_logprobs,
+    from_last_stage,
     local_responses,
     split_ready,
     to_rollout,
@@ -63,7 +70,14 @@ from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.trainers.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
-from titanium.trainers.ppo_loss import generalized_advantages, kl_penalized_rewards, ppo_loss, whiten
+from titanium.trainers.ppo_loss import (
+    ValueSums,
+    generalized_advantages,
+    kl_penalized_rewards,
+    ppo_loss,
+    value_sums,
+    whiten,
+)
 
 logger = logging.getLogger("titanium")
 
@@ -85,6 +99,10 @@ class PPOFields(Fields):
     """Under context parallelism: the next token at each position (``titanium.generation.rollout.split_ready``)."""
     slots: torch.Tensor | None = per_token(default=None)
     """Under context parallelism: the response slot of that next token (-1: none)."""
+    value_loss: torch.Tensor | None = per_row(default=None)
+    """Under pipeline parallelism (the value model trained apart): ``[B]`` each response's value loss sum."""
+    value_clipped: torch.Tensor | None = per_row(default=None)
+    """With ``value_loss``: ``[B]`` each response's tokens whose value the clip took."""
 
     def units(self) -> torch.Tensor:
         return self.loss_mask.sum()
@@ -246,19 +264,54 @@ class PPOObjective(Objective):
             name: (sum(part[name].sum() for part in parts), responses) for name in self.metric_names if name in parts[0]
         }
         batches = [
-            Batch(
-                part["tokens"],
-                PPOFields(
-                    *(part[k] for k in ("old_logprobs", "old_values", "advantages", "returns", "mask")),
-                    part.get("targets"),
-                    part.get("slots"),
-                ),
-                positions=part["positions"],
-                document_ids=part["document_ids"],
+            self.placement.place(
+                Batch(
+                    part["tokens"],
+                    PPOFields(
+                        *(part[k] for k in ("old_logprobs", "old_values", "advantages", "returns", "mask")),
+                        part.get("targets"),
+                        part.get("slots"),
+                    ),
+                    positions=part["positions"],
+                    document_ids=part["document_ids"],
+                )
             )
             for part in parts
         ]
-        return Prepared([self.placement.place(batch) for batch in batches], metrics)
+        if self.value.pipelined:
+            batches = self._train_value_apart(batches)
+        return Prepared(batches, metrics)
+
+    def _train_value_apart(self, batches: list[Batch[PPOFields]]) -> list[Batch[PPOFields]]:
+        """Under pipeline parallelism: the value model's forward and backward of the step's microbatches through its
+        own schedule (its loss divided by the step's response tokens on every rank, as the loop divides the policy's),
+        and each microbatch with its responses' value losses as constants for the policy's loss."""
+        local = torch.stack([batch.fields.units() for batch in batches]).sum()
+        if dist.is_initialized():  # (every rank holding a batch counts it: the ranks of one dp rank count once)
+            dist.all_reduce(local)
+            local = local // (dist.get_world_size() // self.dp_world)
+        divisor = local.clamp(min=1).float()
+        return [self._train_value_on(batch, divisor) for batch in batches]
+
+    def _train_value_on(self, batch: Batch[PPOFields], divisor: torch.Tensor) -> Batch[PPOFields]:
+        """One microbatch of ``_train_value_apart``: the value model's step on it, and it with its value losses."""
+        rows = len(batch.tokens)
+        sums = ValueSums(torch.zeros(rows, device=self.device), torch.zeros(rows, device=self.device))
+
+        def loss(output: torch.Tensor, picked: torch.Tensor) -> torch.Tensor:
+            """A pipeline microbatch's value loss (the rows ``picked``); its sums kept for the policy's loss."""
+            part, clip = batch.select_rows(picked), self.cfg.value_clip
+            f = part.fields
+            value = value_sums(self._values_of(output, part), f.old_values, f.returns, f.loss_mask, clip)
+            sums.loss[picked], sums.clipped[picked] = value.loss.detach(), value.clipped.float()
+            return self.cfg.vf_coef * value.loss.sum() / divisor
+
+        self.value.train_step(batch.model_inputs(), loss)
+        group = self.value.pp_group  # (zeros on the ranks without the last stage)
+        value_loss, value_clipped = (from_last_stage(t, (rows,), group, self.device) for t in (sums.loss, sums.clipped))
+        return dataclasses.replace(
+            batch, fields=dataclasses.replace(batch.fields, value_loss=value_loss, value_clipped=value_clipped)
+        )
 
     def _next_prompts(self, n: int) -> list[PromptSample]:
         if self._prompt_stream is None:
@@ -277,7 +330,7 @@ class PPOObjective(Objective):
         rows["mask"] = mask
         if self.placement.split:  # (each rank runs the models on its part of every row)
             rows = split_ready(rows, width, self.sequence_multiple, self.tokenizer.pad_id)
-        logprobs = self._gathered(self._logprobs(self.policy.forward, rows, width))
+        logprobs = self._logprobs(self.policy.forward, rows, width)
         ref_logprobs = self._logprobs(self._reference_logits, rows, width) if self.reference is not None else None
         finished = rollout.finished.to(self.device)
         scores = rollout.rewards.total.to(self.device, torch.float32) - cfg.missing_eos_penalty * (~finished).float()
@@ -312,27 +365,26 @@ class PPOObjective(Objective):
         out = self.engine.generate([s.prompt for s in samples], self.params, seed=seed).generation
         return dataclasses.replace(out, **{k: getattr(out, k).to(self.device) for k in GENERATION_TENSORS})
 
-    @staticmethod
-    def _gathered(logprobs: torch.Tensor | None) -> torch.Tensor:
-        assert logprobs is not None, "pipeline parallelism is refused for ppo (config validation)"
-        return logprobs
-
     def _reference_logits(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor | None:
         assert self.reference is not None
         return self.reference(Batch(inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"]))
 
-    def _logprobs(self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows: Rows, width: int):
+    def _logprobs(
+        self, forward: Callable[[dict[str, torch.Tensor]], torch.Tensor | None], rows: Rows, width: int
+    ) -> torch.Tensor:
         """``[B, T]`` log-probs of the responses under ``forward``, a microbatch of rows at a time (under context
-        parallelism each rank's part of them, completed over the cp group)."""
+        parallelism each rank's part of them, completed over the cp group; under pipeline parallelism the last
+        stage's, shared over the pipeline group)."""
         t = self.cfg.temperature
-        return batch_logprobs(forward, rows, width, t, self.local_batch_size, self.placement)
+        out = batch_logprobs(forward, rows, width, t, self.local_batch_size, self.placement)
+        return from_last_stage(out, rows["mask"].shape, self.policy.pp_group, self.device)
 
     @torch.no_grad()
     def _scores(self, rows: Rows, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([B, T], [B] or None)``: the value model's values of the response positions, and the reward model's
         score of each prompt + response, read at the response's last token (the prompt's last token for an empty
         response; under context parallelism one rank holds it, the others add zeros). None without a reward
-        model."""
+        model. Under pipeline parallelism the last stage computes both and shares them."""
         seq = rows["tokens"].shape[1]
         score_at = torch.zeros_like(rows["tokens"], dtype=torch.bool)
         last = seq - width + rows["mask"].sum(dim=1) - 1
@@ -342,22 +394,25 @@ class PPOObjective(Objective):
             part = {k: v[start : start + self.local_batch_size] for k, v in rows.items()}
             fields = ScoreFields(part["score_at"], part.get("targets"), part.get("slots"))
             batch = self.placement.place(Batch(part["tokens"], fields, part["positions"], part["document_ids"]))
-            values.append(self._value_forward(batch, width))
-            if self.reward_model is not None:
-                out = self.reward_model(batch)
-                assert out is not None
+            out = self.value.forward(batch.model_inputs())
+            if out is not None:  # (pipeline ranks without the last stage: none)
+                values.append(self._values_of(out, batch, width))
+            if self.reward_model is not None and (out := self.reward_model(batch)) is not None:
                 here = torch.where(batch.fields.score_at, out.squeeze(-1).float(), 0.0).sum(dim=1)
                 scores.append(self.placement.add_parts(here))
-        return torch.cat(values), torch.cat(scores) if scores else None
+        n, group = len(last), self.value.pp_group  # (under pipeline parallelism: the last stage's, shared)
+        values_of_rows = from_last_stage(torch.cat(values) if values else None, (n, width), group, self.device)
+        if self.reward_model is None:
+            return values_of_rows, None
+        return values_of_rows, from_last_stage(torch.cat(scores) if scores else None, (n,), group, self.device)
 
-    def _value_forward(self, batch: Batch[PPOFields] | Batch[ScoreFields], width: int) -> torch.Tensor:
-        """``[B, T]`` the value model's values of the response positions of a (placed) microbatch: the value at t is
-        read where token t is predicted, as the log-probs are (under context parallelism completed over the cp
-        group, with their gradient)."""
-        with self.value.autocast():
-            out = self.value.model(**batch.model_inputs())
+    def _values_of(self, out: torch.Tensor, batch: Batch[PPOFields] | Batch[ScoreFields], width: int | None = None):
+        """``[B, T]`` the value model's values of the response positions of a (placed) microbatch from its output
+        ``out`` ``[B, S, 1]``: the value at t is read where token t is predicted, as the log-probs are (under context
+        parallelism completed over the cp group, with their gradient). ``width``: T (default: the loss mask's)."""
         if isinstance(out, DTensor):
             out = out.full_tensor()
+        width = width if width is not None else batch.fields.loss_mask.shape[1]
         local, _, slots = local_responses(out.squeeze(-1).float(), batch.tokens, width, response_parts(batch.fields))
         return whole_responses(local, slots, width, self.placement)
 
@@ -373,18 +428,14 @@ class PPOObjective(Objective):
         if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
             logits = logits.full_tensor()
         logprobs = whole_responses(token_logprobs(logits, next_tokens, cfg.temperature), slots, width, self.placement)
-        values = self._value_forward(batch, width)
+        if fields.value_loss is not None and fields.value_clipped is not None:  # (trained apart: pipeline)
+            value = ValueSums(fields.value_loss, fields.value_clipped)
+        else:
+            with self.value.autocast():
+                values = self._values_of(self.value.model(**batch.model_inputs()), batch)
+            value = value_sums(values, fields.old_values, fields.returns, mask, cfg.value_clip)
         sums = ppo_loss(
-            logprobs,
-            fields.old_logprobs,
-            fields.advantages,
-            values,
-            fields.old_values,
-            fields.returns,
-            mask,
-            epsilon=cfg.epsilon,
-            value_clip=cfg.value_clip,
-            vf_coef=cfg.vf_coef,
+            logprobs, fields.old_logprobs, fields.advantages, mask, value, epsilon=cfg.epsilon, vf_coef=cfg.vf_coef
         )
         with torch.no_grad():
             local_mask = mask if slots is None else mask[:, slots]
@@ -399,10 +450,6 @@ class PPOObjective(Objective):
             "ppo/entropy": (entropy, tokens),
         }
         return LossResult(sums.loss, metrics)
-
-    def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        if pipeline_microbatch_size is not None:  # (config validation refuses it first)
-            raise ConfigError("--training.objective ppo: pipeline parallelism is not supported; use FSDP or TP")
 
     # ----- log and checkpoint -----
 

@@ -106,6 +106,25 @@ def clipped_value_loss(
 
 
 @dataclass
+class ValueSums:
+    """A microbatch's clipped value loss per response, summed over its masked tokens, and how many of them the clip
+    took: with the value model's gradient when it runs in the policy's loss, constants when it trained apart."""
+
+    loss: torch.Tensor
+    """``[B]``"""
+    clipped: torch.Tensor
+    """``[B]``"""
+
+
+def value_sums(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip: float
+) -> ValueSums:
+    """The clipped value loss of each response (``clipped_value_loss`` summed over its masked tokens)."""
+    value, clipped = clipped_value_loss(values, old_values, returns, clip)
+    return ValueSums((value * mask.to(value.dtype)).sum(dim=1), (clipped & mask).sum(dim=1))
+
+
+@dataclass
 class PPOLossSums:
     """A microbatch's loss and metrics as sums over its masked tokens (the loop divides by the step's tokens)."""
 
@@ -124,27 +143,23 @@ def ppo_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
     mask: torch.Tensor,
+    value: ValueSums,
     *,
     epsilon: float,
-    value_clip: float,
     vf_coef: float,
 ) -> PPOLossSums:
-    """The clipped PPO loss of a microbatch, summed over its masked tokens: policy + ``vf_coef`` x value."""
+    """The clipped PPO loss of a microbatch, summed over its masked tokens: policy + ``vf_coef`` x ``value``'s."""
     weights = mask.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs
     policy, clipped_low, clipped_high = clipped_policy_loss(torch.exp(log_ratio), advantages, epsilon, epsilon)
-    value, value_clipped = clipped_value_loss(values, old_values, returns, value_clip)
-    policy_sum, value_sum = (policy * weights).sum(), (value * weights).sum()
+    policy_sum, value_sum = (policy * weights).sum(), value.loss.sum()
     return PPOLossSums(
         loss=policy_sum + vf_coef * value_sum,
         policy=policy_sum.detach(),
         value=value_sum.detach(),
         clipped=((clipped_low | clipped_high) & mask).sum(),
-        value_clipped=(value_clipped & mask).sum(),
+        value_clipped=value.clipped.sum(),
         approx_kl=(0.5 * log_ratio.detach() ** 2 * weights).sum(),
         tokens=mask.sum(),
     )
