@@ -12,7 +12,8 @@ long), a rollout batch every step, old log-probs recomputed by the trained polic
 (beta 0.04), so every part of the step runs; bfloat16 compute. Variants:
 
     lag0       generation in the loop, before the step that trains on it (fully on-policy)
-    lag1       max_policy_lag 1: the next batch is generated on the generation thread while the step trains
+    lag1       max_policy_lag 1: the next batch is generated on the generation thread (on a CUDA stream of its own)
+               while the step trains
     compiled   lag0 with the engine's decode step compiled (``--rollout.compile``, static cache)
 
 The columns are what the trainer logs every step (``grpo/time/<part>``: seconds per step; ``generate`` is

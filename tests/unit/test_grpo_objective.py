@@ -24,6 +24,7 @@ from titanium.trainers.base import LossResult, ModelOutput, ObjectiveContext, Pr
 from titanium.trainers.grpo import GRPOObjective, rollout_seed
 
 GROUP = 4
+CPU = torch.device("cpu")
 TASKS = str(REPO / "assets/tasks/arithmetic/train.jsonl")
 
 
@@ -50,9 +51,15 @@ def _model(vocab_size: int) -> Transformer:
 
 
 def _objective(
-    tokenizer, model: Transformer, local_batch_size: int = 8, stop_every: int = 4, **grpo: Any
+    tokenizer,
+    model: Transformer,
+    local_batch_size: int = 8,
+    stop_every: int = 4,
+    device: torch.device = CPU,
+    **grpo: Any,
 ) -> GRPOObjective:
-    """A GRPO objective as the loop builds it, lending ``model`` as the policy and a copy of it as the reference."""
+    """A GRPO objective as the loop builds it, lending ``model`` (on ``device``) as the policy and a copy of it as
+    the reference."""
     reference = copy.deepcopy(model).requires_grad_(False)
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
@@ -65,6 +72,7 @@ def _objective(
         seed=0,
         models=LocalModels(lambda: reference, policy=model, policy_args=_args(tokenizer.vocab_size)),
         chat=ChatSection("llama3"),
+        device=device,
     )
     settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
     objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))

@@ -5,7 +5,7 @@ weights), built once on the device in the engine's dtype and refreshed by every 
 prompts alone: unlike sampling from the FSDP-sharded training model, no block is all-gathered per decoded token
 and ranks never wait for each other. ``compile`` runs the decode step through ``torch.compile`` with a static KV
 cache (one graph for every step; meant for GPUs, slow to compile on CPU). With a policy lag allowed it runs on a
-generation thread (``generation.background``) while the loop trains.
+generation thread (``generation.background``; on CUDA on a stream of its own) while the loop trains.
 """
 
 from __future__ import annotations
