@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,6 +24,9 @@ from titanium.checkpoint import CheckpointManager, ModelState, OptimizerState, T
 from titanium.config.sections import CheckpointSection, OptimizerSection
 from titanium.models.llama3 import Llama3Args, Transformer
 from titanium.optim import build_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import write  # noqa: E402
 
 
 def device_name() -> str:
@@ -60,24 +64,14 @@ def bench(mode: str, saves: int, folder: Path, device: torch.device) -> tuple[li
         manager.wait()  # keep saves from queueing: we measure blocking, not disk bandwidth
     manager.close()
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"{mode:>22}: blocked {statistics.median(blocked):.3f}s (median of {saves} saves)")
+    print(f"{mode:>22}: blocked {statistics.median(blocked):.3f}s (median of {saves} saves)", flush=True)
     return blocked, n_params
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--saves", type=int, default=5)
-    parser.add_argument("--out", type=str, default=None, help="write a markdown table here")
-    opts = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    backend = "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = {m: bench(m, opts.saves, Path(tmp), device) for m in ("disabled", "async", "async_with_pinned_mem")}
-    dist.destroy_process_group()
-    results = {mode: times for mode, (times, _) in runs.items()}
+def table(runs: dict[str, tuple[list[float], int]], opts: argparse.Namespace) -> str:
+    """The modes measured so far (``disabled`` first: the others are compared with it)."""
     n_params = runs["disabled"][1]
-    base = statistics.median(results["disabled"])
+    base = statistics.median(runs["disabled"][0])
     lines = [
         f"# Checkpoint blocking time per save ({device_name()}, torch {torch.__version__})",
         "",
@@ -89,13 +83,27 @@ def main() -> None:
         "| async_mode | blocked per save (median) | less blocking than disabled |",
         "|---|---|---|",
     ]
-    for mode, times in results.items():
+    for mode, (times, _) in runs.items():
         median = statistics.median(times)
         lines.append(f"| {mode} | {median:.3f} s | {base / median:.1f}x |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if opts.out:
-        Path(opts.out).write_text(text)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=None, help="write a markdown table here (after each mode)")
+    opts = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    backend = "cuda:nccl,cpu:gloo" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode in ("disabled", "async", "async_with_pinned_mem"):
+            runs[mode] = bench(mode, opts.saves, Path(tmp), device)
+            write(table(runs, opts), opts.out, echo=False)  # (a run stopped by a time limit keeps these)
+    dist.destroy_process_group()
+    print(table(runs, opts))
 
 
 if __name__ == "__main__":

@@ -42,7 +42,7 @@ STEPS=(
     "3|pretrain_1b|200|$PY benchmarks/pretrain_speed.py --models 1B --steps 10 --log-freq 3 --run-timeout 60 --out \$R/pretrain_1b_\$TAG.md"
     "3|pretrain_8b_rowwise|110|$PY benchmarks/pretrain_speed.py --models 8B --variants float8_rowwise --steps 10 --log-freq 3 --run-timeout 100 --out \$R/pretrain_8b_rowwise_\$TAG.md"
     "4|install|20|$INSTALL"
-    "4|dpo_memory|100|$PY benchmarks/dpo_memory.py --out \$R/dpo_memory_\$TAG.md"
+    "4|dpo_memory|120|$PY benchmarks/dpo_memory.py --run-timeout 45 --out \$R/dpo_memory_\$TAG.md"
     "4|chunked_ce|60|$PY benchmarks/chunked_ce.py --device cuda --dtype bfloat16 --tokens 8192 --dim 4096 --out \$R/chunked_ce_\$TAG.md"
     "4|optimizer_memory|80|$PY benchmarks/optimizer_memory.py --out \$R/optimizer_memory_\$TAG.md"
     "4|checkpoint_async|60|$PY benchmarks/checkpoint_async.py --out \$R/checkpoint_async_\$TAG.md"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import platform
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +25,9 @@ from torch.profiler import ProfilerActivity, profile
 from titanium.config.sections import LRSchedulerSection, OptimizerSection
 from titanium.models.llama3 import Llama3Args, Transformer
 from titanium.optim import build_lr_scheduler, build_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_common import write  # noqa: E402
 
 CONFIGS = {
     "AdamW (fused)": OptimizerSection(),
@@ -108,19 +112,9 @@ def measure(cfg: OptimizerSection, device: torch.device, batch: int, seq_len: in
     return {"params": n_params, "weights": weights, "state": state, "peak": peak}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--seq-len", type=int, default=128)
-    parser.add_argument("--out", type=str, default=None, help="write a markdown table here")
-    opts = parser.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    results = {}
-    for name, cfg in CONFIGS.items():
-        results[name] = measure(cfg, device, opts.batch, opts.seq_len)
-        r = results[name]
-        print(f"{name:>24}: state {r['state'] / _MIB:8.1f} MiB  peak {r['peak'] / _MIB:8.1f} MiB", flush=True)
-    base = results["AdamW (fused)"]
+def table(results: dict[str, dict[str, float]], opts: argparse.Namespace, device: torch.device) -> str:
+    """The rows measured so far, with ratios against the first (AdamW)."""
+    base = next(iter(results.values()))
     how = "torch.profiler allocator events" if device.type == "cpu" else "torch.cuda.max_memory_allocated"
     command = f"python benchmarks/optimizer_memory.py --batch {opts.batch} --seq-len {opts.seq_len}"
     lines = [
@@ -139,10 +133,22 @@ def main() -> None:
             f"| {name} | {r['state'] / _MIB:.1f} MiB | {r['state'] / base['state']:.2f}x | {r['peak'] / _MIB:.1f} MiB "
             f"| {r['peak'] / base['peak']:.2f}x | {(r['peak'] - r['weights'] - r['state']) / _MIB:.1f} MiB |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if opts.out:
-        Path(opts.out).write_text(text)
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--seq-len", type=int, default=128)
+    parser.add_argument("--out", type=Path, default=None, help="write a markdown table here (after each optimizer)")
+    opts = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    results = {}
+    for name, cfg in CONFIGS.items():
+        results[name] = r = measure(cfg, device, opts.batch, opts.seq_len)
+        print(f"{name:>24}: state {r['state'] / _MIB:8.1f} MiB  peak {r['peak'] / _MIB:8.1f} MiB", flush=True)
+        write(table(results, opts, device), opts.out, echo=False)  # (a run stopped by a time limit keeps these)
+    print(table(results, opts, device))
 
 
 if __name__ == "__main__":

@@ -147,6 +147,40 @@ def test_grpo_benchmark_runs_on_cpu(tmp_path):
         assert min(generate, tps, old, reference, train, step, memory) > 0 and min(waited, sync) >= 0, cells
 
 
+def test_dpo_memory_benchmark_runs_on_cpu(tmp_path):
+    """Part 4's DPO memory script in its smoke form: all four variants train and give a peak and a wall time, and
+    the cached run finds the first precompute run's cache (it is not refused as missing)."""
+    rows = table_rows(smoke("benchmarks/dpo_memory.py", tmp_path))
+    assert len(rows) == 4 and list(rows)[0] == "online reference", rows
+    for cells in rows.values():
+        peak, vs_online, seconds = (float(c) for c in cells)
+        assert peak > 0 and seconds > 0, cells
+    assert float(rows["online reference"][1]) == 0
+
+
+def test_dpo_memory_writes_its_table_after_each_variant(tmp_path, monkeypatch):
+    """A run stopped in its last variant (by a suite's time limit) leaves the rows that finished in ``--out``; a
+    first precompute run that gives no cache leaves the cached row saying so instead of computing the cache itself."""
+    script = load_script("benchmarks/dpo_memory.py")
+    out = tmp_path / "dpo.md"
+    opts = script.parser().parse_args(["--device", "cpu", "--out", str(out)])
+    calls = []
+
+    def measure(job, folder, opts):
+        calls.append(folder)
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # (stopped in the LoRA variant: the cached one was not run)
+        return {"peak": 1.0 + len(calls), "seconds": 5.0} if len(calls) == 1 else "failed (exit 1; its log is above)"
+
+    monkeypatch.setattr(script, "measure", measure)
+    with pytest.raises(KeyboardInterrupt):
+        script.run(opts)
+    rows = table_rows(out.read_text())
+    assert list(rows) == [script.ONLINE, script.FIRST, script.CACHED], rows
+    assert rows[script.ONLINE][:2] == ["2.00", "+0.00"] and rows[script.FIRST][0].startswith("failed")
+    assert rows[script.CACHED][0] == "not run: the first precompute run left no cache"
+
+
 def test_moe_benchmarks_run_on_cpu(tmp_path):
     """Part 5's two scripts on CPU shapes: the MoE model (``--models 30B-A3B``, smoke: its debug flavor) trains and
     logs tokens/s; the layer benchmark times all three grouped GEMMs, which agree with the loop."""
