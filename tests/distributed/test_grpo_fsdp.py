@@ -83,19 +83,22 @@ PPO = (
 
 
 def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
-    """name -> (processes, what the job adds): one process; FSDP 2; CP 2; PP 2; TP 2, saving at step 3 (in the rollout
-    batch of steps 3-4, after its first epoch); TP 2 again, resuming the same run folder from that checkpoint (its own
-    TensorBoard folder): it runs steps 4 and 5."""
-    tp2 = ("--parallelism.tensor_parallel_degree", "2", "--checkpoint.enable", "--checkpoint.interval", "3")
-    resume = ("--job.dump_folder", str(tmp / "ppo_tp2"), "--checkpoint.load_step", "3")
-    return {
+    """name -> (processes, what the job adds): one process; FSDP 2; CP 2; TP 2 and PP 2, each saving at step 3 (in
+    the rollout batch of steps 3-4, after its first epoch); each again, resuming the same run folder from that
+    checkpoint (its own TensorBoard folder): it runs steps 4 and 5."""
+    saving = ("--checkpoint.enable", "--checkpoint.interval", "3")
+    layouts = {"tp2": ("--parallelism.tensor_parallel_degree", "2", *saving), "pp2": (*PP2, *saving)}
+    jobs = {
         "ppo_single": (1, ()),
         "ppo_fsdp2": (2, ("--training.local_batch_size", "4")),
         "ppo_cp2": (2, ("--parallelism.context_parallel_degree", "2")),
-        "ppo_pp2": (2, PP2),
-        "ppo_tp2": (2, tp2),
-        "ppo_tp2_resumed": (2, (*tp2, *resume, "--metrics.save_tb_folder", str(tmp / "ppo_tp2_resumed/tb"))),
     }
+    for layout, extra in layouts.items():
+        resume = ("--job.dump_folder", str(tmp / f"ppo_{layout}"), "--checkpoint.load_step", "3")
+        tb = ("--metrics.save_tb_folder", str(tmp / f"ppo_{layout}_resumed/tb"))
+        jobs[f"ppo_{layout}"] = (2, extra)
+        jobs[f"ppo_{layout}_resumed"] = (2, (*extra, *resume, *tb))
+    return jobs
 
 
 PPO_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/value_loss", "ppo/policy_loss", "ppo/clip_frac")
@@ -189,10 +192,12 @@ def test_ppo_step_equals_one_process(runs, layout) -> None:
     assert max(metrics["ppo/clip_frac"].values()) > 0 and max(metrics["ppo/value_clip_frac"].values()) > 0
 
 
-def test_ppo_resumes_under_tensor_parallelism_exactly(runs) -> None:
-    """The TP 2 job started from the other's step-3 checkpoint logs its steps 4 (the in-flight batch's second
-    epoch, from the saved rows) and 5 (a new batch) bitwise as the job that went straight through."""
-    (run, metrics), (straight, straight_metrics) = runs["ppo_tp2_resumed"], runs["ppo_tp2"]
+@pytest.mark.parametrize("layout", ["tp2", "pp2"])
+def test_ppo_resumes_exactly(runs, layout) -> None:
+    """The TP 2 or PP 2 job started from the other's step-3 checkpoint (the policy, the value model and both
+    optimizers sharded as they train) logs its steps 4 (the in-flight batch's second epoch, from the saved rows) and
+    5 (a new batch) bitwise as the job that went straight through."""
+    (run, metrics), (straight, straight_metrics) = runs[f"ppo_{layout}_resumed"], runs[f"ppo_{layout}"]
     assert run[0] == {step: straight[0][step] for step in (4, 5)}
     for tag, values in metrics.items():
         assert values == {step: straight_metrics[tag][step] for step in (4, 5)}, tag
