@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Replicate, Shard, distribute_module
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
-    SequenceParallel,
     parallelize_module,
 )
 
@@ -66,9 +65,13 @@ def _tensorwise_float8(layer: nn.Module, float8_cls: type) -> bool:
 
 def score_head_plan(head: nn.Module, tp_mesh: DeviceMesh) -> None:
     """A reward or value model's ``[1, dim]`` score head, which has no vocabulary rows to split: its weight is
-    replicated over the tensor-parallel ranks, each scores its own part of the sequence (the final norm's output
-    stays split along it: sequence parallel, so the weight's gradient is summed over the ranks), and the scores
-    ``[B, S, 1]`` are gathered whole, a plain tensor on every rank, with or without loss parallel."""
-    parallelize_module(head, tp_mesh, SequenceParallel(use_local_output=False))
-    gather = PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate(), use_local_output=True)
-    parallelize_module(head, tp_mesh, gather)
+    replicated over the tensor-parallel ranks, the final norm's output (split along the sequence: sequence parallel)
+    is gathered whole first, and every rank scores every position, giving the scores ``[B, S, 1]`` as a plain tensor
+    with or without loss parallel (each rank computes the weight's whole gradient). Scoring each rank's own part of
+    the sequence would save the gather of a ``[B, S, dim]`` activation, but DTensor's linear on an input split along
+    a middle dimension fails on torch 2.11 ("Attempted to flatten multiple dimensions")."""
+    distribute_module(head, tp_mesh)  # (parameters replicated)
+    whole = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=False)
+    parallelize_module(head, tp_mesh, whole)
+    local = PrepareModuleOutput(output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=True)
+    parallelize_module(head, tp_mesh, local)
