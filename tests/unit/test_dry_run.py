@@ -7,6 +7,7 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 from tests.helpers import REPO
 from tests.objectives.tiny_hf import debug_model_hf
@@ -88,6 +89,18 @@ def test_the_shipped_moe_plans_fit_an_h100(in_repo, capsys, config, world):
     assert time.perf_counter() - start < 60, config
     out = capsys.readouterr().out
     assert "% of 78 GiB: fits" in out and "receives 1.25x its even share" in out, out[-2000:]
+
+
+def test_a_second_dry_run_in_the_process_uses_its_own_process_groups(in_repo):
+    """Two dry runs of 8 ranks, pp 2 then none: their TP meshes of rank 0 are equal (ranks 0-1, "tp") but have other
+    process groups. DTensor caches each op's output spec, mesh included, by its input specs, and meshes compare by
+    ranks and names: the second run's parameters landed on the first run's destroyed groups, and its memory
+    estimate failed with "Could not resolve the process group registered under the name 25"."""
+    args = ["--job.config_file", "train_configs/debug_model.toml", "--parallelism.tensor_parallel_degree", "2"]
+    assert main([*args, "--world_size", "8", "--parallelism.pipeline_parallel_degree", "2", "--no_memory"]) == 0
+    run = dry_run(args, world_size=8)
+    meshes = [p.device_mesh for p in run.model.parameters() if isinstance(p, DTensor)]  # (a set: stale == new)
+    assert meshes and all(mesh.get_group(dim) for mesh in meshes for dim in range(mesh.ndim))
 
 
 def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):

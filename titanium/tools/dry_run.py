@@ -40,6 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
 from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.components import OBJECTIVES
@@ -170,6 +171,10 @@ def dry_run(
     cfg = load_config([*argv, "--tokenizer.kind", "byte"])
     dims = check_job(cfg, world_size)
     check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
+    # DTensor caches each op's output spec, mesh included, by its input specs, and meshes compare by ranks and dim
+    # names, not by process groups: after an earlier dry run in this process (its fake group destroyed), this run's
+    # parameters would land on that run's mesh ("Could not resolve the process group registered under the name N").
+    _clear_sharding_prop_cache()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     meshes = dims.build_meshes("cpu")
     t = cfg.training
