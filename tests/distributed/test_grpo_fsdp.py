@@ -26,7 +26,6 @@ import pytest
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
 from tests.helpers import run_train, scalars, tiny_args
 from tests.objectives.synced_engine import assert_engines_hold_the_export
-from tests.objectives.tiny_hf import debug_model_hf
 
 GRPO = (
     "--training.objective", "grpo",
@@ -105,12 +104,18 @@ PPO_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/value_loss", "ppo/polic
 PPO_METRICS += ("ppo/value_clip_frac", "ppo/approx_kl", "ppo/entropy")
 
 
+def four_process_jobs(reward: str) -> dict[str, tuple[str, ...]]:
+    """The 4-process jobs (conftest.py's shared launch): GRPO's (``FOUR_PROCESS``) and PPO under CP 2 x PP 2 with
+    the reward model in ``reward``."""
+    ppo = (*PPO, "--ppo.reward_model_path", reward, *CP2, *PP2)
+    return {**FOUR_PROCESS, "ppo_cp2_pp2": ppo}
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]:
+def runs(tmp_path_factory, scalar_model_folder) -> dict[str, tuple[Run, dict[str, dict[int, float]]]]:
     """``config_layout`` -> ((losses, grad norms), {metric: by step}) of every job, one launch per process count;
     the PPO jobs (``ppo_<layout>``) ride in the same launches."""
-    out = {}
-    reward = debug_model_hf(tmp_path_factory.mktemp("reward") / "hf", scalar=True)
+    out, reward = {}, scalar_model_folder
     for nproc in (1, 2):
         tmp = tmp_path_factory.mktemp(f"grpo_{nproc}")
         jobs = {
@@ -173,16 +178,21 @@ def assert_grpo_matches(run: Run, metrics: dict, ref_run: Run, ref_metrics: dict
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2", "pp2"])
-def test_ppo_step_equals_one_process(runs, layout) -> None:
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2", "pp2", "cp2_pp2"])
+def test_ppo_step_equals_one_process(runs, four_process_runs, layout) -> None:
     """PPO on fixed responses with a reward model (which also starts the value model) under FSDP, TP, CP or PP over 2
-    processes: the policy, the reference, the reward model and the value model each under the plan (under TP the
-    one-output heads kept whole; under CP each rank's part of every row: log-probs and values completed over the
-    group, each score added from the rank holding the last token; under PP the value model trained through a
-    pipeline schedule of its own, the last stage's log-probs, values and scores shared). Losses, the policy's grad
-    norms and every PPO metric (scores, KL, the value loss: the value model trains alike; clip fractions) equal one
-    process's at every step (1e-5 / 2e-4; pp2 measured 3e-7 relative on the losses)."""
-    (run, metrics), (ref_run, ref_metrics) = runs[f"ppo_{layout}"], runs["ppo_single"]
+    processes, and CP 2 x PP 2 over 4: the policy, the reference, the reward model and the value model each under
+    the plan (under TP the one-output heads kept whole; under CP each rank's part of every row: log-probs and values
+    completed over the group, each score added from the rank holding the last token; under PP the value model
+    trained through a pipeline schedule of its own, the last stage's log-probs, values and scores shared). Losses,
+    the policy's grad norms and every PPO metric (scores, KL, the value loss: the value model trains alike; clip
+    fractions) equal one process's at every step (1e-5 / 2e-4; pp2 measured 3e-7 relative on the losses)."""
+    if layout == "cp2_pp2":
+        run, folder = four_process_runs["ppo_cp2_pp2"]
+        metrics = job_metrics(folder)
+    else:
+        run, metrics = runs[f"ppo_{layout}"]
+    ref_run, ref_metrics = runs["ppo_single"]
     assert_matches(run, ref_run)
     for tag, values in metrics.items():
         assert sorted(values) == list(range(1, STEPS + 1)), tag

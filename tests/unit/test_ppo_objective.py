@@ -45,7 +45,6 @@ PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_si
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
         (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
-        (PP2 + ["--parallelism.context_parallel_degree", "2"], "under either, not both at once yet"),
         (["--validation.interval", "5"], "held-out loss has no meaning for --training.objective ppo"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],

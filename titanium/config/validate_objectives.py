@@ -112,12 +112,6 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
         yield "--fault_tolerance.enable with --training.objective ppo is not supported yet; turn fault tolerance off"
     if t.loss_chunk_size:
         yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to ppo; set it to 0"
-    pp, cp = cfg.parallelism.pipeline_parallel_degree, cfg.parallelism.context_parallel_degree
-    if pp > 1 and cp > 1:
-        yield (
-            f"--parallelism.pipeline_parallel_degree {pp} with --parallelism.context_parallel_degree {cp}: the ppo "
-            "objective runs under either, not both at once yet; set one of them to 1"
-        )
     if cfg.validation.interval > 0:
         yield (
             "--validation.interval: held-out loss has no meaning for --training.objective ppo (its loss needs "

@@ -28,8 +28,8 @@ runs forward and backward through the value model's own pipeline schedule (``Tra
 same loss rule (``vf_coef`` x its value loss over the step's response tokens on every rank), and its per-response
 value losses are handed to the policy's loss as constants, so the logged loss and metrics are those of one process.
 The value model's gradients are the same (its loss does not depend on the policy); the no-grad results that only the
-last stage computes (log-probs, values, scores) are shared over the pipeline group (``from_last_stage``). Not with
-context parallelism at once (refused at config time).
+last stage computes (log-probs, values, scores) are shared over the pipeline group (``from_last_stage``). With context
+parallelism too, each stage runs on this rank's part of every row, as the policy's.
 """
 
 from __future__ import annotations
@@ -286,11 +286,11 @@ class PPOObjective(Objective):
         """Under pipeline parallelism: the value model's forward and backward of the step's microbatches through its
         own schedule (its loss divided by the step's response tokens on every rank, as the loop divides the policy's),
         and each microbatch with its responses' value losses as constants for the policy's loss."""
-        local = torch.stack([batch.fields.units() for batch in batches]).sum()
-        if dist.is_initialized():  # (every rank holding a batch counts it: the ranks of one dp rank count once)
-            dist.all_reduce(local)
-            local = local // (dist.get_world_size() // self.dp_world)
-        divisor = local.clamp(min=1).float()
+        units = torch.stack([batch.fields.units() for batch in batches]).sum()
+        if dist.is_initialized():  # (the loop's count: over the data- and context-parallel ranks, whose units add up;
+            dist.all_reduce(units)  # the tensor- and pipeline-parallel ranks of each hold copies of them)
+            units = units // (dist.get_world_size() // (self.dp_world * self.placement.parts))
+        divisor = units.clamp(min=1).float()
         return [self._train_value_on(batch, divisor) for batch in batches]
 
     def _train_value_on(self, batch: Batch[PPOFields], divisor: torch.Tensor) -> Batch[PPOFields]:
