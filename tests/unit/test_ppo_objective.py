@@ -93,7 +93,8 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
     """Two optimizer steps on one rollout batch (ppo_epochs 2) with a reward model that also starts the value model.
     The batch's scores are the reward model's at each response's last token, its old values the value model's start
     (the reward model's per-position outputs) where each response token is predicted, its old log-probs the start
-    policy's (its KL to the reference 0), its advantages whitened; afterwards policy and value model have moved."""
+    policy's (its KL to the reference 0, its gap to the engine's sampling log-probs within 1e-5), its advantages
+    whitened; afterwards policy and value model have moved."""
     extra = ("--ppo.reward_model_path", reward_folder, "--ppo.ppo_epochs", "2", "--training.steps", "2")
     trainer = make_trainer(*tiny_args(tmp_path, *PPO, *extra, "--training.local_batch_size", "8"))
     objective = trainer.objective
@@ -114,6 +115,7 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
         torch.testing.assert_close(rows["ppo/score"][i], out[-1], rtol=0, atol=1e-5)
         torch.testing.assert_close(rows["old_values"][i, :n], out[-n - 1 : -1], rtol=0, atol=1e-5)
     assert not rows["ppo/kl"].any()  # made by the start policy, which the reference is
+    assert 0 <= rows["ppo/logprob_mismatch"].max() <= 1e-5  # the engine's sampling log-probs: its weights synced
     torch.testing.assert_close(rows["old_logprobs"], rows["old_logprobs"] * mask)
     advantages = rows["advantages"][mask].double()
     assert abs(advantages.mean()) < 1e-6 and abs(advantages.std() - 1) < 1e-4

@@ -167,20 +167,22 @@ def test_one_engine_for_the_job_on_a_generation_thread_and_with_equal_requests(s
     assert not running(shared[0]["pid"])
 
 
-def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1) -> str:
-    """GRPO through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded head_dim-32 Llama from a
-    Hugging Face folder, 3 steps at Adam lr 1e-2, a batch of 16 per rank and step, a length reward so every step
-    moves the weights) on ``nproc`` ranks; its log."""
+def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1, objective: str = "grpo") -> str:
+    """GRPO (or PPO: ``objective``) through the real trainer with ``--rollout.engine vllm`` in ``mode`` (a seeded
+    head_dim-32 Llama from a Hugging Face folder, 3 steps at Adam lr 1e-2, a batch of 16 per rank and step, a length
+    reward so every step moves the weights) on ``nproc`` ranks; its log."""
     from tests.helpers import tiny_args, train_cmd
 
+    section = f"--{objective}."
     args = tiny_args(
-        out, "--training.objective", "grpo", "--data.kind", "chat",
+        out, "--training.objective", objective, "--data.kind", "chat",
         "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
         "--checkpoint.initial_load_path", str(policy), "--checkpoint.initial_load_in_hf",
         "--training.steps", "3", "--training.local_batch_size", "16",
         "--training.global_batch_size", str(16 * nproc),
-        "--grpo.group_size", "8", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
-        "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.old_logprobs", "recompute",
+        section + "max_new_tokens", "8", section + "max_prompt_len", "40",
+        section + "rewards", "tests.objectives.fixed_rollouts:characters",
+        *(("--grpo.group_size", "8", "--grpo.old_logprobs", "recompute") if objective == "grpo" else ()),
         "--optimizer.lr", "1e-2", "--lr_scheduler.warmup_steps", "0", "--rollout.engine", "vllm",
         "--rollout.mode", mode, *extra,
     )  # fmt: skip
@@ -190,7 +192,8 @@ def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1) -> str
 @pytest.fixture(scope="module")
 def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """The same GRPO job with vLLM colocated and in server mode, and on 2 ranks with one engine process for the
-    job generating on GRPO's thread (policy lag 1): run -> (its TensorBoard folder, its log)."""
+    job generating on GRPO's thread (policy lag 1); PPO (a rollout batch every step) colocated and in server mode:
+    run -> (its TensorBoard folder, its log)."""
     from tests.helpers import load_script
 
     root = tmp_path_factory.mktemp("grpo")
@@ -198,6 +201,10 @@ def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     runs = {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
     shared = ("--rollout.server_per", "job", "--grpo.max_policy_lag", "1")
     runs["job"] = (root / "job" / "tb", grpo(root / "job", policy, "server", *shared, nproc=2))
+    one_batch_a_step = ("--ppo.ppo_epochs", "1", "--ppo.minibatches", "1")
+    for mode in ("colocated", "server"):
+        folder = root / f"ppo_{mode}"
+        runs[f"ppo_{mode}"] = (folder / "tb", grpo(folder, policy, mode, *one_batch_a_step, objective="ppo"))
     return runs
 
 
@@ -238,3 +245,17 @@ def test_grpo_on_two_ranks_with_one_engine_for_the_job_generating_ahead(grpo_run
     assert len(scalars(tb, "grpo/time/sync")) == 3 and len(scalars(tb, LOSS_TAG)) == 3
     pids = [int(pid) for pid in re.findall(r"vLLM engine process (\d+) started", log)]
     assert len(pids) == 1 and not running(pids[0]) and "did not exit" not in log
+
+
+def test_ppo_samples_from_the_synced_vllm_engine_colocated_and_in_server_mode(grpo_runs) -> None:
+    """PPO with vLLM: every step's batch was sampled by an engine holding the policy's weights (the policy's
+    recomputed log-probs of the sampled tokens equal vLLM's: a skipped sync leaves a gap of order 0.1-1), and one
+    engine process of its own gives what vLLM in the trainer's process gives, bitwise."""
+    from tests.helpers import scalars
+
+    for mode in ("colocated", "server"):
+        gap = scalars(grpo_runs[f"ppo_{mode}"][0], "ppo/logprob_mismatch")
+        assert sorted(gap) == [1, 2, 3] and max(gap.values()) <= MEAN, (mode, gap)
+    for tag in ("ppo/score", "ppo/value_loss", "ppo/entropy", LOSS_TAG, "optim/grad_norm"):
+        colocated, server = (scalars(grpo_runs[f"ppo_{mode}"][0], tag) for mode in ("colocated", "server"))
+        assert sorted(server) == [1, 2, 3] and server == colocated, (tag, colocated, server)

@@ -124,9 +124,11 @@ def response_parts(fields: PPOFields | ScoreFields) -> ResponseTargets | None:
     return None if fields.targets is None or fields.slots is None else ResponseTargets(fields.targets, fields.slots)
 
 
-ROW_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/response_len", "ppo/truncated")
+ROW_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/response_len", "ppo/truncated", "ppo/logprob_mismatch")
 """Per response: its score, its total reward (score - kl_coef x KL), its summed KL to the reference, its length,
-whether it was cut at max_new_tokens (means over the step's responses)."""
+whether it was cut at max_new_tokens, and the mean |trainer - engine| log-prob gap of its tokens (the old log-probs
+recomputed by the policy against the engine's own: ~1e-6 in float32 when the engine holds the policy's weights; a
+skipped or stale sync shows as 0.1-1) (means over the step's responses)."""
 TOKEN_METRICS = ("ppo/policy_loss", "ppo/value_loss", "ppo/clip_frac", "ppo/value_clip_frac", "ppo/approx_kl")
 
 
@@ -352,6 +354,8 @@ class PPOObjective(Objective):
         rows["ppo/kl"] = kl.sum(dim=1)
         rows["ppo/response_len"] = mask.sum(dim=1).float()
         rows["ppo/truncated"] = (~finished).float()
+        gap = (logprobs - rollout.old_logprobs.to(self.device)).abs() * mask
+        rows["ppo/logprob_mismatch"] = gap.sum(dim=1) / mask.sum(dim=1).clamp(min=1)
         if cfg.answer_column:
             rows["ppo/accuracy"] = torch.tensor(
                 [exact_match(c, s.answer, {}) for c, s in zip(rollout.completions, samples)], device=self.device
