@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from titanium.config.sections import DataSection, GRPOSection
+from titanium.config.sections import DataSection, GRPOSection, PPOSection
 from titanium.data.chat import Llama3Template, Message
 from titanium.data.prompts import PromptDataset
 from titanium.data.text import DataError
@@ -94,6 +94,15 @@ def test_bad_and_long_rows_are_skipped_and_counted(tmp_path: Path, tokenizer, ca
         list(itertools.islice(strict, 2))
     assert "row 2: the answer column 'answer' is missing or null" in caplog.text
     assert "row 3: the answer column 'answer' is list, not a string or number" in caplog.text
+
+
+def test_ppo_prompt_errors_name_ppo_keys(tokenizer, tmp_path) -> None:
+    """PPO reads prompts with the same reader: its messages name its own section's keys."""
+    path = _write(tmp_path / "rows.jsonl", [{"messages": [{"role": "user", "content": "2+2"}]}])
+    data = DataSection(kind="chat", path=path, on_bad_row="fail")
+    dataset = PromptDataset(data, PPOSection(answer_column="answer"), tokenizer, Llama3Template(tokenizer), name="ppo")
+    with pytest.raises(DataError, match=r"set --ppo.answer_column, or '' for rows without answers"):
+        next(iter(dataset))
 
 
 def test_data_parallel_split_and_exact_resume(tokenizer) -> None:

@@ -11,8 +11,9 @@ resumable, malformed rows skipped and counted or fatal per ``--data.on_bad_row``
 - instruct: the instruction (and its input) as the user message.
 - text: the text column as a plain prompt for base models: BOS + text, no template.
 
-The ``--grpo.answer_column`` value (as a string) and the whole row travel with the prompt to the
-reward functions. Prompts longer than ``--grpo.max_prompt_len`` tokens are skipped and counted:
+The ``answer_column`` value (as a string) and the whole row travel with the prompt to the reward functions.
+Prompts longer than ``max_prompt_len`` tokens are skipped and counted (both keys of the objective's section,
+``--grpo.`` or ``--ppo.``):
 cutting a question would make its answer wrong.
 """
 
@@ -23,7 +24,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from titanium.config.sections import DataSection, GRPOSection
+from titanium.config.sections import DataSection, GRPOSection, PPOSection
 from titanium.data.chat import (
     ChatTemplate,
     Message,
@@ -54,7 +55,7 @@ class PromptSample:
     prompt: list[int]
     """Token ids the policy continues."""
     answer: str | None
-    """The row's reference answer (None without ``--grpo.answer_column``)."""
+    """The row's reference answer (None without the objective's ``answer_column``)."""
     row: Mapping[str, Any]
     """The whole row, for reward functions that use other columns."""
 
@@ -104,29 +105,33 @@ class PromptDataset(RowReader):
     """Infinite, resumable stream of ``PromptSample`` for one data-parallel rank.
 
     ``template`` formats chat and instruct prompts (None for kind text); ``system_prompt`` replaces or
-    adds their system message. Counters (kept in the state): ``bad_rows`` (skipped), ``too_long``.
+    adds their system message. ``section`` reads ``answer_column`` and ``max_prompt_len`` (the objective's
+    section, named ``name`` in messages: grpo or ppo). Counters (kept in the state): ``bad_rows`` (skipped),
+    ``too_long``.
     """
 
     def __init__(
         self,
         data: DataSection,
-        grpo: GRPOSection,
+        section: GRPOSection | PPOSection,
         tokenizer: Tokenizer,
         template: ChatTemplate | None,
         system_prompt: str | None = None,
         dp_rank: int = 0,
         dp_world: int = 1,
+        name: str = "grpo",
     ) -> None:
         if data.kind not in _FIX:
             raise DataError(f"--data.kind {data.kind} has no prompts; use chat, instruct or text")
         if data.kind != "text" and template is None:
             raise ValueError(f"--data.kind {data.kind} needs a chat template")
         super().__init__(data, dp_rank, dp_world)
-        self.grpo, self.tokenizer, self.template, self.system_prompt = grpo, tokenizer, template, system_prompt
+        self.section, self.name = section, name
+        self.tokenizer, self.template, self.system_prompt = tokenizer, template, system_prompt
         self.too_long = 0
 
     def _answer(self, item: Any) -> str | None:
-        column = self.grpo.answer_column
+        column = self.section.answer_column
         if not column:
             return None
         value = item.get(column) if isinstance(item, dict) else None
@@ -134,7 +139,7 @@ class PromptDataset(RowReader):
             return str(value)
         found = "missing or null" if value is None else f"{type(value).__name__}, not a string or number"
         raise RowError(
-            f"the answer column '{column}' is {found} (set --grpo.answer_column, or '' for rows without answers)"
+            f"the answer column '{column}' is {found} (set --{self.name}.answer_column, or '' for rows without answers)"
         )
 
     def _sample(self, item: Any, source: Source, row: int) -> PromptSample | None:
@@ -152,7 +157,7 @@ class PromptDataset(RowReader):
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX[self.cfg.kind])
             return None
-        if len(prompt) > self.grpo.max_prompt_len:
+        if len(prompt) > self.section.max_prompt_len:
             self.too_long += 1
             return None
         return PromptSample(prompt, answer, item)
@@ -168,8 +173,8 @@ class PromptDataset(RowReader):
         reasons = super()._unused_rows()
         if self.too_long:
             reasons.append(
-                f"{self.too_long} prompts longer than --grpo.max_prompt_len {self.grpo.max_prompt_len} tokens "
-                "skipped: raise it (with --training.seq_len, which must hold max_prompt_len + max_new_tokens)"
+                f"{self.too_long} prompts longer than --{self.name}.max_prompt_len {self.section.max_prompt_len} "
+                "tokens skipped: raise it (with --training.seq_len, which must hold max_prompt_len + max_new_tokens)"
             )
         return reasons
 

@@ -199,7 +199,7 @@ class PPOObjective(Objective):
         )
         stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
         self.prompts = PromptDataset(
-            data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world
+            data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, name="ppo"
         )
         self._prompt_stream: Iterator[PromptSample] | None = None
         self.rule_rewards = RewardSet(cfg.rewards, cfg.reward_weights)
