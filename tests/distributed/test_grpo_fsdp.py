@@ -66,6 +66,9 @@ FOUR_PROCESS = {  # one configuration each, in the shared 4-process launch (conf
     "kl_batch_epochs_cp2_pp2": (
         *GRPO, *FIXED, *CONFIGS["kl_batch_epochs"], "--training.local_batch_size", "8", *CP2, *PP2,
     ),
+    "kl_batch_epochs_tp2_pp2": (
+        *GRPO, *FIXED, *CONFIGS["kl_batch_epochs"], "--training.local_batch_size", "8", *TP2, *PP2,
+    ),
 }  # fmt: skip
 
 
@@ -107,8 +110,8 @@ PPO_METRICS += ("ppo/value_clip_frac", "ppo/approx_kl", "ppo/entropy")
 def four_process_jobs(reward: str) -> dict[str, tuple[str, ...]]:
     """The 4-process jobs (conftest.py's shared launch): GRPO's (``FOUR_PROCESS``) and PPO under CP 2 x PP 2 with
     the reward model in ``reward``."""
-    ppo = (*PPO, "--ppo.reward_model_path", reward, *CP2, *PP2)
-    return {**FOUR_PROCESS, "ppo_cp2_pp2": ppo}
+    ppo = (*PPO, "--ppo.reward_model_path", reward)
+    return {**FOUR_PROCESS, "ppo_cp2_pp2": (*ppo, *CP2, *PP2), "ppo_tp2_pp2": (*ppo, *TP2, *PP2)}
 
 
 @pytest.fixture(scope="module")
@@ -147,14 +150,14 @@ def test_grpo_step_equals_one_process(runs, config, layout) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(FOUR_PROCESS))
-def test_grpo_under_context_with_tensor_or_pipeline_parallelism(runs, four_process_runs, name) -> None:
+def test_grpo_under_two_parallelisms_at_once(runs, four_process_runs, name) -> None:
     """Context parallelism over 2 ranks with tensor parallelism over 2 (the loss's vocabulary-sharded logits
-    picked at this rank's response positions on each shard) or with a 2-stage pipeline: one process's losses, grad
-    norms and metrics. Under cp2 x tp2 every rank's engine, synced from the trained layout, also holds the run's
-    Hugging Face export bitwise after the last step."""
+    picked at this rank's response positions on each shard) or with a 2-stage pipeline, and tensor parallelism over
+    2 with a 2-stage pipeline: one process's losses, grad norms and metrics. Under cp2 x tp2 every rank's engine,
+    synced from the trained layout, also holds the run's Hugging Face export bitwise after the last step."""
     (run, folder), config = four_process_runs[name], name.rsplit("_", 2)[0]
     assert_grpo_matches(run, job_metrics(folder), *runs[f"{config}_single"], config)
-    if "tp2" in name:
+    if "--checkpoint.last_save_in_hf" in FOUR_PROCESS[name]:
         assert_engines_hold_the_export(folder, 4, version=STEPS)
 
 
@@ -178,17 +181,18 @@ def assert_grpo_matches(run: Run, metrics: dict, ref_run: Run, ref_metrics: dict
     assert len(set(losses.values())) == STEPS  # it trains (each step a different loss)
 
 
-@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2", "pp2", "cp2_pp2"])
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2", "cp2", "pp2", "cp2_pp2", "tp2_pp2"])
 def test_ppo_step_equals_one_process(runs, four_process_runs, layout) -> None:
     """PPO on fixed responses with a reward model (which also starts the value model) under FSDP, TP, CP or PP over 2
-    processes, and CP 2 x PP 2 over 4: the policy, the reference, the reward model and the value model each under
-    the plan (under TP the one-output heads kept whole; under CP each rank's part of every row: log-probs and values
-    completed over the group, each score added from the rank holding the last token; under PP the value model
-    trained through a pipeline schedule of its own, the last stage's log-probs, values and scores shared). Losses,
-    the policy's grad norms and every PPO metric (scores, KL, the value loss: the value model trains alike; clip
-    fractions) equal one process's at every step (1e-5 / 2e-4; pp2 measured 3e-7 relative on the losses)."""
-    if layout == "cp2_pp2":
-        run, folder = four_process_runs["ppo_cp2_pp2"]
+    processes, and CP 2 x PP 2 and TP 2 x PP 2 over 4: the policy, the reference, the reward model and the value
+    model each under the plan (under TP the one-output heads kept whole; under CP each rank's part of every row:
+    log-probs and values completed over the group, each score added from the rank holding the last token; under PP
+    the value model trained through a pipeline schedule of its own, the last stage's log-probs, values and scores
+    shared). Losses, the policy's grad norms and every PPO metric (scores, KL, the value loss: the value model
+    trains alike; clip fractions) equal one process's at every step (1e-5 / 2e-4; pp2 measured 3e-7 relative on
+    the losses)."""
+    if layout.endswith("_pp2"):  # (4 processes)
+        run, folder = four_process_runs[f"ppo_{layout}"]
         metrics = job_metrics(folder)
     else:
         run, metrics = runs[f"ppo_{layout}"]
