@@ -4,6 +4,11 @@ torch's ``clip_grad_norm_`` stacks the per-tensor norms, which DTensors on diffe
 expert parallelism the experts live on their own mesh). Here the gradients are grouped by mesh: one norm per
 group, made a plain number with ``full_tensor`` (the reduction over that mesh), then squared and summed, and
 summed over the pipeline stages when there are several.
+
+Clipping scales each gradient by one coefficient. A gradient still pending its reduction (a ``Partial`` DTensor: a
+sequence-parallel norm weight's, each tensor-parallel rank holding its part of the sum) is scaled by a plain
+``mul_``: torch 2.11's ``_foreach_mul_`` (and ``clip_grads_with_norm_``) leave such a gradient unscaled, so under
+tensor parallelism the norm weights escaped every clip (``tests/unit/test_grad_norm.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +47,17 @@ def clip_grad_norm(
         dist.all_reduce(total, group=pp_group)
     norm = total.sqrt()
     if max_norm > 0:
-        for group in _by_mesh([p for p in params if p.grad is not None]):
+        with_grads = [p for p in params if p.grad is not None]
+        pending = [p.grad for p in with_grads if _is_pending(p.grad)]
+        if pending:
+            coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)  # (clip_grads_with_norm_'s coefficient)
+            for grad in pending:
+                grad.mul_(coef)
+        for group in _by_mesh([p for p in with_grads if not _is_pending(p.grad)]):
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, norm, foreach=True)
     return norm
+
+
+def _is_pending(grad: torch.Tensor) -> bool:
+    """A DTensor gradient still pending its reduction over some mesh dimension (``Partial``)."""
+    return isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements)
