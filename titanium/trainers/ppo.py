@@ -410,7 +410,9 @@ class PPOObjective(Objective):
             return values_of_rows, None
         return values_of_rows, from_last_stage(torch.cat(scores) if scores else None, (n,), group, self.device)
 
-    def _values_of(self, out: torch.Tensor, batch: Batch[PPOFields] | Batch[ScoreFields], width: int | None = None):
+    def _values_of(
+        self, out: torch.Tensor, batch: Batch[PPOFields] | Batch[ScoreFields], width: int | None = None
+    ) -> torch.Tensor:
         """``[B, T]`` the value model's values of the response positions of a (placed) microbatch from its output
         ``out`` ``[B, S, 1]``: the value at t is read where token t is predicted, as the log-probs are (under context
         parallelism completed over the cp group, with their gradient). ``width``: T (default: the loss mask's)."""
