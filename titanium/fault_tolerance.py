@@ -5,11 +5,13 @@ quorum of the live groups every step; a ``torchft.Manager`` owns the process gro
 every live group. Per step: ``start_step`` joins the quorum (a group that is behind, e.g. restarted, first copies
 the model, optimizer, LR schedule and step from a live peer), the trainer runs forward and backward as usual,
 ``commit_gradients`` averages each rank's local gradient shards over the live groups and votes; a step no group
-could finish (a peer died mid-step) is not applied, and the trainer repeats it on the same microbatches.
+could finish (a peer died mid-step) is not applied, and the trainer repeats it on the same microbatches (prepared
+once: the same rollouts, for GRPO).
 
 Data is sharded over every group: a group's data rank is ``replica_id * dp + dp_rank`` of ``group_size * dp``; a
-group that heals skips its own shard ahead to the step it joins at. Only group 0 writes checkpoints; the others
-are rebuilt from a live peer when they restart.
+group that heals skips its own shard ahead to the step it joins at, and whoever follows the policy's weights (a
+rollout engine) gets the healed ones (the trainer's ``healed`` callback). Only group 0 writes checkpoints; the
+others are rebuilt from a live peer when they restart.
 """
 
 from __future__ import annotations
@@ -42,9 +44,7 @@ class NoFaultTolerance:
     def checkpoint_section(self, cfg: CheckpointSection) -> CheckpointSection:
         return cfg
 
-    def share_state(
-        self, states: dict[str, Any], train_state: TrainState, next_microbatch: Callable[[], Any], per_step: int
-    ) -> None:
+    def share_state(self, states: dict[str, Any], train_state: TrainState, healed: Callable[[int, int], None]) -> None:
         pass
 
     def start_step(self) -> None:
@@ -107,13 +107,11 @@ class FaultTolerance(NoFaultTolerance):
             logger.info("replica group %d writes no checkpoints: group 0 does", self.cfg.replica_id)
         return dataclasses.replace(cfg, enable=False, last_save_in_hf=False)
 
-    def share_state(
-        self, states: dict[str, Any], train_state: TrainState, next_microbatch: Callable[[], Any], per_step: int
-    ) -> None:
+    def share_state(self, states: dict[str, Any], train_state: TrainState, healed: Callable[[int, int], None]) -> None:
         """What a healing group copies from a live peer (Stateful objects by name, ``train_state`` among them).
-        Its data position is not copied (the peer reads another shard): it skips its own shard to the peer's step
-        with ``next_microbatch``, ``per_step`` microbatches a step."""
-        self._states = {"data": _DataPosition(train_state, next_microbatch, per_step), **states}  # (data first)
+        Its data position is not copied (the peer reads another shard): once the peer's state is in place,
+        ``healed(steps_skipped, step)`` moves this group's own shard forward to the peer's step."""
+        self._states, self._train_state, self._healed = states, train_state, healed
         # The manager counts commits (local_sgd: syncs); a group that counts fewer than a peer heals from it.
         local_sgd = self.cfg.semi_sync_method == "local_sgd"
         commits = train_state.step // self.cfg.sync_steps if local_sgd else train_state.step
@@ -176,29 +174,13 @@ class FaultTolerance(NoFaultTolerance):
         return {name: tree_map_only(DTensor, _local, state.state_dict()) for name, state in self._states.items()}
 
     def _load_peer_state(self, received: dict[str, Any]) -> None:
+        own_step = self._train_state.step
         specs = {k: v for k, v in self._states["model"].state_dict().items() if isinstance(v, DTensor)}
         for name, state in self._states.items():
             state.load_state_dict({k: _as_sharded(k, v, specs) for k, v in received[name].items()})
-        logger.info("fault tolerance: healed from a live replica group at step %d", self._states["train_state"].step)
-
-
-class _DataPosition:
-    """A group's data position as the step it reached: each group reads its own shard, one step's microbatches
-    per committed step. A group that heals to a peer's later step skips its shard ahead to that step, so it
-    reads what it would have read had it never stopped, and never repeats a sample."""
-
-    def __init__(self, train_state: TrainState, next_microbatch: Callable[[], Any], per_step: int) -> None:
-        self.train_state, self.next_microbatch, self.per_step = train_state, next_microbatch, per_step
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.train_state.step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:  # (before train_state takes the peer's step)
-        skipped = max(0, state["step"] - self.train_state.step) * self.per_step
-        for _ in range(skipped):
-            self.next_microbatch()
-        if skipped:
-            logger.info("fault tolerance: skipped %d microbatches of this group's data shard to catch up", skipped)
+        step = self._train_state.step
+        logger.info("fault tolerance: healed from a live replica group at step %d", step)
+        self._healed(max(0, step - own_step), step)  # (a peer behind this group heals from it: nothing to skip)
 
 
 def build_fault_tolerance(cfg: FaultToleranceSection, device: torch.device) -> NoFaultTolerance:

@@ -173,6 +173,7 @@ class Trainer:
             dump_folder=self.cfg.job.dump_folder,
             fixed_shapes=self.dims.pp > 1,
             sequence_multiple=self.dims.sequence_multiple,
+            ranks_per_row=self.dims.devices_sharing_batch,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
@@ -236,9 +237,13 @@ class Trainer:
             logger.info("resuming at step %d (%d tokens seen)", resumed, self.train_state.tokens_seen)
         self.hooks.after_load(resumed)
         shared = ("model", "optimizer", "lr_scheduler", "train_state")  # what a rejoining replica group copies
-        self.fault_tolerance.share_state(
-            {k: states[k] for k in shared}, self.train_state, self.objective.next_microbatch, self.grad_accum_steps
-        )
+        self.fault_tolerance.share_state({k: states[k] for k in shared}, self.train_state, self._healed)
+
+    def _healed(self, steps_skipped: int, step: int) -> None:
+        """This replica group took a live peer's state at ``step``: its own data moves forward as many steps, and
+        whoever follows the policy's weights (a rollout engine) gets the new ones, as after a load."""
+        self.objective.skip_ahead(steps_skipped, step, self.grad_accum_steps)
+        self.hooks.after_load(step)
 
     def _build_metrics(self) -> None:
         self.metrics = MetricsLogger(

@@ -71,16 +71,21 @@ def test_a_group_must_be_started_by_torchrun(monkeypatch):
         FaultTolerance(FaultToleranceSection(enable=True), torch.device("cpu"))
 
 
-def test_a_healing_group_skips_its_own_shard_to_the_peers_step():
+def test_a_healing_group_moves_its_own_data_forward_once_the_peers_state_is_in():
+    """After every shared state has taken the peer's values, ``healed`` gets the steps this group skipped (none when
+    the peer is behind) and the step it is at now, so the trainer skips its own shard and resyncs followers."""
     from titanium.checkpoint.states import TrainState
-    from titanium.fault_tolerance import _DataPosition
 
-    read: list[int] = []
+    calls: list[tuple[int, int, int]] = []
     own = TrainState()
     own.step = 3  # (e.g. group 0 resumed from its checkpoint of step 3 while its peer went on to step 10)
-    position = _DataPosition(own, lambda: read.append(len(read)), per_step=2)
-    assert position.state_dict() == {"step": 3}
-    position.load_state_dict({"step": 10})
-    assert len(read) == (10 - 3) * 2
-    position.load_state_dict({"step": 2})  # a peer behind this group: nothing to skip (it would heal from us)
-    assert len(read) == 14
+    ft = object.__new__(FaultTolerance)  # (no manager: only what a heal runs)
+    model = torch.nn.Linear(2, 2)
+    ft._states, ft._train_state = {"model": model, "train_state": own}, own
+    ft._healed = lambda skipped, step: calls.append((skipped, step, int(model.weight.sum() == 0)))
+    zeros = {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)}
+    peer = {"model": zeros, "train_state": {"step": 10, "tokens_seen": 0}}
+    ft._load_peer_state(peer)
+    own.step = 12
+    ft._load_peer_state(peer)  # a peer behind this group: nothing to skip (it would heal from us)
+    assert calls == [(7, 10, 1), (0, 10, 1)]

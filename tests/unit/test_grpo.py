@@ -242,7 +242,16 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
         ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
         ([*GRPO_JOB, *CP2, *TP2, "--parallelism.pipeline_parallel_degree", "2"], "with both tensor and pipeline"),
-        ([*GRPO_JOB, "--fault_tolerance.enable", "--fault_tolerance.lighthouse", "http://h:1"], "fault tolerance off"),
+        (
+            [
+                *GRPO_JOB,
+                "--grpo.dynamic_sampling",
+                "--fault_tolerance.enable",
+                "--fault_tolerance.lighthouse",
+                "http://h:1",
+            ],
+            "--fault_tolerance.enable with --grpo.dynamic_sampling",
+        ),
         ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),
         ([*GRPO_JOB, "--validation.interval", "10"], "held-out loss has no meaning for --training.objective grpo"),
     ],

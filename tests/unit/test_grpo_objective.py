@@ -323,6 +323,35 @@ def test_a_step_retried_under_fault_tolerance_trains_on_the_same_rollouts(make_t
         assert got == expected, tag
 
 
+def test_a_group_that_heals_under_fault_tolerance_trains_on_as_if_it_had_never_stopped(make_trainer, tmp_path) -> None:
+    """A replica group that rejoins takes a live peer's weights, optimizer, schedule and step (here the straight
+    run's at step 4, read from its checkpoint) in its first quorum, with its own prompt stream still at the start: it
+    skips the 2 rollout batches' prompts (and sampling seeds) it missed and its engine takes the healed weights, so
+    its steps 5-6 are the straight run's, bitwise. Without the skip it would train on batch 0's prompts; without the
+    sync its engine would sample from the initial weights."""
+    common = (*GRPO_JOB, "--training.steps", "6", "--debug.deterministic")
+    saving = ("--checkpoint.enable", "--checkpoint.interval", "4")
+    make_trainer(*tiny_args(tmp_path / "straight", *common, *saving)).train()
+    shutdown_distributed()
+
+    healed = make_trainer(*tiny_args(tmp_path / "healed", *common))
+    peer = tmp_path / "straight/checkpoint/step-4"
+    start_step = healed.fault_tolerance.start_step
+
+    def heal_in_the_first_quorum() -> None:
+        start_step()
+        if healed.train_state.step == 0:
+            healed.checkpointer._load(peer, ["model", "optimizer", "lr_scheduler", "train_state"])
+            healed._healed(4, 4)
+
+    healed.fault_tolerance.start_step = heal_in_the_first_quorum
+    healed.train()
+    assert healed.objective.batches_made == 3
+    for tag in (LOSS_TAG, "grpo/reward", "grpo/response_len"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "healed/tb", tag)
+        assert sorted(got) == [5, 6] and [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
+
+
 def test_engine_rollouts_equal_sampling_from_the_live_model(tokenizer) -> None:
     """The titanium engine with lag 0 makes, batch by batch, exactly the rollouts that sampling from the live model
     with the same seed makes (same tokens, same old log-probs, bitwise), before and after an update: its copy holds

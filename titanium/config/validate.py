@@ -428,8 +428,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
-    and a layout it is checked under (context parallelism with tensor or pipeline parallelism, not both; no fault
-    tolerance yet)."""
+    and a layout it is checked under (context parallelism with tensor or pipeline parallelism, not both; fault
+    tolerance without dynamic sampling)."""
     g, t, par = cfg.grpo, cfg.training, cfg.parallelism
     if cfg.data.kind not in ("chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
@@ -450,10 +450,11 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
             "either of them, not with both at once; drop --parallelism.tensor_parallel_degree or "
             "--parallelism.pipeline_parallel_degree"
         )
-    if cfg.fault_tolerance.enable:
+    if cfg.fault_tolerance.enable and g.dynamic_sampling:
         yield (
-            "--fault_tolerance.enable with --training.objective grpo: a retried or rejoining replica group would "
-            "make or skip rollouts out of step with the others (not handled yet); turn fault tolerance off"
+            "--fault_tolerance.enable with --grpo.dynamic_sampling: a replica group that rejoins skips its prompts "
+            "forward by whole rollout batches, but with dynamic sampling a batch takes as many prompts as its "
+            "rewards ask for; turn one of them off"
         )
     if t.loss_chunk_size:
         yield (

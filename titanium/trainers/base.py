@@ -150,6 +150,7 @@ class ObjectiveContext:
     local_batch_size: int
     dp_rank: int
     dp_world: int
+    """This rank's data shard and the number of shards (under fault tolerance: over every replica group)."""
     seed: int
     loss_chunk_size: int = 0
     """``[training] loss_chunk_size``: tokens per chunk of a chunked cross-entropy (0: from full logits)."""
@@ -169,6 +170,9 @@ class ObjectiveContext:
     sequence_multiple: int = 1
     """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
     split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
+    ranks_per_row: int = 1
+    """The ranks that hold each data-parallel rank's rows (its tensor-, pipeline- and context-parallel ranks): a sum
+    over every rank of the job counts each row this many times."""
 
 
 def row_width(pad_to: PadToOption, pad_multiple: int, ctx: ObjectiveContext, option: str) -> tuple[PadTo, int]:
@@ -228,6 +232,16 @@ class Objective(ABC):
     @abstractmethod
     def next_microbatch(self) -> Batch:
         """The next microbatch for this data-parallel rank, as CPU tensors."""
+
+    def skip_ahead(self, steps: int, step: int, microbatches_per_step: int) -> None:
+        """Move this rank's data position ``steps`` optimizer steps forward, to where it would stand after ``step``
+        steps had it never stopped: a replica group that heals from a live peer under fault tolerance (the peer's
+        weights and step, this group's own data shard) reads none of its samples twice. By default: the
+        microbatches of those steps are drawn and dropped."""
+        for _ in range(steps * microbatches_per_step):
+            self.next_microbatch()
+        if steps:
+            logger.info("skipped %d microbatches of this group's data shard to catch up", steps * microbatches_per_step)
 
     def prepare(self, microbatches: list[Batch]) -> Prepared:
         """No-grad work on the step's microbatches (on the device, after any context-parallel split) before

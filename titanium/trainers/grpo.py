@@ -15,6 +15,7 @@ policy lag (the next batch generated on a thread while the step trains: ``titani
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import time
 from collections import deque
@@ -62,6 +63,8 @@ from titanium.trainers.grpo_correction import importance_weights, mismatch_metri
 from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
 from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
 
+logger = logging.getLogger(__name__)
+
 
 def group_advantages(
     rewards: torch.Tensor,
@@ -108,17 +111,16 @@ def rollout_seed(seed: int, dp_rank: int, index: int) -> int:
     return hash((seed, dp_rank, index)) & 0x7FFF_FFFF_FFFF_FFFF
 
 
-def batch_reward_std(rewards: torch.Tensor, device: torch.device, dp_world: int) -> float:
+def batch_reward_std(rewards: torch.Tensor, device: torch.device, ranks_per_row: int) -> float:
     """Unbiased standard deviation of the rewards of every data-parallel rank's rollout batch, so that
     ``scale_rewards = "batch"`` does not depend on how the batch is split over ranks. Every rank of the job adds
     its batch; the ranks of one data-parallel rank (tensor, pipeline, context parallel) hold the same batch, so the
-    sums count each ``world / dp_world`` times."""
+    sums count each ``ranks_per_row`` times. (Under fault tolerance: one replica group's batches.)"""
     r = rewards.double()
     stats = torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()]).to(device)
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(stats)
-        stats /= world // dp_world
+        stats /= ranks_per_row
     n, total, squares = stats.tolist()
     return math.sqrt(max(squares - total * total / n, 0.0) / max(n - 1, 1))
 
@@ -248,7 +250,7 @@ class GRPOObjective(Objective):
         self.narrowed = pad_to == "longest" and not ctx.placement.split
         """Microbatches cut to the columns their rows use (rows split over context-parallel ranks keep their rollout
         batch's width, as with pad_to seq_len)."""
-        self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
+        self.seed, self.dp_rank, self.ranks_per_row = ctx.seed, ctx.dp_rank, ctx.ranks_per_row
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
             template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
@@ -379,6 +381,10 @@ class GRPOObjective(Objective):
         rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))
         return to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer), out.version
 
+    def _prompts_per_batch(self, microbatches: int) -> int:
+        """Prompts of one rollout batch (one generation round) with ``microbatches`` microbatches a step."""
+        return microbatches * self.local_batch_size * self.cfg.minibatches // self.cfg.group_size
+
     def _next_prompts(self, n: int) -> list[PromptSample]:
         if self._prompt_stream is None:
             self._prompt_stream = iter(self.prompts)
@@ -395,7 +401,7 @@ class GRPOObjective(Objective):
         a thread or without, and the whole batch is made by the engine's weights of one version (a sync waits for
         the job). Its resume point (the prompt position before it) is noted when the job starts."""
         cfg = self.cfg
-        prompts = microbatches * self.local_batch_size * cfg.minibatches // cfg.group_size
+        prompts = self._prompts_per_batch(microbatches)
         max_rounds = cfg.dynamic_sampling_max_rounds if cfg.dynamic_sampling else None
         resume_point: dict[str, Any] = {}
 
@@ -430,7 +436,7 @@ class GRPOObjective(Objective):
         self._times["generate"] = self._times.get("generate", 0.0) + seconds
 
         rewards = out.rewards.total
-        batch_std = batch_reward_std(rewards, self.device, self.dp_world) if cfg.scale_rewards == "batch" else None
+        batch_std = batch_reward_std(rewards, self.device, self.ranks_per_row) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
         lengths = out.response_mask.sum(dim=1)
         per_response = {
@@ -572,6 +578,20 @@ class GRPOObjective(Objective):
         if in_flight:
             return dict(in_flight[0].resume_point)
         return {"prompts": self.prompts.state_dict(), "batches_made": self.batches_made}
+
+    def skip_ahead(self, steps: int, step: int, microbatches_per_step: int) -> None:
+        """Rollout batches in flight are dropped (their prompts go back to the stream, as on a resume), then the
+        stream moves on to the first batch an uninterrupted rank would start after ``step`` steps, with that batch's
+        sampling seeds: the prompts it would have trained on meanwhile are skipped, none is repeated. (The engine
+        gets the healed weights through the policy's ``on_update``.)"""
+        self.load_state_dict(self.state_dict())
+        started = -(-step // (self.cfg.ppo_epochs * self.cfg.minibatches))  # (batches begun by then, each whole)
+        behind = max(0, started - self.batches_made)
+        prompts = behind * self._prompts_per_batch(microbatches_per_step)
+        self._next_prompts(prompts)
+        self.batches_made += behind
+        if behind:
+            logger.info("skipped %d prompts (%d rollout batches) of this rank's shard to catch up", prompts, behind)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.worker.wait()  # (a batch in flight is made again from the restored position)

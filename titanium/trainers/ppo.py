@@ -193,7 +193,7 @@ class PPOObjective(Objective):
         self.cfg, self.device, self.policy = cfg, ctx.device, ctx.models.policy()
         self.placement, self.sequence_multiple = ctx.placement, ctx.sequence_multiple
         self.tokenizer, self.local_batch_size = ctx.tokenizer, ctx.local_batch_size
-        self.seed, self.dp_rank, self.dp_world = ctx.seed, ctx.dp_rank, ctx.dp_world
+        self.seed, self.dp_rank, self.ranks_per_row = ctx.seed, ctx.dp_rank, ctx.ranks_per_row
         template = (
             None if data.kind == "text" else build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         )
@@ -291,7 +291,7 @@ class PPOObjective(Objective):
         units = torch.stack([batch.fields.units() for batch in batches]).sum()
         if dist.is_initialized():  # (the loop's count: over the data- and context-parallel ranks, whose units add up;
             dist.all_reduce(units)  # the tensor- and pipeline-parallel ranks of each hold copies of them)
-            units = units // (dist.get_world_size() // (self.dp_world * self.placement.parts))
+            units = units // (self.ranks_per_row // self.placement.parts)
         divisor = units.clamp(min=1).float()
         return [self._train_value_on(batch, divisor) for batch in batches]
 
@@ -342,7 +342,7 @@ class PPOObjective(Objective):
         rewards, kl = kl_penalized_rewards(scores, logprobs * mask, ref_logprobs, mask, cfg.kl_coef)
         advantages, returns = generalized_advantages(rewards, values, mask, cfg.gamma, cfg.lam)
         group = dist.group.WORLD if dist.is_initialized() and dist.get_world_size() > 1 else None
-        scale = dist.get_world_size() // self.dp_world if group is not None else 1
+        scale = self.ranks_per_row if group is not None else 1
         rows.update(
             old_logprobs=logprobs * mask,
             old_values=values * mask,
