@@ -112,6 +112,13 @@ def scalars(tb_dir: Path, tag: str = LOSS_TAG) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars(tag)}
 
 
+def texts(tb_dir: Path, tag: str) -> dict[int, str]:
+    """step -> the text a run wrote under ``tag`` (``add_text``, e.g. a table of samples)."""
+    acc = EventAccumulator(str(tb_dir), size_guidance={"tensors": 0})
+    acc.Reload()
+    return {e.step: e.tensor_proto.string_val[0].decode() for e in acc.Tensors(f"{tag}/text_summary")}
+
+
 def load_script(path: str) -> ModuleType:
     """Import a script of the repository that is not in a package (scripts/, benchmarks/) by its path."""
     name = Path(path).stem

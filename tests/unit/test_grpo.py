@@ -238,6 +238,8 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         (["--grpo.rewards", "overlong"], "set overlong_buffer in 1..256, got 0"),
         (["--grpo.rewards", "overlong", "--grpo.overlong_buffer", "300"], "set overlong_buffer in 1..256, got 300"),
         (["--grpo.overlong_buffer", "16"], "add overlong to --grpo.rewards"),
+        (["--grpo.log_completions", "-1"], "--grpo.log_completions must be >= 0"),
+        (["--grpo.log_completions_count", "0"], "--grpo.log_completions_count must be >= 1"),
         ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
         ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),

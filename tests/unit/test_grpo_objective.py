@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import statistics
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
-from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, tiny_args, train_until_first_save
+from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, texts, tiny_args, train_until_first_save
 from titanium.config.sections import ChatSection, DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
@@ -350,6 +352,35 @@ def test_a_group_that_heals_under_fault_tolerance_trains_on_as_if_it_had_never_s
     for tag in (LOSS_TAG, "grpo/reward", "grpo/response_len"):
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "healed/tb", tag)
         assert sorted(got) == [5, 6] and [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
+
+
+def test_log_completions_shows_the_batchs_rollouts_with_their_rewards_and_advantages(make_trainer, tmp_path, caplog):
+    """--grpo.log_completions 2: after steps 2 and 4 (not 1 or 3) a table of the first group of the batch trained on
+    goes to TensorBoard and to the console. Each row's reward is its own completion's (the ``characters`` reward:
+    length / 10) and the advantages are the group's rewards standardized, ``(r - mean) / (std + 1e-4)``."""
+    args = (*GRPO_JOB, "--training.steps", "4", "--grpo.log_completions", "2", "--grpo.log_completions_count", "4")
+    trainer = make_trainer(*tiny_args(tmp_path, *args))
+    logged: dict[int, Any] = {}
+    log_table = trainer.metrics.log_table
+    trainer.metrics.log_table = lambda step, name, table: (
+        logged.setdefault(step, table) and log_table(step, name, table)
+    )
+    with caplog.at_level(logging.INFO, logger="titanium"):
+        trainer.train()
+    assert sorted(logged) == [2, 4]
+    for step, table in logged.items():
+        assert table.columns == ("prompt", "completion", f"{__name__}:characters", "reward", "advantage")
+        prompts, completions, rewards, totals, advantages = zip(*table.rows)
+        assert len(set(prompts)) == 1 and f'"content":"{prompts[0]}"' in Path(TASKS).read_text()  # as written
+        assert (
+            [round(r, 5) for r in rewards]
+            == [round(len(c) / 10, 5) for c in completions]
+            == [round(t, 5) for t in totals]
+        )
+        r = torch.tensor(totals)
+        assert torch.allclose(torch.tensor(advantages), (r - r.mean()) / (r.std() + 1e-4), atol=1e-5)
+        assert f"grpo/completions at step {step}:" in caplog.text
+    assert sorted(texts(tmp_path / "tb", "grpo/completions")) == [2, 4]
 
 
 def test_engine_rollouts_equal_sampling_from_the_live_model(tokenizer) -> None:

@@ -12,6 +12,7 @@ import types
 import pytest
 import torch
 
+from tests.helpers import texts
 from titanium.config.sections import MetricsSection
 from titanium.metrics import (
     MemoryMonitor,
@@ -23,6 +24,7 @@ from titanium.metrics import (
     get_peak_flops,
     peak_flops_from_name,
 )
+from titanium.metrics.table import Table
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -363,3 +365,30 @@ def test_objective_metrics_are_also_logged_under_trls_names(tmp_path) -> None:
     assert scalars["dpo/margin"] == scalars["rewards/margins"] == [(1, 0.5)]
     assert scalars["rewards/accuracies"] == [(1, 0.75)] and scalars["clip_ratio"] == [(1, pytest.approx(0.1))]
     assert scalars["rewards/exact_match/mean"] == [(1, 0.25)]
+
+
+def test_a_table_prints_aligned_and_cut_and_renders_as_markdown_whole() -> None:
+    long_prompt = "system: be brief\nuser: what is 2 + 2?" * 3
+    table = Table(("prompt", "completion", "reward"), [(long_prompt, "4 | four\nok", 1.0), ("hi", "x", 0.123456)])
+    table = Table(table.columns, table.rows, cut_from_start=("prompt",))
+    lines = table.text(width=20).splitlines()
+    assert lines[0].split() == ["prompt", "completion", "reward"] and set(lines[1]) <= {"-", " "}
+    assert lines[2].startswith("…" + long_prompt.replace("\n", " ⏎ ")[-19:])  # a prompt keeps its end
+    assert "4 | four ⏎ ok" in lines[2] and lines[3].endswith("0.1235")
+    assert len({line.index(cell) for line, cell in zip(lines[2:], ("4 |", "x"))}) == 1  # aligned
+    markdown = table.markdown().splitlines()
+    assert markdown[:2] == ["| prompt | completion | reward |", "|---|---|---|"]
+    assert markdown[2] == f"| {long_prompt.replace(chr(10), '<br>')} | 4 \\| four<br>ok | 1 |"
+
+
+def test_tables_go_to_tensorboard_text_and_to_wandb_tables(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    logged: list[tuple[dict, int]] = []
+    run = types.SimpleNamespace(log=lambda values, step: logged.append((values, step)), finish=lambda: None)
+    fake = types.SimpleNamespace(init=lambda **kwargs: run, Table=lambda columns, data: ("Table", columns, data))
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    table = Table(("prompt", "reward"), [("2 + 2?", 1.0)])
+    with MetricsLogger(MetricsSection(enable_wandb=True), str(tmp_path), rank=0) as ml:
+        ml.log_table(3, "grpo/completions", table)
+    assert logged == [({"grpo/completions": ("Table", ["prompt", "reward"], [["2 + 2?", 1.0]])}, 3)]
+    assert texts(tmp_path / "tb", "grpo/completions") == {3: table.markdown()}

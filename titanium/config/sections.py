@@ -821,6 +821,13 @@ class GRPOSection:
     reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and compute of the reward models named in rewards (each process scores its own responses with an
     unsharded copy)."""
+    log_completions: int = 0
+    """Every this many steps, a table of rollouts from the batch trained on (rank 0's first log_completions_count
+    responses: prompt, completion, each reward function's reward, their weighted total and the advantage) on the
+    console, in TensorBoard's Text tab and in W&B (TRL's log_completions); 0: off."""
+    log_completions_count: int = 8
+    """Responses in each log_completions table (TRL's num_completions_to_print); the first ones of rank 0's batch,
+    whole groups first."""
 
 
 @dataclass

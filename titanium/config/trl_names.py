@@ -47,6 +47,8 @@ TRL_NAMES = {
     "temperature": "--grpo.temperature",
     "epsilon": "--grpo.epsilon_low and --grpo.epsilon_high",
     "reward_funcs": "--grpo.rewards",
+    "log_completions": "--grpo.log_completions N (every N steps)",
+    "num_completions_to_print": "--grpo.log_completions_count",
 }
 """TRL's option name -> titanium's option (with a word where the two differ in meaning)."""
 

@@ -340,6 +340,8 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         ("max_policy_lag", g.max_policy_lag, 0),
         ("dynamic_sampling_max_rounds", g.dynamic_sampling_max_rounds, 1),
         ("overlong_buffer", g.overlong_buffer, 0),
+        ("log_completions", g.log_completions, 0),
+        ("log_completions_count", g.log_completions_count, 1),
     ]:
         if value < low:
             yield f"--grpo.{name} must be >= {low}, got {value}"

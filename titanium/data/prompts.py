@@ -58,6 +58,8 @@ class PromptSample:
     """The row's reference answer (None without the objective's ``answer_column``)."""
     row: Mapping[str, Any]
     """The whole row, for reward functions that use other columns."""
+    text: str = ""
+    """What is answered, as written: the text, or the content of the conversation's last message (for logs)."""
 
 
 def trl_prompt(row: Any, data: DataSection) -> str | list[Message] | None:
@@ -153,6 +155,7 @@ class PromptDataset(RowReader):
                 assert self.template is not None
                 messages = with_system_prompt(prompt_messages(item, self.cfg), self.system_prompt)
                 prompt = self.template.prompt(messages, parse_tools(item, self.cfg))
+                text = messages[-1].content or ""
             answer = self._answer(item)
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX[self.cfg.kind])
@@ -160,7 +163,7 @@ class PromptDataset(RowReader):
         if len(prompt) > self.section.max_prompt_len:
             self.too_long += 1
             return None
-        return PromptSample(prompt, answer, item)
+        return PromptSample(prompt, answer, item, text)
 
     def __iter__(self) -> Iterator[PromptSample]:
         for source, row, item in self._rows():

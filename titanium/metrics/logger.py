@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # only for annotations: keeps importing metrics free of the config package
     from titanium.config.sections import MetricsSection
+    from titanium.metrics.table import Table
 
 __all__ = ["SCALAR_TAGS", "MetricsLogger", "WandbNotInstalledError"]
 
@@ -175,6 +176,15 @@ class MetricsLogger:
                 self._tb.add_scalar(tag, value, step)
         if self._wandb_run is not None:
             self._wandb_run.log(values, step=step)
+
+    def log_table(self, step: int, name: str, table: Table) -> None:
+        """Record a table of samples (``name``, e.g. ``grpo/completions``): a markdown table in TensorBoard's Text
+        tab, a ``wandb.Table`` in W&B."""
+        if self._tb is not None:
+            self._tb.add_text(name, table.markdown(), step)
+        if self._wandb_run is not None:
+            data = [list(row) for row in table.rows]
+            self._wandb_run.log({name: self._wandb.Table(columns=list(table.columns), data=data)}, step=step)
 
     def close(self) -> None:
         """Flush and close the backends (safe to call twice). Call at the end of training, also

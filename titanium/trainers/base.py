@@ -29,6 +29,7 @@ from titanium.config.registry import SectionSpec
 from titanium.config.sections import ChatSection, PadToOption
 from titanium.data.packing import PadTo
 from titanium.data.tokenizer import Tokenizer
+from titanium.metrics.table import Table
 from titanium.models.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -260,6 +261,12 @@ class Objective(ABC):
 
     def log_metrics(self) -> dict[str, float]:
         """Host-side numbers for the log line (e.g. skipped rows); no device sync."""
+        return {}
+
+    def tables(self, step: int) -> dict[str, Table]:
+        """Tables of samples to log after optimizer step ``step``, by name (e.g. GRPO's completions with their
+        rewards), on the steps the objective chooses: printed by rank 0 and sent to TensorBoard / W&B. Called on
+        every rank after every step; none by default."""
         return {}
 
     @abstractmethod
