@@ -92,12 +92,19 @@ class PolicyHandle:
     (log-probs of rollouts under the weights as they train), and followed by whoever keeps a copy of its weights."""
 
     def __init__(
-        self, built: BuiltModel, hooks: TrainingHooks, forward: Callable[[], FrozenModel], param_dtype: torch.dtype
+        self,
+        built: BuiltModel,
+        hooks: TrainingHooks,
+        forward: Callable[[], FrozenModel],
+        param_dtype: torch.dtype,
+        tp_group: dist.ProcessGroup | None = None,
     ) -> None:
         self._built, self._hooks, self._make_forward = built, hooks, forward
         self._forward: FrozenModel | None = None
         self.param_dtype = param_dtype
         """The training forward's parameter precision (what a copy for generation computes in by default)."""
+        self.tp_group = tp_group
+        """The policy's tensor-parallel group (None without tensor parallelism): its ranks hold the same rows."""
 
     def on_update(self, function: Callable[[int], None]) -> None:
         """Call ``function(step)`` whenever the policy's weights change: once they are in place at the start
@@ -221,12 +228,13 @@ class ModelHandles:
         return TrainableModel(built, self.builder, self.batch_size)
 
     def policy(self) -> PolicyHandle:
-        plan = self.builder.plan
+        plan, dims, meshes = self.builder.plan, self.builder.dims, self.builder.meshes
         return PolicyHandle(
             self.built,
             self.hooks,
             lambda: self.builder.switched_off(self.built, [], batch_size=self.batch_size),
             plan.param_dtype if plan is not None else torch.float32,
+            tp_group=meshes.tp.get_group() if dims is not None and dims.tp > 1 and meshes is not None else None,
         )
 
     # ----- one built model per (keep, source), shared by the handles that hold it -----

@@ -2,19 +2,21 @@
 given the same rollouts; and rollouts sampled by the titanium engine synced from the sharded policy through the
 real loop.
 
-The layout runs (tests/objectives/fixed_rollouts.py) replace sampling by responses fixed in advance (sampling
-draws differ between layouts); the rest is the real objective, engine and weight sync included. Each step trains
-on 16 responses (4 prompts x group 4) in 2 microbatches; every rollout batch serves 2 minibatches. Per-step losses
-must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py says why), and the reduced metrics
-to 1e-5. Two configurations cover the options: token aggregation with a KL-penalized frozen reference,
+The layout runs (tests/objectives/fixed_rollouts.py) replace sampling by responses fixed in advance (sampling draws
+differ between layouts); the rest is the real objective, engine and weight sync included (under TP 2 the engine is
+split over the tp ranks, ``--rollout.tensor_parallel_size 2``, and its log-probs are the loss's old ones). Each step
+trains on 16 responses (4 prompts x group 4) in 2 microbatches; every rollout batch serves 2 minibatches. Per-step
+losses must agree to 1e-5 relative and grad norms to 2e-4 (tests/distributed/parity.py says why), and the reduced
+metrics to 1e-5. Two configurations cover the options: token aggregation with a KL-penalized frozen reference,
 batch-scaled rewards, 2 PPO epochs and a tight clip (so tokens get clipped); sequence aggregation with truncated
 responses masked, a policy lag of 1 and old log-probs recomputed by the trained policy with importance weights
 (under PP: the pipeline's forward, broadcast from the last stage; under CP: each rank's part of every row, the
-response log-probs completed over the context-parallel group). On 4 processes, in the launch the layout tests
-share (conftest.py's ``four_process_runs``), the second configuration runs under CP 2 x TP 2 (and its engines are
-compared with the run's Hugging Face export, bitwise) and the first under CP 2 x PP 2. PPO rides in the same
-launches: on fixed responses too, one process against FSDP 2, TP 2 and CP 2, and a TP 2 run resumed from a checkpoint
-taken mid rollout batch. Every job of a process count runs in one launch (tests/distributed/jobs_worker.py).
+response log-probs completed over the context-parallel group). On 4 processes, in the launch the layout tests share
+(conftest.py's ``four_process_runs``), the second configuration runs under CP 2 x TP 2 (its engines split over the
+tp ranks, gathered and compared with the run's Hugging Face export, bitwise) and the first under CP 2 x PP 2. PPO
+rides in the same launches: on fixed responses too, one process against FSDP 2, TP 2 and CP 2, and a TP 2 run
+resumed from a checkpoint taken mid rollout batch. Every job of a process count runs in one launch
+(tests/distributed/jobs_worker.py).
 """
 
 from __future__ import annotations
@@ -51,17 +53,18 @@ CONFIGS = {
 METRICS = ("grpo/reward", "grpo/reward_std", "grpo/response_len", "grpo/entropy", "grpo/clip_frac", "grpo/policy_lag")
 PP2 = ("--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_microbatch_size", "2")
 TP2, CP2 = ("--parallelism.tensor_parallel_degree", "2"), ("--parallelism.context_parallel_degree", "2")
+SPLIT_ENGINE = ("--rollout.tensor_parallel_size", "2")  # (the engine split over the tp ranks: generation/tp_plan.py)
 LAYOUTS = {  # processes, what the layout adds
     "single": (1, ("--training.local_batch_size", "8")),
     "fsdp2": (2, ("--training.local_batch_size", "4")),
-    "tp2": (2, ("--training.local_batch_size", "8", *TP2)),
+    "tp2": (2, ("--training.local_batch_size", "8", *TP2, *SPLIT_ENGINE)),
     "pp2": (2, ("--training.local_batch_size", "8", *PP2)),
     "cp2": (2, ("--training.local_batch_size", "8", *CP2)),
 }
 FOUR_PROCESS = {  # one configuration each, in the shared 4-process launch (conftest.py's four_process_runs)
     "sequence_masked_lag_cp2_tp2": (
         *GRPO, *FIXED, *CONFIGS["sequence_masked_lag"], "--training.local_batch_size", "8", *CP2, *TP2,
-        "--checkpoint.last_save_in_hf",  # (its engine's weights are compared with the export)
+        *SPLIT_ENGINE, "--checkpoint.last_save_in_hf",  # (its engine's weights, gathered, are compared with the export)
     ),
     "kl_batch_epochs_cp2_pp2": (
         *GRPO, *FIXED, *CONFIGS["kl_batch_epochs"], "--training.local_batch_size", "8", *CP2, *PP2,

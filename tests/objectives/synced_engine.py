@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
 from titanium.checkpoint.hf import HFCheckpoint
 from titanium.generation.titanium_engine import TitaniumEngine
@@ -49,12 +50,17 @@ def write_engine(trainer: Trainer, engine: TitaniumEngine) -> None:
     folder = Path(trainer.cfg.job.dump_folder) / "engine"
     folder.mkdir(exist_ok=True)
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    state = {k: v.detach().cpu().contiguous() for k, v in engine.model.state_dict().items()}
+    state = {k: _whole(v).detach().cpu().contiguous() for k, v in engine.model.state_dict().items()}
     save_file(state, str(folder / f"rank{rank}.safetensors"), metadata={"version": str(engine.version)})
     tokens = torch.randint(1, trainer.model_args.vocab_size, (4, 32), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = engine.model(tokens.to(trainer.device))
     torch.save(torch.log_softmax(logits.float(), dim=-1).cpu(), folder / f"rank{rank}_logprobs.pt")
+
+
+def _whole(value: torch.Tensor) -> torch.Tensor:
+    """A weight of an engine split over tensor-parallel ranks, gathered (every rank of its group together)."""
+    return value.full_tensor() if isinstance(value, DTensor) else value
 
 
 def engine_weights(folder: Path, rank: int) -> tuple[dict[str, torch.Tensor], int]:

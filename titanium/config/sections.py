@@ -850,8 +850,10 @@ class RolloutSection:
     """titanium engine: run the decode step through torch.compile with a static KV cache (one graph for every
     step; for GPUs: compiling on CPU takes minutes)."""
     tensor_parallel_size: int = 1
-    """vllm: processes per engine. With more than 1, consecutive groups of this many training ranks share one
-    engine and must generate the same prompts with the same seed."""
+    """titanium: 1 (a whole copy of the policy per rank) or the training's tensor_parallel_degree (the copy split
+    over each tensor-parallel group, whose ranks generate the same rows: for a model one device cannot hold).
+    vllm: processes per engine. With more than 1, consecutive groups of this many training ranks share one engine
+    and must generate the same prompts with the same seed."""
     gpu_memory_utilization: float = 0.3
     """vllm on GPU: the share of GPU memory the engine may take for its weights and KV cache; the rest stays
     with training."""

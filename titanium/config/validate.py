@@ -404,10 +404,20 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
     changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
     if changed and objective not in ("grpo", "ppo") and ":" not in objective:  # (your own objective may read it)
         yield f"--rollout.{changed[0]}: [rollout] is read by --training.objective grpo and ppo, not {objective}"
+    tp = cfg.parallelism.tensor_parallel_degree
+    if r.engine == "titanium" and r.tensor_parallel_size not in (1, tp):
+        yield (
+            f"--rollout.tensor_parallel_size {r.tensor_parallel_size}: the titanium engine splits its copy over the "
+            f"training's tensor-parallel ranks (whose rows are the same): set it to 1 (a whole copy per rank) or {tp} "
+            "(--parallelism.tensor_parallel_degree)"
+        )
+    if r.engine == "titanium" and r.tensor_parallel_size > 1 and r.compile:
+        yield (
+            "--rollout.compile with --rollout.tensor_parallel_size > 1: the split engine decodes eagerly (its "
+            "compiled decode step is not built); turn one of them off"
+        )
     if objective != "grpo":
         return
-    if r.engine == "titanium" and r.tensor_parallel_size > 1:
-        yield "--rollout.tensor_parallel_size: the titanium engine is one unsharded copy per process; set it to 1"
     if r.engine == "vllm" and r.tensor_parallel_size > 1:
         yield (
             "--rollout.tensor_parallel_size: GRPO gives every training rank its own prompts, so ranks cannot share "

@@ -121,9 +121,12 @@ def build_engine(
     device: torch.device,
     training_dtype: torch.dtype,
     seed: int,
+    tp_group: dist.ProcessGroup | None = None,
 ) -> RolloutEngine:
     """The ``[rollout]`` engine for a policy of family ``spec`` with ``args``, in this process. It holds no weights
     until the first ``sync_from``. ``max_model_len``: the longest prompt plus its answer; ``seed`` varies per rank.
+    ``tp_group``: the policy's tensor-parallel group, which the titanium engine splits its copy over when
+    ``tensor_parallel_size`` > 1 (collective: every rank of the job builds its engine together).
     """
     dtype = training_dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
     if cfg.engine == "vllm":
@@ -147,5 +150,9 @@ def build_engine(
             device_type=device.type,
         )
     from titanium.generation.titanium_engine import TitaniumEngine
+    from titanium.generation.tp_plan import decoding_group
 
-    return TitaniumEngine(spec, args, stop_ids=stop_ids, pad_id=pad_id, device=device, dtype=dtype, compile=cfg.compile)
+    split = decoding_group(tp_group) if cfg.tensor_parallel_size > 1 and tp_group is not None else None
+    return TitaniumEngine(
+        spec, args, stop_ids=stop_ids, pad_id=pad_id, device=device, dtype=dtype, compile=cfg.compile, tp_group=split
+    )

@@ -1,9 +1,11 @@
 """titanium's own rollout engine: the sampler of ``generation.generate`` on a separate copy of the policy.
 
-The copy is the family's plain model (no sharding, no converters: LoRA arrives merged, float8 / QAT as plain
-weights), built once on the device in the engine's dtype and refreshed by every sync. Each rank generates its own
-prompts alone: unlike sampling from the FSDP-sharded training model, no block is all-gathered per decoded token
-and ranks never wait for each other. ``compile`` runs the decode step through ``torch.compile`` with a static KV
+The copy is the family's plain model (no converters: LoRA arrives merged, float8 / QAT as plain weights), built
+once on the device in the engine's dtype and refreshed by every sync. Each rank generates its own prompts alone:
+unlike sampling from the FSDP-sharded training model, no block is all-gathered per decoded token and data-parallel
+ranks never wait for each other. For a model one device cannot hold, ``--rollout.tensor_parallel_size`` (the
+training's tensor-parallel degree) splits the copy over each tensor-parallel group, whose ranks generate the same
+rows anyway (``generation.tp_plan``). ``compile`` runs the decode step through ``torch.compile`` with a static KV
 cache (one graph for every step; meant for GPUs, slow to compile on CPU). With a policy lag allowed it runs on a
 generation thread (``generation.background``; on CUDA on a stream of its own) while the loop trains.
 """
@@ -15,10 +17,14 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titanium.generation.engine import RolloutEngine, Rollouts
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
+from titanium.generation.tp_plan import shard_for_decoding
 from titanium.models.spec import ModelSpec
 
 
@@ -35,12 +41,17 @@ class TitaniumEngine(RolloutEngine):
         device: torch.device,
         dtype: torch.dtype = torch.float32,
         compile: bool = False,
+        tp_group: dist.ProcessGroup | None = None,
     ) -> None:
+        """``tp_group``: the engine's own group of ranks to split the copy over (``tp_plan.decoding_group``), or
+        None for a whole copy."""
         with torch.device("meta"):
             model = spec.model_cls(args)
-        model.to_empty(device=device)
         for param in model.parameters():  # (buffers keep their dtype)
             param.data = param.data.to(dtype)
+        if tp_group is not None:  # (split while on meta: no rank ever holds the whole copy)
+            shard_for_decoding(model, DeviceMesh.from_group(tp_group, device.type))
+        model.to_empty(device=device)
         model.init_buffers(device)  # RoPE tables in float32, as training keeps them
         self.model = model.eval().requires_grad_(False)
         self.weights = model.state_dict(keep_vars=True)
@@ -50,7 +61,11 @@ class TitaniumEngine(RolloutEngine):
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         with torch.no_grad():
             for name, value in weights.items():
-                self.weights[name].copy_(value)
+                target = self.weights[name]
+                if isinstance(target, DTensor):  # (this rank's part of the full value, cut here: no communication)
+                    value = distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None)
+                    target, value = target.to_local(), value.to_local()
+                target.copy_(value)
         self._loaded.update(weights)
 
     def finish_sync(self, version: int) -> None:

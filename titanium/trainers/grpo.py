@@ -307,6 +307,7 @@ class GRPOObjective(Objective):
             device=ctx.device,
             training_dtype=self.policy.param_dtype,
             seed=rollout_seed(ctx.seed, ctx.dp_rank, 0),
+            tp_group=self.policy.tp_group,
         )
         self.worker = GenerationWorker(self.engine.background and cfg.max_policy_lag > 0, ctx.device)
         self.policy.on_update(self.sync)

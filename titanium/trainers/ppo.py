@@ -234,6 +234,7 @@ class PPOObjective(Objective):
             device=ctx.device,
             training_dtype=self.policy.param_dtype,
             seed=rollout_seed(ctx.seed, ctx.dp_rank, 0),
+            tp_group=self.policy.tp_group,
         )
         self.policy.on_update(self._after_update)
 
