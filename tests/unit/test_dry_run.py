@@ -176,3 +176,28 @@ def test_the_value_models_activations_and_gradients_are_added_where_they_are_ali
         assert trace.peaks == {REGIONS[0]: blocks_high, REGIONS[1]: 90 + 20}
         assert sum(trace.parts[REGIONS[0]].values()) == blocks_high - 100
         assert trace.parts[REGIONS[1]] == {BESIDE_GRADIENTS: 20}
+
+
+def test_a_split_rollout_engine_is_counted_by_this_ranks_part(in_repo):
+    """With --rollout.tensor_parallel_size 2 (the tensor-parallel degree) each rank holds half of every projection
+    of the titanium engine's copy (generation/tp_plan.py): the estimate counts that part, not the whole copy."""
+    grpo = ["--job.config_file", "train_configs/debug_grpo.toml", "--checkpoint.initial_load_path", ""]
+    grpo += ["--parallelism.tensor_parallel_degree", "2", "--eval.interval", "0"]
+
+    def engine(*extra: str) -> int:
+        run = dry_run([*grpo, *extra], world_size=2, device_type="cpu")
+        try:
+            return run.engine_bytes
+        finally:
+            dist.destroy_process_group()
+
+    whole, split = engine(), engine("--rollout.tensor_parallel_size", "2")
+    spec = get_model_spec("llama3")
+    with torch.device("meta"):
+        model = spec.model_cls(build_model_args(spec, "debugmodel", max_seq_len=64))
+    numel = sum(p.numel() for p in model.parameters())
+    projections = sum(p.numel() for n, p in model.named_parameters() if n.split(".")[-2] in PROJECTIONS)
+    assert whole % numel == 0 and whole - split == projections // 2 * (whole // numel)
+
+
+PROJECTIONS = {"wq", "wk", "wv", "wo", "w1", "w2", "w3", "output"}

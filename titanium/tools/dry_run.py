@@ -47,6 +47,7 @@ from titanium.config.components import OBJECTIVES
 from titanium.config.sections import CompileSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
+from titanium.generation.tp_plan import shard_for_decoding
 from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, ModelSource
 from titanium.model_handles import is_the_policy
 from titanium.model_setup import job_converters, job_plan
@@ -224,7 +225,7 @@ def dry_run(
         pipeline=pipeline,
         frozen_bytes=frozen,
         trained_bytes=trained,
-        engine_bytes=engine_bytes(cfg, spec, args, plan.param_dtype),
+        engine_bytes=engine_bytes(cfg, spec, args, plan.param_dtype, meshes.tp),
         trained_models=trained_models,
     )
 
@@ -250,17 +251,20 @@ def objective_model_bytes(
     return _parameter_bytes(builder, frozen), TRAINED_COPIES * _parameter_bytes(builder, trained), len(trained)
 
 
-def engine_bytes(cfg: JobConfig, spec: Any, args: Any, training_dtype: torch.dtype) -> int:
+def engine_bytes(cfg: JobConfig, spec: Any, args: Any, training_dtype: torch.dtype, tp_mesh: Any) -> int:
     """The bytes of the rollout engine's copy of the policy (``spec``, ``args``) on this rank, for an objective that
-    reads ``[rollout]``: titanium's engine holds the family's plain model, unsharded, in its dtype (``auto``: the
-    training forward's, ``training_dtype``); vLLM's engine manages its own memory (0 here)."""
+    reads ``[rollout]``: titanium's engine holds the family's plain model in its dtype (``auto``: the training
+    forward's, ``training_dtype``), whole or split over ``tp_mesh`` (``tensor_parallel_size`` > 1: this rank's
+    part); vLLM's engine manages its own memory (0 here)."""
     wants_engine = any(s.name == "rollout" for s in OBJECTIVES.more_sections(cfg.training.objective))
     if not wants_engine or cfg.rollout.engine != "titanium":
         return 0
     dtype = training_dtype if cfg.rollout.dtype == "auto" else DTYPES[cfg.rollout.dtype]
     with torch.device("meta"):
         model = spec.model_cls(args)
-    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    if cfg.rollout.tensor_parallel_size > 1:
+        shard_for_decoding(model, tp_mesh)
+    return sum((p.to_local() if isinstance(p, DTensor) else p).numel() for p in model.parameters()) * dtype.itemsize
 
 
 def _parameter_bytes(builder: ModelBuilder, sources: list[ModelSource]) -> int:
