@@ -1,4 +1,4 @@
-"""GRPO under FSDP, TP, PP, CP and CP with TP or PP on gloo: 2 or 4 processes train exactly as one process does,
+"""GRPO under FSDP, TP, PP, CP, two of them and all three on gloo: 2, 4 or 8 processes train as one process does,
 given the same rollouts; and rollouts sampled by the titanium engine synced from the sharded policy through the
 real loop.
 
@@ -71,6 +71,12 @@ FOUR_PROCESS = {  # one configuration each, in the shared 4-process launch (conf
     ),
     "kl_batch_epochs_tp2_pp2": (
         *GRPO, *FIXED, *CONFIGS["kl_batch_epochs"], "--training.local_batch_size", "8", *TP2, *PP2,
+    ),
+}  # fmt: skip
+EIGHT_PROCESS = {  # all three at once, the engine split over the tp ranks (a launch of its own: 50 s here)
+    "sequence_masked_lag_cp2_tp2_pp2": (
+        *GRPO, *FIXED, *CONFIGS["sequence_masked_lag"], "--training.local_batch_size", "8", *CP2, *TP2, *PP2,
+        *SPLIT_ENGINE,
     ),
 }  # fmt: skip
 
@@ -162,6 +168,14 @@ def test_grpo_under_two_parallelisms_at_once(runs, four_process_runs, name) -> N
     assert_grpo_matches(run, job_metrics(folder), *runs[f"{config}_single"], config)
     if "--checkpoint.last_save_in_hf" in FOUR_PROCESS[name]:
         assert_engines_hold_the_export(folder, 4, version=STEPS)
+
+
+def test_grpo_under_context_tensor_and_pipeline_parallelism_at_once(runs, tmp_path) -> None:
+    """8 processes, CP 2 x TP 2 x PP 2 (the engine split over the tp ranks): one process's losses, grad norms and
+    metrics."""
+    ((name, run),) = layout_runs(tmp_path, 8, EIGHT_PROCESS, data=(), module="tests.objectives.fixed_rollouts").items()
+    config = name.rsplit("_", 3)[0]
+    assert_grpo_matches(run, job_metrics(tmp_path / name), *runs[f"{config}_single"], config)
 
 
 def assert_grpo_matches(run: Run, metrics: dict, ref_run: Run, ref_metrics: dict, config: str) -> None:

@@ -247,7 +247,6 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
         ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
-        ([*GRPO_JOB, *CP2, *TP2, "--parallelism.pipeline_parallel_degree", "2"], "with both tensor and pipeline"),
         (
             [
                 *GRPO_JOB,
@@ -269,10 +268,11 @@ def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch)
     assert message in str(err.value)
 
 
-def test_grpo_runs_under_context_parallelism_with_tensor_or_pipeline_parallelism(monkeypatch) -> None:
-    """Each is checked against one process (tests/distributed/test_grpo_fsdp.py); all three at once is refused."""
+def test_grpo_runs_under_context_parallelism_with_tensor_and_pipeline_parallelism(monkeypatch) -> None:
+    """Each, and all three at once, is checked against one process (tests/distributed/test_grpo_fsdp.py)."""
     monkeypatch.chdir(REPO)
-    for layout in (TP2, ("--parallelism.pipeline_parallel_degree", "2")):
+    pp2 = ("--parallelism.pipeline_parallel_degree", "2")
+    for layout in (TP2, pp2, (*TP2, *pp2)):
         cfg = load_config([*GRPO_JOB, *CP2, *layout])
         assert cfg.parallelism.context_parallel_degree == 2
 

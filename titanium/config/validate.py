@@ -440,9 +440,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 
 def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
-    and a layout it is checked under (context parallelism with tensor or pipeline parallelism, not both; fault
-    tolerance without dynamic sampling)."""
-    g, t, par = cfg.grpo, cfg.training, cfg.parallelism
+    and no fault tolerance with dynamic sampling."""
+    g, t = cfg.grpo, cfg.training
     if cfg.data.kind not in ("chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if t.local_batch_size % g.group_size:
@@ -454,13 +453,6 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
         yield (
             f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
             f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
-        )
-    if par.context_parallel_degree > 1 and min(par.tensor_parallel_degree, par.pipeline_parallel_degree) > 1:
-        yield (
-            f"--parallelism.context_parallel_degree {par.context_parallel_degree} with both tensor and pipeline "
-            "parallelism: --training.objective grpo is checked against one process under context parallelism with "
-            "either of them, not with both at once; drop --parallelism.tensor_parallel_degree or "
-            "--parallelism.pipeline_parallel_degree"
         )
     if cfg.fault_tolerance.enable and g.dynamic_sampling:
         yield (
