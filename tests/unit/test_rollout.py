@@ -9,12 +9,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from titanium.config.sections import GRPOSection
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import ByteTokenizer
 from titanium.generation.generate import left_pad
-from titanium.generation.rollout import response_logprobs, rollout
+from titanium.generation.rollout import check_peers_agree, response_logprobs, rollout
 from titanium.generation.sampling import SamplingParams
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.rewards import RewardSet
@@ -76,3 +78,33 @@ def test_rollout_groups_rewards_and_logprobs_of_a_fresh_forward(setup) -> None:
     assert units == mask.sum() and metrics["clipped_low"] == metrics["clipped_high"] == 0
     loss_sum.backward()
     assert model.output.weight.grad is not None and model.output.weight.grad.abs().sum() > 0
+
+
+def _peers_worker(rank: int, world: int, store: str, results) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        same = torch.arange(12).view(3, 4)
+        cases = {
+            "peers agree": (same, 0),
+            "own shards": (same + rank, rank),  # (different data-parallel ranks hold different rows)
+            "peers differ": (same + rank, 0),  # (one token apart: two ranks of one data-parallel rank)
+        }
+        for name, (tokens, shard) in cases.items():
+            try:
+                check_peers_agree(tokens, shard)
+                results[(rank, name)] = "ok"
+            except RuntimeError as e:
+                results[(rank, name)] = str(e)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_peers_of_a_data_parallel_rank_must_hold_the_same_rollouts(tmp_path) -> None:
+    """The run-time check of tensor/pipeline/context-parallel peers' rollouts (2 gloo processes): it passes when they
+    agree or when the ranks read different shards, and raises on every rank when two peers' tokens differ."""
+    results = mp.Manager().dict()
+    mp.spawn(_peers_worker, args=(2, str(tmp_path / "store"), results), nprocs=2, join=True)
+    for rank in range(2):
+        assert results[(rank, "peers agree")] == results[(rank, "own shards")] == "ok"
+        assert "data-parallel rank 0 generated different rollouts" in results[(rank, "peers differ")]
+        assert "[[0], [1]]" in results[(rank, "peers differ")]

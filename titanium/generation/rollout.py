@@ -272,3 +272,28 @@ def to_rollout(
         rewards=rewards(completions, answers, rows),
         completions=completions,
     )
+
+
+def check_peers_agree(tokens: torch.Tensor, data_rank: int) -> None:
+    """Raise if ranks of one data-parallel rank (its tensor-, pipeline- and context-parallel peers, which generate
+    from the same prompts, seed and weights) hold different rollout ``tokens``: under weights they keep identical
+    they would train on different rows, silently. By construction they do not (deterministic kernels, or one set of
+    logits gathered by a split engine); this checks it at run time. One all-gather of two numbers per rank (every
+    rank of the job together; call it only when ranks share rows)."""
+    flat = tokens.flatten().long()
+    fingerprint = (flat * torch.arange(1, flat.numel() + 1, device=flat.device)).sum()  # (wraps around: fine)
+    mine = torch.stack([torch.tensor(data_rank, device=flat.device), fingerprint])
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    prints: dict[int, dict[int, list[int]]] = {}
+    for rank, (shard, value) in enumerate(t.tolist() for t in everyone):
+        prints.setdefault(shard, {}).setdefault(value, []).append(rank)
+    for shard, ranks in prints.items():
+        if len(ranks) > 1:
+            raise RuntimeError(
+                f"the ranks of data-parallel rank {shard} generated different rollouts (ranks grouped by what they "
+                f"hold: {sorted(ranks.values())}); they must make the same rows from the same prompts, seed and "
+                "weights. A nondeterministic kernel in the rollout engine (CUDA atomics) would do this: try "
+                "--rollout.tensor_parallel_size equal to the tensor-parallel degree (one set of logits) or "
+                "--debug.deterministic"
+            )

@@ -38,6 +38,7 @@ from titanium.generation.rollout import (
     ResponseTargets,
     Rollout,
     batch_logprobs,
+    check_peers_agree,
     from_last_stage,
     local_responses,
     narrow,
@@ -436,6 +437,8 @@ class GRPOObjective(Objective):
         start = time.perf_counter()
         sampled, seconds = pending.generation.result()
         samples, out, version = sampled.samples, sampled.rollout, sampled.version
+        if self.ranks_per_row > 1:
+            check_peers_agree(out.tokens, self.dp_rank)
         if self.worker.background:
             self._timed("wait", start)
         self._times["generate"] = self._times.get("generate", 0.0) + seconds

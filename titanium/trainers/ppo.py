@@ -56,6 +56,7 @@ from titanium.generation.generate import Generation
 from titanium.generation.rollout import (
     ResponseTargets,
     batch_logprobs,
+    check_peers_agree,
     from_last_stage,
     local_responses,
     split_ready,
@@ -326,6 +327,8 @@ class PPOObjective(Objective):
         cfg = self.cfg
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches)
         rollout = to_rollout(samples, 1, self.sample(samples), self.rule_rewards, self.tokenizer)
+        if self.ranks_per_row > 1:
+            check_peers_agree(rollout.tokens, self.dp_rank)
         self.batches_made += 1
         rows: Rows = {k: v.to(self.device) for k, v in rollout.model_inputs().items()}
         mask = rollout.response_mask.to(self.device)
