@@ -206,7 +206,7 @@ class LocalModels:
 
             from titanium.models import get_model_spec
 
-            self.model, self.pp_group, self.param_dtype = model, None, torch.float32
+            self.model, self.pp_group, self.tp_group, self.param_dtype = model, None, None, torch.float32
             self.spec, self.args = get_model_spec("llama3"), args
             self.followers: list = []
 

@@ -9,36 +9,57 @@ context parallelism too it scores whole sequences: GRPO takes rewards on the who
 split over the context-parallel ranks, so each of those ranks computes the same scores itself. (PPO's
 ``--ppo.reward_model_path`` is another path: a frozen model under the training plan, titanium/trainers/ppo.py.)
 
-What it reads is what the policy saw and wrote: the prompt's token ids (the job's chat template's generation
-prompt) followed by the response's ids, its stop token (the end of the assistant turn) included: the
-conversation as the chat template formats it, and as the ``reward`` objective trains on it. So the reward model
-must share the job's tokenizer (its ``pad_token_id`` is checked against the tokenizer's, its vocabulary must hold
-the tokenizer's ids). Sequences are right-padded and scored at their last token that is not padding, as
-``transformers`` does (``tests/unit/test_reward_model_scorer.py`` compares with
-``AutoModelForSequenceClassification``).
+What it reads (``--grpo.reward_model_tokenizer``):
+
+- ``policy`` (default): what the policy saw and wrote, the prompt's token ids (the job's chat template's generation
+  prompt) followed by the response's ids, its stop token (the end of the assistant turn) included: the
+  conversation as the chat template formats it, and as the ``reward`` objective trains on it. So the reward model
+  must share the job's tokenizer (its ``pad_token_id`` is checked against the tokenizer's, its vocabulary must hold
+  the tokenizer's ids).
+- ``own``: the conversation re-rendered with the reward model's own tokenizer (``tokenizer.json`` and
+  ``tokenizer_config.json`` in its folder) and chat template, the response's text as the assistant's turn, or a
+  plain text prompt followed by the response's text, encoded without added special tokens: as TRL's GRPOTrainer
+  scores with a reward model and its processing class. For a reward model of another family or vocabulary.
+
+Sequences are right-padded and scored at their last token that is not padding, as ``transformers`` does
+(``tests/unit/test_reward_model_scorer.py`` compares both ways with ``AutoModelForSequenceClassification``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from titanium.checkpoint.hf import hf_model_args, read_hf_config
 from titanium.config.loader import ConfigError
+from titanium.data.chat import JinjaTemplate, Message
+from titanium.data.tokenizer import HFTokenizer, Tokenizer
+from titanium.errors import UserError
 from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
 from titanium.models import get_model_spec, hf_family, list_models
 from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
 
+Reader = Callable[[str | list[dict[str, Any]], str], list[int]]
+"""(the prompt as TRL passes it, the response's text) -> the ids a reward model with its own tokenizer reads."""
+
 
 class RewardModelScorer:
-    """A batched reward function (TRL's form) that scores ``prompt_ids + completion_ids`` with a reward model."""
+    """A batched reward function (TRL's form) that scores ``prompt_ids + completion_ids`` with a reward model, or,
+    with a ``reader`` (its own tokenizer), the ids the reader makes of each prompt and response text."""
 
-    def __init__(self, model: nn.Module, pad_id: int, batch_size: int = 32, name: str = "reward_model") -> None:
-        self.model, self.pad_id, self.batch_size = model, pad_id, batch_size
+    def __init__(
+        self,
+        model: nn.Module,
+        pad_id: int,
+        batch_size: int = 32,
+        name: str = "reward_model",
+        reader: Reader | None = None,
+    ) -> None:
+        self.model, self.pad_id, self.batch_size, self.reader = model, pad_id, batch_size, reader
         self.__name__ = name
 
     @classmethod
@@ -52,16 +73,30 @@ class RewardModelScorer:
         max_seq_len: int,
         dtype: str = "float32",
         batch_size: int = 32,
+        tokenizer: Literal["policy", "own"] = "policy",
     ) -> RewardModelScorer:
-        """The reward model in ``folder`` on ``device``, in ``dtype``, evaluating, without gradients. Errors
-        name ``--grpo.rewards``: a missing folder or config.json, a family without an adapter, a causal LM
-        instead of a classifier, another pad id or a smaller vocabulary than the tokenizer's."""
+        """The reward model in ``folder`` on ``device``, in ``dtype``, evaluating, without gradients, reading the
+        policy's ids (``pad_id``, ``vocab_size``: the job's tokenizer's) or, with ``tokenizer`` own, the texts
+        through its own tokenizer. Errors name ``--grpo.rewards``: a missing folder, config.json or (own)
+        tokenizer.json, a family without an adapter, a causal LM instead of a classifier, another pad id or a
+        smaller vocabulary than the tokenizer's."""
         flag = f"--grpo.rewards {folder}"
         if not (Path(folder) / "config.json").is_file():
             raise ConfigError(
                 f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
                 "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
             )
+        reader = None
+        if tokenizer == "own":
+            reader, own = _own_reader(folder, flag)
+            config = read_hf_config(folder)  # (its own tokens: as long as its positions allow, not the policy's)
+            pad_id, vocab_size = config.get("pad_token_id", own.pad_id), own.vocab_size
+            max_seq_len = config.get("max_position_embeddings", max_seq_len)
+            if pad_id is None:
+                raise ConfigError(
+                    f"{flag}: neither its config.json nor its tokenizer names a pad token (scores are read at the last "
+                    "token that is not padding); set pad_token_id in its config.json"
+                )
         model_type = read_hf_config(folder).get("model_type")
         family = hf_family(model_type)
         if family is None:
@@ -70,15 +105,18 @@ class RewardModelScorer:
         args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=max_seq_len)
         built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder))
         model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
-        return cls(model, pad_id, batch_size, name=Path(folder).name)
+        return cls(model, pad_id, batch_size, name=Path(folder).name, reader=reader)
 
     def __call__(
         self,
         completions: list[str],
         completion_ids: Sequence[Sequence[int]],
         prompt_ids: Sequence[Sequence[int]],
+        prompts: Sequence[str | list[dict[str, Any]]] = (),
         **kwargs: Any,
     ) -> list[float]:
+        if self.reader is not None:
+            return self.score([self.reader(p, c) for p, c in zip(prompts, completions, strict=True)]).tolist()
         return self.score([list(p) + list(c) for p, c in zip(prompt_ids, completion_ids)]).tolist()
 
     @torch.no_grad()
@@ -96,3 +134,29 @@ class RewardModelScorer:
             out = self.model(tokens)
             scores.append(sequence_scores(out.float(), last_non_pad_index(tokens, self.pad_id)).cpu())
         return torch.cat(scores)
+
+
+def _own_reader(folder: str, flag: str) -> tuple[Reader, Tokenizer]:
+    """What a reward model with its own tokenizer reads of a prompt and a response, and that tokenizer: the folder's
+    tokenizer.json (its tokenizer_config.json beside it: special tokens, chat template)."""
+    path = Path(folder) / "tokenizer.json"
+    if not path.is_file():
+        raise ConfigError(
+            f"{flag} with --grpo.reward_model_tokenizer own: no tokenizer.json in {folder}; save the reward "
+            "model's tokenizer there (tokenizer.save_pretrained), or read the policy's ids (own -> policy)"
+        )
+    tokenizer = HFTokenizer(str(path))
+    template = JinjaTemplate(tokenizer, tokenizer.chat_template) if tokenizer.chat_template else None
+
+    def read(prompt: str | list[dict[str, Any]], completion: str) -> list[int]:
+        if isinstance(prompt, str):
+            return tokenizer.encode(prompt + completion, bos=False, eos=False)
+        if template is None:
+            raise UserError(
+                f"{flag} with --grpo.reward_model_tokenizer own: its tokenizer has no chat_template to render the "
+                f"conversation; add one to {Path(folder) / 'tokenizer_config.json'}, or use plain text prompts"
+            )
+        messages = [Message(m["role"], m["content"]) for m in prompt] + [Message("assistant", completion)]
+        return template.conversation_ids(messages)
+
+    return read, tokenizer

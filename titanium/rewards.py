@@ -248,16 +248,24 @@ class RewardSet:
                     vocab_size=vocab_size,
                     max_seq_len=cfg.max_prompt_len + cfg.max_new_tokens,
                     dtype=cfg.reward_model_dtype,
+                    tokenizer=cfg.reward_model_tokenizer,
                 )
         return cls(cfg.rewards, cfg.reward_weights, configured)
 
-    def with_tokens(self, prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]) -> RewardSet:
+    def with_tokens(
+        self,
+        prompt_ids: Sequence[Sequence[int]],
+        completion_ids: Sequence[Sequence[int]],
+        prompts: Sequence[str | list[dict[str, Any]]] | None = None,
+    ) -> RewardSet:
         """This set, scoring responses whose token ids (stop token included) and prompts' ids are given: batched
-        functions get them as ``completion_ids`` (as in TRL) and ``prompt_ids``."""
+        functions get them as ``completion_ids`` (as in TRL) and ``prompt_ids``, and, when given, each response's
+        prompt as TRL passes it (``prompts``: the text, or the conversation as role/content dicts)."""
         bound = copy.copy(self)
         bound.tokens = {
             "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [list(c) for c in completion_ids],
+            **({"prompts": list(prompts)} if prompts is not None else {}),
         }
         return bound
 

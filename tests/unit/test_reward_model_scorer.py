@@ -159,3 +159,92 @@ def test_grpo_trains_with_a_reward_model(make_trainer, tmp_path: Path, reward_fo
     for step in total:
         assert total[step] == pytest.approx(model[step] + 0.5 * overlong[step], abs=1e-5)
     assert statistics.pstdev(model.values()) > 0 and all(r >= 1 for r in rounds.values())
+
+
+CHATML = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+CORPUS = ["what is 2 + 3? the answer is 5", "hello world, hello tokenizer", "the quick brown fox jumps", "naïve café"]
+
+
+@pytest.fixture(scope="module")
+def own_tokenizer_folder(tmp_path_factory) -> Path:
+    """A random LlamaForSequenceClassification with a tokenizer of its own, unlike the policy's (a small byte-level
+    BPE with ChatML's specials and template), both saved as transformers saves them."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    folder = tmp_path_factory.mktemp("own_tokenizer_reward_model")
+    words = Tokenizer(models.BPE())
+    words.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    words.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=300, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    words.train_from_iterator(CORPUS * 10, trainer)
+    words.add_special_tokens(["<|endoftext|>", "<|im_start|>", "<|im_end|>"])
+    fast = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=words, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHATML
+    fast.save_pretrained(folder)
+    config = transformers.LlamaConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+        vocab_size=len(fast), max_position_embeddings=256, num_labels=1, pad_token_id=fast.pad_token_id,
+    )  # fmt: skip
+    model = transformers.LlamaForSequenceClassification(config).float()
+    randomize_(model, seed=5)
+    model.save_pretrained(folder)
+    return folder
+
+
+def test_a_reward_model_with_its_own_tokenizer_reads_what_trl_would_feed_it(tokenizer, own_tokenizer_folder) -> None:
+    """--grpo.reward_model_tokenizer own: conversations (the response as the assistant's turn) rendered with the
+    reward model's own chat template, and a text prompt followed by the response, give exactly the ids TRL's
+    GRPOTrainer feeds it (apply_chat_template, then the tokenizer without added special tokens), and the scores of
+    AutoModelForSequenceClassification on that right-padded batch. The policy's ids play no part."""
+    folder = str(own_tokenizer_folder)
+    scorer = RewardModelScorer.load(
+        folder, device=torch.device("cpu"), pad_id=tokenizer.pad_id, vocab_size=tokenizer.vocab_size,
+        max_seq_len=128, tokenizer="own",
+    )  # fmt: skip
+    prompts = [
+        [{"role": "user", "content": "what is 2 + 3?"}],
+        [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello world"}],
+        "the quick brown fox",
+        [{"role": "user", "content": "naïve café"}],
+    ]
+    completions = ["5", "hello tokenizer, the answer is 5", " jumps", ""]
+    ours = torch.tensor(scorer(completions, completion_ids=[[7]] * 4, prompt_ids=[[7]] * 4, prompts=prompts))
+
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(folder)
+    texts = [
+        hf_tokenizer.apply_chat_template([*p, {"role": "assistant", "content": c}], tokenize=False)
+        if isinstance(p, list)
+        else p + c
+        for p, c in zip(prompts, completions)
+    ]
+    for p, c, text in zip(prompts, completions, texts):
+        assert scorer.reader(p, c) == hf_tokenizer(text, add_special_tokens=False)["input_ids"], text
+    inputs = hf_tokenizer(texts, return_tensors="pt", padding=True, padding_side="right", add_special_tokens=False)
+    hf = transformers.AutoModelForSequenceClassification.from_pretrained(folder, attn_implementation="eager")
+    with torch.no_grad():
+        expected = hf.float().eval()(**inputs).logits[:, 0]
+    assert expected.std() > 0.01  # (scores that tell the rows apart)
+    gap = (ours - expected).abs().max().item()
+    assert gap <= SCORE_ATOL, f"reward model scores differ from transformers' by {gap:.2e}"
+
+
+def test_grpo_trains_with_a_reward_model_of_another_tokenizer(make_trainer, tmp_path, own_tokenizer_folder) -> None:
+    """2 GRPO steps of the debug model (tiktoken vocabulary) rewarded by a reward model with its own BPE vocabulary
+    and chat template: its scores are logged and spread."""
+    name = str(own_tokenizer_folder)
+    args = tiny_args(
+        tmp_path,
+        *("--training.objective", "grpo", "--training.steps", "2", "--training.local_batch_size", "8"),
+        *("--data.kind", "chat", "--data.path", str(REPO / "assets/tasks/arithmetic/train.jsonl")),
+        *("--chat.chat_template", "llama3", "--grpo.group_size", "4", "--grpo.max_new_tokens", "6"),
+        *("--grpo.max_prompt_len", "40", "--grpo.rewards", name, "--grpo.reward_model_tokenizer", "own"),
+        *("--grpo.answer_column", "", "--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
+    )
+    make_trainer(*args).train()
+    model = scalars(tmp_path / "tb", f"grpo/reward/{name}")
+    assert sorted(model) == [1, 2] and statistics.pstdev(model.values()) > 0

@@ -139,3 +139,24 @@ def test_trl_batched_rewards_file_paths_and_wrong_signatures(tmp_path: Path) -> 
         RewardSet([f"{tmp_path}/nothing.py:f"])
     with pytest.raises(ConfigError, match="trl_rewards.py has no 'missing'"):
         RewardSet([f"{path}:missing"])
+
+
+def test_batched_rewards_get_each_responses_prompt_as_trl_passes_it() -> None:
+    """A TRL reward function reads ``prompts``: the objective binds each response's prompt (the text, or the
+    conversation as role/content dicts, as the policy saw it) with the ids; ``PromptSample.trl_prompt`` makes it."""
+    from titanium.data.chat import Message
+    from titanium.data.prompts import PromptSample
+
+    seen = {}
+
+    def reads_prompts(completions, prompts, **kwargs):
+        seen.update(prompts=prompts, ids=kwargs["prompt_ids"])
+        return [float(len(p)) for p in prompts]
+
+    chat = PromptSample([1, 2], None, {}, "2 + 3?", (Message("system", "be brief"), Message("user", "2 + 3?")))
+    text = PromptSample([1, 3], None, {}, "the quick")
+    prompts = [chat.trl_prompt, text.trl_prompt]
+    assert prompts == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2 + 3?"}], "the quick"]
+    rewards = RewardSet(["mine"], [], {"mine": reads_prompts}).with_tokens([[1, 2], [1, 3]], [[5], [6]], prompts)
+    out = rewards(["5", " brown fox"], [None, None], [{}, {}])
+    assert seen == {"prompts": prompts, "ids": [[1, 2], [1, 3]]} and out.total.tolist() == [2.0, 9.0]

@@ -821,6 +821,12 @@ class GRPOSection:
     reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
     """Weights and compute of the reward models named in rewards (each process scores its own responses with an
     unsharded copy)."""
+    reward_model_tokenizer: Literal["policy", "own"] = "policy"
+    """What the reward models named in rewards read. policy: the policy's token ids of the prompt (as the chat
+    template made it) and the response, so a reward model must share the job's tokenizer. own: the prompt's messages
+    (or text) and the response's text re-rendered with the reward model's own tokenizer and chat template (its
+    folder's tokenizer.json and tokenizer_config.json), as TRL scores with a reward model's processing class: for a
+    reward model of another family or vocabulary."""
     log_completions: int = 0
     """Every this many steps, a table of rollouts from the batch trained on (rank 0's first log_completions_count
     responses: prompt, completion, each reward function's reward, their weighted total and the advantage) on the

@@ -376,6 +376,12 @@ class JinjaTemplate(ChatTemplate):
         except TemplateError as e:  # raise_exception() on this conversation (roles not alternating, ...)
             raise RowError(f"the tokenizer's chat_template rejected it: {e}") from None
 
+    def conversation_ids(self, messages: Sequence[Message]) -> list[int]:
+        """The whole conversation rendered once and its text encoded whole, as transformers' ``apply_chat_template``
+        then the tokenizer (``add_special_tokens=False``) make it: no cuts between messages (for scoring a
+        conversation, e.g. by a reward model with its own template; training uses ``tokenize``)."""
+        return self._encode(self._render(messages, False, None))
+
     def _encode(self, text: str) -> list[int]:
         """Rendered text -> ids, with the template's control-token strings turned into their ids."""
         parts = self._split.split(text) if self._split else [text]

@@ -60,6 +60,13 @@ class PromptSample:
     """The whole row, for reward functions that use other columns."""
     text: str = ""
     """What is answered, as written: the text, or the content of the conversation's last message (for logs)."""
+    messages: tuple[Message, ...] = ()
+    """The conversation answered, as the policy saw it (system prompt included); empty for plain text prompts."""
+
+    @property
+    def trl_prompt(self) -> str | list[dict[str, Any]]:
+        """The prompt as TRL hands it to reward functions: the text, or the messages as role/content dicts."""
+        return [m.as_dict() for m in self.messages] if self.messages else self.text
 
 
 def trl_prompt(row: Any, data: DataSection) -> str | list[Message] | None:
@@ -145,6 +152,7 @@ class PromptDataset(RowReader):
         )
 
     def _sample(self, item: Any, source: Source, row: int) -> PromptSample | None:
+        messages: list[Message] = []
         try:
             if self.cfg.kind == "text":
                 text = self._text_of(item, source, row)
@@ -163,7 +171,7 @@ class PromptDataset(RowReader):
         if len(prompt) > self.section.max_prompt_len:
             self.too_long += 1
             return None
-        return PromptSample(prompt, answer, item, text)
+        return PromptSample(prompt, answer, item, text, tuple(messages))
 
     def __iter__(self) -> Iterator[PromptSample]:
         for source, row, item in self._rows():

@@ -104,6 +104,8 @@ class PolicyModel(Protocol):
     """The live model (this rank's shards)."""
     pp_group: Any
     """The pipeline group when its stages are spread over ranks, else None."""
+    tp_group: Any
+    """The tensor-parallel group (its ranks hold the same rows), else None."""
     param_dtype: torch.dtype
     """The training forward's parameter precision."""
 

@@ -384,7 +384,8 @@ class GRPOObjective(Objective):
         generation = dataclasses.replace(
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
-        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))
+        trl_prompts = [s.trl_prompt for s in samples for _ in range(self.cfg.group_size)]
+        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts)
         return to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer), out.version
 
     def _prompts_per_batch(self, microbatches: int) -> int:

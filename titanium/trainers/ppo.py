@@ -326,7 +326,11 @@ class PPOObjective(Objective):
         """Sample the next rollout batch and compute everything the loss needs of it, as rows on the device."""
         cfg = self.cfg
         samples = self._next_prompts(microbatches * self.local_batch_size * cfg.minibatches)
-        rollout = to_rollout(samples, 1, self.sample(samples), self.rule_rewards, self.tokenizer)
+        generation = self.sample(samples)
+        rewards = self.rule_rewards.with_tokens(
+            [s.prompt for s in samples], generation.token_lists(keep_stop=True), [s.trl_prompt for s in samples]
+        )
+        rollout = to_rollout(samples, 1, generation, rewards, self.tokenizer)
         if self.ranks_per_row > 1:
             check_peers_agree(rollout.tokens, self.dp_rank)
         self.batches_made += 1
