@@ -28,7 +28,7 @@ TESTS=(
     tests/unit/test_compile.py tests/unit/test_attention_kernels.py
     tests/unit/test_checkpoint_integrity.py tests/distributed/test_checkpoint_layouts.py
     tests/unit/test_float8.py tests/distributed/test_float8_fsdp.py
-    tests/unit/test_grad_norm.py tests/distributed/test_reward_parity.py
+    tests/unit/test_grad_norm.py tests/distributed/test_reward_parity.py tests/unit/test_split_engine.py
 )
 
 if [[ ! -x $PY ]]; then

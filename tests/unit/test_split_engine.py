@@ -75,6 +75,7 @@ def test_a_split_engine_samples_what_a_whole_one_does(sampled: dict, family: str
         whole, split = sampled[(rank, family)][False], sampled[(rank, family)][True]
         assert torch.equal(split[0], whole[0]) and torch.equal(split[2], whole[2]), (rank, split[0], whole[0])
         torch.testing.assert_close(split[1], whole[1], rtol=0, atol=1e-5)
+        print(f"{family} rank {rank}: split vs whole max |d log-prob| {(split[1] - whole[1]).abs().max():.2g}")
         assert set(whole[3].values()) == {1.0} and set(split[3].values()) == {0.5}, split[3]
     first, second = sampled[(0, family)][True], sampled[(1, family)][True]
     assert all(torch.equal(a, b) for a, b in zip(first[:3], second[:3]))
