@@ -4,10 +4,13 @@ Run under torchrun with titanium.train's arguments; the weights (full tensors, b
 FT_WEIGHTS_OUT, so the test can compare the groups bit for bit, and rank 0's process id to FT_WEIGHTS_OUT + ".pid"
 (torchrun starts its workers in their own session: the test kills the worker itself, as a crash would).
 
-Two knobs for the test, read from the environment: FT_DIE_IN_STEP=N makes the group SIGKILL itself in step N,
+Knobs for the test, read from the environment: FT_DIE_IN_STEP=N makes the group SIGKILL itself in step N,
 after its forward and backward and before the cross-group all-reduce (so the survivor's step N fails at a known
 point); FT_ALONE_STEP_SECONDS=S makes each step the group runs alone last at least S seconds (sleeping), so a
-restarted group has time to rejoin before the survivor finishes, while the steps with both groups run at speed.
+restarted group has time to rejoin before the survivor finishes, while the steps with both groups run at speed;
+FT_START_TOGETHER=PREFIX makes groups that start together wait, once built (their torchft managers heartbeating),
+until every group of the job is (files PREFIX.<replica id>): a group that asked for its first quorum while the other
+was still importing torch would otherwise train alone (the lighthouse takes one group as a quorum).
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def main() -> None:
     cfg = load_config(sys.argv[1:])
     trainer = Trainer(cfg, check_job(cfg, int(os.environ["WORLD_SIZE"])))
     _add_test_knobs(trainer)
+    if "FT_START_TOGETHER" in os.environ:
+        _start_together(os.environ["FT_START_TOGETHER"], cfg.fault_tolerance)
     trainer.train()
     weights = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in trainer.model.state_dict().items()}
     if trainer.env.rank == 0:
@@ -42,6 +47,14 @@ def main() -> None:
     wait_for_all_ranks()
     trainer.close()
     shutdown_distributed()
+
+
+def _start_together(prefix: str, ft) -> None:
+    Path(f"{prefix}.{ft.replica_id}").touch()
+    deadline = time.monotonic() + 120
+    while not all(Path(f"{prefix}.{g}").exists() for g in range(ft.group_size)):
+        assert time.monotonic() < deadline, "the other replica groups never started"
+        time.sleep(0.05)
 
 
 def _add_test_knobs(trainer: Trainer) -> None:

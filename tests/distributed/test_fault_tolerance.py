@@ -156,8 +156,11 @@ def kill_and_rejoin(tmp_path: Path, nproc: int, job: tuple[str, ...] = PRETRAIN)
 
     checkpoints = ("--checkpoint.enable", "--checkpoint.interval", str(KILLED_IN_STEP - 1))
     try:
-        survivor = start("group0", 0, *checkpoints, FT_ALONE_STEP_SECONDS=str(ALONE_STEP_SECONDS))
-        victim = start("group1", 1, FT_DIE_IN_STEP=str(KILLED_IN_STEP))
+        together = str(tmp_path / "started")
+        survivor = start(
+            "group0", 0, *checkpoints, FT_ALONE_STEP_SECONDS=str(ALONE_STEP_SECONDS), FT_START_TOGETHER=together
+        )
+        victim = start("group1", 1, FT_DIE_IN_STEP=str(KILLED_IN_STEP), FT_START_TOGETHER=together)
         resume_from = f"step-{KILLED_IN_STEP - 1}"  # copied at once: group 0 keeps only its 2 newest checkpoints
         survivor.wait_for(f"checkpoint saved: .*{resume_from}\\n")
         shutil.copytree(tmp_path / "group0/checkpoint" / resume_from, tmp_path / "reference/checkpoint" / resume_from)
