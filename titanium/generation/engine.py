@@ -66,8 +66,9 @@ class RolloutEngine(ABC):
     """Policy version (optimizer steps) of the weights synced last; None before the first sync."""
     background = False
     """Whether ``generate`` may run on a thread of its own while the process trains (``generation.background``):
-    local work on the engine's own weights, no collective, nothing tied to the loop's thread; on CUDA its kernels go
-    to the thread's current stream (its own: ``generation.side_stream``)."""
+    work on the engine's own weights, no collective on the training's process groups (an engine split over ranks
+    uses a group of its own), nothing tied to the loop's thread; on CUDA its kernels go to the thread's current
+    stream (its own: ``generation.side_stream``)."""
 
     @abstractmethod
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
