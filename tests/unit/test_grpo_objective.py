@@ -354,6 +354,34 @@ def test_a_group_that_heals_under_fault_tolerance_trains_on_as_if_it_had_never_s
         assert sorted(got) == [5, 6] and [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
 
 
+def test_a_group_that_heals_mid_run_drops_the_batch_its_generation_thread_made(make_trainer, tmp_path, caplog):
+    """With a policy lag of 1 a live group has the next batch on its generation thread when it heals (here after its
+    own step 2, to another run's step 4): that batch is dropped (its prompts go back), the stream skips to the
+    batch an uninterrupted group starts at step 5, and that batch is made from the healed weights (lag 0 at step
+    5), the next one ahead again (lag 1 at step 6)."""
+    common = (*GRPO_JOB, "--training.steps", "6", "--grpo.max_policy_lag", "1")
+    make_trainer(*tiny_args(tmp_path / "peer", *common, "--checkpoint.enable", "--checkpoint.interval", "4")).train()
+    shutdown_distributed()
+
+    healed = make_trainer(*tiny_args(tmp_path / "healed", *common))
+    start_step = healed.fault_tolerance.start_step
+
+    def heal_after_step_2() -> None:
+        start_step()
+        if healed.train_state.step == 2:
+            healed.checkpointer._load(
+                tmp_path / "peer/checkpoint/step-4", ["model", "optimizer", "lr_scheduler", "train_state"]
+            )
+            healed._healed(2, 4)
+
+    healed.fault_tolerance.start_step = heal_after_step_2
+    with caplog.at_level(logging.INFO, logger="titanium"):
+        healed.train()
+    assert "skipped 4 prompts (1 rollout batches)" in caplog.text  # (batch 1, in flight, went back; 2 is next)
+    lag = scalars(tmp_path / "healed/tb", "grpo/policy_lag")
+    assert lag == {1: 0.0, 2: 1.0, 5: 0.0, 6: 1.0} and healed.objective.batches_made == 4
+
+
 def test_log_completions_shows_the_batchs_rollouts_with_their_rewards_and_advantages(make_trainer, tmp_path, caplog):
     """--grpo.log_completions 2: after steps 2 and 4 (not 1 or 3) a table of the first group of the batch trained on
     goes to TensorBoard and to the console. Each row's reward is its own completion's (the ``characters`` reward:
