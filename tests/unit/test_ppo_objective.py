@@ -94,16 +94,24 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
     The batch's scores are the reward model's at each response's last token, its old values the value model's start
     (the reward model's per-position outputs) where each response token is predicted, its old log-probs the start
     policy's (its KL to the reference 0, its gap to the engine's sampling log-probs within 1e-5), its advantages
-    whitened; afterwards policy and value model have moved."""
+    whitened; afterwards policy and value model have moved. With --ppo.log_completions 2 the table logged at step 2
+    shows the batch's first responses with their scores and KL-penalized rewards."""
     extra = ("--ppo.reward_model_path", reward_folder, "--ppo.ppo_epochs", "2", "--training.steps", "2")
+    extra += ("--ppo.log_completions", "2", "--ppo.log_completions_count", "3")
     trainer = make_trainer(*tiny_args(tmp_path, *PPO, *extra, "--training.local_batch_size", "8"))
     objective = trainer.objective
     start_value = {n: p.detach().clone() for n, p in objective.value.model.named_parameters()}
     start_policy = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    tables = {}
+    trainer.metrics.log_table = lambda step, name, table: tables.setdefault((step, name), table)
     trainer.train()
     batch = objective.current
     assert batch is not None and batch.served == 2 and batch.version == 0
     rows, mask = batch.rows, batch.rows["mask"]
+    (key, table), *others = tables.items()
+    assert key == (2, "ppo/completions") and not others and table.columns == ("prompt", "completion", "score", "reward")
+    _, _, scores, rewards = zip(*table.rows)
+    assert list(scores) == rows["ppo/score"][:3].tolist() and list(rewards) == rows["ppo/reward"][:3].tolist()
     width = mask.shape[1]
     prompt_width = rows["tokens"].shape[1] - width
     spec = reward_spec(get_model_spec("llama3"), pad_token_id=objective.tokenizer.pad_id)

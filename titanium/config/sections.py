@@ -952,6 +952,12 @@ class PPOSection:
     missing_eos_penalty: float = 0.0
     """Subtracted from the score of a response cut at max_new_tokens without a stop token (TRL's
     missing_eos_penalty, torchtune's reward_penalty); 0: none."""
+    log_completions: int = 0
+    """Every this many steps, a table of rollouts from the batch trained on (rank 0's first log_completions_count
+    responses: prompt, completion, each rule reward, the score and the KL-penalized reward) on the console, in
+    TensorBoard's Text tab and in W&B; 0: off."""
+    log_completions_count: int = 8
+    """Responses in each log_completions table; the first ones of rank 0's batch."""
 
 
 @dataclass

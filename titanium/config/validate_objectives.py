@@ -62,9 +62,11 @@ def _ppo_ranges(ppo: Any) -> Iterator[str]:
     for name in ("epsilon", "value_clip", "value_lr", "value_max_norm", "temperature"):
         if not getattr(ppo, name) > 0:
             yield f"--ppo.{name} must be > 0, got {getattr(ppo, name)}"
-    for name in ("ppo_epochs", "minibatches", "max_new_tokens", "max_prompt_len"):
+    for name in ("ppo_epochs", "minibatches", "max_new_tokens", "max_prompt_len", "log_completions_count"):
         if getattr(ppo, name) < 1:
             yield f"--ppo.{name} must be >= 1, got {getattr(ppo, name)}"
+    if ppo.log_completions < 0:
+        yield f"--ppo.log_completions must be >= 0, got {ppo.log_completions}"
     if not 0 < ppo.top_p <= 1:
         yield f"--ppo.top_p must be in (0, 1] (1 turns it off), got {ppo.top_p}"
     if ppo.reward_weights and len(ppo.reward_weights) != len(ppo.rewards):

@@ -61,7 +61,7 @@ from titanium.trainers.base import (
     Prepared,
     row_width,
 )
-from titanium.trainers.completions_table import completions_table
+from titanium.trainers.completions_table import CompletionsLog
 from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
 from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
@@ -296,8 +296,9 @@ class GRPOObjective(Objective):
         self.batches_made = 0
         self._times: dict[str, float] = {}  # seconds spent since the last prepare, by TIME_PARTS
         self._prepared_at: float | None = None
-        self._shown: tuple[list[PromptSample], Rollout, torch.Tensor] | None = None
-        """The prompts, rollout and advantages of the batch in use, for ``log_completions``."""
+        self.completions = CompletionsLog(
+            "grpo/completions", cfg.log_completions, cfg.log_completions_count, ctx.tokenizer
+        )
         self.engine = build_engine(
             rollout or RolloutSection(),
             self.policy.spec,
@@ -447,8 +448,7 @@ class GRPOObjective(Objective):
         rewards = out.rewards.total
         batch_std = batch_reward_std(rewards, self.device, self.ranks_per_row) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
-        if cfg.log_completions:
-            self._shown = (samples, out, advantages)
+        self.completions.keep(samples, out, {"reward": rewards, "advantage": advantages})
         lengths = out.response_mask.sum(dim=1)
         per_response = {
             "grpo/reward": rewards,
@@ -583,11 +583,7 @@ class GRPOObjective(Objective):
 
     def tables(self, step: int) -> dict[str, Table]:
         """Every ``log_completions`` steps: the first responses of the batch trained on, with rewards and advantages."""
-        every = self.cfg.log_completions
-        if not every or step % every or self._shown is None:
-            return {}
-        table = completions_table(*self._shown, self.cfg.log_completions_count, self.tokenizer)
-        return {"grpo/completions": table}
+        return self.completions.tables(step)
 
     def state_dict(self) -> dict[str, Any]:
         """The prompt position before the oldest rollout batch still in flight (or the current one)."""

@@ -65,11 +65,13 @@ from titanium.generation.rollout import (
 )
 from titanium.generation.rollout_buffer import RolloutBatch
 from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.models.reward import reward_spec
 from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.rewards import RewardSet, exact_match
 from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.trainers.completions_table import CompletionsLog
 from titanium.trainers.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
 from titanium.trainers.ppo_loss import (
     ValueSums,
@@ -225,6 +227,9 @@ class PPOObjective(Objective):
         self.current: RolloutBatch | None = None
         self.version = 0
         self.batches_made = 0
+        self.completions = CompletionsLog(
+            "ppo/completions", cfg.log_completions, cfg.log_completions_count, ctx.tokenizer
+        )
         self.engine = build_engine(
             rollout or RolloutSection(),
             self.policy.spec,
@@ -358,6 +363,7 @@ class PPOObjective(Objective):
             returns=returns * mask,
         )
         rows["ppo/score"] = scores
+        self.completions.keep(samples, rollout, {"score": scores, "reward": rewards.sum(dim=1)})
         rows["ppo/reward"] = rewards.sum(dim=1)
         rows["ppo/kl"] = kl.sum(dim=1)
         rows["ppo/response_len"] = mask.sum(dim=1).float()
@@ -466,6 +472,10 @@ class PPOObjective(Objective):
         return LossResult(sums.loss, metrics)
 
     # ----- log and checkpoint -----
+
+    def tables(self, step: int) -> dict[str, Table]:
+        """Every ``log_completions`` steps: the first responses of the batch trained on, with their scores."""
+        return self.completions.tables(step)
 
     def log_metrics(self) -> dict[str, float]:
         counters = {"data/skipped_rows": self.prompts.bad_rows, "ppo/long_prompts_skipped": self.prompts.too_long}
