@@ -86,18 +86,18 @@ class RewardModelScorer:
                 f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
                 "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
             )
-        reader = None
+        config, reader = read_hf_config(folder), None
         if tokenizer == "own":
             reader, own = _own_reader(folder, flag)
-            config = read_hf_config(folder)  # (its own tokens: as long as its positions allow, not the policy's)
             pad_id, vocab_size = config.get("pad_token_id", own.pad_id), own.vocab_size
+            # (its own tokens: as long as its positions allow, not the policy's prompt and response budget)
             max_seq_len = config.get("max_position_embeddings", max_seq_len)
             if pad_id is None:
                 raise ConfigError(
                     f"{flag}: neither its config.json nor its tokenizer names a pad token (scores are read at the last "
                     "token that is not padding); set pad_token_id in its config.json"
                 )
-        model_type = read_hf_config(folder).get("model_type")
+        model_type = config.get("model_type")
         family = hf_family(model_type)
         if family is None:
             raise ConfigError(f"{flag}: model_type {model_type!r} has no titanium family; supported: {list_models()}")

@@ -368,10 +368,11 @@ class Trainer:
                 set_train_timeout(self.cfg.comm)
             if step == 1 or step % self.cfg.metrics.log_freq == 0 or step == t.steps:
                 self._log(step, result, grad_norm)
-            for name, table in self.objective.tables(step).items():
-                self.metrics.log_table(step, name, table)
-                if self.env.rank == 0:
-                    logger.info("%s at step %d:\n%s", name, step, table.text())
+            if self.env.rank == 0 or self.metrics.active:  # (the ranks that print or write them)
+                for name, table in self.objective.tables(step).items():
+                    self.metrics.log_table(step, name, table)
+                    if self.env.rank == 0:
+                        logger.info("%s at step %d:\n%s", name, step, table.text())
             for task in self.evaluations:
                 if task.due(step, t.steps):
                     self.metrics.log(step, task.run(step))

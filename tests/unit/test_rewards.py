@@ -153,10 +153,11 @@ def test_batched_rewards_get_each_responses_prompt_as_trl_passes_it() -> None:
         seen.update(prompts=prompts, ids=kwargs["prompt_ids"])
         return [float(len(p)) for p in prompts]
 
-    chat = PromptSample([1, 2], None, {}, "2 + 3?", (Message("system", "be brief"), Message("user", "2 + 3?")))
+    chat = PromptSample([1, 2], None, {}, messages=(Message("system", "be brief"), Message("user", "2 + 3?")))
     text = PromptSample([1, 3], None, {}, "the quick")
     prompts = [chat.trl_prompt, text.trl_prompt]
     assert prompts == [[{"role": "system", "content": "be brief"}, {"role": "user", "content": "2 + 3?"}], "the quick"]
+    assert (chat.as_written, text.as_written) == ("2 + 3?", "the quick")
     rewards = RewardSet(["mine"], [], {"mine": reads_prompts}).with_tokens([[1, 2], [1, 3]], [[5], [6]], prompts)
     out = rewards(["5", " brown fox"], [None, None], [{}, {}])
     assert seen == {"prompts": prompts, "ids": [[1, 2], [1, 3]]} and out.total.tolist() == [2.0, 9.0]

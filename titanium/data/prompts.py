@@ -59,9 +59,14 @@ class PromptSample:
     row: Mapping[str, Any]
     """The whole row, for reward functions that use other columns."""
     text: str = ""
-    """What is answered, as written: the text, or the content of the conversation's last message (for logs)."""
+    """A plain text prompt as written (text data); empty for a conversation."""
     messages: tuple[Message, ...] = ()
     """The conversation answered, as the policy saw it (system prompt included); empty for plain text prompts."""
+
+    @property
+    def as_written(self) -> str:
+        """What is answered, as written (for logs): the text, or the content of the conversation's last message."""
+        return (self.messages[-1].content or "") if self.messages else self.text
 
     @property
     def trl_prompt(self) -> str | list[dict[str, Any]]:
@@ -153,6 +158,7 @@ class PromptDataset(RowReader):
 
     def _sample(self, item: Any, source: Source, row: int) -> PromptSample | None:
         messages: list[Message] = []
+        text = ""
         try:
             if self.cfg.kind == "text":
                 text = self._text_of(item, source, row)
@@ -163,7 +169,6 @@ class PromptDataset(RowReader):
                 assert self.template is not None
                 messages = with_system_prompt(prompt_messages(item, self.cfg), self.system_prompt)
                 prompt = self.template.prompt(messages, parse_tools(item, self.cfg))
-                text = messages[-1].content or ""
             answer = self._answer(item)
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX[self.cfg.kind])

@@ -267,8 +267,8 @@ class Objective(ABC):
 
     def tables(self, step: int) -> dict[str, Table]:
         """Tables of samples to log after optimizer step ``step``, by name (e.g. GRPO's completions with their
-        rewards), on the steps the objective chooses: printed by rank 0 and sent to TensorBoard / W&B. Called on
-        every rank after every step; none by default."""
+        rewards), on the steps the objective chooses: printed by rank 0 and sent to TensorBoard / W&B. Called after
+        every step on the ranks that show them (rank 0, and those writing metrics); no collective. None by default."""
         return {}
 
     @abstractmethod
