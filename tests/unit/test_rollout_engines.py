@@ -149,6 +149,25 @@ def test_build_engine_picks_the_configured_engine() -> None:
             build_engine(server, SPEC, ARGS, training_dtype=torch.float32, **cuda)
 
 
+def test_requests_shared_by_ranks_are_generated_once_and_each_rank_gets_its_own() -> None:
+    """What the ranks of one split vLLM engine (or the job's engine process) do with their gathered requests: one
+    ``generate_many`` call on the distinct ones, in the order first seen; every rank gets its own request's answer."""
+    from titanium.generation.vllm_engine import answer_each, as_request, engine_group
+
+    calls = []
+
+    def generate_many(requests, params):
+        calls.append(list(requests))
+        return [f"rollouts of {request}" for request in requests]
+
+    a, b = as_request([[5, 6], [7]], seed=10), as_request([[5, 6], [7]], seed=11)  # (same prompts, another seed)
+    assert answer_each(generate_many, [a, b, a], PARAMS) == [f"rollouts of {r}" for r in (a, b, a)]
+    assert calls == [[a, b]] and a == (((5, 6), (7,)), 10)
+    assert engine_group(1) is None  # (an engine of one's own: no gathers)
+    with pytest.raises(ConfigError, match="it must divide their number \\(1; launch with torchrun"):
+        engine_group(2)
+
+
 GRPO_VLLM = [
     "--training.objective", "grpo", "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
     "--training.local_batch_size", "16", "--grpo.max_prompt_len", "64", "--rollout.engine", "vllm",
@@ -162,6 +181,14 @@ GRPO_VLLM = [
         (
             ["--rollout.mode", "server", "--rollout.server_per", "job", "--grpo.dynamic_sampling"],
             "use --rollout.server_per rank",
+        ),
+        (
+            ["--rollout.tensor_parallel_size", "2", "--grpo.dynamic_sampling"],
+            "the ranks of one vLLM engine (--rollout.tensor_parallel_size 2) generate together",
+        ),
+        (
+            ["--rollout.mode", "server", "--rollout.tensor_parallel_size", "2"],
+            "an engine process is one process (not split)",
         ),
     ],
 )

@@ -3,8 +3,9 @@
 vLLM changes process-wide state (thread count, memory binding, torch.distributed), so each check program runs in a
 process of its own and these tests assert on what it measured: ``engine_checks`` (one process; Llama, and Qwen3
 with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank),
-``server_checks`` (server mode: an engine process of its own) and ``shared_checks`` (2 ranks, one engine process for
-the job against one per rank); GRPO runs through the trainer in both modes, and on 2 ranks with one engine.
+``split_checks`` (2 ranks, one colocated engine split over them), ``server_checks`` (server mode: an engine process
+of its own) and ``shared_checks`` (2 ranks, one engine process for the job against one per rank); GRPO runs through
+the trainer in both modes, on 2 ranks with one engine process, and on 2 ranks with one engine split over them.
 Tolerances (fp32): 5e-5 per token and 5e-6 on the mean; observed about 1e-6 and 2e-7 (research note: up to 6.7e-6).
 A step at lr 3e-3 moves the policy's log-probs by ~0.4, so a skipped or stale sync fails by four orders of
 magnitude. Run them with ``pytest tests/vllm`` in an environment with vLLM (see .ci/run); elsewhere they skip.
@@ -96,6 +97,29 @@ def test_colocated_with_fsdp_every_rank_serves_the_sharded_policy(colocated) -> 
         assert close(rank["engine_vs_policy_a"]) and close(rank["engine_vs_policy_b"]), rank
         assert rank["policy_b_vs_a"]["max"] > STEP_MOVES_LOGPROBS and rank["version"] == 1
     assert colocated[0]["sampled"] != colocated[1]["sampled"]  # each rank samples its own prompts' answers
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> list[dict]:
+    out = tmp_path_factory.mktemp("split")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
+    run([*torchrun, "-m", "tests.vllm.split_checks", str(out)])
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
+def test_one_engine_split_over_two_ranks_gives_each_rank_its_own_rows(split) -> None:
+    """--rollout.tensor_parallel_size 2 colocated: vLLM's tensor-parallel group is the engine's gather group; each
+    rank's own prompts come back as the policy makes them (greedy tokens equal titanium's; sampled tokens' log-probs
+    equal the policy's forward of this rank's prompt and answer), at A and after a sync at B (far from A)."""
+    for rank in split:
+        assert rank["engine_ranks"] == rank["vllm_tp_ranks"] == [0, 1]
+        assert close(rank["engine_vs_policy_a"]) and close(rank["engine_vs_policy_b"]), rank
+        assert not close(rank["engine_b_vs_policy_a"])
+        for version, at in enumerate(("a", "b")):
+            assert rank[at]["greedy_equals_policy"] and close(rank[at]["sampled_vs_policy"]), rank[at]
+            assert rank[at]["version"] == version
+    assert split[0]["a"]["sampled"] != split[1]["a"]["sampled"]  # (each rank its own prompts and seed)
+    assert split[0]["same_request"] == split[1]["same_request"]
 
 
 @pytest.fixture(scope="module")
@@ -192,8 +216,8 @@ def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1, object
 @pytest.fixture(scope="module")
 def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     """The same GRPO job with vLLM colocated and in server mode, and on 2 ranks with one engine process for the
-    job generating on GRPO's thread (policy lag 1); PPO (a rollout batch every step) colocated and in server mode:
-    run -> (its TensorBoard folder, its log)."""
+    job generating on GRPO's thread (policy lag 1) and with one colocated engine split over both; PPO (a rollout
+    batch every step) colocated and in server mode: run -> (its TensorBoard folder, its log)."""
     from tests.helpers import load_script
 
     root = tmp_path_factory.mktemp("grpo")
@@ -201,6 +225,8 @@ def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     runs = {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
     shared = ("--rollout.server_per", "job", "--grpo.max_policy_lag", "1")
     runs["job"] = (root / "job" / "tb", grpo(root / "job", policy, "server", *shared, nproc=2))
+    split = ("--rollout.tensor_parallel_size", "2")
+    runs["split"] = (root / "split" / "tb", grpo(root / "split", policy, "colocated", *split, nproc=2))
     one_batch_a_step = ("--ppo.ppo_epochs", "1", "--ppo.minibatches", "1")
     for mode in ("colocated", "server"):
         folder = root / f"ppo_{mode}"
@@ -245,6 +271,18 @@ def test_grpo_on_two_ranks_with_one_engine_for_the_job_generating_ahead(grpo_run
     assert len(scalars(tb, "grpo/time/sync")) == 3 and len(scalars(tb, LOSS_TAG)) == 3
     pids = [int(pid) for pid in re.findall(r"vLLM engine process (\d+) started", log)]
     assert len(pids) == 1 and not running(pids[0]) and "did not exit" not in log
+
+
+def test_grpo_on_two_ranks_with_one_engine_split_over_them(grpo_runs) -> None:
+    """2 FSDP ranks with their own prompts, one colocated vLLM engine in tensor parallelism over both: every step
+    each rank's rollouts are its own prompts' (the trainer's recomputed log-probs of them, on its own prompts,
+    equal vLLM's; another rank's answers would differ by ~1) from the synced weights, and the run trained."""
+    from tests.helpers import scalars
+
+    tb, log = grpo_runs["split"]
+    mismatch = scalars(tb, "grpo/logprob_mismatch_max")
+    assert sorted(mismatch) == [1, 2, 3] and max(mismatch.values()) <= PER_TOKEN, mismatch
+    assert len(scalars(tb, "grpo/time/sync")) == 3 and len(scalars(tb, LOSS_TAG)) == 3
 
 
 def test_ppo_samples_from_the_synced_vllm_engine_colocated_and_in_server_mode(grpo_runs) -> None:

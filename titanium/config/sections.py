@@ -859,8 +859,9 @@ class RolloutSection:
     tensor_parallel_size: int = 1
     """titanium: 1 (a whole copy of the policy per rank) or the training's tensor_parallel_degree (the copy split
     over each tensor-parallel group, whose ranks generate the same rows: for a model one device cannot hold).
-    vllm: processes per engine. With more than 1, consecutive groups of this many training ranks share one engine
-    and must generate the same prompts with the same seed."""
+    vllm (colocated): training processes per engine. With more than 1, consecutive groups of this many ranks share
+    one engine split over them: each call gathers their prompts, generates them together and gives each rank its
+    own rows (what an engine of its own would sample). It must divide the number of processes."""
     gpu_memory_utilization: float = 0.3
     """vllm on GPU: the share of GPU memory the engine may take for its weights and KV cache; the rest stays
     with training."""

@@ -398,6 +398,11 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         yield f"--rollout.cpu_kv_cache_gib must be > 0, got {r.cpu_kv_cache_gib}"
     if r.mode == "server" and r.engine != "vllm":
         yield "--rollout.mode server starts vLLM in processes of its own: set --rollout.engine vllm (or mode colocated)"
+    if r.mode == "server" and r.tensor_parallel_size > 1:
+        yield (
+            f"--rollout.tensor_parallel_size {r.tensor_parallel_size} with --rollout.mode server: an engine process "
+            "is one process (not split); split vLLM over the training ranks with --rollout.mode colocated, or set 1"
+        )
     if r.server_per != "rank" and r.mode != "server":
         yield f"--rollout.server_per {r.server_per} places the engine processes of --rollout.mode server; set that mode"
     objective = cfg.training.objective
@@ -418,10 +423,11 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         )
     if objective != "grpo":
         return
-    if r.engine == "vllm" and r.tensor_parallel_size > 1:
+    if r.engine == "vllm" and r.tensor_parallel_size > 1 and g.dynamic_sampling:
         yield (
-            "--rollout.tensor_parallel_size: GRPO gives every training rank its own prompts, so ranks cannot share "
-            "one vLLM engine yet; set it to 1"
+            "--grpo.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but the ranks "
+            f"of one vLLM engine (--rollout.tensor_parallel_size {r.tensor_parallel_size}) generate together; set "
+            "tensor_parallel_size 1"
         )
     if r.server_per == "job" and g.dynamic_sampling:
         yield (

