@@ -142,7 +142,7 @@ def test_build_engine_picks_the_configured_engine() -> None:
                 build_engine(
                     RolloutSection(engine="vllm", mode=mode), SPEC, ARGS, training_dtype=torch.float32, **kwargs
                 )
-    for per in ("rank", "job"):  # (before vLLM is looked for, and before a process or group is made)
+    for per in ("rank", "node", "job"):  # (before vLLM is looked for, and before a process or group is made)
         with pytest.raises(ConfigError, match="--rollout.mode server runs on CPU only"):
             cuda = {**kwargs, "device": torch.device("cuda")}
             server = RolloutSection(engine="vllm", mode="server", server_per=per)
@@ -163,9 +163,9 @@ def test_requests_shared_by_ranks_are_generated_once_and_each_rank_gets_its_own(
     a, b = as_request([[5, 6], [7]], seed=10), as_request([[5, 6], [7]], seed=11)  # (same prompts, another seed)
     assert answer_each(generate_many, [a, b, a], PARAMS) == [f"rollouts of {r}" for r in (a, b, a)]
     assert calls == [[a, b]] and a == (((5, 6), (7,)), 10)
-    assert engine_group(1) is None  # (an engine of one's own: no gathers)
-    with pytest.raises(ConfigError, match="it must divide their number \\(1; launch with torchrun"):
-        engine_group(2)
+    assert engine_group(1, "--rollout.tensor_parallel_size 1") is None  # (an engine of one's own: no gathers)
+    with pytest.raises(ConfigError, match="that must divide their number \\(1; launch with torchrun"):
+        engine_group(2, "--rollout.tensor_parallel_size 2")
 
 
 GRPO_VLLM = [
@@ -181,6 +181,10 @@ GRPO_VLLM = [
         (
             ["--rollout.mode", "server", "--rollout.server_per", "job", "--grpo.dynamic_sampling"],
             "use --rollout.server_per rank",
+        ),
+        (
+            ["--rollout.mode", "server", "--rollout.server_per", "node", "--grpo.dynamic_sampling"],
+            "--rollout.server_per node generates its ranks' prompts together",
         ),
         (
             ["--rollout.tensor_parallel_size", "2", "--grpo.dynamic_sampling"],

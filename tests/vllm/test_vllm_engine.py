@@ -4,7 +4,8 @@ vLLM changes process-wide state (thread count, memory binding, torch.distributed
 process of its own and these tests assert on what it measured: ``engine_checks`` (one process; Llama, and Qwen3
 with tied embeddings), ``colocated_checks`` (2 ranks under torchrun, FSDP training + one engine per rank),
 ``split_checks`` (2 ranks, one colocated engine split over them), ``server_checks`` (server mode: an engine process
-of its own) and ``shared_checks`` (2 ranks, one engine process for the job against one per rank); GRPO runs through
+of its own), ``shared_checks`` (2 ranks, one engine process for the job against one per rank) and ``node_checks``
+(2 simulated machines x 2 ranks, an engine process per machine); GRPO runs through
 the trainer in both modes, on 2 ranks with one engine process, and on 2 ranks with one engine split over them.
 Tolerances (fp32): 5e-5 per token and 5e-6 on the mean; observed about 1e-6 and 2e-7 (research note: up to 6.7e-6).
 A step at lr 3e-3 moves the policy's log-probs by ~0.4, so a skipped or stale sync fails by four orders of
@@ -189,6 +190,41 @@ def test_one_engine_for_the_job_on_a_generation_thread_and_with_equal_requests(s
         assert rank["thread_generates_the_same"] and rank["closed"]
         assert rank["same_request"] == shared[0]["sampled_b"]  # (rank 0's request, at B)
     assert not running(shared[0]["pid"])
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory) -> list[dict]:
+    """``node_checks`` on 2 simulated machines x 2 ranks: two torchrun agents on this one, as on two nodes."""
+    from titanium.generation.vllm_engine import free_port
+
+    out, port = tmp_path_factory.mktemp("nodes"), free_port()
+    agents = []
+    for node in (0, 1):
+        log = (out / f"agent{node}.log").open("w")
+        cmd = [
+            sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={node}",
+            "--nproc_per_node=2", "--master_addr=127.0.0.1", f"--master_port={port}",
+            "-m", "tests.vllm.node_checks", str(out),
+        ]  # fmt: skip
+        agents.append(subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=log, stderr=subprocess.STDOUT))
+    codes = [agent.wait(timeout=900) for agent in agents]
+    assert codes == [0, 0], [(out / f"agent{n}.log").read_text()[-4000:] for n in (0, 1)]
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(4)]
+
+
+def test_an_engine_process_per_node_serves_that_nodes_ranks(nodes) -> None:
+    """--rollout.server_per node: the first rank of each machine owns an engine process (two in all) and gathers
+    its machine's prompts; every rank's rows are what the synced policy makes of its own prompts (greedy tokens
+    equal titanium's, sampled log-probs equal the policy's forward); the engine processes end with the job."""
+    assert [rank["engine_ranks"] for rank in nodes] == [[0, 1], [0, 1], [2, 3], [2, 3]]
+    assert [rank["owns_engine"] for rank in nodes] == [True, False, True, False]
+    pids = nodes[0]["engine_pids"]
+    assert pids[1] is pids[3] is None and None not in (pids[0], pids[2]) and pids[0] != pids[2]
+    for rank in nodes:
+        assert rank["a"]["greedy_equals_policy"] and close(rank["a"]["sampled_vs_policy"]), rank["a"]
+        assert rank["sync"]["blocks"] == 5 and rank["a"]["version"] == 0 and rank["closed"]
+    assert len({str(rank["a"]["sampled"]) for rank in nodes}) == 4  # (each rank its own prompts and seed)
+    assert nodes[0]["same_request"] == nodes[1]["same_request"] and nodes[2]["same_request"] == nodes[3]["same_request"]
 
 
 def grpo(out: Path, policy: Path, mode: str, *extra: str, nproc: int = 1, objective: str = "grpo") -> str:

@@ -847,10 +847,11 @@ class RolloutSection:
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
     its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see
     server_per) that gets prompts over a pipe and weights through shared memory."""
-    server_per: Literal["rank", "job"] = "rank"
-    """mode server: rank (an engine process for each training process) or job (one engine process, started by
-    global rank 0, generates every rank's prompts in one request: rank 0 gathers them over the process group and
-    sends each rank its rollouts back; one engine's memory instead of one per rank)."""
+    server_per: Literal["rank", "node", "job"] = "rank"
+    """mode server: rank (an engine process for each training process), node (one for each machine: its first rank
+    starts it, gathers the machine's ranks' prompts, generates them in one request and sends each rank its
+    rollouts back) or job (one for the whole job, started by global rank 0, the same for every rank: one engine's
+    memory instead of one per rank)."""
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The engine's weights and compute; auto: --training.mixed_precision_param."""
     compile: bool = False

@@ -429,10 +429,10 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
             f"of one vLLM engine (--rollout.tensor_parallel_size {r.tensor_parallel_size}) generate together; set "
             "tensor_parallel_size 1"
         )
-    if r.server_per == "job" and g.dynamic_sampling:
+    if r.server_per != "rank" and g.dynamic_sampling:
         yield (
             "--grpo.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but "
-            "--rollout.server_per job generates every rank's prompts together; use --rollout.server_per rank"
+            f"--rollout.server_per {r.server_per} generates its ranks' prompts together; use --rollout.server_per rank"
         )
     if r.engine == "vllm" and r.compile:
         yield "--rollout.compile compiles the titanium engine's decode step; vLLM compiles its own: leave it off"

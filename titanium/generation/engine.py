@@ -136,7 +136,7 @@ def build_engine(
         from titanium.generation.vllm_shared import SharedServerEngine
 
         if cfg.mode == "server":
-            kind = SharedServerEngine if cfg.server_per == "job" else VLLMServerEngine
+            kind = VLLMServerEngine if cfg.server_per == "rank" else SharedServerEngine
         else:
             kind = VLLMEngine
         return kind(

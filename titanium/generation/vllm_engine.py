@@ -74,16 +74,17 @@ def answer_each(
     return [made[request] for request in requests]
 
 
-def engine_group(size: int) -> dist.ProcessGroup | None:
-    """The gloo group of this rank's engine: ``size`` consecutive ranks, vLLM's tensor-parallel group (None for
-    an engine of one's own). Collective: every rank of the job calls it."""
+def engine_group(size: int, option: str) -> dist.ProcessGroup | None:
+    """The gloo group of the ranks this rank shares an engine with: ``size`` consecutive ranks (vLLM's
+    tensor-parallel group; a machine's ranks under torchrun), None for an engine of one's own. ``option``: what
+    set ``size``, for the error. Collective: every rank of the job calls it."""
     if size == 1:
         return None
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world % size:
         raise ConfigError(
-            f"--rollout.tensor_parallel_size {size} splits each vLLM engine over that many training processes: "
-            f"it must divide their number ({world}; launch with torchrun --nproc_per_node a multiple of {size})"
+            f"{option} shares each vLLM engine between {size} consecutive training processes: that must divide "
+            f"their number ({world}; launch with torchrun --nproc_per_node a multiple of {size})"
         )
     group, _ = dist.new_subgroups(group_size=size, backend="gloo")
     return group
@@ -145,7 +146,9 @@ class VLLMEngine(RolloutEngine):
                 f"answer ({max_model_len} tokens): prompts are never split (seeded sampling needs that)"
             )
         self.adapter, self.args, self.stop_ids, self.pad_id = spec.hf_adapter, args, sorted(stop_ids), pad_id
-        self.group = engine_group(cfg.tensor_parallel_size)
+        self.group = engine_group(
+            cfg.tensor_parallel_size, f"--rollout.tensor_parallel_size {cfg.tensor_parallel_size}"
+        )
         self.folder = Path(tempfile.mkdtemp(prefix="titanium_vllm_"))
         config = self.adapter.to_hf_config(args)
         config["torch_dtype"] = str(dtype).removeprefix("torch.")

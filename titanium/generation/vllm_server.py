@@ -1,11 +1,12 @@
 """vLLM in server mode: the engine in a process of its own, fed prompts and weights without touching disk.
 
 Each training process that builds the engine (one per data-parallel rank: GRPO gives every rank its own prompts;
-with ``--rollout.server_per job`` only global rank 0, serving every rank: ``vllm_shared``) starts one engine
-process (a ``spawn`` child) that owns a colocated ``VLLMEngine`` in its own single-process torch.distributed group,
-so vLLM's process-wide state (threads, memory binding, its default group) stays out of the trainer. The two talk
-over a pipe: requests (generate, load a block, finish a sync, close) go one at a time and
-every request waits for its answer, so a block's values are loaded before the trainer gathers the next one.
+with ``--rollout.server_per node`` / ``job`` only the first rank of each machine / of the job, serving its ranks:
+``vllm_shared``) starts one engine process (a ``spawn`` child) that owns a colocated ``VLLMEngine`` in its own
+single-process torch.distributed group, so vLLM's process-wide state (threads, memory binding, its default group)
+stays out of the trainer. The two talk over a pipe: requests (generate, load a block, finish a sync, close) go one
+at a time and every request waits for its answer, so a block's values are loaded before the trainer gathers the
+next one.
 
 Weights (CPU): each weight gets a shared-memory buffer the first time it is synced, handed to the engine process
 once; every sync copies the gathered block into its buffers and names them, and the engine process hands the

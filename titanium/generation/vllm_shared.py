@@ -1,11 +1,13 @@
-"""vLLM in server mode with one engine process for the whole training job (``--rollout.server_per job``).
+"""vLLM in server mode with one engine process for each machine (``--rollout.server_per node``) or for the whole
+training job (``job``).
 
-Global rank 0 owns the engine process (a ``VLLMServerEngine``); the other ranks start none. ``generate`` is a
-collective of every training rank: each rank's prompts and seed are gathered to rank 0, which asks the engine for
-all of them in one request (one batch for vLLM's scheduler; identical requests, as the ranks of one data-parallel
-rank make under tensor/pipeline/context parallelism, are generated once) and sends each rank its own ``Rollouts``
-back. Every prompt keeps the seed it would have had in its own rank's engine (the rank's seed plus its row), so a
-rank gets what a per-rank engine would have sampled for it (tests/vllm checks this bitwise).
+The engine's ranks are the training ranks of one machine (torchrun's ``LOCAL_WORLD_SIZE`` consecutive ranks) or
+every rank of the job. The first of them owns the engine process (a ``VLLMServerEngine``); the others start none.
+``generate`` is a collective of the engine's ranks: each rank's prompts and seed are gathered to the owner, which
+asks the engine for all of them in one request (one batch for vLLM's scheduler; identical requests, as the ranks of
+one data-parallel rank make under tensor/pipeline/context parallelism, are generated once) and sends each rank its
+own ``Rollouts`` back. Every prompt keeps the seed it would have had in its own rank's engine (the rank's seed plus
+its row), so a rank gets what a per-rank engine would have sampled for it (tests/vllm checks this bitwise).
 
 The collectives run on a gloo group of their own, made here: GRPO may generate on a thread while the loop's
 forward, backward and gathers use the job's groups, and collectives of one group must not interleave from two
@@ -13,12 +15,13 @@ threads. Every rank must call ``generate`` the same number of times in the same 
 whose rounds differ per rank, is refused with it by config validation).
 
 Weight sync: every rank runs ``sync_from`` (the block-by-block gathers are collectives of the training job); only
-rank 0 copies the blocks into shared memory and has the engine reload them and reset its prefix cache.
+the owners copy the blocks into shared memory and have their engines reload them and reset their prefix caches.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,14 +31,22 @@ import torch.distributed as dist
 from titanium.config.sections import RolloutSection
 from titanium.generation.engine import RolloutEngine, Rollouts
 from titanium.generation.sampling import SamplingParams
-from titanium.generation.vllm_engine import Request, answer_each, as_request
+from titanium.generation.vllm_engine import Request, answer_each, as_request, engine_group
 from titanium.generation.vllm_server import VLLMServerEngine, check_server
 from titanium.models.spec import ModelSpec
 
 logger = logging.getLogger(__name__)
 
 OWNER = 0
-"""The rank (in the engine's group: every rank of the job, in order) that owns the engine process."""
+"""The rank (in the engine's group: its machine's ranks or every rank of the job, in order) that owns the engine
+process."""
+
+
+def ranks_per_engine(per: str) -> int:
+    """How many consecutive training ranks share an engine process with ``--rollout.server_per`` ``per`` (node:
+    the processes torchrun started on this machine; job: all)."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) if per == "node" else world
 
 
 class SharedServerEngine(RolloutEngine):
@@ -44,7 +55,8 @@ class SharedServerEngine(RolloutEngine):
     def __init__(self, spec: ModelSpec, args: Any, cfg: RolloutSection, *, device_type: str, **options: Any) -> None:
         """``options``: ``VLLMEngine``'s, for the engine process (its seed: the owner's)."""
         check_server(device_type)
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        size = ranks_per_engine(cfg.server_per)
+        self.group = engine_group(size, f"--rollout.server_per {cfg.server_per} ({size} processes a machine)")
         self.owner = self.group is None or dist.get_rank(self.group) == OWNER
         self.server: VLLMServerEngine | None = None
         error = None
