@@ -112,6 +112,13 @@ def scalars(tb_dir: Path, tag: str = LOSS_TAG) -> dict[int, float]:
     return {e.step: e.value for e in acc.Scalars(tag)}
 
 
+def scalar_tags(tb_dir: Path) -> list[str]:
+    """The scalar tags a run wrote."""
+    acc = EventAccumulator(str(tb_dir), size_guidance={"scalars": 0})
+    acc.Reload()
+    return list(acc.Tags()["scalars"])
+
+
 def texts(tb_dir: Path, tag: str) -> dict[int, str]:
     """step -> the text a run wrote under ``tag`` (``add_text``, e.g. a table of samples)."""
     acc = EventAccumulator(str(tb_dir), size_guidance={"tensors": 0})

@@ -28,7 +28,7 @@ import inspect
 import math
 import numbers
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -215,15 +215,26 @@ class RewardSet:
     """The configured reward functions and weights; ``reward_set(completions, answers, rows)`` -> ``Rewards``.
 
     ``configured`` holds functions built from the config rather than resolved by name (``overlong``, reward
-    models); ``with_tokens`` binds a batch's token ids for the batched functions that read them."""
+    models); ``with_tokens`` binds a batch's token ids for the batched functions that read them. ``elsewhere``
+    names rewards scored by the caller (sharded reward models): left out of ``__call__``'s total, added by
+    ``complete``."""
 
     def __init__(
-        self, names: Sequence[str], weights: Sequence[float] = (), configured: Mapping[str, Callable] | None = None
+        self,
+        names: Sequence[str],
+        weights: Sequence[float] = (),
+        configured: Mapping[str, Callable] | None = None,
+        elsewhere: Collection[str] = (),
     ) -> None:
         if weights and len(weights) != len(names):
             raise ValueError(f"{len(weights)} weights for {len(names)} reward functions")
         configured = configured or {}
-        self.functions = {name: configured[name] if name in configured else resolve_reward(name) for name in names}
+        self.names, self.elsewhere = list(names), [name for name in names if name in elsewhere]
+        self.functions = {
+            name: configured[name] if name in configured else resolve_reward(name)
+            for name in names
+            if name not in elsewhere
+        }
         self.batched = {name for name, fn in self.functions.items() if is_batched(name, fn)}
         self.weights = dict(zip(names, weights or [1.0] * len(names)))
         self.tokens: dict[str, list[list[int]]] = {}
@@ -233,9 +244,13 @@ class RewardSet:
         cls, cfg: GRPOSection, *, device: torch.device | None = None, pad_id: int = 0, vocab_size: int | None = None
     ) -> RewardSet:
         """The rewards of ``[grpo]``; reward models named there are loaded onto ``device`` (scoring sequences
-        padded with ``pad_id``, the job's tokenizer's, whose ``vocab_size`` ids they must cover)."""
+        padded with ``pad_id``, the job's tokenizer's, whose ``vocab_size`` ids they must cover), or, with
+        ``reward_model_layout = "sharded"``, left to the caller (``elsewhere``)."""
         configured: dict[str, Callable] = {}
+        sharded = [n for n in cfg.rewards if names_reward_model(n)] if cfg.reward_model_layout == "sharded" else []
         for name in cfg.rewards:
+            if name in sharded:
+                continue
             if name == "overlong":
                 configured[name] = SoftOverlongPunishment(cfg.max_new_tokens, cfg.overlong_buffer)
             elif names_reward_model(name):
@@ -250,7 +265,7 @@ class RewardSet:
                     dtype=cfg.reward_model_dtype,
                     tokenizer=cfg.reward_model_tokenizer,
                 )
-        return cls(cfg.rewards, cfg.reward_weights, configured)
+        return cls(cfg.rewards, cfg.reward_weights, configured, elsewhere=sharded)
 
     def with_tokens(
         self,
@@ -284,6 +299,16 @@ class RewardSet:
         for name, values in per_function.items():
             total += self.weights[name] * values
         return Rewards(total, per_function)
+
+    def complete(self, rewards: Rewards, scores: Mapping[str, torch.Tensor]) -> Rewards:
+        """``rewards`` (of ``__call__``) with the ``elsewhere`` rewards' ``scores`` added to the total by their
+        weights and to the per-function values, in the configured order."""
+        assert sorted(scores) == sorted(self.elsewhere), (sorted(scores), self.elsewhere)
+        total = rewards.total.clone()
+        for name, values in scores.items():
+            total += self.weights[name] * values.to(total.device, total.dtype)
+        mine = {**rewards.per_function, **{k: v.to(total.device, total.dtype) for k, v in scores.items()}}
+        return Rewards(total, {name: mine[name] for name in self.names})
 
     @staticmethod
     def _score(name: str, fn: RewardFn, completion: str, answer: str | None, row: Mapping[str, Any]) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.distributed.parity import STEPS, Run, assert_matches, layout_runs
-from tests.helpers import run_train, scalars, tiny_args
+from tests.helpers import run_train, scalar_tags, scalars, tiny_args
 from tests.objectives.synced_engine import assert_engines_hold_the_export
 
 GRPO = (
@@ -93,6 +93,27 @@ PPO = (
 )  # fmt: skip
 
 
+def reward_model_jobs(reward: str) -> dict[str, tuple[int, tuple[str, ...]]]:
+    """name -> (processes, job): GRPO with a reward model (the folder ``reward``) beside the characters reward,
+    held whole by one process, and sharded under FSDP 2 and under TP 2 (``--grpo.reward_model_layout sharded``)."""
+    job = (
+        *GRPO,
+        *CONFIGS["sequence_masked_lag"],
+        "--grpo.rewards",
+        FIXED[1],
+        reward,
+        "--grpo.reward_weights",
+        "1",
+        "3",
+    )
+    sharded = ("--grpo.reward_model_layout", "sharded")
+    return {
+        "rm_single": (1, (*job, *LAYOUTS["single"][1])),
+        "rm_fsdp2": (2, (*job, *LAYOUTS["fsdp2"][1], *sharded)),
+        "rm_tp2": (2, (*job, *LAYOUTS["tp2"][1], *sharded)),
+    }
+
+
 def ppo_jobs(tmp: Path) -> dict[str, tuple[int, tuple[str, ...]]]:
     """name -> (processes, what the job adds): one process; FSDP 2; CP 2; TP 2 and PP 2, each saving at step 3 (in
     the rollout batch of steps 3-4, after its first epoch); each again, resuming the same run folder from that
@@ -139,6 +160,7 @@ def runs(tmp_path_factory, scalar_model_folder) -> dict[str, tuple[Run, dict[str
         for name, (n, extra) in ppo_jobs(tmp).items():
             if n == nproc:
                 jobs[name] = (*PPO, "--ppo.reward_model_path", reward, *extra)
+        jobs.update({name: job for name, (n, job) in reward_model_jobs(reward).items() if n == nproc})
         done = layout_runs(tmp, nproc, jobs, data=(), module="tests.objectives.fixed_rollouts")
         out.update({name: (run, job_metrics(tmp / name)) for name, run in done.items()})
     return out
@@ -149,6 +171,8 @@ def job_metrics(folder: Path) -> dict[str, dict[int, float]]:
     name = folder.name
     tags = METRICS + (("grpo/kl",) if name.startswith("kl_") else ("grpo/logprob_mismatch_max",))
     tags = PPO_METRICS if name.startswith("ppo_") else tags
+    if name.startswith("rm_"):  # (and each reward function's own: grpo/reward/<its name>, the folder's path)
+        tags += tuple(t for t in scalar_tags(folder / "tb") if t.startswith("grpo/reward/"))
     return {tag: scalars(folder / "tb", tag) for tag in tags}
 
 
@@ -156,6 +180,17 @@ def job_metrics(folder: Path) -> dict[str, dict[int, float]]:
 @pytest.mark.parametrize("config", sorted(CONFIGS))
 def test_grpo_step_equals_one_process(runs, config, layout) -> None:
     assert_grpo_matches(*runs[f"{config}_{layout}"], *runs[f"{config}_single"], config)
+
+
+@pytest.mark.parametrize("layout", ["fsdp2", "tp2"])
+def test_grpo_with_a_sharded_reward_model_equals_one_process_with_it_whole(runs, layout) -> None:
+    """A reward model built under the training plan (FSDP 2, TP 2) and scored on the loop's thread gives one
+    process's rewards (its unsharded copy scoring where responses are made), so the same losses, grad norms and
+    metrics; the reward model's own metric is compared too, and it moves the total."""
+    run, metrics = runs[f"rm_{layout}"]
+    assert_grpo_matches(run, metrics, *runs["rm_single"], "sequence_masked_lag")  # (every metric: grpo/reward/*)
+    (model,) = [tag for tag in metrics if tag.startswith("grpo/reward/") and tag != "grpo/reward/" + FIXED[1]]
+    assert len(set(metrics[model].values())) > 1 and max(abs(v) for v in metrics[model].values()) > 1e-3
 
 
 @pytest.mark.parametrize("name", sorted(FOUR_PROCESS))

@@ -63,13 +63,10 @@ def fixed_responses(samples: list[PromptSample], group: int, index: int, objecti
 
 def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
     """Stands in for ``GRPOObjective.sample``: responses that depend only on the prompt, j and ``index``."""
-    made = to_rollout(
-        samples,
-        self.cfg.group_size,
-        fixed_responses(samples, self.cfg.group_size, index, self),
-        self.rewards,
-        self.tokenizer,
-    )
+    generation = fixed_responses(samples, self.cfg.group_size, index, self)
+    prompts = [s.prompt for s in samples for _ in range(self.cfg.group_size)]
+    rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))  # (as sample binds them)
+    made = to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer)
     with torch.no_grad():  # what the sampler's log-probs are: those of the engine's copy of the policy
         logits = self.engine.model(**made.model_inputs())
     old = response_logprobs(logits, made.tokens, self.cfg.max_new_tokens, self.cfg.temperature) * made.response_mask

@@ -105,7 +105,8 @@ def test_a_second_dry_run_in_the_process_uses_its_own_process_groups(in_repo):
 
 def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     """The frozen models the objective builds, on this rank under the same plan (FSDP over 2: half of each): a kd
-    teacher (here of the student's shape), a DPO, KTO or PPO reference copy, PPO's reward model, and no copy for a
+    teacher (here of the student's shape), a DPO, KTO or PPO reference copy, PPO's reward model and GRPO's sharded
+    one (a whole one is the objective's own), and no copy for a
     LoRA policy's reference; and PPO's value model, which trains: its parameters and two AdamW moments (three times
     its half), and, as its backward turns them into its gradients (a fourth), the activations its forward keeps (the
     policy's body's, by the estimator's own trace), whichever is larger; and the rollout engine's whole copy of the
@@ -152,6 +153,11 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     # (uneven shards: a few rows more)
     assert teacher == reference == kto_reference == ppo_reference == pytest.approx(half_fp32, rel=1e-3)
     assert ppo_reference_and_scorer - ppo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
+    grpo = ("--training.objective", "grpo", "--data.kind", "chat", "--grpo.group_size", "2", "--grpo.rewards", rm)
+    grpo += ("--grpo.max_prompt_len", "48", "--grpo.max_new_tokens", "16")
+    _, grpo_reference = estimate(*grpo)  # (a whole reward model is the objective's own, beside the plan)
+    _, grpo_reference_and_sharded = estimate(*grpo, "--grpo.reward_model_layout", "sharded")
+    assert grpo_reference_and_sharded - grpo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
     engine = 2 * half_fp32  # (unsharded, in the training dtype)
     # the value model's forward activations: the policy's trace's, without the output projection and the loss (here
     # larger than its gradients: one microbatch per step)

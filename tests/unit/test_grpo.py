@@ -243,6 +243,33 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         (["--grpo.rewards", "overlong", "--grpo.overlong_buffer", "300"], "set overlong_buffer in 1..256, got 300"),
         (["--grpo.overlong_buffer", "16"], "add overlong to --grpo.rewards"),
         (["--grpo.log_completions", "-1"], "--grpo.log_completions must be >= 0"),
+        (["--grpo.reward_model_layout", "sharded"], "--grpo.rewards names no reward model folder to shard"),
+        (
+            ["--grpo.rewards", "assets/rm", "--grpo.reward_model_layout", "sharded", "--grpo.dynamic_sampling"],
+            "use reward_model_layout whole",
+        ),
+        (
+            [
+                "--grpo.rewards",
+                "assets/rm",
+                "--grpo.reward_model_layout",
+                "sharded",
+                "--grpo.reward_model_tokenizer",
+                "own",
+            ],
+            "--grpo.reward_model_tokenizer own needs reward_model_layout whole",
+        ),
+        (
+            [
+                "--grpo.rewards",
+                "assets/rm",
+                "--grpo.reward_model_layout",
+                "sharded",
+                "--grpo.reward_model_dtype",
+                "bfloat16",
+            ],
+            "a sharded one runs in the training's precision",
+        ),
         (["--grpo.log_completions_count", "0"], "--grpo.log_completions_count must be >= 1"),
         ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),

@@ -818,9 +818,15 @@ class GRPOSection:
     get_soft_overlong_punishment with max_completion_len = max_new_tokens, soft_punish_cache = this): 0 for a
     response of at most max_new_tokens - overlong_buffer tokens (stop token included), then falling linearly to -1
     at max_new_tokens. Its weight is its entry in reward_weights."""
+    reward_model_layout: Literal["whole", "sharded"] = "whole"
+    """How the reward models named in rewards are held. whole: each process holds an unsharded copy and scores its
+    own responses where they are generated (no collective; also on the generation thread). sharded: built under
+    the training's parallel plan like the reference model (FSDP / TP / PP / CP, in the training precision) and
+    scored on the loop's thread when the batch is first used: for a reward model one device cannot hold. It reads
+    the policy's tokens (reward_model_tokenizer policy); not with dynamic_sampling."""
     reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and compute of the reward models named in rewards (each process scores its own responses with an
-    unsharded copy)."""
+    """Weights and compute of whole reward models (reward_model_layout whole; a sharded one runs in the
+    training's precision)."""
     reward_model_tokenizer: Literal["policy", "own"] = "policy"
     """What the reward models named in rewards read. policy: the policy's token ids of the prompt (as the chat
     template made it) and the response, so a reward model must share the job's tokenizer. own: the prompt's messages

@@ -373,6 +373,8 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
             f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
             f"({', '.join(g.rewards)}); give one per function, or none for all 1"
         )
+    if g.reward_model_layout == "sharded":
+        yield from _validate_sharded_reward_model(g)
     if "overlong" in g.rewards and not 0 < g.overlong_buffer <= g.max_new_tokens:
         yield (
             f"--grpo.rewards overlong punishes the last --grpo.overlong_buffer tokens before --grpo.max_new_tokens "
@@ -441,6 +443,31 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
             f"--rollout.engine vllm with --grpo.top_k {g.top_k} / --grpo.top_p {g.top_p}: vLLM reports the log-probs "
             "of the truncated distribution it sampled from, not the full-vocabulary ones the loss uses; set "
             "--grpo.old_logprobs recompute (or turn top_k / top_p off)"
+        )
+
+
+def _validate_sharded_reward_model(g: GRPOSection) -> Iterator[str]:
+    """What --grpo.reward_model_layout sharded cannot do: it scores on the loop's thread, once per rollout batch,
+    in the training's precision, from the policy's tokens."""
+    from titanium.rewards import names_reward_model
+
+    if not any(names_reward_model(name) for name in g.rewards):
+        yield "--grpo.reward_model_layout sharded: --grpo.rewards names no reward model folder to shard"
+    if g.dynamic_sampling:
+        yield (
+            "--grpo.reward_model_layout sharded with --grpo.dynamic_sampling: each generation round needs its "
+            "rewards at once, on the generation side, but a sharded reward model scores on the loop's thread with "
+            "every rank; use reward_model_layout whole"
+        )
+    if g.reward_model_tokenizer != "policy":
+        yield (
+            "--grpo.reward_model_layout sharded reads the policy's token ids; --grpo.reward_model_tokenizer "
+            f"{g.reward_model_tokenizer} needs reward_model_layout whole"
+        )
+    if g.reward_model_dtype != "float32":
+        yield (
+            f"--grpo.reward_model_dtype {g.reward_model_dtype} is for whole reward models; a sharded one runs in the "
+            "training's precision (--training.mixed_precision_param)"
         )
 
 

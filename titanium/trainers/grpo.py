@@ -50,7 +50,7 @@ from titanium.generation.rollout_buffer import PendingBatch, RolloutBatch, Rollo
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
-from titanium.rewards import RewardSet, exact_match
+from titanium.rewards import Rewards, RewardSet, exact_match, names_reward_model
 from titanium.trainers.base import (
     FrozenModel,
     LossResult,
@@ -65,6 +65,7 @@ from titanium.trainers.completions_table import CompletionsLog
 from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
 from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
 from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
+from titanium.trainers.reward_scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,20 @@ def rollout_seed(seed: int, dp_rank: int, index: int) -> int:
     """The sampling seed of a rank's ``index``-th generation call (a rollout batch, or each round of one with
     dynamic sampling): reproducible, and the same again when a resumed run makes that batch anew."""
     return hash((seed, dp_rank, index)) & 0x7FFF_FFFF_FFFF_FFFF
+
+
+def sharded_reward_models(
+    cfg: GRPOSection, policy: Any, pad_id: int | None, vocab_size: int, seq_len: int
+) -> dict[str, ModelSource]:
+    """``--grpo.rewards`` folder -> its reward model's source, for ``reward_model_layout = "sharded"`` (built under
+    the training's plan; ``policy``: the policy's source or handle, whose family it must be); none otherwise."""
+    if cfg.reward_model_layout != "sharded":
+        return {}
+    return {
+        name: scalar_head_source(policy.spec, name, "--grpo.rewards", pad_id, vocab_size, seq_len)
+        for name in cfg.rewards
+        if names_reward_model(name)
+    }
 
 
 def batch_reward_std(rewards: torch.Tensor, device: torch.device, ranks_per_row: int) -> float:
@@ -166,13 +181,13 @@ MISMATCH_METRICS = (
 """The engine/trainer gap with ``old_logprobs = "recompute"`` (the first two), and the importance weights'
 (``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batch first used at a step (recomputed
 then: with a policy lag the gap includes the updates since the engine sampled it)."""
-TIME_PARTS = ("generate", "wait", "old_logprobs", "reference", "sync", "train")
+TIME_PARTS = ("generate", "wait", "reward_model", "old_logprobs", "reference", "sync", "train")
 """The step-time breakdown, in seconds per rank (``grpo/time/<part>``, means over ranks): generation (its own
-seconds, on the generation thread or not), recomputed old log-probs and reference log-probs of the batches first
-used at this step, the seconds the loop waited for generation since the last prepare (all of ``generate`` when
-it runs in the loop's thread; 1 - wait / generate is the share of generation hidden behind training), and the
-weight sync and training (forward, backward, optimizer step: from the end of ``prepare`` to the sync) of the step
-before it."""
+seconds, on the generation thread or not), sharded reward models' scores, recomputed old log-probs and reference
+log-probs of the batches first used at this step, the seconds the loop waited for generation since the last
+prepare (all of ``generate`` when it runs in the loop's thread; 1 - wait / generate is the share of generation
+hidden behind training), and the weight sync and training (forward, backward, optimizer step: from the end of
+``prepare`` to the sync) of the step before it."""
 GENERATION_TENSORS = ("tokens", "logprobs", "lengths", "finished")
 
 LOSS_UNITS: dict[str, str] = {
@@ -235,7 +250,8 @@ class GRPOObjective(Objective):
     def frozen_sources(
         cls, section: GRPOSection, start: ModelSource, vocab_size: int, seq_len: int
     ) -> list[ModelSource]:
-        return [start] if section.beta > 0 else []  # (the reference of the KL term)
+        reference = [start] if section.beta > 0 else []  # (the reference of the KL term)
+        return [*reference, *sharded_reward_models(section, start, None, vocab_size, seq_len).values()]
 
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection, rollout: RolloutSection | None = None
@@ -264,6 +280,8 @@ class GRPOObjective(Objective):
         self.rewards = RewardSet.from_config(
             cfg, device=ctx.device, pad_id=ctx.tokenizer.pad_id, vocab_size=ctx.tokenizer.vocab_size
         )
+        sharded = sharded_reward_models(cfg, self.policy, ctx.tokenizer.pad_id, ctx.vocab_size, ctx.seq_len)
+        self.reward_models = {name: ctx.models.frozen(source=source) for name, source in sharded.items()}
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         # beta = 0 builds no reference model
         self.reference: FrozenModel | None = ctx.models.frozen() if cfg.beta > 0 else None
@@ -445,6 +463,11 @@ class GRPOObjective(Objective):
             self._timed("wait", start)
         self._times["generate"] = self._times.get("generate", 0.0) + seconds
 
+        inputs = {k: v.to(self.device) for k, v in out.model_inputs().items()}
+        if self.placement.split:  # (each rank runs the models on its part of every row)
+            inputs = split_ready(inputs, out.response_mask.shape[1], self.sequence_multiple, self.tokenizer.pad_id)
+        if self.reward_models:
+            out = dataclasses.replace(out, rewards=self._scored(inputs, out))
         rewards = out.rewards.total
         batch_std = batch_reward_std(rewards, self.device, self.ranks_per_row) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
@@ -463,7 +486,7 @@ class GRPOObjective(Objective):
                 [exact_match(c, a, {}) for c, a in zip(out.completions, answers)]
             )
         rows = {
-            **out.model_inputs(),
+            **inputs,
             "old_logprobs": out.old_logprobs,
             "response_mask": out.response_mask,
             "loss_mask": loss_mask(out.response_mask, out.finished, cfg.mask_truncated),
@@ -471,8 +494,6 @@ class GRPOObjective(Objective):
             **{k: v.to(self.device, torch.float32) for k, v in per_response.items()},
         }
         rows = {k: v.to(self.device) for k, v in rows.items()}
-        if self.placement.split:  # (each rank trains on its part of every row)
-            rows = split_ready(rows, out.response_mask.shape[1], self.sequence_multiple, self.tokenizer.pad_id)
         metrics = sampled.metrics(self.device, cfg.dynamic_sampling)
         if cfg.old_logprobs == "recompute":
             start = time.perf_counter()
@@ -494,6 +515,20 @@ class GRPOObjective(Objective):
             generation_seconds=seconds,
             metrics=metrics,
         )
+
+    def _scored(self, inputs: dict[str, torch.Tensor], out: Rollout) -> Rewards:
+        """``out``'s rewards completed with the sharded reward models' scores of its rows (``inputs``: their model
+        inputs, split under CP), computed here by every rank together (``reward_scores``)."""
+        start = time.perf_counter()
+        mask = out.response_mask.to(self.device)
+        chunks = placed_chunks(inputs, score_positions(inputs, mask), self.local_batch_size, self.placement)
+        pp_group = self.policy.pp_group
+        scores = {
+            name: reward_model_scores(model, chunks, self.placement, pp_group, self.device)
+            for name, model in self.reward_models.items()
+        }
+        self._timed("reward_model", start)
+        return self.rewards.complete(out.rewards, scores)
 
     def _mismatch(self, rows: dict[str, torch.Tensor], sampling: torch.Tensor, response_mask: torch.Tensor) -> Metrics:
         """Importance weights for the engine/trainer gap (stored as a row key) and the gap's metrics: means as

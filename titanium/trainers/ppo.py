@@ -45,9 +45,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
-from titanium.checkpoint.hf import hf_model_args
 from titanium.checkpoint.states import ModelState, OptimizerState
-from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, PPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
@@ -66,7 +64,7 @@ from titanium.generation.rollout import (
 from titanium.generation.rollout_buffer import RolloutBatch
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.metrics.table import Table
-from titanium.model_builder import ModelSource, WeightSource
+from titanium.model_builder import ModelSource
 from titanium.models.reward import reward_spec
 from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.rewards import RewardSet, exact_match
@@ -80,6 +78,13 @@ from titanium.trainers.ppo_loss import (
     ppo_loss,
     value_sums,
     whiten,
+)
+from titanium.trainers.reward_scores import (
+    ScoreFields,
+    placed_chunks,
+    reward_model_scores,
+    scalar_head_source,
+    score_positions,
 )
 
 logger = logging.getLogger("titanium")
@@ -111,17 +116,6 @@ class PPOFields(Fields):
         return self.loss_mask.sum()
 
 
-@dataclass
-class ScoreFields(Fields):
-    """A chunk of rollout rows to score in ``prepare`` (values, the reward model's score), as ``PPOFields`` places
-    them: where each row's score is read, and the same ``targets`` and ``slots``."""
-
-    score_at: torch.Tensor = per_token()
-    """``[B, S]`` True at the response's last token (the prompt's last token for an empty response)."""
-    targets: torch.Tensor | None = per_token(default=None)
-    slots: torch.Tensor | None = per_token(default=None)
-
-
 def response_parts(fields: PPOFields | ScoreFields) -> ResponseTargets | None:
     """Where this rank's positions put their response tokens under context parallelism (None: whole rows)."""
     return None if fields.targets is None or fields.slots is None else ResponseTargets(fields.targets, fields.slots)
@@ -135,18 +129,6 @@ skipped or stale sync shows as 0.1-1) (means over the step's responses)."""
 TOKEN_METRICS = ("ppo/policy_loss", "ppo/value_loss", "ppo/clip_frac", "ppo/value_clip_frac", "ppo/approx_kl")
 
 
-def scalar_head_source(spec: Any, folder: str, key: str, pad_id: int | None, vocab_size: int, seq_len: int):
-    """A reward or value model from a Hugging Face sequence-classification ``folder`` of the policy's family."""
-    scalar = reward_spec(spec, pad_token_id=pad_id)
-    args = hf_model_args(scalar, folder, max_seq_len=seq_len)
-    if args.vocab_size != vocab_size:
-        raise ConfigError(
-            f"--ppo.{key} {folder}: its vocabulary has {args.vocab_size} entries, the policy's {vocab_size}; it reads "
-            "the policy's tokens, so it needs the same tokenizer"
-        )
-    return ModelSource(scalar, args, WeightSource(hf_folder=folder))
-
-
 def value_source(cfg: PPOSection, policy: Any, pad_id: int | None, vocab_size: int, seq_len: int) -> ModelSource:
     """Where the value model starts: ``value_model_path``, else the reward model, else seeded (the policy's shape)."""
     folder, key = (
@@ -155,7 +137,7 @@ def value_source(cfg: PPOSection, policy: Any, pad_id: int | None, vocab_size: i
         else (cfg.reward_model_path, "reward_model_path")
     )
     if folder:
-        return scalar_head_source(policy.spec, folder, key, pad_id, vocab_size, seq_len)
+        return scalar_head_source(policy.spec, folder, f"--ppo.{key}", pad_id, vocab_size, seq_len)
     return ModelSource(reward_spec(policy.spec, pad_token_id=pad_id), policy.args)
 
 
@@ -179,7 +161,7 @@ class PPOObjective(Objective):
         if not section.reward_model_path:
             return reference
         path = section.reward_model_path
-        return [*reference, scalar_head_source(start.spec, path, "reward_model_path", None, vocab_size, seq_len)]
+        return [*reference, scalar_head_source(start.spec, path, "--ppo.reward_model_path", None, vocab_size, seq_len)]
 
     @classmethod
     def trainable_sources(
@@ -211,7 +193,7 @@ class PPOObjective(Objective):
         self.reward_model = None
         if cfg.reward_model_path:
             source = scalar_head_source(
-                self.policy.spec, cfg.reward_model_path, "reward_model_path", pad_id, vocab, seq
+                self.policy.spec, cfg.reward_model_path, "--ppo.reward_model_path", pad_id, vocab, seq
             )
             self.reward_model = ctx.models.frozen(source=source)
         self.reference = ctx.models.frozen() if cfg.kl_coef > 0 else None
@@ -400,29 +382,19 @@ class PPOObjective(Objective):
     @torch.no_grad()
     def _scores(self, rows: Rows, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([B, T], [B] or None)``: the value model's values of the response positions, and the reward model's
-        score of each prompt + response, read at the response's last token (the prompt's last token for an empty
-        response; under context parallelism one rank holds it, the others add zeros). None without a reward
-        model. Under pipeline parallelism the last stage computes both and shares them."""
-        seq = rows["tokens"].shape[1]
-        score_at = torch.zeros_like(rows["tokens"], dtype=torch.bool)
-        last = seq - width + rows["mask"].sum(dim=1) - 1
-        score_at[torch.arange(len(last), device=last.device), last] = True
-        rows, values, scores = {**rows, "score_at": score_at}, [], []
-        for start in range(0, len(last), self.local_batch_size):
-            part = {k: v[start : start + self.local_batch_size] for k, v in rows.items()}
-            fields = ScoreFields(part["score_at"], part.get("targets"), part.get("slots"))
-            batch = self.placement.place(Batch(part["tokens"], fields, part["positions"], part["document_ids"]))
-            out = self.value.forward(batch.model_inputs())
-            if out is not None:  # (pipeline ranks without the last stage: none)
-                values.append(self._values_of(out, batch, width))
-            if self.reward_model is not None and (out := self.reward_model(batch)) is not None:
-                here = torch.where(batch.fields.score_at, out.squeeze(-1).float(), 0.0).sum(dim=1)
-                scores.append(self.placement.add_parts(here))
-        n, group = len(last), self.value.pp_group  # (under pipeline parallelism: the last stage's, shared)
+        score of each prompt + response (``reward_scores``). None without a reward model. Under pipeline
+        parallelism the last stage computes both and shares them."""
+        chunks = placed_chunks(rows, score_positions(rows, rows["mask"]), self.local_batch_size, self.placement)
+        values = [
+            self._values_of(out, batch, width)
+            for batch in chunks
+            if (out := self.value.forward(batch.model_inputs())) is not None
+        ]
+        n, group = len(rows["tokens"]), self.value.pp_group  # (under pipeline parallelism: the last stage's, shared)
         values_of_rows = from_last_stage(torch.cat(values) if values else None, (n, width), group, self.device)
         if self.reward_model is None:
             return values_of_rows, None
-        return values_of_rows, from_last_stage(torch.cat(scores) if scores else None, (n,), group, self.device)
+        return values_of_rows, reward_model_scores(self.reward_model, chunks, self.placement, group, self.device)
 
     def _values_of(
         self, out: torch.Tensor, batch: Batch[PPOFields] | Batch[ScoreFields], width: int | None = None
