@@ -227,10 +227,6 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         ([*GRPO_JOB, "--rollout.engine", "vllm", "--grpo.top_p", "0.9"], "set --grpo.old_logprobs recompute"),
         ([*GRPO_JOB, "--rollout.engine", "vllm", "--rollout.compile"], "vLLM compiles its own"),
         ([*GRPO_JOB, "--rollout.tensor_parallel_size", "2"], "set it to 1 (a whole copy per rank) or 1"),
-        (
-            [*GRPO_JOB, *TP2, "--rollout.tensor_parallel_size", "2", "--rollout.compile"],
-            "the split engine decodes eagerly",
-        ),
         ([*GRPO_JOB, "--rollout.mode", "server"], "--rollout.mode server starts vLLM in processes of its own"),
         (["--rollout.engine", "vllm"], "[rollout] is read by --training.objective grpo and ppo"),
         (["--rollout.gpu_memory_utilization", "0"], "--rollout.gpu_memory_utilization must be in (0, 1]"),

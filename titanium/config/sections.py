@@ -861,8 +861,8 @@ class RolloutSection:
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
     """The engine's weights and compute; auto: --training.mixed_precision_param."""
     compile: bool = False
-    """titanium engine: run the decode step through torch.compile with a static KV cache (one graph for every
-    step; for GPUs: compiling on CPU takes minutes)."""
+    """titanium engine, whole or split: run the decode step through torch.compile with a static KV cache (one
+    graph for every step; for GPUs: compiling on CPU takes long)."""
     tensor_parallel_size: int = 1
     """titanium: 1 (a whole copy of the policy per rank) or the training's tensor_parallel_degree (the copy split
     over each tensor-parallel group, whose ranks generate the same rows: for a model one device cannot hold).

@@ -418,11 +418,6 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
             f"training's tensor-parallel ranks (whose rows are the same): set it to 1 (a whole copy per rank) or {tp} "
             "(--parallelism.tensor_parallel_degree)"
         )
-    if r.engine == "titanium" and r.tensor_parallel_size > 1 and r.compile:
-        yield (
-            "--rollout.compile with --rollout.tensor_parallel_size > 1: the split engine decodes eagerly (its "
-            "compiled decode step is not built); turn one of them off"
-        )
     if objective != "grpo":
         return
     if r.engine == "vllm" and r.tensor_parallel_size > 1 and g.dynamic_sampling:
