@@ -239,7 +239,6 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         (["--grpo.rewards", "overlong", "--grpo.overlong_buffer", "300"], "set overlong_buffer in 1..256, got 300"),
         (["--grpo.overlong_buffer", "16"], "add overlong to --grpo.rewards"),
         (["--grpo.log_completions", "-1"], "--grpo.log_completions must be >= 0"),
-        (["--grpo.reward_model_layout", "sharded"], "--grpo.rewards names no reward model folder to shard"),
         (
             ["--grpo.rewards", "assets/rm", "--grpo.reward_model_layout", "sharded", "--grpo.dynamic_sampling"],
             "use reward_model_layout whole",
@@ -289,6 +288,14 @@ def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch)
     with pytest.raises(ConfigError) as err:
         load_config(args)
     assert message in str(err.value)
+
+
+def test_sharding_reward_models_needs_one_named() -> None:
+    from titanium.trainers.grpo import sharded_reward_models
+
+    assert sharded_reward_models(GRPOSection(rewards=["exact_match"]), None, 0, 64, 64) == {}  # (layout whole)
+    with pytest.raises(ConfigError, match="--grpo.rewards names no reward model folder to shard"):
+        sharded_reward_models(GRPOSection(rewards=["exact_match"], reward_model_layout="sharded"), None, 0, 64, 64)
 
 
 def test_grpo_runs_under_context_parallelism_with_tensor_and_pipeline_parallelism(monkeypatch) -> None:

@@ -56,30 +56,26 @@ def against_policy(engine: Any, reference: Any, prompts: list[list[int]], seed: 
 def main(out: Path) -> None:
     rank, spec, args, reference, model = fsdp_policy("llama3")
     engine = vllm_engine(spec, args, seed=rank, stop_ids=STOP, tensor_parallel_size=2)
-    try:
-        from vllm.distributed.parallel_state import get_tp_group
+    from vllm.distributed.parallel_state import get_tp_group
 
-        seqs, results = sequences(), {}
-        results["engine_ranks"] = dist.get_process_group_ranks(engine.group)
-        results["vllm_tp_ranks"] = list(get_tp_group().ranks)
-        mine = [s[:16] for s in seqs[4 * rank : 4 * rank + 4]]
-        results["sync_a"] = dataclasses.asdict(engine.sync_from(model, version=0))
-        logprobs_a = titanium_logprobs(reference, seqs)
-        results["engine_vs_policy_a"] = diff(engine_logprobs(engine, seqs), logprobs_a)
-        results["a"] = against_policy(engine, reference, mine, seed=1000 * rank)
-        one_large_step(model)
-        reference.load_state_dict(merged_full_state_dict(model, keep=True))  # B: the sharded policy, gathered
-        results["sync_b"] = dataclasses.asdict(engine.sync_from(model, version=1))
-        engine_b = engine_logprobs(engine, seqs)
-        results["engine_vs_policy_b"] = diff(engine_b, titanium_logprobs(reference, seqs))
-        results["engine_b_vs_policy_a"] = diff(engine_b, logprobs_a)
-        results["b"] = against_policy(engine, reference, mine, seed=1000 * rank)
-        shared = engine.generate([s[:16] for s in seqs[8:12]], SAMPLED, seed=7)  # (both ranks: one request)
-        results["same_request"] = shared.generation.tokens.tolist()
-        (out / f"rank{rank}.json").write_text(json.dumps(results, indent=2))
-    finally:
-        engine.close()  # (vLLM's teardown also destroys the default process group it shared)
-        shutdown_distributed()
+    seqs, mine = sequences(), [s[:16] for s in sequences()[4 * rank : 4 * rank + 4]]
+    results = {"engine_ranks": dist.get_process_group_ranks(engine.group), "vllm_tp_ranks": get_tp_group().ranks}
+    results["sync_a"] = dataclasses.asdict(engine.sync_from(model, version=0))
+    logprobs_a = titanium_logprobs(reference, seqs)
+    results["engine_vs_policy_a"] = diff(engine_logprobs(engine, seqs), logprobs_a)
+    results["a"] = against_policy(engine, reference, mine, seed=1000 * rank)
+    one_large_step(model)
+    reference.load_state_dict(merged_full_state_dict(model, keep=True))  # B: the sharded policy, gathered
+    results["sync_b"] = dataclasses.asdict(engine.sync_from(model, version=1))
+    engine_b = engine_logprobs(engine, seqs)
+    results["engine_vs_policy_b"] = diff(engine_b, titanium_logprobs(reference, seqs))
+    results["engine_b_vs_policy_a"] = diff(engine_b, logprobs_a)
+    results["b"] = against_policy(engine, reference, mine, seed=1000 * rank)
+    shared = engine.generate([s[:16] for s in seqs[8:12]], SAMPLED, seed=7)  # (both ranks: one request)
+    results["same_request"] = shared.generation.tokens.tolist()
+    (out / f"rank{rank}.json").write_text(json.dumps(results, indent=2))
+    engine.close()  # (last: vLLM's teardown also destroys the default process group it shared)
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

@@ -42,6 +42,12 @@ def run(cmd: list[str], timeout: int = 900) -> str:
     return result.stderr
 
 
+def on_two_ranks(checks: str, out: Path) -> list[dict]:
+    """``tests.vllm.<checks>`` under torchrun on 2 ranks, writing into ``out``: each rank's measurements."""
+    run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "-m", f"tests.vllm.{checks}", str(out)])
+    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+
+
 @pytest.fixture(scope="module", params=["llama3", "qwen3"])
 def checks(request, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("vllm") / f"{request.param}.json"
@@ -87,10 +93,7 @@ def test_sampling_log_probs_follow_the_trainer_convention(checks, temperature) -
 
 @pytest.fixture(scope="module")
 def colocated(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("colocated")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    run([*torchrun, "-m", "tests.vllm.colocated_checks", str(out)])
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return on_two_ranks("colocated_checks", tmp_path_factory.mktemp("colocated"))
 
 
 def test_colocated_with_fsdp_every_rank_serves_the_sharded_policy(colocated) -> None:
@@ -102,10 +105,7 @@ def test_colocated_with_fsdp_every_rank_serves_the_sharded_policy(colocated) -> 
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("split")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    run([*torchrun, "-m", "tests.vllm.split_checks", str(out)])
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return on_two_ranks("split_checks", tmp_path_factory.mktemp("split"))
 
 
 def test_one_engine_split_over_two_ranks_gives_each_rank_its_own_rows(split) -> None:
@@ -153,10 +153,7 @@ def test_server_mode_engine_ends_when_the_trainer_dies(server) -> None:
 
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("shared")
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2"]
-    run([*torchrun, "-m", "tests.vllm.shared_checks", str(out)])
-    return [json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)]
+    return on_two_ranks("shared_checks", tmp_path_factory.mktemp("shared"))
 
 
 def test_one_engine_for_the_job_gives_each_rank_what_its_own_engine_would(shared) -> None:

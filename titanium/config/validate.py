@@ -443,11 +443,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 
 def _validate_sharded_reward_model(g: GRPOSection) -> Iterator[str]:
     """What --grpo.reward_model_layout sharded cannot do: it scores on the loop's thread, once per rollout batch,
-    in the training's precision, from the policy's tokens."""
-    from titanium.rewards import names_reward_model
-
-    if not any(names_reward_model(name) for name in g.rewards):
-        yield "--grpo.reward_model_layout sharded: --grpo.rewards names no reward model folder to shard"
+    in the training's precision, from the policy's tokens. (That rewards names a folder is checked where the names
+    are resolved: trainers/grpo.py's sharded_reward_models.)"""
     if g.dynamic_sampling:
         yield (
             "--grpo.reward_model_layout sharded with --grpo.dynamic_sampling: each generation round needs its "

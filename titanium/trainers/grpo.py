@@ -122,10 +122,11 @@ def sharded_reward_models(
     the training's plan; ``policy``: the policy's source or handle, whose family it must be); none otherwise."""
     if cfg.reward_model_layout != "sharded":
         return {}
+    folders = [name for name in cfg.rewards if names_reward_model(name)]
+    if not folders:
+        raise ConfigError("--grpo.reward_model_layout sharded: --grpo.rewards names no reward model folder to shard")
     return {
-        name: scalar_head_source(policy.spec, name, "--grpo.rewards", pad_id, vocab_size, seq_len)
-        for name in cfg.rewards
-        if names_reward_model(name)
+        name: scalar_head_source(policy.spec, name, "--grpo.rewards", pad_id, vocab_size, seq_len) for name in folders
     }
 
 
