@@ -56,7 +56,7 @@ class SharedServerEngine(RolloutEngine):
         """``options``: ``VLLMEngine``'s, for the engine process (its seed: the owner's)."""
         check_server(device_type)
         size = ranks_per_engine(cfg.server_per)
-        self.group = engine_group(size, f"--rollout.server_per {cfg.server_per} ({size} processes a machine)")
+        self.group = engine_group(size, f"--rollout.server_per {cfg.server_per}")
         self.owner = self.group is None or dist.get_rank(self.group) == OWNER
         self.server: VLLMServerEngine | None = None
         error = None
@@ -92,7 +92,7 @@ class SharedServerEngine(RolloutEngine):
         """The owner's part of ``generate``: every rank's request in one engine call, its rollouts per rank."""
         assert self.server is not None
         try:
-            return list(answer_each(self.server.generate_many, requests, params))
+            return answer_each(self.server.generate_many, requests, params)
         except Exception as e:
             return [e] * len(requests)
 
