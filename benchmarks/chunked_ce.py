@@ -26,8 +26,8 @@ from bench_common import step_times  # noqa: E402
 
 from titanium.batch import Batch  # noqa: E402
 from titanium.debug.memory import peak_memory_bytes  # noqa: E402
-from titanium.trainers.base import IGNORE_INDEX, ModelOutput  # noqa: E402
-from titanium.trainers.cross_entropy import TokenCrossEntropy, TokenFields  # noqa: E402
+from titanium.objectives.base import IGNORE_INDEX, ModelOutput  # noqa: E402
+from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, TokenFields  # noqa: E402
 
 VOCABS = {"Llama 2 (32,000)": 32000, "Llama 3 (128,256)": 128256, "Qwen3 (151,936)": 151936}
 MIB = 2**20

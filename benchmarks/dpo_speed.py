@@ -160,7 +160,7 @@ def with_reference(folder: Path, pairs: list[PreferencePair], args: argparse.Nam
     """The pairs carrying the reference's summed log-probs, as titanium's precompute pass caches them."""
     from titanium.model_builder import ModelBuilder
     from titanium.models import get_model_spec
-    from titanium.trainers.dpo import response_sums, token_logps
+    from titanium.objectives.dpo import response_sums, token_logps
 
     reference = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec("llama3"), folder / "reference").model
     out = []
@@ -201,8 +201,8 @@ def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Name
     """(step, batches, policy, its HF gradients) for titanium's DPO objective."""
     from titanium.model_builder import ModelBuilder
     from titanium.models import get_model_spec
-    from titanium.trainers.base import ModelOutput, ObjectiveContext
-    from titanium.trainers.dpo import DPOObjective, pair_batch
+    from titanium.objectives.base import ModelOutput, ObjectiveContext
+    from titanium.objectives.dpo import DPOObjective, pair_batch
 
     spec = get_model_spec("llama3")
     builder = ModelBuilder(torch.device("cpu"))

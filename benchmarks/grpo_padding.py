@@ -6,7 +6,7 @@ the width changes, on the same rollouts.
     python benchmarks/grpo_padding.py --repeats 2 --out ""                            # a quick look, no file
 
 The debug model (llama3 ``debugmodel``, random weights: speed does not depend on them) and the real objective
-(titanium/trainers/grpo.py) in this process, prompts of the bundled arithmetic tasks in the llama3 template, one
+(titanium/objectives/grpo.py) in this process, prompts of the bundled arithmetic tasks in the llama3 template, one
 prompt's group of ``--group`` responses per microbatch, ``--prompts`` microbatches per step, a KL-penalized
 reference (beta 0.05) and old log-probs recomputed by the policy. Sampling is replaced by responses fixed in
 advance, so both layouts train on the very same rows and generation costs nothing here: response lengths are
@@ -38,10 +38,10 @@ from titanium.config.sections import ChatSection, DataSection, GRPOSection  # no
 from titanium.data.prompts import PromptSample  # noqa: E402
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer  # noqa: E402
 from titanium.generation.generate import Generation  # noqa: E402
-from titanium.generation.rollout import Rollout, to_rollout  # noqa: E402
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer  # noqa: E402
-from titanium.trainers.base import ModelOutput, ObjectiveContext  # noqa: E402
-from titanium.trainers.grpo import GRPOObjective  # noqa: E402
+from titanium.objectives.base import ModelOutput, ObjectiveContext  # noqa: E402
+from titanium.objectives.grpo import GRPOObjective  # noqa: E402
+from titanium.rl.rollout import Rollout, to_rollout  # noqa: E402
 
 LAYOUTS = ("seq_len", "longest")
 

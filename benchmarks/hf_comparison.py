@@ -178,7 +178,7 @@ def run_hf(model: Path, out: Path, steps: int, data: list, tokenizer, trl: bool)
 
 def held_out(folder: Path, template: Llama3Template, tokenizer: TiktokenTokenizer, n: int) -> tuple[float, float]:
     """(exact match of greedy answers, mean answer-token cross-entropy) of the model in ``folder``."""
-    from titanium.generation.evaluate import ExactMatchEvaluator
+    from titanium.evaluation.exact_match import ExactMatchEvaluator
     from titanium.model_builder import ModelBuilder
     from titanium.models import get_model_spec
 

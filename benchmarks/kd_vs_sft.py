@@ -6,7 +6,7 @@
    initialization, on the same data in the same order, for the same number of steps: by SFT alone, and by
    ``--training.objective kd`` from the teacher's last checkpoint (forward KL, ``--alpha``, ``--temperature``).
 3. Each run's held-out exact match (greedy answers to the first ``--eval-samples`` rows of
-   ``assets/tasks/arithmetic/test.jsonl``, the trainer's ``[eval]``, titanium/generation/evaluate.py) after its
+   ``assets/tasks/arithmetic/test.jsonl``, the trainer's ``[eval]``, titanium/evaluation/exact_match.py) after its
    last step is read back from its TensorBoard scalars, with the student's cross-entropy on its training batches
    (``kd/ce`` for KD; the loss for SFT).
 

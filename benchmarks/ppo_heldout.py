@@ -22,7 +22,7 @@ from titanium.checkpoint.hf import hf_model_args
 from titanium.config.sections import DataSection, EvalSection
 from titanium.data.chat import build_chat_template
 from titanium.data.tokenizer import TiktokenTokenizer
-from titanium.generation.evaluate import load_eval_samples
+from titanium.evaluation.exact_match import load_eval_samples
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
 from titanium.model_builder import ModelBuilder, WeightSource

@@ -35,7 +35,7 @@ from titanium.checkpoint.hf import EXPORT_DTYPES, SINGLE_FILE, HFCheckpoint, sav
 from titanium.config.sections import DataSection, EvalSection, TokenizerSection  # noqa: E402
 from titanium.data.chat import build_chat_template  # noqa: E402
 from titanium.data.tokenizer import build_tokenizer  # noqa: E402
-from titanium.generation.evaluate import EvalSample, load_eval_samples  # noqa: E402
+from titanium.evaluation.exact_match import EvalSample, load_eval_samples  # noqa: E402
 from titanium.models import get_model_spec  # noqa: E402
 from titanium.quantize.schemes import SCHEMES  # noqa: E402
 from titanium.quantize.serving import export_quantized_hf  # noqa: E402

@@ -47,6 +47,10 @@ class Fields:
         raise NotImplementedError(f"{type(self).__name__} holds no loss units")
 
 
+Metrics = dict[str, tuple[torch.Tensor, torch.Tensor]]
+"""name -> (sum, count) over a microbatch's (or a step's) units, as device tensors; shown as sum / count after the
+loop adds them over microbatches and ranks (e.g. ``"dpo/accuracy": (correct pairs, pairs)``)."""
+
 F = TypeVar("F", bound=Fields)
 Map = Callable[[torch.Tensor], torch.Tensor]
 

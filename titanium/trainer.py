@@ -37,6 +37,7 @@ from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.debug.profiling import Profiler
+from titanium.evaluation.periodic import EvaluationContext, Periodic
 from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
 from titanium.fault_tolerance import build_fault_tolerance
 from titanium.guards import StepGuard
@@ -46,12 +47,11 @@ from titanium.model_builder import ModelBuilder, ModelSource
 from titanium.model_handles import ModelHandles
 from titanium.model_setup import StartingWeights, job_converters, job_plan
 from titanium.models.converter import ExportContext
+from titanium.objectives import Objective, ObjectiveContext, build_objective
 from titanium.optim import build_lr_scheduler, build_optimizer
 from titanium.parallel.context import sequence_placement
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.distributed import init_distributed, set_collective_timeout, set_train_timeout
-from titanium.periodic import EvaluationContext, Periodic
-from titanium.trainers import Objective, ObjectiveContext, build_objective
 
 logger = logging.getLogger("titanium")
 

@@ -19,7 +19,7 @@ from tests.distributed import moe_worker
 from tests.objectives.fixed_rollouts import fixed_sample
 from titanium.config import JobConfig
 from titanium.generation.titanium_engine import TitaniumEngine
-from titanium.trainers.grpo import GRPOObjective
+from titanium.objectives.grpo import GRPOObjective
 
 _load_config, _finish_sync = moe_worker.load_config, TitaniumEngine.finish_sync
 _job: dict[str, JobConfig] = {}

@@ -32,8 +32,8 @@ from titanium.data.tokenizer import TiktokenTokenizer
 from titanium.model_builder import ModelBuilder, WeightSource
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.reward import sequence_scores
-from titanium.trainers.reward import RewardObjective, whole_sequences
-from titanium.trainers.reward_loss import reward_loss
+from titanium.objectives.losses.reward import reward_loss
+from titanium.objectives.reward import RewardObjective, whole_sequences
 
 STEPS = 12
 SEQ_LEN = 64

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from titanium.batch import Batch
-from titanium.trainers.base import LossResult, ModelOutput
-from titanium.trainers.cross_entropy import TokenFields
-from titanium.trainers.pretrain import PretrainObjective
+from titanium.objectives.base import LossResult, ModelOutput
+from titanium.objectives.losses.cross_entropy import TokenFields
+from titanium.objectives.pretrain import PretrainObjective
 
 FAULT_STEP = 3
 

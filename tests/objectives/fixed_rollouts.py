@@ -22,11 +22,11 @@ import torch
 from tests.objectives.synced_engine import write_engine
 from titanium.data.prompts import PromptSample
 from titanium.generation.generate import Generation
-from titanium.generation.rollout import Rollout, response_logprobs, to_rollout
 from titanium.generation.titanium_engine import TitaniumEngine
+from titanium.objectives.grpo import GRPOObjective
+from titanium.objectives.ppo import PPOObjective
+from titanium.rl.rollout import Rollout, response_logprobs, to_rollout
 from titanium.trainer import Trainer
-from titanium.trainers.grpo import GRPOObjective
-from titanium.trainers.ppo import PPOObjective
 
 _export = Trainer._export
 

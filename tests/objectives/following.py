@@ -4,8 +4,8 @@ that records every update its policy handle reports (``on_update``: after load, 
 from __future__ import annotations
 
 from titanium.config.sections import DataSection
-from titanium.trainers.base import ObjectiveContext
-from titanium.trainers.pretrain import PretrainObjective
+from titanium.objectives.base import ObjectiveContext
+from titanium.objectives.pretrain import PretrainObjective
 
 
 class PolicyFollower(PretrainObjective):

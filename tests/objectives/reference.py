@@ -19,9 +19,9 @@ from torch.distributed.tensor import DTensor
 from titanium.batch import Batch, per_row, per_token
 from titanium.config.registry import SectionSpec
 from titanium.config.sections import DataSection
-from titanium.trainers.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
-from titanium.trainers.cross_entropy import TokenFields
-from titanium.trainers.pretrain import PretrainObjective
+from titanium.objectives.base import IGNORE_INDEX, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.losses.cross_entropy import TokenFields
+from titanium.objectives.pretrain import PretrainObjective
 
 
 @dataclass

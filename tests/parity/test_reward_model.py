@@ -32,7 +32,7 @@ from titanium.model_builder import ModelBuilder, WeightSource
 from titanium.models import get_model_spec
 from titanium.models.hf_adapter import HFConfigError
 from titanium.models.reward import is_reward_model, last_non_pad_index, reward_spec, sequence_scores
-from titanium.trainers.reward_loss import reward_loss
+from titanium.objectives.losses.reward import reward_loss
 
 transformers = pytest.importorskip("transformers")
 

@@ -287,7 +287,7 @@ def test_packed_sft_forward_backward_with_flex_equals_sdpa_on_cuda() -> None:
     element from the float64 model's, so two float32 kernels are within about 1.7e-6 of it; a mask that lets a
     token see another document changes gradients by percents."""
     from titanium.models import build_model_args, get_model_spec
-    from titanium.trainers.cross_entropy import cross_entropy_sum
+    from titanium.objectives.losses.cross_entropy import cross_entropy_sum
 
     spec = get_model_spec("qwen3")
     args = build_model_args(spec, "debugmodel", vocab_size=300, max_seq_len=512)

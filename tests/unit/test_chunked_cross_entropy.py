@@ -17,14 +17,14 @@ from titanium.batch import Batch
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
 from titanium.debug.memory import peak_memory_bytes
-from titanium.parallel.distributed import shutdown_distributed
-from titanium.trainers.base import IGNORE_INDEX, ModelOutput
-from titanium.trainers.cross_entropy import (
+from titanium.objectives.base import IGNORE_INDEX, ModelOutput
+from titanium.objectives.losses.cross_entropy import (
     TokenCrossEntropy,
     TokenFields,
     cross_entropy_sum,
     linear_cross_entropy_sum,
 )
+from titanium.parallel.distributed import shutdown_distributed
 
 
 def _inputs(n: int, dim: int, vocab: int, dtype=torch.float32, seed: int = 0):

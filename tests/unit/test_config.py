@@ -14,7 +14,7 @@ from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.components import OBJECTIVES
 from titanium.config.registry import SectionSpec
 from titanium.config.sections import RolloutSection
-from titanium.trainers import build_objective
+from titanium.objectives import build_objective
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import torch
 
 from titanium.batch import Batch
+from titanium.objectives.dpo import PreferenceFields
 from titanium.parallel.context import headtail_indices, shard_batch
-from titanium.trainers.dpo import PreferenceFields
 
 
 def test_headtail_chunks_cover_the_sequence_once():

@@ -15,8 +15,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from titanium.trainers.base import IGNORE_INDEX
-from titanium.trainers.distill_loss import TeacherTopK, distillation_sum, linear_distillation_sum
+from titanium.objectives.base import IGNORE_INDEX
+from titanium.objectives.losses.distill import TeacherTopK, distillation_sum, linear_distillation_sum
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
 N, D_STUDENT, D_TEACHER, VOCAB = 37, 8, 12, 29

@@ -7,7 +7,7 @@ import torch
 
 from titanium.models import build_model_args, get_model_spec
 from titanium.models.common.attention import document_causal_mask
-from titanium.trainers.cross_entropy import cross_entropy_sum
+from titanium.objectives.losses.cross_entropy import cross_entropy_sum
 
 
 def _model(name: str) -> torch.nn.Module:

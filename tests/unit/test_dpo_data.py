@@ -341,7 +341,7 @@ def test_batches_resume_identically(tmp_path, packing, shared):
 def test_concatenated_forward_equals_separate_forwards():
     """Per-response log-probs of one chosen+rejected batch (padded or packed) = each sequence run alone (fp32)."""
     from titanium.models import build_model_args, get_model_spec
-    from titanium.trainers.dpo import response_sums, token_logps
+    from titanium.objectives.dpo import response_sums, token_logps
 
     seq_len, pairs = 48, _pairs(6)
     spec = get_model_spec("llama3")

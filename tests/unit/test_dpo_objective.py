@@ -25,10 +25,8 @@ from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.model_builder import WeightSource
 from titanium.models import build_model_args, get_model_spec
-from titanium.parallel.dims import ParallelDims
-from titanium.tools import eval_preference
-from titanium.trainers.base import ModelOutput, ObjectiveContext
-from titanium.trainers.dpo import (
+from titanium.objectives.base import ModelOutput, ObjectiveContext
+from titanium.objectives.dpo import (
     METRICS,
     DPOObjective,
     PreferenceFields,
@@ -37,8 +35,10 @@ from titanium.trainers.dpo import (
     response_sums,
     token_logps,
 )
-from titanium.trainers.dpo_reference import ReferenceCache
-from titanium.trainers.preference_losses import bco_pair_loss, orpo_loss, robust_dpo_loss, simpo_loss, token_mean_nll
+from titanium.objectives.dpo_reference import ReferenceCache
+from titanium.objectives.losses.preference import bco_pair_loss, orpo_loss, robust_dpo_loss, simpo_loss, token_mean_nll
+from titanium.parallel.dims import ParallelDims
+from titanium.tools import eval_preference
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
 SEQ_LEN = 64
@@ -255,7 +255,7 @@ def labels_of(sample: dict) -> int:
     return sum(t != IGNORE_INDEX for t in sample["labels"])
 
 
-# Each new loss type with non-default settings, and its pure function (titanium/trainers/preference_losses.py,
+# Each new loss type with non-default settings, and its pure function (titanium/objectives/losses/preference.py,
 # equal to TRL's) on the per-sequence log-probs: (config, fn(pc, pr, rc, rr, lc, lr) -> per-pair losses, SFT
 # term: None, "response" or "sequence", its weight).
 LOSS_TYPES = {

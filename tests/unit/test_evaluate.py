@@ -25,7 +25,7 @@ from titanium.data.chat import Llama3Template, Message
 from titanium.data.sft import SFTDataset
 from titanium.data.text import DataError
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
-from titanium.generation.evaluate import ExactMatchEvaluator
+from titanium.evaluation.exact_match import ExactMatchEvaluator
 
 REPO = Path(__file__).resolve().parents[2]
 REFERENCES = ["42", "41", " 42 ", "42", "7", "42", "4", "42", "42"]  # 6 of 9 match "42" after strip()

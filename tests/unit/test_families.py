@@ -28,10 +28,10 @@ from titanium.models import get_model_spec, list_models
 from titanium.models.common.decoder import Decoder, DecoderArgs
 from titanium.models.flops import count_params_on_meta
 from titanium.models.hf_adapter import HFConfigError
+from titanium.objectives.base import ModelOutput
+from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, TokenFields, cross_entropy_sum
 from titanium.parallel.dims import ParallelDims
 from titanium.tools.dry_run import dry_run
-from titanium.trainers.base import ModelOutput
-from titanium.trainers.cross_entropy import TokenCrossEntropy, TokenFields, cross_entropy_sum
 
 # Exact totals (a tied embedding counted once) and the size the Hugging Face hub shows for the published
 # checkpoints: Qwen/Qwen2.5-*, mistralai/Mistral-7B-v0.3, mistralai/Mistral-Nemo-Base-2407,

@@ -12,9 +12,9 @@ import torch
 from tests.helpers import REPO
 from titanium.config import ConfigError, load_config
 from titanium.config.sections import GRPOSection
-from titanium.trainers.grpo import group_advantages, token_entropy
-from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
-from titanium.trainers.grpo_loss import (
+from titanium.objectives.grpo import group_advantages, token_entropy
+from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
+from titanium.objectives.losses.grpo import (
     aggregate,
     cispo_policy_loss,
     clipped_policy_loss,
@@ -291,7 +291,7 @@ def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch)
 
 
 def test_sharding_reward_models_needs_one_named() -> None:
-    from titanium.trainers.grpo import sharded_reward_models
+    from titanium.objectives.grpo import sharded_reward_models
 
     assert sharded_reward_models(GRPOSection(rewards=["exact_match"]), None, 0, 64, 64) == {}  # (layout whole)
     with pytest.raises(ConfigError, match="--grpo.rewards names no reward model folder to shard"):

@@ -16,9 +16,9 @@ from tests.helpers import REPO
 from tests.unit.test_grpo_objective import _model, _objective
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.background import GenerationWorker
-from titanium.trainers.base import ModelOutput, Prepared
-from titanium.trainers.grpo import GRPOObjective
-from titanium.trainers.grpo_correction import importance_weights
+from titanium.objectives.base import ModelOutput, Prepared
+from titanium.objectives.grpo import GRPOObjective
+from titanium.objectives.grpo_correction import importance_weights
 
 
 @pytest.fixture(scope="module")

@@ -13,10 +13,10 @@ from tests.helpers import REPO
 from tests.unit.test_grpo_objective import GROUP, _means, _model, _objective
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
-from titanium.generation.rollout import Rollout, to_rollout
-from titanium.rewards import RewardSet, SoftOverlongPunishment
-from titanium.trainers.base import ModelOutput
-from titanium.trainers.grpo_dynamic import concat_rollouts, take_rows, zero_std_groups
+from titanium.objectives.base import ModelOutput
+from titanium.rl.dynamic import concat_rollouts, take_rows, zero_std_groups
+from titanium.rl.rewards.functions import RewardSet, SoftOverlongPunishment
+from titanium.rl.rollout import Rollout, to_rollout
 
 
 @pytest.mark.parametrize("max_len, buffer", [(16, 4), (16, 16), (10, 1), (256, 64)])

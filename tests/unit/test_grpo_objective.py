@@ -18,12 +18,12 @@ from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, texts, tiny_args
 from titanium.config.sections import ChatSection, DataSection, GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
-from titanium.generation.rollout import Rollout, rollout, to_rollout
-from titanium.generation.rollout_buffer import RolloutBatch, RolloutQueue
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
+from titanium.objectives.base import LossResult, ModelOutput, ObjectiveContext, Prepared
+from titanium.objectives.grpo import GRPOObjective, rollout_seed
 from titanium.parallel.distributed import shutdown_distributed
-from titanium.trainers.base import LossResult, ModelOutput, ObjectiveContext, Prepared
-from titanium.trainers.grpo import GRPOObjective, rollout_seed
+from titanium.rl.buffer import RolloutBatch, RolloutQueue
+from titanium.rl.rollout import Rollout, rollout, to_rollout
 
 GROUP = 4
 CPU = torch.device("cpu")

@@ -28,9 +28,9 @@ import torch
 from tests.objectives.tiny_hf import BOS, EOS, tiny_llama, word_tokenizer
 from titanium.config.sections import GRPOSection
 from titanium.generation.sampling import token_logprobs
-from titanium.trainers.grpo import group_advantages
-from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
-from titanium.trainers.grpo_loss import grpo_loss, loss_mask
+from titanium.objectives.grpo import group_advantages
+from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
+from titanium.objectives.losses.grpo import grpo_loss, loss_mask
 
 GROUP, WIDTH, TEMPERATURE = 4, 6, 0.7
 PROMPTS = [[BOS, 5, 6, 7], [BOS, 11, 12]]

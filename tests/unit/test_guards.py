@@ -102,7 +102,7 @@ def test_no_spike_is_logged_for_an_objective_whose_loss_sits_near_zero(make_trai
     """GRPO's loss sits near 0 with either sign: its ratio to the running mean is noise (on real GRPO runs the
     warning fired on 6 of 10 steps). The objective says so (``loss_spikes = False``), and the guard, which the loop
     builds with that declaration, tracks no spikes; a positive mean near 0 fires without it."""
-    from titanium.trainers.grpo import GRPOObjective
+    from titanium.objectives.grpo import GRPOObjective
 
     assert GRPOObjective.loss_spikes is False
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)

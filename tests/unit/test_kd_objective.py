@@ -15,7 +15,7 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import KDSection
 from titanium.model_builder import ModelBuilder
 from titanium.models import build_model_args, get_model_spec
-from titanium.trainers.kd import teacher_source
+from titanium.objectives.kd import teacher_source
 
 KD = ["--training.objective", "kd", "--data.kind", "chat", "--kd.teacher_path", "somewhere"]
 

@@ -25,8 +25,8 @@ from titanium.data.preference import PreferenceDataset
 from titanium.data.text import DataError
 from titanium.data.tokenizer import TiktokenTokenizer
 from titanium.data.unpaired import UnpairedDataset, UnpairedExample, mismatched, unpaired_batch
-from titanium.trainers.base import ModelOutput, ObjectiveContext
-from titanium.trainers.kto import KTOObjective, kto_microbatch
+from titanium.objectives.base import ModelOutput, ObjectiveContext
+from titanium.objectives.kto import KTOObjective, kto_microbatch
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
 DATA = DataSection(kind="unpaired", path=str(REPO / "assets/tasks/arithmetic/unpaired_test.jsonl"))

@@ -1,4 +1,4 @@
-"""PPO's math (titanium/trainers/ppo_loss.py) against a plain reference of torchtune's PPO recipe on fixed rollouts.
+"""PPO's math (titanium/objectives/losses/ppo.py) against a plain reference of torchtune's PPO recipe on fixed rollouts.
 
 The reference below is written from torchtune's semantics (``rlhf.get_rewards_ppo``, ``rlhf.estimate_advantages``
 with ``masked_whiten``, ``loss.PPOLoss``) one scalar at a time in float64, with no code shared with titanium; TRL
@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from titanium.trainers.ppo_loss import (
+from titanium.objectives.losses.ppo import (
     PPOLossSums,
     generalized_advantages,
     kl_penalized_rewards,

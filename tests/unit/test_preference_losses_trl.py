@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from titanium.trainers.preference_losses import (
+from titanium.objectives.losses.preference import (
     bco_pair_loss,
     kto_kl_estimate,
     kto_loss,

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from titanium.trainers.reward_loss import reward_loss
+from titanium.objectives.losses.reward import reward_loss
 
 TOL = {"rtol": 1e-6, "atol": 1e-6}
 

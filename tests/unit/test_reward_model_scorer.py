@@ -17,8 +17,8 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import GRPOSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.errors import UserError
-from titanium.reward_model_scorer import RewardModelScorer
-from titanium.rewards import RewardSet
+from titanium.rl.rewards.functions import RewardSet
+from titanium.rl.rewards.model_scorer import RewardModelScorer
 
 SCORE_ATOL = 1e-5
 

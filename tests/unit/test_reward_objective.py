@@ -9,9 +9,9 @@ from titanium.batch import Placement
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
 from titanium.models.reward import sequence_scores
+from titanium.objectives.base import IGNORE_INDEX
+from titanium.objectives.reward import held_scores, starts_from_causal_lm, whole_sequences
 from titanium.parallel.context import headtail_indices
-from titanium.trainers.base import IGNORE_INDEX
-from titanium.trainers.reward import held_scores, starts_from_causal_lm, whole_sequences
 
 PAD = 0
 

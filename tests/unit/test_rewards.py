@@ -13,7 +13,7 @@ from tests.helpers import REPO
 from titanium.config import ConfigError
 from titanium.config.sections import GRPOSection
 from titanium.errors import UserError
-from titanium.rewards import RewardSet, exact_match, extract_answer, normalize_answer, think_format
+from titanium.rl.rewards.functions import RewardSet, exact_match, extract_answer, normalize_answer, think_format
 
 
 @pytest.mark.parametrize(

@@ -16,11 +16,11 @@ from titanium.config.sections import GRPOSection
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import ByteTokenizer
 from titanium.generation.generate import left_pad
-from titanium.generation.rollout import check_peers_agree, response_logprobs, rollout
 from titanium.generation.sampling import SamplingParams
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
-from titanium.rewards import RewardSet
-from titanium.trainers.grpo import group_advantages, grpo_loss
+from titanium.objectives.grpo import group_advantages, grpo_loss
+from titanium.rl.rewards.functions import RewardSet
+from titanium.rl.rollout import check_peers_agree, response_logprobs, rollout
 
 GROUP = 4
 STOP_IDS = set(range(40))  # common enough under a random model that some responses finish

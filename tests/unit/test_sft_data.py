@@ -19,7 +19,7 @@ from titanium.data.packing import PackedDataset, padded_rows
 from titanium.data.sft import IGNORE_INDEX, SFTDataset
 from titanium.data.text import DataError
 from titanium.data.tokenizer import ByteTokenizer
-from titanium.trainers import base
+from titanium.objectives import base
 
 TOK = ByteTokenizer()
 TEMPLATE = Llama3Template(TOK)

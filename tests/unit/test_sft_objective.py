@@ -16,9 +16,9 @@ from titanium.data.packing import PackedDataset, make_row
 from titanium.data.sft import SFTDataset
 from titanium.data.tokenizer import ByteTokenizer, TiktokenTokenizer
 from titanium.models import build_model_args, get_model_spec
-from titanium.trainers.base import ModelOutput, ObjectiveContext
-from titanium.trainers.cross_entropy import cross_entropy_sum
-from titanium.trainers.sft import SFTObjective
+from titanium.objectives.base import ModelOutput, ObjectiveContext
+from titanium.objectives.losses.cross_entropy import cross_entropy_sum
+from titanium.objectives.sft import SFTObjective
 
 TOKENIZER = TiktokenTokenizer(str(REPO / "assets/tokenizer/titanium_debug.tiktoken"))
 QUESTIONS = [("What is 2 + 3?", "5"), ("Reverse: cat", "tac"), ("Say hello twice.", "hello hello")] * 4

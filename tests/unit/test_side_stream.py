@@ -23,8 +23,8 @@ from titanium.generation.background import GenerationWorker
 from titanium.generation.sampling import SamplingParams
 from titanium.generation.side_stream import SideStream, device_tensors
 from titanium.generation.titanium_engine import TitaniumEngine
-from titanium.trainers.base import Prepared
-from titanium.trainers.grpo import GRPOObjective
+from titanium.objectives.base import Prepared
+from titanium.objectives.grpo import GRPOObjective
 
 CUDA = torch.device("cuda", 0)  # (with its index: the generation thread sets it as its device)
 

@@ -9,9 +9,9 @@ import torch
 
 from tests.helpers import scalars, tiny_args, train_until_first_save
 from titanium.batch import Batch
+from titanium.objectives.losses.cross_entropy import TokenFields
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.trainer import Trainer
-from titanium.trainers.cross_entropy import TokenFields
 
 
 def grads_after_one_step(trainer: Trainer) -> dict[str, torch.Tensor]:

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from tests.helpers import REPO, scalars, tiny_args
+from titanium.objectives import build_objective
+from titanium.objectives.base import IGNORE_INDEX
 from titanium.parallel.distributed import shutdown_distributed
-from titanium.trainers import build_objective
-from titanium.trainers.base import IGNORE_INDEX
 
 STEPS, EVERY, BATCHES = 4, 2, 3
 

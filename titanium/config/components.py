@@ -26,23 +26,23 @@ from titanium.config.sections import (
 )
 
 OBJECTIVES = Registry("objective", "--training.objective")
-"""What to optimize (titanium/trainers/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its
+"""What to optimize (titanium/objectives/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its
 further sections by keyword (GRPO: ``rollout=``, the engine it generates with)."""
-OBJECTIVES.register("pretrain", "titanium.trainers.pretrain:PretrainObjective")
-OBJECTIVES.register("sft", "titanium.trainers.sft:SFTObjective", SectionSpec("sft", SFTSection))
-OBJECTIVES.register("dpo", "titanium.trainers.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
+OBJECTIVES.register("pretrain", "titanium.objectives.pretrain:PretrainObjective")
+OBJECTIVES.register("sft", "titanium.objectives.sft:SFTObjective", SectionSpec("sft", SFTSection))
+OBJECTIVES.register("dpo", "titanium.objectives.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
 OBJECTIVES.register(
     "grpo",
-    "titanium.trainers.grpo:GRPOObjective",
+    "titanium.objectives.grpo:GRPOObjective",
     SectionSpec("grpo", GRPOSection),
     more_sections=(SectionSpec("rollout", RolloutSection),),
 )
-OBJECTIVES.register("kd", "titanium.trainers.kd:KDObjective", SectionSpec("kd", KDSection))
-OBJECTIVES.register("kto", "titanium.trainers.kto:KTOObjective", SectionSpec("kto", KTOSection))
-OBJECTIVES.register("reward", "titanium.trainers.reward:RewardObjective", SectionSpec("reward", RewardSection))
+OBJECTIVES.register("kd", "titanium.objectives.kd:KDObjective", SectionSpec("kd", KDSection))
+OBJECTIVES.register("kto", "titanium.objectives.kto:KTOObjective", SectionSpec("kto", KTOSection))
+OBJECTIVES.register("reward", "titanium.objectives.reward:RewardObjective", SectionSpec("reward", RewardSection))
 OBJECTIVES.register(
     "ppo",
-    "titanium.trainers.ppo:PPOObjective",
+    "titanium.objectives.ppo:PPOObjective",
     SectionSpec("ppo", PPOSection),
     more_sections=(SectionSpec("rollout", RolloutSection),),
 )
@@ -58,8 +58,10 @@ CONVERTERS.register("lora", "titanium.peft.converter:LoRAConverter", SectionSpec
 EVALUATIONS = Registry("evaluation", "evaluation")
 """What runs every N steps besides training; ``build(section, EvaluationContext)`` returns a ``Periodic`` (or None
 when its section leaves it off)."""
-EVALUATIONS.register("eval", "titanium.generation.evaluate:build_evaluator", SectionSpec("eval", EvalSection))
-EVALUATIONS.register("validation", "titanium.validation:build_validator", SectionSpec("validation", ValidationSection))
+EVALUATIONS.register("eval", "titanium.evaluation.exact_match:build_evaluator", SectionSpec("eval", EvalSection))
+EVALUATIONS.register(
+    "validation", "titanium.evaluation.validation:build_validator", SectionSpec("validation", ValidationSection)
+)
 
 TRAINING_HOOKS = Registry("training hook", "training hook")
 """Features that hook into the loop (titanium/hooks.py) without the loop knowing them; ``register(section,
@@ -68,14 +70,14 @@ TRAINING_HOOKS.register("moe", "titanium.moe_balance:register_load_balancing", S
 
 DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
 """Per-pair preference losses ``(chosen, rejected, DPOSection) -> losses``, or a ``PairLoss`` that says what else
-it needs (titanium/trainers/dpo_losses.py)."""
-DPO_LOSSES.register("sigmoid", "titanium.trainers.dpo_losses:sigmoid_loss")
-DPO_LOSSES.register("ipo", "titanium.trainers.dpo_losses:ipo_loss")
-DPO_LOSSES.register("hinge", "titanium.trainers.dpo_losses:hinge_loss")
-DPO_LOSSES.register("robust", "titanium.trainers.dpo_losses:robust_loss")
-DPO_LOSSES.register("bco_pair", "titanium.trainers.dpo_losses:bco_pair_loss")
-DPO_LOSSES.register("simpo", "titanium.trainers.dpo_losses:SIMPO")
-DPO_LOSSES.register("orpo", "titanium.trainers.dpo_losses:ORPO")
+it needs (titanium/objectives/losses/dpo.py)."""
+DPO_LOSSES.register("sigmoid", "titanium.objectives.losses.dpo:sigmoid_loss")
+DPO_LOSSES.register("ipo", "titanium.objectives.losses.dpo:ipo_loss")
+DPO_LOSSES.register("hinge", "titanium.objectives.losses.dpo:hinge_loss")
+DPO_LOSSES.register("robust", "titanium.objectives.losses.dpo:robust_loss")
+DPO_LOSSES.register("bco_pair", "titanium.objectives.losses.dpo:bco_pair_loss")
+DPO_LOSSES.register("simpo", "titanium.objectives.losses.dpo:SIMPO")
+DPO_LOSSES.register("orpo", "titanium.objectives.losses.dpo:ORPO")
 
 JobConfig = job_config_class()
 """The job config with every built-in section (``load_config`` adds an import-path objective's)."""

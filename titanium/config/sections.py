@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PadToOption = Literal["auto", "longest", "seq_len"]
-"""How wide an objective's rows are (``[sft]``, ``[dpo]``, ``[grpo]`` pad_to; titanium.trainers.base.row_width)."""
+"""How wide an objective's rows are (``[sft]``, ``[dpo]``, ``[grpo]`` pad_to; titanium.objectives.base.row_width)."""
 
 
 @dataclass
@@ -129,7 +129,7 @@ class DataSection:
 @dataclass
 class TrainingSection:
     objective: str = "pretrain"
-    """Training objective (see titanium/trainers/): pretrain (next-token cross-entropy on text windows),
+    """Training objective (see titanium/objectives/): pretrain (next-token cross-entropy on text windows),
     sft (supervised fine-tuning on chat/instruct/text samples; see [sft]), dpo (preference pairs against
     a frozen reference; see [dpo]), kto (completions labelled desirable or not, against a frozen reference; see
     [kto]) or grpo (rollouts scored by reward functions; see [grpo]); or your own
@@ -469,7 +469,7 @@ class DPOSection:
     - m_rejected) - simpo_gamma) (+ cpo_alpha NLL); orpo: -beta log sigmoid(log odds ratio) + the chosen
     sequence's token-mean NLL. Each equals TRL 1.16's (docs/post_training.md). Or your own per-pair loss as
     'package.module:function', called as fn(chosen, rejected, dpo_section) with each side's log-ratio (see
-    titanium/trainers/dpo_losses.py)."""
+    titanium/objectives/losses/dpo.py)."""
     label_smoothing: float = 0.0
     """The share of pairs assumed mislabeled, in [0, 0.5), for sigmoid (conservative DPO: -(1-e) log
     sigmoid(beta h) - e log sigmoid(-beta h)), robust and simpo."""

@@ -324,7 +324,7 @@ def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
 
 
 def _validate_grpo(g: GRPOSection) -> Iterator[str]:
-    """[grpo] ranges; the reward names are resolved by titanium.rewards when the objective is built."""
+    """[grpo] ranges; the reward names are resolved by titanium.rl.rewards.functions when the objective is built."""
     if g.group_size < 2:
         yield f"--grpo.group_size must be >= 2 (advantages compare the responses to one prompt), got {g.group_size}"
     if g.temperature <= 0:
@@ -444,7 +444,7 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
 def _validate_sharded_reward_model(g: GRPOSection) -> Iterator[str]:
     """What --grpo.reward_model_layout sharded cannot do: it scores on the loop's thread, once per rollout batch,
     in the training's precision, from the policy's tokens. (That rewards names a folder is checked where the names
-    are resolved: trainers/grpo.py's sharded_reward_models.)"""
+    are resolved: objectives/grpo.py's sharded_reward_models.)"""
     if g.dynamic_sampling:
         yield (
             "--grpo.reward_model_layout sharded with --grpo.dynamic_sampling: each generation round needs its "

@@ -27,7 +27,7 @@ batch carries, all row-aligned (first dimension 2B, second the width W):
 
 - ``response_ids`` [2B, W]: ``2m + side`` where a label belongs to the m-th pair of its row pair
   (side 0: chosen, 1: rejected), -1 where there is no label. Summing token log-probs by it gives every
-  pair's two response log-probs in either layout (titanium.trainers.dpo.response_sums).
+  pair's two response log-probs in either layout (titanium.objectives.dpo.response_sums).
 - ``pairs_per_row`` [2B]: pairs whose chosen sequence is in the row (they add up to the pairs).
 - ``reference_logps`` [2B, W] float32, only when the pairs carry cached reference log-probs: each
   response's value at its first label position, 0 elsewhere, so the same sums give the reference's.

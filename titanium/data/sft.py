@@ -28,7 +28,7 @@ from titanium.data.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100  # the loss's ignore label (titanium.trainers.base.IGNORE_INDEX; data does not import trainers)
+IGNORE_INDEX = -100  # the loss's ignore label (titanium.objectives.base.IGNORE_INDEX; data does not import trainers)
 
 Sample = dict[str, list[int]]
 

@@ -7,7 +7,7 @@ from titanium.executors.base import ExecutorOptions, MetricVector, PreparedStep,
 from titanium.executors.pipeline import PipelineExecutor
 from titanium.executors.plain import PlainExecutor
 from titanium.model_builder import BuiltModel
-from titanium.trainers.base import Objective
+from titanium.objectives.base import Objective
 
 
 def build_executor(objective: Objective, built: BuiltModel, options: ExecutorOptions) -> StepExecutor:

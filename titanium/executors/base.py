@@ -22,8 +22,8 @@ from titanium.batch import Batch
 from titanium.config.sections import ParallelismSection
 from titanium.hooks import Hook
 from titanium.model_builder import BuiltModel
+from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective
 from titanium.parallel.grad_norm import clip_grad_norm
-from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective
 
 
 @dataclass

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from titanium.batch import Batch
 from titanium.executors.base import ExecutorOptions, PreparedStep, StepExecutor, StepResult
 from titanium.model_builder import BuiltModel
+from titanium.objectives.base import ModelOutput, Objective
 from titanium.parallel.pipeline import Pipeline
-from titanium.trainers.base import ModelOutput, Objective
 
 
 class PipelineExecutor(StepExecutor):

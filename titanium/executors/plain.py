@@ -7,7 +7,7 @@ import torch
 
 from titanium.executors.base import ExecutorOptions, PreparedStep, StepExecutor, StepResult
 from titanium.model_builder import BuiltModel
-from titanium.trainers.base import ModelOutput, Objective
+from titanium.objectives.base import ModelOutput, Objective
 
 
 class PlainExecutor(StepExecutor):

@@ -38,7 +38,7 @@ from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder, WeightSource
-from titanium.trainers.dpo import dpo_loss, response_sums, token_logps
+from titanium.objectives.dpo import dpo_loss, response_sums, token_logps
 
 
 def weights_of(folder: Path) -> WeightSource:

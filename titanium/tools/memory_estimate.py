@@ -67,6 +67,8 @@ from titanium.config.components import JobConfig
 from titanium.models.common.moe import expert_swiglu, grouped_gemm_kind, moe_layers
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable
 from titanium.models.spec import ModelSpec
+from titanium.objectives.base import ModelOutput
+from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, TokenFields
 from titanium.optim import build_optimizer
 from titanium.optim.optimizer import LOW_BIT
 from titanium.parallel.dims import Meshes, ParallelDims
@@ -74,8 +76,6 @@ from titanium.parallel.expert import ExpertParallelExperts
 from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.pipeline import Pipeline, keep_only
-from titanium.trainers.base import ModelOutput
-from titanium.trainers.cross_entropy import TokenCrossEntropy, TokenFields
 
 GIB = 2**30
 

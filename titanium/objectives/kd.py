@@ -3,7 +3,7 @@
 The teacher (another size or family with the same vocabulary, from a Hugging Face folder or a titanium checkpoint)
 is a frozen model handle: built by the job's ModelBuilder under the same plan as the student, without converters,
 when first run. ``prepare`` runs it on each microbatch and keeps its final hidden states at the labelled positions
-only; the loss projects both models' hidden states chunk by chunk (titanium/trainers/distill_loss.py), so neither
+only; the loss projects both models' hidden states chunk by chunk (titanium/objectives/losses/distill.py), so neither
 model's ``[tokens, vocab]`` logits exist whole. The teacher's output projection is gathered once (a whole copy
 under FSDP: it never changes). The loss unit is a labelled token, as SFT's: with alpha = 0 the run is an SFT run.
 
@@ -32,10 +32,15 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, KDSection, SFTSection
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.models import build_model_args, get_model_spec
-from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
-from titanium.trainers.cross_entropy import TokenFields, labelled_positions, plain_projection_weight, whole_hidden
-from titanium.trainers.distill_loss import DistillSums, distillation_sum, linear_distillation_sum
-from titanium.trainers.sft import SFTObjective
+from titanium.objectives.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.losses.cross_entropy import (
+    TokenFields,
+    labelled_positions,
+    plain_projection_weight,
+    whole_hidden,
+)
+from titanium.objectives.losses.distill import DistillSums, distillation_sum, linear_distillation_sum
+from titanium.objectives.sft import SFTObjective
 
 BETAS = {"forward_kl": 0.0, "reverse_kl": 1.0}
 """The divergences that fix the generalized JSD's beta (jsd takes [kd] beta)."""

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanium.batch import Batch, Fields, per_token
 from titanium.config.loader import ConfigError
-from titanium.trainers.base import IGNORE_INDEX, ModelOutput
+from titanium.objectives.base import IGNORE_INDEX, ModelOutput
 
 
 @dataclass

@@ -3,7 +3,7 @@ sharded reward models (``--grpo.reward_model_layout sharded``).
 
 The model is a frozen model of the job's builder (FSDP / TP / PP / CP like the policy), so running it is
 collective: every rank of the job scores its rows together, on the loop's thread. Each row (a left-padded prompt,
-then its response; the rollout layout of ``titanium.generation.rollout``) is scored at its response's last token
+then its response; the rollout layout of ``titanium.rl.rollout``) is scored at its response's last token
 (the prompt's last token for an empty response). Under context parallelism one rank holds that position and the
 others add zeros; under pipeline parallelism the last stage computes the scores and shares them.
 """
@@ -18,10 +18,10 @@ import torch
 from titanium.batch import Batch, Fields, Placement, per_token
 from titanium.checkpoint.hf import hf_model_args
 from titanium.config.loader import ConfigError
-from titanium.generation.rollout import from_last_stage
 from titanium.model_builder import ModelSource, WeightSource
 from titanium.model_handles import FrozenHandle
 from titanium.models.reward import reward_spec
+from titanium.rl.rollout import from_last_stage
 
 Rows = dict[str, torch.Tensor]
 

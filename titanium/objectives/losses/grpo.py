@@ -11,7 +11,7 @@ term (``tests/unit/test_grpo_trl.py`` compares loss and gradients with a real ``
     surrogate clipped:  p = -min(min(r, delta) A, clip(r, 1 - epsilon_low, 1 + epsilon_high) A)  (delta: two-sided
                         clipping, off by default)
               cispo:    p = -sg(min(r, cispo_cap)) A logprobs                       (no token loses its gradient)
-    then      p * w (importance weights for the engine mismatch, ``titanium.trainers.grpo_correction``)
+    then      p * w (importance weights for the engine mismatch, ``titanium.objectives.grpo_correction``)
               + beta k3, with k3 = exp(ref - logprobs) - (ref - logprobs) - 1, times r if ``kl_bias_correction``
 
 The normalizer is where the variants differ most. The loop divides the summed loss of a step by the step's units

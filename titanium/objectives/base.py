@@ -1,7 +1,7 @@
 """The objective interface: what to optimize. The loop in titanium/trainer.py owns everything else.
 
 An objective owns its data pipeline, its config section and any extra frozen models (a reference policy),
-which it asks the loop for. Its microbatches are typed (titanium/trainers/batch.py): a core the loop owns
+which it asks the loop for. Its microbatches are typed (titanium/objectives/batch.py): a core the loop owns
 (tokens, positions, document ids) plus the objective's own fields, which say how many loss units the batch
 holds (valid tokens for cross-entropy, pairs for DPO). Each step it may run a no-grad ``prepare`` phase over
 the step's microbatches (reference log-probs, rollouts). For each microbatch it returns the *sum* of the
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import torch
 from torch import nn
 
-from titanium.batch import Batch, Placement
+from titanium.batch import Batch, Metrics, Placement
 from titanium.config.registry import SectionSpec
 from titanium.config.sections import ChatSection, PadToOption
 from titanium.data.packing import PadTo
@@ -39,10 +39,6 @@ logger = logging.getLogger(__name__)
 
 IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
-
-Metrics = dict[str, tuple[torch.Tensor, torch.Tensor]]
-"""name -> (sum, count) over this microbatch's units, as device tensors; shown as sum / count after the
-loop adds them over microbatches and ranks (e.g. ``"dpo/accuracy": (correct pairs, pairs)``)."""
 
 
 @dataclass
@@ -214,7 +210,7 @@ class Objective(ABC):
     def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
         """The spec the trained model is built (and exported) from, given the family's and the Hugging Face folder
         the run starts from (None: another start). The family's by default; a reward model's swaps the
-        language-model head for a scalar one (titanium/trainers/reward.py). Called before the objective exists."""
+        language-model head for a scalar one (titanium/objectives/reward.py). Called before the objective exists."""
         return spec
 
     @classmethod

@@ -7,7 +7,7 @@ family's adapter, ``titanium.models.reward``), so every training process holds i
 its own responses alone: no collective, whatever the training layout or the number of generation rounds. Under
 context parallelism too it scores whole sequences: GRPO takes rewards on the whole rollouts before their rows are
 split over the context-parallel ranks, so each of those ranks computes the same scores itself. (PPO's
-``--ppo.reward_model_path`` is another path: a frozen model under the training plan, titanium/trainers/ppo.py.)
+``--ppo.reward_model_path`` is another path: a frozen model under the training plan, titanium/objectives/ppo.py.)
 
 What it reads (``--grpo.reward_model_tokenizer``):
 

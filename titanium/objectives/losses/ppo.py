@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from titanium.trainers.grpo_loss import clipped_policy_loss
+from titanium.objectives.losses.grpo import clipped_policy_loss
 
 WHITEN_EPS = 1e-8
 """Added to the variance before the square root (torchtune's and TRL's ``masked_whiten``)."""

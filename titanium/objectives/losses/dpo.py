@@ -5,7 +5,7 @@ per-pair losses. For a loss that needs the reference (a plain function, or ``Pai
 the scores are the log-ratios rho = log pi(y|x) - log pi_ref(y|x) (summed over the response, or averaged with
 ``length_normalize``); for a reference-free one (``PairLoss(..., reference=False)``: SimPO, ORPO) they are the
 policy's mean token log-probs, and no reference model is built. The implicit rewards logged are beta x the
-scores either way. The formulas and TRL's equality are in titanium/trainers/preference_losses.py (and its
+scores either way. The formulas and TRL's equality are in titanium/objectives/losses/preference.py (and its
 tests); the functions here only adapt them to this signature.
 """
 
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from titanium.config.sections import DPOSection
-from titanium.trainers import preference_losses as pl
+from titanium.objectives.losses import preference as pl
 
 PairResult = torch.Tensor | tuple[torch.Tensor, dict[str, torch.Tensor]]
 """Per-pair losses, optionally with loss-specific per-pair values (detached) logged as means."""

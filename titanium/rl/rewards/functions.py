@@ -15,7 +15,7 @@ called once per batch with the responses and, by column name, each column of the
 ``completion_ids`` (each response's token ids, its stop token included) and ``prompt_ids``.
 ``--grpo.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``), yours as
 ``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``, or the folder
-of a trained reward model (``titanium.reward_model_scorer``); ``register_reward`` adds a name from your own code.
+of a trained reward model (``titanium.rl.rewards.model_scorer``); ``register_reward`` adds a name from your own code.
 A function of neither form is refused at start-up, naming it. The total reward is the weighted sum
 (``--grpo.reward_weights``, TRL's ``reward_weights``); each function's values are kept for metrics.
 """
@@ -254,7 +254,7 @@ class RewardSet:
             if name == "overlong":
                 configured[name] = SoftOverlongPunishment(cfg.max_new_tokens, cfg.overlong_buffer)
             elif names_reward_model(name):
-                from titanium.reward_model_scorer import RewardModelScorer  # (builds models: only when asked)
+                from titanium.rl.rewards.model_scorer import RewardModelScorer  # (builds models: only when asked)
 
                 configured[name] = RewardModelScorer.load(
                     name,

@@ -1,5 +1,5 @@
 """GRPO in the loop: group-relative advantages, rollouts made in the prepare phase, and the loss of
-``titanium.trainers.grpo_loss`` on the response tokens.
+``titanium.objectives.losses.grpo`` on the response tokens.
 
 B responses (prompts x group_size, each group's responses contiguous), T response positions. Each response's
 advantage compares its reward with the others of its group; the loss family (grpo, dapo, dr_grpo, bnpo, gspo,
@@ -34,7 +34,27 @@ from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.background import GenerationWorker
 from titanium.generation.engine import SyncStats, build_engine
-from titanium.generation.rollout import (
+from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.metrics.table import Table
+from titanium.model_builder import ModelSource
+from titanium.objectives.base import (
+    FrozenModel,
+    LossResult,
+    Metrics,
+    ModelOutput,
+    Objective,
+    ObjectiveContext,
+    Prepared,
+    row_width,
+)
+from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
+from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss_units
+from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
+from titanium.rl.completions import CompletionsLog
+from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
+from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model
+from titanium.rl.rewards.scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
+from titanium.rl.rollout import (
     ResponseTargets,
     Rollout,
     batch_logprobs,
@@ -46,26 +66,6 @@ from titanium.generation.rollout import (
     to_rollout,
     whole_responses,
 )
-from titanium.generation.rollout_buffer import PendingBatch, RolloutBatch, RolloutQueue
-from titanium.generation.sampling import SamplingParams, token_logprobs
-from titanium.metrics.table import Table
-from titanium.model_builder import ModelSource
-from titanium.rewards import Rewards, RewardSet, exact_match, names_reward_model
-from titanium.trainers.base import (
-    FrozenModel,
-    LossResult,
-    Metrics,
-    ModelOutput,
-    Objective,
-    ObjectiveContext,
-    Prepared,
-    row_width,
-)
-from titanium.trainers.completions_table import CompletionsLog
-from titanium.trainers.grpo_correction import importance_weights, mismatch_metrics
-from titanium.trainers.grpo_dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.trainers.grpo_loss import LossType, grpo_loss, loss_mask, loss_units
-from titanium.trainers.reward_scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 
 logger = logging.getLogger(__name__)
 
@@ -159,10 +159,10 @@ class RolloutFields(Fields):
     is_weights: torch.Tensor | None = per_row(default=None)
     """``[B, T]`` or ``[B, 1]`` importance weights for the engine/trainer mismatch (``is_correction``)."""
     loss_type: LossType = "dapo"
-    """What a loss unit is (``titanium.trainers.grpo_loss.loss_units``)."""
+    """What a loss unit is (``titanium.objectives.losses.grpo.loss_units``)."""
     max_new_tokens: int = 0
     targets: torch.Tensor | None = per_token(default=None)
-    """Under context parallelism: the next token at each position (``titanium.generation.rollout.split_ready``)."""
+    """Under context parallelism: the next token at each position (``titanium.rl.rollout.split_ready``)."""
     slots: torch.Tensor | None = per_token(default=None)
     """Under context parallelism: the response slot of that next token (-1: none)."""
 
@@ -180,7 +180,7 @@ MISMATCH_METRICS = (
     "grpo/is_weight_min",
 )
 """The engine/trainer gap with ``old_logprobs = "recompute"`` (the first two), and the importance weights'
-(``titanium.trainers.grpo_correction.mismatch_metrics``), of the rollout batch first used at a step (recomputed
+(``titanium.objectives.grpo_correction.mismatch_metrics``), of the rollout batch first used at a step (recomputed
 then: with a policy lag the gap includes the updates since the engine sampled it)."""
 TIME_PARTS = ("generate", "wait", "reward_model", "old_logprobs", "reference", "sync", "train")
 """The step-time breakdown, in seconds per rank (``grpo/time/<part>``, means over ranks): generation (its own
@@ -519,7 +519,7 @@ class GRPOObjective(Objective):
 
     def _scored(self, inputs: dict[str, torch.Tensor], out: Rollout) -> Rewards:
         """``out``'s rewards completed with the sharded reward models' scores of its rows (``inputs``: their model
-        inputs, split under CP), computed here by every rank together (``reward_scores``)."""
+        inputs, split under CP), computed here by every rank together (``titanium.rl.rewards.scores``)."""
         start = time.perf_counter()
         mask = out.response_mask.to(self.device)
         chunks = placed_chunks(inputs, score_positions(inputs, mask), self.local_batch_size, self.placement)

@@ -21,11 +21,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from titanium.batch import Metrics
 from titanium.data.prompts import PromptSample
 from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT
-from titanium.generation.rollout import Rollout
-from titanium.rewards import Rewards
-from titanium.trainers.base import Metrics
+from titanium.rl.rewards.functions import Rewards
+from titanium.rl.rollout import Rollout
 
 logger = logging.getLogger("titanium")
 

@@ -18,8 +18,8 @@ from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
 from titanium.data.packing import PackedDataset, padded_rows
 from titanium.data.sft import SFTDataset
-from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared, row_width
-from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
+from titanium.objectives.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared, row_width
+from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, token_batch
 
 
 class SFTObjective(LoaderObjective):

@@ -5,7 +5,7 @@ tokens. With ``loss_type = "kto"`` the loss compares rho with a reference point 
 KL(pi || pi_ref) from **mismatched** pairs: each example's prompt with another example's completion
 (titanium.data.unpaired: TRL's rotation by one within the microbatch). As in TRL, the policy runs those pairs
 without gradient (``ctx.models.policy().forward``), the reference runs them too, and z0 = max(0, mean
-log-ratio) is a constant. The formulas are titanium/trainers/preference_losses.py's ``kto_loss`` and
+log-ratio) is a constant. The formulas are titanium/objectives/losses/preference.py's ``kto_loss`` and
 ``kto_kl_estimate`` (equal to TRL 1.16's; tests/unit/test_preference_losses_trl.py).
 
 z0 is the mean over every mismatched pair of the **step**: all its microbatches and data-parallel ranks, averaged
@@ -36,9 +36,9 @@ from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.unpaired import UnpairedBatchLoader, UnpairedDataset
 from titanium.model_builder import ModelSource
-from titanium.trainers.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
-from titanium.trainers.dpo import token_logps
-from titanium.trainers.preference_losses import kto_loss
+from titanium.objectives.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
+from titanium.objectives.dpo import token_logps
+from titanium.objectives.losses.preference import kto_loss
 
 METRICS = ("reward_chosen", "reward_rejected", "logp_chosen", "logp_rejected", "kl")
 """``kto/<name>`` on the log line: the means over the desirable (chosen) and undesirable (rejected) examples of

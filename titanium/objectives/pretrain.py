@@ -9,8 +9,8 @@ from titanium.config.sections import DataSection
 from titanium.data.loader import BatchLoader
 from titanium.data.synthetic import SyntheticDataset
 from titanium.data.text import TextDataset
-from titanium.trainers.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
-from titanium.trainers.cross_entropy import TokenCrossEntropy, token_batch
+from titanium.objectives.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, token_batch
 
 
 class PretrainObjective(Objective):

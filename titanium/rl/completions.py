@@ -8,8 +8,8 @@ import torch
 
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
-from titanium.generation.rollout import Rollout
 from titanium.metrics.table import Table
+from titanium.rl.rollout import Rollout
 
 
 def completions_table(

@@ -22,8 +22,8 @@ import torch
 
 from titanium.batch import Batch
 from titanium.config.sections import ValidationSection
-from titanium.periodic import EvaluationContext
-from titanium.trainers.base import Objective
+from titanium.evaluation.periodic import EvaluationContext
+from titanium.objectives.base import Objective
 
 logger = logging.getLogger("titanium")
 

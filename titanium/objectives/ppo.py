@@ -4,7 +4,7 @@ Each rollout batch is sampled by the ``[rollout]`` engine (as GRPO's: its own co
 optimizer step), one response per prompt. In ``prepare``, without gradients: the policy's log-probs of the responses
 (recomputed, so the ratio starts at exactly 1), the reference's (``kl_coef`` > 0), each response's score (the reward
 model's at its last token plus any rule rewards, minus ``missing_eos_penalty`` for a truncated response) and the
-value model's per-token values. Then the math of ``titanium.trainers.ppo_loss``: KL-penalized per-token rewards,
+value model's per-token values. Then the math of ``titanium.objectives.losses.ppo``: KL-penalized per-token rewards,
 GAE, advantages whitened over the whole batch of every data-parallel rank. The batch is served for ``ppo_epochs x
 minibatches`` optimizer steps; each microbatch's loss is the clipped policy loss plus ``vf_coef`` x the clipped
 value loss, summed over response tokens (the loop divides by the step's response tokens over all ranks).
@@ -51,7 +51,32 @@ from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.engine import build_engine
 from titanium.generation.generate import Generation
-from titanium.generation.rollout import (
+from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.metrics.table import Table
+from titanium.model_builder import ModelSource
+from titanium.models.reward import reward_spec
+from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
+from titanium.objectives.losses.ppo import (
+    ValueSums,
+    generalized_advantages,
+    kl_penalized_rewards,
+    ppo_loss,
+    value_sums,
+    whiten,
+)
+from titanium.parallel.grad_norm import clip_grad_norm
+from titanium.rl.buffer import RolloutBatch
+from titanium.rl.completions import CompletionsLog
+from titanium.rl.rewards.functions import RewardSet, exact_match
+from titanium.rl.rewards.scores import (
+    ScoreFields,
+    placed_chunks,
+    reward_model_scores,
+    scalar_head_source,
+    score_positions,
+)
+from titanium.rl.rollout import (
     ResponseTargets,
     batch_logprobs,
     check_peers_agree,
@@ -60,31 +85,6 @@ from titanium.generation.rollout import (
     split_ready,
     to_rollout,
     whole_responses,
-)
-from titanium.generation.rollout_buffer import RolloutBatch
-from titanium.generation.sampling import SamplingParams, token_logprobs
-from titanium.metrics.table import Table
-from titanium.model_builder import ModelSource
-from titanium.models.reward import reward_spec
-from titanium.parallel.grad_norm import clip_grad_norm
-from titanium.rewards import RewardSet, exact_match
-from titanium.trainers.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
-from titanium.trainers.completions_table import CompletionsLog
-from titanium.trainers.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
-from titanium.trainers.ppo_loss import (
-    ValueSums,
-    generalized_advantages,
-    kl_penalized_rewards,
-    ppo_loss,
-    value_sums,
-    whiten,
-)
-from titanium.trainers.reward_scores import (
-    ScoreFields,
-    placed_chunks,
-    reward_model_scores,
-    scalar_head_source,
-    score_positions,
 )
 
 logger = logging.getLogger("titanium")
@@ -104,7 +104,7 @@ class PPOFields(Fields):
     loss_mask: torch.Tensor = per_row()
     """``[B, T]`` the generated tokens (a final stop id included)."""
     targets: torch.Tensor | None = per_token(default=None)
-    """Under context parallelism: the next token at each position (``titanium.generation.rollout.split_ready``)."""
+    """Under context parallelism: the next token at each position (``titanium.rl.rollout.split_ready``)."""
     slots: torch.Tensor | None = per_token(default=None)
     """Under context parallelism: the response slot of that next token (-1: none)."""
     value_loss: torch.Tensor | None = per_row(default=None)
@@ -382,7 +382,7 @@ class PPOObjective(Objective):
     @torch.no_grad()
     def _scores(self, rows: Rows, width: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``([B, T], [B] or None)``: the value model's values of the response positions, and the reward model's
-        score of each prompt + response (``reward_scores``). None without a reward model. Under pipeline
+        score of each prompt + response (``titanium.rl.rewards.scores``). None without a reward model. Under pipeline
         parallelism the last stage computes both and shares them."""
         chunks = placed_chunks(rows, score_positions(rows, rows["mask"]), self.local_batch_size, self.placement)
         values = [

@@ -9,7 +9,7 @@ Rows come from the DPO data pipeline (padded, never packed): row 2g holds pair g
 rejected one. Those rows are shifted for next-token prediction (the sequence's last token is only a label), so
 each row's input gets its last label appended: the model reads the whole sequence, and the score is read at its
 last non-pad token, ``transformers``' rule, so the exported model scores exactly as trained. The loss unit is a
-pair (titanium/trainers/reward_loss.py).
+pair (titanium/objectives/losses/reward.py).
 
 Under context parallelism each rank holds a part of every sequence, and a sequence's last token lies in one rank's
 part: each rank gives the scores of the score positions it holds (zero for the others), and the placement adds
@@ -35,8 +35,8 @@ from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.reward import last_non_pad_index, reward_spec
 from titanium.models.spec import ModelSpec
-from titanium.trainers.base import IGNORE_INDEX, LoaderObjective, LossResult, ModelOutput, ObjectiveContext
-from titanium.trainers.reward_loss import METRICS, reward_loss
+from titanium.objectives.base import IGNORE_INDEX, LoaderObjective, LossResult, ModelOutput, ObjectiveContext
+from titanium.objectives.losses.reward import METRICS, reward_loss
 
 
 @dataclass

@@ -4,7 +4,7 @@ For a pair (prompt x, chosen y_w, rejected y_l), a policy pi and a frozen refere
 score is its log-ratio log pi(y|x) - log pi_ref(y|x), log-probs summed over the response tokens (or
 averaged, with length_normalize); for a reference-free loss (SimPO, ORPO) it is log pi(y|x) averaged over the
 response tokens, and no reference model is built. The per-pair loss of the two scores is ``--dpo.loss_type``'s
-(titanium/trainers/dpo_losses.py: sigmoid, ipo, hinge, robust, bco_pair, simpo, orpo, or your own), plus,
+(titanium/objectives/losses/dpo.py: sigmoid, ipo, hinge, robust, bco_pair, simpo, orpo, or your own), plus,
 with rpo_alpha > 0, rpo_alpha times the chosen response's mean token NLL (RPO, Pang et al. 2024). The
 implicit rewards are beta x each side's score. Losses come back per pair, to be summed: the loop divides by
 the global number of pairs, so every layout and accumulation gives the exact pair mean.
@@ -34,7 +34,7 @@ from titanium.data.meter import DataMeter
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, group_rows, pair_slots
 from titanium.model_builder import ModelSource
-from titanium.trainers.base import (
+from titanium.objectives.base import (
     IGNORE_INDEX,
     FrozenModel,
     LoaderObjective,
@@ -45,9 +45,7 @@ from titanium.trainers.base import (
     Prepared,
     row_width,
 )
-from titanium.trainers.cross_entropy import capped, is_plain_linear, labelled_positions, whole_hidden
-from titanium.trainers.dpo_losses import PairLoss, as_pair_loss
-from titanium.trainers.dpo_reference import (
+from titanium.objectives.dpo_reference import (
     CachedReferencePairs,
     ReferenceCache,
     data_identity,
@@ -55,7 +53,9 @@ from titanium.trainers.dpo_reference import (
     precompute,
     tokenizer_identity,
 )
-from titanium.trainers.preference_losses import token_mean_nll
+from titanium.objectives.losses.cross_entropy import capped, is_plain_linear, labelled_positions, whole_hidden
+from titanium.objectives.losses.dpo import PairLoss, as_pair_loss
+from titanium.objectives.losses.preference import token_mean_nll
 
 METRICS = ("reward_chosen", "reward_rejected", "margin", "accuracy", "logp_chosen", "logp_rejected")
 """The per-pair metrics (sums over pairs in DPOLoss; ``dpo/<name>`` means on the log line)."""

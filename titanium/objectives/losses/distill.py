@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 from torch.distributed.tensor import DTensor
 
-from titanium.trainers.base import IGNORE_INDEX
+from titanium.objectives.base import IGNORE_INDEX
 
 
 class TeacherTopK(NamedTuple):

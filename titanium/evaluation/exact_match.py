@@ -24,9 +24,9 @@ from titanium.data.lines import BadLine
 from titanium.data.sft import ROW_FIX
 from titanium.data.text import BROKEN_LINE_FIX, DataError, Source, bad_row_error, resolve_sources, stream_rows
 from titanium.data.tokenizer import Tokenizer
+from titanium.evaluation.periodic import EvaluationContext
 from titanium.generation.generate import all_ranks_done, check_room, generate
 from titanium.generation.sampling import SamplingParams
-from titanium.periodic import EvaluationContext
 
 logger = logging.getLogger(__name__)
 

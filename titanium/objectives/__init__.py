@@ -11,7 +11,7 @@ from typing import Any
 
 from titanium.config.components import OBJECTIVES
 from titanium.config.sections import DataSection
-from titanium.trainers.base import Objective, ObjectiveContext
+from titanium.objectives.base import Objective, ObjectiveContext
 
 
 def build_objective(name: str, ctx: ObjectiveContext, data: DataSection, cfg: Any) -> Objective:

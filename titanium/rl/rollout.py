@@ -29,7 +29,7 @@ from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
-from titanium.rewards import Rewards, RewardSet
+from titanium.rl.rewards.functions import Rewards, RewardSet
 
 MODEL_INPUTS = ("tokens", "positions", "document_ids")
 """The keys of a rollout's model inputs (``Rollout.model_inputs``)."""

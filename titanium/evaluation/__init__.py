@@ -1,0 +1,2 @@
+"""Measurements that run every N steps besides training: held-out loss (validation) and exact match of generated
+answers, behind one interface (periodic)."""
