@@ -65,7 +65,7 @@ def run(python: str, engine: str, policy: Path, folder: Path, args: argparse.Nam
         "--checkpoint.no_enable", "--eval.interval", "0",
         "--training.steps", str(args.steps), "--training.local_batch_size", str(8 * args.prompts),
         "--training.global_batch_size", str(8 * args.prompts), "--training.mixed_precision_param", "float32",
-        "--grpo.max_new_tokens", str(args.max_new_tokens), "--grpo.old_logprobs", "recompute", "--grpo.beta", "0.04",
+        "--rl.max_new_tokens", str(args.max_new_tokens), "--grpo.old_logprobs", "recompute", "--grpo.beta", "0.04",
         "--rollout.engine", engine, "--metrics.log_freq", "1", "--debug.seed", "0",
     ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": python_path(), "OMP_NUM_THREADS": str(args.threads)}

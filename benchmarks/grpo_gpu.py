@@ -43,7 +43,7 @@ TAGS = {
 }
 VARIANTS = {
     "lag0": (),
-    "lag1": ("--grpo.max_policy_lag", "1"),
+    "lag1": ("--rl.max_policy_lag", "1"),
     "compiled": ("--rollout.compile",),
 }
 COLUMNS = ("generate", "tps", "wait", "old_logprobs", "reference", "sync", "train", "step", "memory")
@@ -61,8 +61,8 @@ def flags(opts: argparse.Namespace, folder: Path) -> list[str]:
         "--training.steps", str(opts.steps), "--training.local_batch_size", str(min(8, responses)),
         "--training.global_batch_size", str(responses), "--training.seq_len", str(opts.seq_len),
         "--training.mixed_precision_param", precision,
-        "--grpo.max_new_tokens", str(opts.max_new_tokens), "--grpo.max_prompt_len", str(prompt_room),
-        "--grpo.temperature", "1.0", "--grpo.old_logprobs", "recompute", "--grpo.beta", "0.04",
+        "--rl.max_new_tokens", str(opts.max_new_tokens), "--rl.max_prompt_len", str(prompt_room),
+        "--rl.temperature", "1.0", "--grpo.old_logprobs", "recompute", "--grpo.beta", "0.04",
         "--rollout.engine", "titanium", "--metrics.log_freq", "1", "--debug.seed", "0",
     ]  # fmt: skip
 

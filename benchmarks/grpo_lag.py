@@ -40,7 +40,7 @@ def run(lag: int, folder: Path, args: argparse.Namespace) -> dict[str, float] | 
         "--checkpoint.initial_load_path", str(args.sft), "--checkpoint.interval", str(10 * args.steps),
         "--eval.interval", "0", "--training.steps", str(args.steps),
         "--training.local_batch_size", str(8 * args.prompts), "--training.global_batch_size", str(8 * args.prompts),
-        "--grpo.max_policy_lag", str(lag), "--metrics.log_freq", "1", "--debug.seed", "0",
+        "--rl.max_policy_lag", str(lag), "--metrics.log_freq", "1", "--debug.seed", "0",
     ]  # fmt: skip
     env = {
         **os.environ,

@@ -1,4 +1,4 @@
-"""GRPO with microbatches narrowed to the columns they use (``--grpo.pad_to longest``, the default without pipeline
+"""GRPO with microbatches narrowed to the columns they use (``--rl.pad_to longest``, the default without pipeline
 parallelism) against every microbatch as wide as its rollout batch (``seq_len``): seconds per step of the parts
 the width changes, on the same rollouts.
 
@@ -34,7 +34,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's titanium
 from bench_common import cpu_header, write  # noqa: E402
 
 from tests.helpers import LocalModels  # noqa: E402
-from titanium.config.sections import ChatSection, DataSection, GRPOSection  # noqa: E402
+from titanium.config.sections import ChatSection, DataSection, GRPOSection, RLSection  # noqa: E402
 from titanium.data.prompts import PromptSample  # noqa: E402
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer  # noqa: E402
 from titanium.generation.generate import Generation  # noqa: E402
@@ -42,17 +42,18 @@ from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer  # noqa: E402
 from titanium.objectives.base import ModelOutput, ObjectiveContext  # noqa: E402
 from titanium.objectives.grpo import GRPOObjective  # noqa: E402
 from titanium.rl.rollout import Rollout, to_rollout  # noqa: E402
+from titanium.rl.source import RolloutSource  # noqa: E402
 
 LAYOUTS = ("seq_len", "longest")
 
 
 def fixed_sampler(median: float, sigma: float):
-    """``GRPOObjective.sample`` with responses fixed in advance: log-normal lengths, the same for a given batch."""
+    """``RolloutSource.sample`` with responses fixed in advance: log-normal lengths, the same for a given batch."""
 
-    def sample(self: GRPOObjective, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
+    def sample(self: RolloutSource, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
         width, stop = self.cfg.max_new_tokens, min(self.engine.stop_ids)
         g = torch.Generator().manual_seed(index)
-        rows = len(samples) * self.cfg.group_size
+        rows = len(samples) * self.draw.group_size
         lengths = (torch.randn(rows, generator=g) * sigma + torch.tensor(median).log()).exp().ceil().long()
         lengths = lengths.clamp(1, width)
         tokens = torch.randint(200, 2000, (rows, width), generator=g)
@@ -62,7 +63,9 @@ def fixed_sampler(median: float, sigma: float):
                 tokens[row, n - 1] = stop
             tokens[row, n:] = self.tokenizer.pad_id
         out = Generation(tokens=tokens, logprobs=torch.zeros(rows, width), lengths=lengths, finished=finished)
-        return to_rollout(samples, self.cfg.group_size, out, self.rewards, self.tokenizer), self.engine.synced_version()
+        return to_rollout(
+            samples, self.draw.group_size, out, self.rewards, self.tokenizer
+        ), self.engine.synced_version()
 
     return sample
 
@@ -75,16 +78,10 @@ def one_step(model: Transformer, tokenizer: TiktokenTokenizer, pad_to: str, args
     ctx = ObjectiveContext(
         tokenizer, "llama3", tokenizer.vocab_size, args.seq_len, args.group, 0, 1, 0, models=models, chat=chat
     )
-    cfg = GRPOSection(
-        group_size=args.group,
-        max_new_tokens=args.max_new_tokens,
-        max_prompt_len=args.seq_len - args.max_new_tokens,
-        beta=0.05,
-        old_logprobs="recompute",
-        pad_to=pad_to,
-    )
+    cfg = GRPOSection(group_size=args.group, beta=0.05, old_logprobs="recompute")
+    rl = RLSection(max_new_tokens=args.max_new_tokens, max_prompt_len=args.seq_len - args.max_new_tokens, pad_to=pad_to)
     tasks = DataSection(kind="chat", path=str(REPO / "assets/tasks/arithmetic/train.jsonl"))
-    objective = GRPOObjective(ctx, tasks, cfg)
+    objective = GRPOObjective(ctx, tasks, cfg, rl)
     prepared = objective.prepare([objective.next_microbatch() for _ in range(args.prompts)])
     model.zero_grad()
     start = time.perf_counter()
@@ -111,7 +108,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/grpo_padding_cpu.md"), help='"": no file')
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    GRPOObjective.sample = fixed_sampler(args.median, args.sigma)
+    RolloutSource.sample = fixed_sampler(args.median, args.sigma)
     tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
     flavor = dataclasses.replace(
         LLAMA3_FLAVORS["debugmodel"], vocab_size=tokenizer.vocab_size, max_seq_len=args.seq_len
@@ -133,7 +130,7 @@ def main() -> None:
         f"capped at {args.max_new_tokens}. Seconds per step, medians over {args.repeats} steps of each layout, in "
         "turn (script docstring).",
         "",
-        "| --grpo.pad_to | mean width | reference (s) | old log-probs (s) | forward + backward (s) | total (s) |",
+        "| --rl.pad_to | mean width | reference (s) | old log-probs (s) | forward + backward (s) | total (s) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for pad_to, m in medians.items():

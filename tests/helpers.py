@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -244,3 +246,12 @@ class LocalModels:
                 self.model.train()
 
             return lent()
+
+
+def split_sections(settings: dict[str, Any], *sections: type) -> list[Any]:
+    """``settings`` (key -> value) split over config section dataclasses by their fields, e.g. GRPO's keys over
+    ``GRPOSection`` and ``RLSection``: one instance of each, in order."""
+    names = [{f.name for f in dataclasses.fields(cls)} for cls in sections]
+    unknown = set(settings) - set().union(*names)
+    assert not unknown, f"no section has {sorted(unknown)}"
+    return [cls(**{k: v for k, v in settings.items() if k in fields}) for cls, fields in zip(sections, names)]

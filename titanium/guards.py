@@ -1,17 +1,19 @@
 """Guards against bad steps: a NaN/inf loss or gradient norm, found without a per-step host sync; loss spikes.
 
-Every step the loop hands the guard the step's global mean loss and gradient norm as device tensors. Both are
-reduced over all ranks before they get here, so every rank takes the same decision. The guard folds them into a
-few device tensors (is this step bad, how many were skipped, the first bad step, the worst loss spike since the
-last look) and never reads them itself. The optimizer receives the decision as its ``found_inf`` tensor: the flag
-torch's fused Adam/AdamW kernels (and GradScaler) use to leave the weights and the optimizer state, step count
-included, untouched for that step. The host reads the tensors only where the loop syncs anyway, at log and
-checkpoint steps (``check``), and stops the run there if it must.
+Every step the loop hands the guard the step's global mean loss and gradient norms (the policy's, and those of any
+model trained beside it) as device tensors. All are reduced over all ranks before they get here, so every rank takes
+the same decision. The guard folds them into a few device tensors (is this step bad, how many were skipped, the
+first bad step, the worst loss spike since the last look) and never reads them itself. Every optimizer of the step
+receives the decision as its ``found_inf`` tensor: the flag torch's fused Adam/AdamW kernels (and GradScaler) use
+to leave the weights and the optimizer state, step count included, untouched for that step. The host reads the
+tensors only where the loop syncs anyway, at log and checkpoint steps (``check``), and stops the run there if it
+must.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 import torch
 
@@ -31,20 +33,25 @@ class StepGuard:
     """Skips (or holds, in stop mode) optimizer steps whose loss or gradient norm is not finite; logs loss spikes."""
 
     def __init__(
-        self, cfg: GuardsSection, optimizer: torch.optim.Optimizer, device: torch.device, loss_spikes: bool = True
+        self,
+        cfg: GuardsSection,
+        optimizers: Sequence[torch.optim.Optimizer],
+        device: torch.device,
+        loss_spikes: bool = True,
     ) -> None:
-        """``loss_spikes``: whether the objective's loss spikes mean something (``Objective.loss_spikes``); when not,
-        spikes are not tracked whatever ``loss_spike_ratio`` says."""
-        self.cfg, self.optimizer = cfg, optimizer
+        """``optimizers``: the policy's, then those of the models trained beside it, all stepped (or all skipped)
+        together. ``loss_spikes``: whether the objective's loss spikes mean something (``Objective.loss_spikes``);
+        when not, spikes are not tracked whatever ``loss_spike_ratio`` says."""
+        self.cfg, self.optimizers = cfg, list(optimizers)
         self.track_spikes = loss_spikes and cfg.loss_spike_ratio > 0
         # Optimizers that GradScaler can drive read `found_inf` in their step (torch's fused Adam/AdamW).
-        self.in_kernel = bool(getattr(optimizer, "_step_supports_amp_scaling", False))
+        self.in_kernel = all(getattr(o, "_step_supports_amp_scaling", False) for o in self.optimizers)
         if not self.in_kernel and cfg.on_nonfinite == "skip":
             logger.warning(
                 "guards: %s cannot skip a step on the device; with --guards.on_nonfinite skip the non-finite flag "
                 "is read on the host every step (one device sync per step; AdamW/Adam with "
                 "--optimizer.implementation fused avoid it)",
-                type(optimizer).__name__,
+                ", ".join(type(o).__name__ for o in self.optimizers),
             )
         self._skip = torch.zeros((), dtype=torch.bool, device=device)
         self._held = torch.zeros((), dtype=torch.bool, device=device)  # stop mode: a bad step was seen
@@ -56,10 +63,15 @@ class StepGuard:
         self._spikes = torch.zeros((), dtype=torch.int64, device=device)  # since the last check
         self._worst = torch.zeros(4, device=device)  # (ratio, step, loss, running mean) of the worst spike
 
-    def before_optimizer_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor) -> None:
-        """Decide, on the device, whether ``optimizer_step`` may apply step ``step`` (``loss``: its global mean)."""
+    def before_optimizer_step(
+        self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, other_norms: Sequence[torch.Tensor] = ()
+    ) -> None:
+        """Decide, on the device, whether ``optimizer_step`` may apply step ``step`` (``loss``: its global mean;
+        ``grad_norm``: the policy's gradient norm; ``other_norms``: those of the models trained beside it)."""
         loss, grad_norm = loss.detach().float(), grad_norm.detach().float()
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        for norm in other_norms:
+            bad = bad | ~torch.isfinite(norm.detach().float())
         first = bad & (self._first_bad_step == 0)
         self._first_bad_step = torch.where(first, step, self._first_bad_step)
         self._first_bad = torch.where(first, torch.stack([loss, grad_norm]), self._first_bad)
@@ -85,14 +97,15 @@ class StepGuard:
         self._ema_weight = torch.where(bad, self._ema_weight, decay * self._ema_weight + (1 - decay))
 
     def optimizer_step(self) -> None:
-        """The optimizer's step, applied only if ``before_optimizer_step`` allowed it. (An optimizer that cannot
-        skip on the device is asked on the host in skip mode only: in stop mode nothing after the bad step is
-        ever saved, so its update may as well go through.)"""
-        if self.in_kernel:
-            self.optimizer.found_inf = self._skip.float()
-        elif self.cfg.on_nonfinite == "skip" and self._skip.item():
+        """Every optimizer's step, applied only if ``before_optimizer_step`` allowed it. (Optimizers that cannot
+        skip on the device are asked on the host in skip mode only: in stop mode nothing after the bad step is
+        ever saved, so their update may as well go through.)"""
+        if not self.in_kernel and self.cfg.on_nonfinite == "skip" and self._skip.item():
             return
-        self.optimizer.step()
+        for optimizer in self.optimizers:
+            if self.in_kernel:
+                optimizer.found_inf = self._skip.float()
+            optimizer.step()
 
     def check(self, step: int) -> dict[str, float]:
         """At a log or checkpoint step (the host syncs there anyway): stop the run if a bad step calls for it, log

@@ -9,8 +9,8 @@
   another model) it is a separate copy built with the kept converters only.
 - The **policy** handle: the live model being trained, lent for generation, run forward-only (recomputed
   log-probs), and followed by a rollout engine's copy of its weights (``on_update``).
-- A **trainable** model: another model trained beside the policy by its owner (a PPO value model), built by the
-  same builder and plan; the owner holds its optimizer.
+- A **trainable** model: another model trained beside the policy (a PPO value model), built by the same builder
+  and plan, with an AdamW of its own that the loop steps, clips, skips and checkpoints with the policy's.
 
 Objectives get a ``ModelHandles`` in their context (``ctx.models``) and never reach the trainer.
 """
@@ -28,10 +28,12 @@ import torch.distributed as dist
 from torch import nn
 
 from titanium.batch import Batch
+from titanium.checkpoint.states import ModelState, OptimizerState
 from titanium.hooks import TrainingHooks
 from titanium.model_builder import BuiltModel, FrozenModel, ModelBuilder, ModelSource
 from titanium.models.converter import can_switch_off
 from titanium.models.spec import ModelSpec
+from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.precision import dtype_name
 
 
@@ -156,15 +158,23 @@ class PolicyHandle:
 
 
 class TrainableModel:
-    """A model its owner trains beside the policy: the owner steps its own optimizer and keeps its state.
+    """A model trained beside the policy, named ``name``: its AdamW (``lr``, no weight decay, a constant rate) is
+    stepped by the loop after the same backward as the policy's, its gradients clipped to ``max_norm`` apart from
+    the policy's, the step skipped with the policy's under the guard, and both saved in checkpoints as
+    ``<name>_model`` and ``<name>_optimizer``.
 
     Without pipeline stages the owner runs ``model`` under ``autocast()`` inside the policy's loss, so the loop's
     backward fills its gradients. With stages no single rank runs it whole: ``train_step`` runs forward and backward
     of one microbatch through a schedule of its own (every rank of the pipeline together), the owner's loss on its
     last stage. ``forward`` runs it without gradients either way."""
 
-    def __init__(self, built: BuiltModel, builder: ModelBuilder, batch_size: int) -> None:
+    def __init__(
+        self, built: BuiltModel, builder: ModelBuilder, batch_size: int, *, name: str, lr: float, max_norm: float
+    ) -> None:
         self.built, self.model, self.autocast = built, built.model, built.autocast
+        self.name, self.max_norm = name, max_norm
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=0.0, fused=True)  # (skips on device)
         self.pipelined = built.pipeline is not None
         self._no_grad = FrozenModel(builder.scheduled(built, batch_size), contextlib.nullcontext)
         self._training = builder.scheduled(built, batch_size, loss_fn=lambda out, rows: self._loss(out, rows))
@@ -179,6 +189,18 @@ class TrainableModel:
         """Its output on model inputs without gradients, under the training precision (None on pipeline ranks
         without the last stage)."""
         return self._no_grad(inputs)
+
+    def clip_grad_norm(self) -> torch.Tensor:
+        """The norm of its gradients over every rank (0 without any), which are scaled down to ``max_norm`` first if
+        larger (0: no clip)."""
+        return clip_grad_norm(self.params, self.max_norm, self.pp_group, device=self.params[0].device)
+
+    def checkpoint_states(self) -> dict[str, Any]:
+        """Its weights and its optimizer's moments (sharded as they train; DCP reshards on load), by checkpoint key."""
+        return {
+            f"{self.name}_model": ModelState(self.model),
+            f"{self.name}_optimizer": OptimizerState(self.model, self.optimizer),
+        }
 
     def train_step(
         self, inputs: dict[str, torch.Tensor], loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -211,6 +233,8 @@ class ModelHandles:
         self.builder, self.built, self.start, self.batch_size = builder, policy, start, batch_size
         self.hooks = hooks
         self._shared: dict[tuple, _Shared] = {}
+        self.trained: list[TrainableModel] = []
+        """The models trained beside the policy, in the order asked for: the loop steps their optimizers."""
 
     def frozen(self, *, keep: Collection[str] = (), source: ModelSource | None = None) -> FrozenHandle:
         """A handle on a frozen model: ``source`` (default: the policy as it started) with the policy's converters
@@ -221,11 +245,15 @@ class ModelHandles:
         self._shared.setdefault(key, _Shared(source)).holders += 1
         return FrozenHandle(self, key, identity)
 
-    def trainable(self, source: ModelSource) -> TrainableModel:
-        """Another model its owner trains beside the policy (a PPO value model): built now from ``source`` by the
-        job's builder under the same parallel plan, without converters, in train mode."""
+    def trainable(self, source: ModelSource, *, name: str, lr: float, max_norm: float) -> TrainableModel:
+        """Another model trained beside the policy (a PPO value model): built now from ``source`` by the job's
+        builder under the same parallel plan, without converters, in train mode; the loop steps its AdamW (``lr``)
+        with the policy's optimizer, clipping its gradients to ``max_norm``, and checkpoints both under ``name``."""
+        assert all(t.name != name for t in self.trained), f"a trainable model named {name!r} exists"
         built = self.builder.build(source.spec, source.args, weights=source.weights)
-        return TrainableModel(built, self.builder, self.batch_size)
+        model = TrainableModel(built, self.builder, self.batch_size, name=name, lr=lr, max_norm=max_norm)
+        self.trained.append(model)
+        return model
 
     def policy(self) -> PolicyHandle:
         plan, dims, meshes = self.builder.plan, self.builder.dims, self.builder.meshes

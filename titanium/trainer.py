@@ -1,4 +1,5 @@
-"""THE training loop. Setup follows DESIGN.md section 2, one short named step each; everything else plugs in.
+"""THE training loop. Setup is one short named step each (mesh, model, optimizer, objective, checkpoints, metrics);
+everything else plugs in.
 
 Loss rule: each microbatch contributes sum(per-unit loss) / (loss units of the whole step, over all data- and
 context-parallel ranks). The count is all-reduced once per step before the forward, so gradient accumulation and
@@ -78,7 +79,9 @@ class Trainer:
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.lr_scheduler, cfg.training.steps)
         self._register_hooks()
         self._build_objective()
-        self.guard = StepGuard(cfg.guards, self.optimizer, self.device, loss_spikes=self.objective.loss_spikes)
+        self.optimizers = [self.optimizer, *(model.optimizer for model in self.models.trained)]
+        self._other_norms: list[torch.Tensor] = []  # (the gradient norms of the models trained beside the policy)
+        self.guard = StepGuard(cfg.guards, self.optimizers, self.device, loss_spikes=self.objective.loss_spikes)
         self._build_evaluations()
         self._build_checkpointer()
         self._build_metrics()
@@ -174,6 +177,8 @@ class Trainer:
             fixed_shapes=self.dims.pp > 1,
             sequence_multiple=self.dims.sequence_multiple,
             ranks_per_row=self.dims.devices_sharing_batch,
+            sum_over_data=lambda total: funcol.all_reduce(total, "sum", self.dp_group),
+            step_units=self._step_units,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
@@ -220,9 +225,10 @@ class Trainer:
             f"data_dp{self.data_rank}": self.objective,
             f"rng_rank{self.env.rank}": RNGState(),
         }
-        extra = self.objective.checkpoint_states()  # (a PPO value model and its optimizer)
-        assert not extra.keys() & states.keys(), f"objective checkpoint keys {sorted(extra)} clash with the loop's"
-        states.update(extra)
+        for model in self.models.trained:  # (a PPO value model and its optimizer)
+            extra = model.checkpoint_states()
+            assert not extra.keys() & states.keys(), f"checkpoint keys {sorted(extra)} clash with the loop's"
+            states.update(extra)
         self.checkpointer = CheckpointManager(
             self.fault_tolerance.checkpoint_section(self.cfg.checkpoint),
             self.cfg.job.dump_folder,
@@ -267,13 +273,15 @@ class Trainer:
         step = self.prepare_step(microbatches)
         result = self._committed_forward_backward(step)
         grad_norm = self._clip_grad_norm()
+        other_norms = self._other_norms = [model.clip_grad_norm() for model in self.models.trained]
         result = dataclasses.replace(result, loss_sum=self._global_loss_sum(result.loss_sum))
         loss = result.loss_sum / result.units.clamp(min=1)
-        self.guard.before_optimizer_step(self.train_state.step + 1, loss, grad_norm)
+        self.guard.before_optimizer_step(self.train_state.step + 1, loss, grad_norm, other_norms)
         self.lr_used = self.lr_scheduler.get_last_lr()[0]  # (a copy: a tensor LR changes in place)
         self.checkpointer.maybe_wait_for_staging()
-        self.guard.optimizer_step()  # (not applied if the step's loss or gradient norm is not finite)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.guard.optimizer_step()  # (none applied if the step's loss or a gradient norm is not finite)
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=True)
         self.lr_scheduler.step()
         self.hooks.after_optimizer_step(self.train_state.step + 1)
         return result, grad_norm, step.tokens
@@ -288,10 +296,14 @@ class Trainer:
             prepared = self.objective.prepare(placed)
         self.throughput.add_prepare_time(time.perf_counter() - prepare_start)
         batches = prepared.batches
-        local_units = torch.stack([mb.units() for mb in batches]).sum().to(self.device)
-        units = funcol.all_reduce(local_units, "sum", self.loss_group)
         tokens = sum(mb.tokens.numel() for mb in batches) * self.dims.cp  # (whole sequences)
-        return PreparedStep(batches, units, prepared.metrics, tokens)
+        return PreparedStep(batches, self._step_units(batches), prepared.metrics, tokens)
+
+    def _step_units(self, batches: list[Batch]) -> torch.Tensor:
+        """The loss units of a step's placed microbatches over the data- and context-parallel ranks: the loop's
+        divisor of the step's loss sum (``ObjectiveContext.step_units``)."""
+        local_units = torch.stack([mb.units() for mb in batches]).sum().to(self.device)
+        return funcol.all_reduce(local_units, "sum", self.loss_group)
 
     def _committed_forward_backward(self, step: PreparedStep) -> StepResult:
         """The step's forward and backward, with gradients averaged over the live replica groups under fault
@@ -301,7 +313,8 @@ class Trainer:
             result = self.executor.run(step)
             if self.fault_tolerance.commit_gradients(self.model):
                 return result
-            self.optimizer.zero_grad(set_to_none=True)
+            for optimizer in self.optimizers:
+                optimizer.zero_grad(set_to_none=True)
             self.fault_tolerance.start_step()  # a new quorum, without the group that failed
 
     def forward_backward(self, microbatches: list[Batch], backward: bool = True) -> StepResult:
@@ -443,6 +456,7 @@ class Trainer:
             "loss": loss,
             **guard_scalars,
             "grad_norm": grad_norm.item(),
+            **{f"{m.name}/grad_norm": n.item() for m, n in zip(self.models.trained, self._other_norms)},
             "lr": float(self.lr_used),
             "tokens_seen": float(self.train_state.tokens_seen),
             **self.memory.stats(),

@@ -19,7 +19,7 @@ from tests.distributed import moe_worker
 from tests.objectives.fixed_rollouts import fixed_sample
 from titanium.config import JobConfig
 from titanium.generation.titanium_engine import TitaniumEngine
-from titanium.objectives.grpo import GRPOObjective
+from titanium.rl.source import RolloutSource
 
 _load_config, _finish_sync = moe_worker.load_config, TitaniumEngine.finish_sync
 _job: dict[str, JobConfig] = {}
@@ -42,7 +42,7 @@ def finish_sync(engine: TitaniumEngine, version: int) -> None:
 
 
 if __name__ == "__main__":
-    GRPOObjective.sample = fixed_sample  # type: ignore[method-assign]
+    RolloutSource.sample = fixed_sample  # type: ignore[method-assign]
     TitaniumEngine.finish_sync = finish_sync  # type: ignore[method-assign]
     moe_worker.load_config = load_config
     moe_worker.main()

@@ -53,8 +53,8 @@ GROUPS_TAG = "fault_tolerance/replica_groups"
 PRETRAIN = ("--training.seq_len", "32", "--training.local_batch_size", "2")
 GRPO = (
     "--training.objective", "grpo", "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--chat.chat_template", "llama3", "--grpo.group_size", "4", "--grpo.max_new_tokens", "8",
-    "--grpo.max_prompt_len", "40", "--grpo.rewards", "tests.objectives.fixed_rollouts:characters",
+    "--chat.chat_template", "llama3", "--grpo.group_size", "4", "--rl.max_new_tokens", "8",
+    "--rl.max_prompt_len", "40", "--rl.rewards", "tests.objectives.fixed_rollouts:characters",
     "--grpo.old_logprobs", "recompute", "--training.seq_len", "48", "--training.local_batch_size", "8",
 )  # fmt: skip
 MISMATCH_BOUND = 1e-4

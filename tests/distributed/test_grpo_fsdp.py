@@ -34,19 +34,19 @@ GRPO = (
     "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
     "--chat.chat_template", "llama3",
     "--data.shards", "2",  # one process reads the file's 2 byte ranges in turn, 2 DP ranks one each: same prompts
-    "--grpo.group_size", "4", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
+    "--grpo.group_size", "4", "--rl.max_new_tokens", "8", "--rl.max_prompt_len", "40",
     "--grpo.minibatches", "2",
     "--training.global_batch_size", "16",
     "--optimizer.lr", "3e-4",
 )  # fmt: skip
-FIXED = ("--grpo.rewards", "tests.objectives.fixed_rollouts:characters")
+FIXED = ("--rl.rewards", "tests.objectives.fixed_rollouts:characters")
 CONFIGS = {
     "kl_batch_epochs": (
         "--grpo.beta", "0.05", "--grpo.scale_rewards", "batch", "--grpo.ppo_epochs", "2",
         "--grpo.epsilon_low", "0.01", "--grpo.epsilon_high", "0.01",
     ),
     "sequence_masked_lag": (
-        "--grpo.loss_type", "grpo", "--grpo.mask_truncated", "--grpo.max_policy_lag", "1",
+        "--grpo.loss_type", "grpo", "--grpo.mask_truncated", "--rl.max_policy_lag", "1",
         "--grpo.old_logprobs", "recompute", "--grpo.is_correction", "sequence_truncate",
     ),
 }  # fmt: skip
@@ -85,8 +85,8 @@ PPO = (
     "--training.objective", "ppo",
     "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
     "--chat.chat_template", "llama3", "--data.shards", "2",
-    "--ppo.max_new_tokens", "8", "--ppo.max_prompt_len", "40", "--ppo.temperature", "0.7",
-    "--ppo.rewards", "tests.objectives.fixed_rollouts:characters", "--ppo.kl_coef", "0.1", "--ppo.ppo_epochs", "2",
+    "--rl.max_new_tokens", "8", "--rl.max_prompt_len", "40", "--rl.temperature", "0.7",
+    "--rl.rewards", "tests.objectives.fixed_rollouts:characters", "--ppo.kl_coef", "0.1", "--ppo.ppo_epochs", "2",
     "--ppo.epsilon", "0.01", "--ppo.value_clip", "0.05",  # (tight clips, so tokens get clipped)
     "--training.global_batch_size", "16", "--training.local_batch_size", "8",
     "--optimizer.lr", "3e-4", "--ppo.value_lr", "1e-3",
@@ -95,18 +95,18 @@ PPO = (
 
 def reward_model_jobs(reward: str) -> dict[str, tuple[int, tuple[str, ...]]]:
     """name -> (processes, job): GRPO with a reward model (the folder ``reward``) beside the characters reward,
-    held whole by one process, and sharded under FSDP 2 and under TP 2 (``--grpo.reward_model_layout sharded``)."""
+    held whole by one process, and sharded under FSDP 2 and under TP 2 (``--rl.reward_model_layout sharded``)."""
     job = (
         *GRPO,
         *CONFIGS["sequence_masked_lag"],
-        "--grpo.rewards",
+        "--rl.rewards",
         FIXED[1],
         reward,
-        "--grpo.reward_weights",
+        "--rl.reward_weights",
         "1",
         "3",
     )
-    sharded = ("--grpo.reward_model_layout", "sharded")
+    sharded = ("--rl.reward_model_layout", "sharded")
     return {
         "rm_single": (1, (*job, *LAYOUTS["single"][1])),
         "rm_fsdp2": (2, (*job, *LAYOUTS["fsdp2"][1], *sharded)),
@@ -279,7 +279,7 @@ def test_engine_follows_the_sharded_policy_through_the_loop(tmp_path) -> None:
     args = tiny_args(
         out, *GRPO, "--training.steps", "3", "--training.local_batch_size", "4", "--grpo.minibatches", "1",
         "--training.global_batch_size", "8", "--optimizer.lr", "1e-2", "--grpo.old_logprobs", "recompute",
-        "--grpo.rewards", "tests.objectives.fixed_rollouts:characters",
+        "--rl.rewards", "tests.objectives.fixed_rollouts:characters",
     )  # fmt: skip
     run_train(args, nproc=2)
     lengths = scalars(out / "tb", "grpo/response_len")

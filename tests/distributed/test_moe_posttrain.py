@@ -6,7 +6,7 @@ each 3 steps of ``debugmodel_moe`` from the seeded initialization, 4 sequences (
 same order by both (``--data.shards 4``). Per step: losses to 1e-5 relative and the tokens routed to every expert
 of every layer *identical*, which needs rows as wide at any layout (padding tokens are routed too: DPO pads to
 seq_len, SFT's unpacked rows too (``--sft.pad_to seq_len``), and GRPO's microbatches keep their rollout batch's
-width (``--grpo.pad_to seq_len``; its prompts, left-padded to the widest of a rank's batch, are all as long): a
+width (``--rl.pad_to seq_len``; its prompts, left-padded to the widest of a rank's batch, are all as long): a
 pad-to-longest row is as wide as its own microbatch's longest, which differs by layout); gradients of every
 parameter at steps 1 and 3 to 1e-5 absolute; the auxiliary loss (DPO, SFT) to 1e-5 relative.
 
@@ -39,10 +39,10 @@ PAIRS = 16
 BIAS = ("--moe.load_balance", "bias", "--moe.bias_update_rate", "0.05")
 GRPO = (
     "--training.objective", "grpo", "--chat.chat_template", "llama3",
-    "--grpo.group_size", "4", "--grpo.max_new_tokens", "8", "--grpo.max_prompt_len", "40",
+    "--grpo.group_size", "4", "--rl.max_new_tokens", "8", "--rl.max_prompt_len", "40",
     "--grpo.minibatches", "1", "--training.global_batch_size", "16", "--optimizer.lr", "3e-4",
-    "--grpo.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.beta", "0.05", *BIAS,
-    "--grpo.old_logprobs", "recompute", "--grpo.pad_to", "seq_len",
+    "--rl.rewards", "tests.objectives.fixed_rollouts:characters", "--grpo.beta", "0.05", *BIAS,
+    "--grpo.old_logprobs", "recompute", "--rl.pad_to", "seq_len",
 )  # fmt: skip
 SFT_LORA = (
     "--training.objective", "sft", "--chat.chat_template", "llama3", "--sft.no_packing", "--sft.pad_to", "seq_len",

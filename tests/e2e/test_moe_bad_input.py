@@ -15,8 +15,8 @@ from titanium.train import main
 
 MOE = ("--model.name", "qwen3_moe", "--model.flavor", "debugmodel_moe")
 GRPO = (
-    "--training.objective", "grpo", "--grpo.group_size", "4", "--grpo.max_prompt_len", "40",
-    "--grpo.max_new_tokens", "8",
+    "--training.objective", "grpo", "--grpo.group_size", "4", "--rl.max_prompt_len", "40",
+    "--rl.max_new_tokens", "8",
 )  # fmt: skip
 
 LAYOUT_MISTAKES = [

@@ -23,9 +23,8 @@ from tests.objectives.synced_engine import write_engine
 from titanium.data.prompts import PromptSample
 from titanium.generation.generate import Generation
 from titanium.generation.titanium_engine import TitaniumEngine
-from titanium.objectives.grpo import GRPOObjective
-from titanium.objectives.ppo import PPOObjective
 from titanium.rl.rollout import Rollout, response_logprobs, to_rollout
+from titanium.rl.source import RolloutSource
 from titanium.trainer import Trainer
 
 _export = Trainer._export
@@ -36,10 +35,10 @@ def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> f
     return len(completion) / 10
 
 
-def fixed_responses(samples: list[PromptSample], group: int, index: int, objective: Any) -> Generation:
+def fixed_responses(samples: list[PromptSample], group: int, index: int, source: RolloutSource) -> Generation:
     """``group`` responses to each prompt that depend only on the prompt, j and ``index`` (the rollout batch's
-    number), some ending with a stop id and some cut at max_new_tokens, on the objective's device."""
-    width, stop, rows = objective.cfg.max_new_tokens, min(objective.engine.stop_ids), []
+    number), some ending with a stop id and some cut at max_new_tokens, on the source's device."""
+    width, stop, rows = source.cfg.max_new_tokens, min(source.engine.stop_ids), []
     for sample in samples:
         for j in range(group):
             g = torch.Generator().manual_seed(hash((tuple(sample.prompt), j, index)) & 0xFFFF_FFFF)
@@ -50,9 +49,9 @@ def fixed_responses(samples: list[PromptSample], group: int, index: int, objecti
                 tokens[length - 1] = stop
             else:
                 length = width
-            tokens[length:] = objective.tokenizer.pad_id
+            tokens[length:] = source.tokenizer.pad_id
             rows.append((tokens, length, finished))
-    device = objective.device
+    device = source.device
     return Generation(
         tokens=torch.stack([t for t, _, _ in rows]).to(device),
         logprobs=torch.zeros(len(rows), width, device=device),
@@ -61,21 +60,17 @@ def fixed_responses(samples: list[PromptSample], group: int, index: int, objecti
     )
 
 
-def fixed_sample(self: GRPOObjective, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
-    """Stands in for ``GRPOObjective.sample``: responses that depend only on the prompt, j and ``index``."""
-    generation = fixed_responses(samples, self.cfg.group_size, index, self)
-    prompts = [s.prompt for s in samples for _ in range(self.cfg.group_size)]
+def fixed_sample(self: RolloutSource, samples: list[PromptSample], index: int) -> tuple[Rollout, int]:
+    """Stands in for ``RolloutSource.sample``: responses that depend only on the prompt, j and ``index``."""
+    group = self.draw.group_size
+    generation = fixed_responses(samples, group, index, self)
+    prompts = [s.prompt for s in samples for _ in range(group)]
     rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))  # (as sample binds them)
-    made = to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer)
+    made = to_rollout(samples, group, generation, rewards, self.tokenizer)
     with torch.no_grad():  # what the sampler's log-probs are: those of the engine's copy of the policy
         logits = self.engine.model(**made.model_inputs())
     old = response_logprobs(logits, made.tokens, self.cfg.max_new_tokens, self.cfg.temperature) * made.response_mask
     return dataclasses.replace(made, old_logprobs=old), self.engine.synced_version()
-
-
-def fixed_ppo_sample(self: PPOObjective, samples: list[PromptSample]) -> Generation:
-    """Stands in for ``PPOObjective.sample`` (which recomputes old log-probs itself): one fixed response each."""
-    return fixed_responses(samples, 1, self.batches_made, self)
 
 
 def export_with_engine(self: Trainer) -> None:
@@ -83,7 +78,8 @@ def export_with_engine(self: Trainer) -> None:
     engine's weights next to them (``tests.objectives.synced_engine.write_engine``): the weights the last sync
     gathered from the trained layout, to compare with the export."""
     _export(self)
-    engine = getattr(self.objective, "engine", None)
+    source = getattr(self.objective, "source", None)
+    engine = getattr(source, "engine", None)
     if self.cfg.checkpoint.last_save_in_hf and isinstance(engine, TitaniumEngine):
         write_engine(self, engine)
 
@@ -92,8 +88,7 @@ if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs 
     from tests.distributed.jobs_worker import run_jobs_file
     from titanium.train import main
 
-    GRPOObjective.sample = fixed_sample
-    PPOObjective.sample = fixed_ppo_sample
+    RolloutSource.sample = fixed_sample
     Trainer._export = export_with_engine
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         run_jobs_file(sys.argv[1])

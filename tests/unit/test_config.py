@@ -13,7 +13,7 @@ import pytest
 from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.components import OBJECTIVES
 from titanium.config.registry import SectionSpec
-from titanium.config.sections import RolloutSection
+from titanium.config.sections import RLSection, RolloutSection
 from titanium.objectives import build_objective
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,10 +159,10 @@ class _ReadsMoreSections:
 
 
 def test_further_sections_reach_their_objective_by_keyword(monkeypatch):
-    """[rollout] belongs to GRPO's registry entry (the loop never names it), and an objective by import path
-    declares the further sections it reads the same way; each arrives by keyword, with its CLI values."""
+    """[rl] and [rollout] belong to GRPO's registry entry (the loop never names them), and an objective by import
+    path declares the further sections it reads the same way; each arrives by keyword, with its CLI values."""
     monkeypatch.chdir(REPO)
-    assert OBJECTIVES.more_sections("grpo") == (SectionSpec("rollout", RolloutSection),)
+    assert OBJECTIVES.more_sections("grpo") == (SectionSpec("rl", RLSection), SectionSpec("rollout", RolloutSection))
     assert ".rollout" not in (REPO / "titanium" / "trainer.py").read_text()
     objective = f"{__name__}:_ReadsMoreSections"
     cfg = load_config(["--training.objective", objective, "--rollout.engine", "vllm", "--level_test.level", "3"])
@@ -182,6 +182,28 @@ def test_chat_settings_moved_from_sft_still_read_with_a_warning(tmp_path, monkey
         load_config(["--job.config_file", write(tmp_path, '[sft]\nchat_template = "a"\n[chat]\nchat_template = "b"\n')])
     with pytest.raises(ConfigError, match="--sft.chat_template and --chat.chat_template are the same setting"):
         load_config(["--sft.chat_template", "llama3", "--chat.chat_template", "llama3"])
+
+
+def test_grpo_and_ppo_sampling_and_reward_keys_moved_to_rl_still_read_with_a_warning(tmp_path, monkeypatch, caplog):
+    """GRPO's and PPO's shared keys are [rl]'s now; PPO's reward_model_path is the first of [rl] rewards (weight 1,
+    before the rule rewards' weights), as both objectives name reward models since they share a rollout source."""
+    monkeypatch.chdir(REPO)
+    path = write(tmp_path, '[grpo]\ngroup_size = 4\ntemperature = 0.7\nrewards = ["format"]\n')
+    cfg = load_config(["--job.config_file", path, "--grpo.max_new_tokens", "16", "--ppo.top_k", "5"])
+    assert (cfg.grpo.group_size, cfg.rl.temperature, cfg.rl.rewards) == (4, 0.7, ["format"])
+    assert (cfg.rl.max_new_tokens, cfg.rl.top_k) == (16, 5)
+    assert "[grpo] temperature is deprecated" in caplog.text and "use [rl] temperature" in caplog.text
+    assert "--ppo.top_k is deprecated" in caplog.text and "use --rl.top_k" in caplog.text
+    ppo = write(tmp_path, '[ppo]\nreward_model_path = "rm"\nrewards = ["exact_match"]\nreward_weights = [3.0]\n')
+    cfg = load_config(["--job.config_file", ppo])
+    assert (cfg.rl.rewards, cfg.rl.reward_weights) == (["rm", "exact_match"], [1.0, 3.0])
+    cfg = load_config(["--ppo.reward_model_path", "rm"])  # (no rule rewards given: the reward model alone)
+    assert (cfg.rl.rewards, cfg.rl.reward_weights) == (["rm"], [])
+    with_rules = write(tmp_path, '[rl]\nrewards = ["exact_match"]\nreward_weights = [3.0]\n')
+    cfg = load_config(["--job.config_file", with_rules, "--ppo.reward_model_path", "rm"])
+    assert (cfg.rl.rewards, cfg.rl.reward_weights) == (["rm", "exact_match"], [1.0, 3.0])
+    with pytest.raises(ConfigError, match="--grpo.temperature and --rl.temperature are the same setting"):
+        load_config(["--grpo.temperature", "0.5", "--rl.temperature", "0.5"])
 
 
 @pytest.mark.parametrize(

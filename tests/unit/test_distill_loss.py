@@ -100,8 +100,9 @@ def test_divergence_equals_trl_generalized_jsd(trl_jsd, beta: float, temperature
 
 @pytest.mark.parametrize("chunk_size", CHUNKS)
 def test_forward_kl_equals_torchtune_definition(chunk_size: int) -> None:
-    """torchtune's ForwardKLLoss is the forward KL less the teacher's entropy (a constant of the student): the
-    same value after adding that back, and the same gradients (T = 1: torchtune has no temperature)."""
+    """torchtune's ForwardKLLoss is the teacher-student cross-entropy: the forward KL plus the teacher's entropy (a
+    constant of the student). The same value once that entropy is added to ours, and the same gradients (T = 1:
+    torchtune has no temperature)."""
     x = make_inputs(1)
     sums, g_hidden, g_weight = chunked(x, alpha=1.0, temperature=1.0, beta=0.0, chunk_size=chunk_size)
     mask = x["labels"] != IGNORE_INDEX

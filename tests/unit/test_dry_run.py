@@ -143,8 +143,8 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
         scorer = scalar.model_cls(build_model_args(scalar, "debugmodel", max_seq_len=64))
     half_fp32 = sum(p.numel() for p in student.parameters()) * 4 // 2
     half_scorer_fp32 = sum(p.numel() for p in scorer.parameters()) * 4 // 2
-    ppo = ("--training.objective", "ppo", "--data.kind", "chat", "--ppo.rewards", "exact_match")
-    ppo += ("--ppo.max_prompt_len", "48", "--ppo.max_new_tokens", "16")
+    ppo = ("--training.objective", "ppo", "--data.kind", "chat", "--rl.rewards", "exact_match")
+    ppo += ("--rl.max_prompt_len", "48", "--rl.max_new_tokens", "16")
     value = 4 * half_scorer_fp32  # (the value model trains: its parameters, gradients and 2 AdamW moments)
     ppo_peak, ppo_reference = estimate(*ppo, trained=value)
     rm = debug_model_hf(tmp_path / "rm", True)
@@ -153,10 +153,10 @@ def test_the_estimate_counts_the_objectives_other_models(in_repo, tmp_path):
     # (uneven shards: a few rows more)
     assert teacher == reference == kto_reference == ppo_reference == pytest.approx(half_fp32, rel=1e-3)
     assert ppo_reference_and_scorer - ppo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
-    grpo = ("--training.objective", "grpo", "--data.kind", "chat", "--grpo.group_size", "2", "--grpo.rewards", rm)
-    grpo += ("--grpo.max_prompt_len", "48", "--grpo.max_new_tokens", "16")
+    grpo = ("--training.objective", "grpo", "--data.kind", "chat", "--grpo.group_size", "2", "--rl.rewards", rm)
+    grpo += ("--rl.max_prompt_len", "48", "--rl.max_new_tokens", "16")
     _, grpo_reference = estimate(*grpo)  # (a whole reward model is the objective's own, beside the plan)
-    _, grpo_reference_and_sharded = estimate(*grpo, "--grpo.reward_model_layout", "sharded")
+    _, grpo_reference_and_sharded = estimate(*grpo, "--rl.reward_model_layout", "sharded")
     assert grpo_reference_and_sharded - grpo_reference == pytest.approx(half_scorer_fp32, rel=1e-3)
     engine = 2 * half_fp32  # (unsharded, in the training dtype)
     # the value model's forward activations: the policy's trace's, without the output projection and the loss (here

@@ -11,8 +11,9 @@ import torch
 
 from tests.helpers import REPO
 from titanium.config import ConfigError, load_config
-from titanium.config.sections import GRPOSection
-from titanium.objectives.grpo import group_advantages, token_entropy
+from titanium.config.sections import GRPOSection, RLSection
+from titanium.generation.sampling import token_entropy
+from titanium.objectives.grpo import group_advantages
 from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
 from titanium.objectives.losses.grpo import (
     aggregate,
@@ -203,7 +204,7 @@ def test_token_entropy() -> None:
 GRPO_JOB = [
     "--training.objective", "grpo",
     "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--training.local_batch_size", "16", "--grpo.max_prompt_len", "64",
+    "--training.local_batch_size", "16", "--rl.max_prompt_len", "64",
 ]  # fmt: skip
 
 CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tensor_parallel_degree", "2")
@@ -213,9 +214,9 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
     "args, message",
     [
         (["--grpo.group_size", "1"], "--grpo.group_size must be >= 2"),
-        (["--grpo.temperature", "0"], "--grpo.temperature must be > 0"),
-        (["--grpo.top_p", "0"], "--grpo.top_p must be in (0, 1]"),
-        (["--grpo.top_k", "-1"], "--grpo.top_k must be >= 0"),
+        (["--rl.temperature", "0"], "--rl.temperature must be > 0"),
+        (["--rl.top_p", "0"], "--rl.top_p must be in (0, 1]"),
+        (["--rl.top_k", "-1"], "--rl.top_k must be >= 0"),
         (["--grpo.epsilon_low", "1"], "--grpo.epsilon_low must be in [0, 1)"),
         (["--grpo.beta", "-0.1"], "--grpo.beta must be >= 0"),
         (["--grpo.delta", "1"], "--grpo.delta must be > 1"),
@@ -223,61 +224,61 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         (["--grpo.cispo_cap", "0"], "--grpo.cispo_cap must be > 0"),
         (["--grpo.is_correction", "token_mask"], "it needs --grpo.old_logprobs recompute"),
         (["--grpo.is_cap_min", "3"], "need 0 <= is_cap_min < is_cap"),
-        ([*GRPO_JOB, "--rollout.engine", "vllm", "--grpo.top_k", "20"], "set --grpo.old_logprobs recompute"),
-        ([*GRPO_JOB, "--rollout.engine", "vllm", "--grpo.top_p", "0.9"], "set --grpo.old_logprobs recompute"),
+        ([*GRPO_JOB, "--rollout.engine", "vllm", "--rl.top_k", "20"], "set --grpo.old_logprobs recompute"),
+        ([*GRPO_JOB, "--rollout.engine", "vllm", "--rl.top_p", "0.9"], "set --grpo.old_logprobs recompute"),
         ([*GRPO_JOB, "--rollout.engine", "vllm", "--rollout.compile"], "vLLM compiles its own"),
         ([*GRPO_JOB, "--rollout.tensor_parallel_size", "2"], "set it to 1 (a whole copy per rank) or 1"),
         ([*GRPO_JOB, "--rollout.mode", "server"], "--rollout.mode server starts vLLM in processes of its own"),
-        (["--rollout.engine", "vllm"], "[rollout] is read by --training.objective grpo and ppo"),
+        (["--rollout.engine", "vllm"], "[rollout] is read by the RL objectives (grpo, ppo, online_dpo)"),
         (["--rollout.gpu_memory_utilization", "0"], "--rollout.gpu_memory_utilization must be in (0, 1]"),
         ([*GRPO_JOB, "--lora.rank", "4", "--lora.dropout", "0.1"], "set --lora.dropout 0"),
         (["--grpo.ppo_epochs", "0"], "--grpo.ppo_epochs must be >= 1"),
-        (["--grpo.max_policy_lag", "-1"], "--grpo.max_policy_lag must be >= 0"),
-        (["--grpo.reward_weights", "1", "2"], "has 2 weights for 1 reward functions"),
-        (["--grpo.dynamic_sampling_max_rounds", "0"], "--grpo.dynamic_sampling_max_rounds must be >= 1"),
-        (["--grpo.rewards", "overlong"], "set overlong_buffer in 1..256, got 0"),
-        (["--grpo.rewards", "overlong", "--grpo.overlong_buffer", "300"], "set overlong_buffer in 1..256, got 300"),
-        (["--grpo.overlong_buffer", "16"], "add overlong to --grpo.rewards"),
-        (["--grpo.log_completions", "-1"], "--grpo.log_completions must be >= 0"),
+        (["--rl.max_policy_lag", "-1"], "--rl.max_policy_lag must be >= 0"),
+        (["--rl.reward_weights", "1", "2"], "has 2 weights for 1 reward functions"),
+        (["--rl.dynamic_sampling_max_rounds", "0"], "--rl.dynamic_sampling_max_rounds must be >= 1"),
+        (["--rl.rewards", "overlong"], "set overlong_buffer in 1..256, got 0"),
+        (["--rl.rewards", "overlong", "--rl.overlong_buffer", "300"], "set overlong_buffer in 1..256, got 300"),
+        (["--rl.overlong_buffer", "16"], "add overlong to --rl.rewards"),
+        (["--rl.log_completions", "-1"], "--rl.log_completions must be >= 0"),
         (
-            ["--grpo.rewards", "assets/rm", "--grpo.reward_model_layout", "sharded", "--grpo.dynamic_sampling"],
+            ["--rl.rewards", "assets/rm", "--rl.reward_model_layout", "sharded", "--rl.dynamic_sampling"],
             "use reward_model_layout whole",
         ),
         (
             [
-                "--grpo.rewards",
+                "--rl.rewards",
                 "assets/rm",
-                "--grpo.reward_model_layout",
+                "--rl.reward_model_layout",
                 "sharded",
-                "--grpo.reward_model_tokenizer",
+                "--rl.reward_model_tokenizer",
                 "own",
             ],
-            "--grpo.reward_model_tokenizer own needs reward_model_layout whole",
+            "--rl.reward_model_tokenizer own needs reward_model_layout whole",
         ),
         (
             [
-                "--grpo.rewards",
+                "--rl.rewards",
                 "assets/rm",
-                "--grpo.reward_model_layout",
+                "--rl.reward_model_layout",
                 "sharded",
-                "--grpo.reward_model_dtype",
+                "--rl.reward_model_dtype",
                 "bfloat16",
             ],
             "a sharded one runs in the training's precision",
         ),
-        (["--grpo.log_completions_count", "0"], "--grpo.log_completions_count must be >= 1"),
+        (["--rl.log_completions_count", "0"], "--rl.log_completions_count must be >= 1"),
         ([*GRPO_JOB, "--data.kind", "synthetic"], "--training.objective grpo reads prompts"),
         ([*GRPO_JOB, "--training.local_batch_size", "12"], "must be a multiple of --grpo.group_size 8"),
-        ([*GRPO_JOB, "--grpo.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
+        ([*GRPO_JOB, "--rl.max_new_tokens", "200", "--training.seq_len", "256"], "must fit in --training.seq_len"),
         (
             [
                 *GRPO_JOB,
-                "--grpo.dynamic_sampling",
+                "--rl.dynamic_sampling",
                 "--fault_tolerance.enable",
                 "--fault_tolerance.lighthouse",
                 "http://h:1",
             ],
-            "--fault_tolerance.enable with --grpo.dynamic_sampling",
+            "--fault_tolerance.enable with --rl.dynamic_sampling",
         ),
         ([*GRPO_JOB, "--training.loss_chunk_size", "1024"], "not to --training.objective grpo"),
         ([*GRPO_JOB, "--validation.interval", "10"], "held-out loss has no meaning for --training.objective grpo"),
@@ -291,11 +292,11 @@ def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch)
 
 
 def test_sharding_reward_models_needs_one_named() -> None:
-    from titanium.objectives.grpo import sharded_reward_models
+    from titanium.rl.source import sharded_reward_models
 
-    assert sharded_reward_models(GRPOSection(rewards=["exact_match"]), None, 0, 64, 64) == {}  # (layout whole)
-    with pytest.raises(ConfigError, match="--grpo.rewards names no reward model folder to shard"):
-        sharded_reward_models(GRPOSection(rewards=["exact_match"], reward_model_layout="sharded"), None, 0, 64, 64)
+    assert sharded_reward_models(RLSection(rewards=["exact_match"]), None, 0, 64, 64) == {}  # (layout whole)
+    with pytest.raises(ConfigError, match="--rl.rewards names no reward model folder to shard"):
+        sharded_reward_models(RLSection(rewards=["exact_match"], reward_model_layout="sharded"), None, 0, 64, 64)
 
 
 def test_grpo_runs_under_context_parallelism_with_tensor_and_pipeline_parallelism(monkeypatch) -> None:
@@ -309,7 +310,7 @@ def test_grpo_runs_under_context_parallelism_with_tensor_and_pipeline_parallelis
 
 def test_grpo_defaults_follow_the_papers_and_trl() -> None:
     g = GRPOSection()
-    assert (g.group_size, g.temperature, g.epsilon_low, g.epsilon_high, g.beta) == (8, 1.0, 0.2, 0.2, 0.0)
+    assert (g.group_size, RLSection().temperature, g.epsilon_low, g.epsilon_high, g.beta) == (8, 1.0, 0.2, 0.2, 0.0)
     assert (g.scale_rewards, g.loss_type, g.ppo_epochs, g.mask_truncated, g.delta) == ("group", "dapo", 1, False, None)
 
 

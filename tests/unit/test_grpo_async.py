@@ -44,7 +44,7 @@ def _train(
         optimizer.step()
         optimizer.zero_grad()
         during_step(step)
-        objective.policy.updated(step)  # the loop's after_optimizer_step
+        objective.source.policy.updated(step)  # the loop's after_optimizer_step
         served.append(prepared)
     objective.close()
     return served
@@ -69,9 +69,9 @@ def test_the_generation_thread_changes_no_result(tokenizer, lag) -> None:
     for background in (True, False):
         model = _model(tokenizer.vocab_size)
         objective = _objective(tokenizer, model, **settings)
-        assert objective.worker.background == (lag > 0)
+        assert objective.source.worker.background == (lag > 0)
         if not background:
-            objective.worker = GenerationWorker(background=False)
+            objective.source.worker = GenerationWorker(background=False)
         runs.append(_train(objective, model, 5))
     for threaded, inline in zip(*runs):
         assert threaded.metrics["grpo/policy_lag"][0] == inline.metrics["grpo/policy_lag"][0]
@@ -103,18 +103,18 @@ def test_dynamic_sampling_with_a_lag_draws_its_rounds_as_without_a_thread(tokeni
         model = _model(tokenizer.vocab_size)
         objective = _objective(tokenizer, model, stop_every=64, **settings)
         if not background:
-            objective.worker = GenerationWorker(background=False)
+            objective.source.worker = GenerationWorker(background=False)
         versions: dict[int, int] = {}
-        sample = objective.sample
+        sample = objective.source.sample
 
         def recording(samples, index, objective=objective, sample=sample, versions=versions):
             rollout, version = sample(samples, index)
             versions[index] = version
             return rollout, version
 
-        objective.sample = recording
+        objective.source.sample = recording
         runs.append(_train(objective, model, 5))
-        made.append(objective.batches_made)
+        made.append(objective.source.batches_made)
         name = "grpo/generation_rounds"
         rounds = [p.metrics[name][0].item() for p in runs[-1] if name in p.metrics]
         assert len(rounds) == 3 and sum(rounds) > 3, rounds  # (batches first used at steps 1, 3, 5) refills drawn
@@ -144,19 +144,19 @@ def test_with_lag_1_batches_stay_within_the_lag_and_is_weights_use_the_engine_lo
         is_cap=2.0,
     )
     engine_out: dict[int, tuple[torch.Tensor, int]] = {}
-    sample = objective.sample
+    sample = objective.source.sample
 
     def recording(samples, index):
         rollout, version = sample(samples, index)
-        assert version == objective.engine.version  # (no sync while it generates)
+        assert version == objective.source.engine.version  # (no sync while it generates)
         engine_out[index] = (rollout.old_logprobs.clone(), version)
         return rollout, version
 
-    objective.sample = recording
+    objective.source.sample = recording
     batches = []
 
     def check(step: int) -> None:
-        batch = objective.current
+        batch = objective.source.current
         batches.append(batch)
         assert step - 1 - batch.version <= 1  # lag at this step's prepare (version step - 1)
 
@@ -181,22 +181,22 @@ def test_the_next_batch_is_generated_while_the_step_trains(tokenizer) -> None:
     model = _model(tokenizer.vocab_size)
     objective = _objective(tokenizer, model, max_policy_lag=1)
     started, release = threading.Event(), threading.Event()
-    generate = objective.engine.generate
+    generate = objective.source.engine.generate
 
     def gated(prompts, params, seed):
-        if objective.batches_made > 1:  # batch 1 on: held until the step that overlaps it has stepped
+        if objective.source.batches_made > 1:  # batch 1 on: held until the step that overlaps it has stepped
             started.set()
             assert release.wait(timeout=120), "generation was not overlapped with training"
         return generate(prompts, params, seed)
 
-    objective.engine.generate = gated
-    load_weights, loads = objective.engine.load_weights, []
+    objective.source.engine.generate = gated
+    load_weights, loads = objective.source.engine.load_weights, []
 
     def timed_load(weights) -> None:
         loads.append(time.perf_counter())
         load_weights(weights)
 
-    objective.engine.load_weights = timed_load
+    objective.source.engine.load_weights = timed_load
     stepped: list[float] = []
 
     def during_step(step: int) -> None:
@@ -206,7 +206,7 @@ def test_the_next_batch_is_generated_while_the_step_trains(tokenizer) -> None:
             release.set()
 
     served = _train(objective, model, 2, during_step)
-    events = {(name, key): t for name, key, t in objective.timeline}
+    events = {(name, key): t for name, key, t in objective.source.timeline}
     assert events[("generate", 1)] < stepped[0] < events[("generated", 1)] < min(t for t in loads if t > stepped[0])
     assert events[("sync", 1)] < events[("generated", 1)]  # the sync began, then waited for the generation
     assert "grpo/time/wait" in served[1].metrics and "grpo/time/generate" in served[1].metrics

@@ -67,7 +67,7 @@ def test_rollouts_of_several_rounds_join_as_one_generation_would_make_them(token
     """Two rounds with other prompt and response widths, joined: every field equals ``to_rollout`` over the same
     rows generated at once (generation pads a row that ended early exactly as the join does)."""
     objective = _objective(tokenizer, _model(tokenizer.vocab_size))
-    first, second = objective._next_prompts(2), objective._next_prompts(1)
+    first, second = objective.source._next_prompts(2), objective.source._next_prompts(1)
     long_responses = [[5, 6, 7, 8, 9, 10][: 1 + i % 6] for i in range(2 * GROUP)]
     short_responses = [[11, 12][: 1 + i % 2] for i in range(GROUP)]
     finished = [True] * (2 * GROUP) + [i % 2 == 0 for i in range(GROUP)]
@@ -111,7 +111,9 @@ def _scripted_sample(objective, tokenizer, made: list[tuple[int, int]]):
             equal = g in EQUAL_GROUPS.get(index, set())
             responses += [digit * (1 if equal else j + 1 + index) + [eot] for j in range(GROUP)]
         out = _generation(tokenizer, responses, [True] * len(responses))
-        rewards = objective.rewards.with_tokens([s.prompt for s in samples for _ in range(GROUP)], out.token_lists())
+        rewards = objective.source.rewards.with_tokens(
+            [s.prompt for s in samples for _ in range(GROUP)], out.token_lists()
+        )
         return to_rollout(samples, GROUP, out, rewards, tokenizer), 0
 
     return sample
@@ -129,11 +131,11 @@ def test_dynamic_sampling_trains_no_zero_advantage_group_and_keeps_the_batch_ful
         tokenizer, model, local_batch_size=4 * GROUP, dynamic_sampling=True, dynamic_sampling_max_rounds=max_rounds
     )
     made: list[tuple[int, int]] = []
-    objective.sample = _scripted_sample(objective, tokenizer, made)
+    objective.source.sample = _scripted_sample(objective, tokenizer, made)
     prepared = objective.prepare([objective.next_microbatch()])
     (microbatch,) = prepared.batches
     advantages = microbatch.fields.advantages.view(-1, GROUP)
-    assert advantages.shape == (4, GROUP) and objective.batches_made == rounds
+    assert advantages.shape == (4, GROUP) and objective.source.batches_made == rounds
     spread = advantages.abs().sum(dim=1) > 0
     assert spread.tolist() == [True] * (4 - filled) + [False] * filled
     assert len(made) == 4 * rounds
@@ -148,7 +150,7 @@ def test_dynamic_sampling_trains_no_zero_advantage_group_and_keeps_the_batch_ful
 
     # The prompts trained are those of the kept groups: round 0's groups 1 and 3, then round 2's 0 and 2 (or
     # round 0's equal groups 0 and 2 as the fill-up).
-    stream = _objective(tokenizer, _model(tokenizer.vocab_size))._next_prompts(4 * rounds)
+    stream = _objective(tokenizer, _model(tokenizer.vocab_size)).source._next_prompts(4 * rounds)
     kept = [(0, 1), (0, 3), (2, 0), (2, 2)] if not filled else [(0, 1), (0, 3), (0, 0), (0, 2)]
     prompt_width = microbatch.tokens.shape[1] - microbatch.fields.old_logprobs.shape[1]
     for row, (r, g) in zip(microbatch.tokens[::GROUP, :prompt_width].tolist(), kept):
@@ -158,9 +160,9 @@ def test_dynamic_sampling_trains_no_zero_advantage_group_and_keeps_the_batch_ful
 def test_without_dynamic_sampling_the_batch_is_the_first_round_as_made(tokenizer) -> None:
     objective = _objective(tokenizer, _model(tokenizer.vocab_size), local_batch_size=4 * GROUP)
     made: list[tuple[int, int]] = []
-    objective.sample = _scripted_sample(objective, tokenizer, made)
+    objective.source.sample = _scripted_sample(objective, tokenizer, made)
     prepared = objective.prepare([objective.next_microbatch()])
-    assert objective.batches_made == 1 and len(made) == 4
+    assert objective.source.batches_made == 1 and len(made) == 4
     assert (prepared.batches[0].fields.advantages.view(-1, GROUP).abs().sum(dim=1) > 0).tolist() == [
         False,
         True,

@@ -14,16 +14,26 @@ from typing import Any
 import pytest
 import torch
 
-from tests.helpers import LOSS_TAG, REPO, LocalModels, scalars, texts, tiny_args, train_until_first_save
-from titanium.config.sections import ChatSection, DataSection, GRPOSection
+from tests.helpers import (
+    LOSS_TAG,
+    REPO,
+    LocalModels,
+    scalars,
+    split_sections,
+    texts,
+    tiny_args,
+    train_until_first_save,
+)
+from titanium.config.sections import ChatSection, DataSection, GRPOSection, RLSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.generation.generate import Generation
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.objectives.base import LossResult, ModelOutput, ObjectiveContext, Prepared
-from titanium.objectives.grpo import GRPOObjective, rollout_seed
+from titanium.objectives.grpo import GRPOObjective
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.rl.buffer import RolloutBatch, RolloutQueue
 from titanium.rl.rollout import Rollout, rollout, to_rollout
+from titanium.rl.source import NO_BATCH, rollout_seed
 
 GROUP = 4
 CPU = torch.device("cpu")
@@ -77,8 +87,9 @@ def _objective(
         device=device,
     )
     settings = {"group_size": GROUP, "max_new_tokens": 6, "max_prompt_len": 40, "rewards": [f"{__name__}:characters"]}
-    objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), GRPOSection(**{**settings, **grpo}))
-    objective.engine.stop_ids = set(range(0, tokenizer.vocab_size, stop_every))  # some end before max_new_tokens
+    cfg, rl = split_sections({**settings, **grpo}, GRPOSection, RLSection)
+    objective = GRPOObjective(ctx, DataSection(kind="chat", path=TASKS), cfg, rl)
+    objective.source.engine.stop_ids = set(range(0, tokenizer.vocab_size, stop_every))  # some end before max_new_tokens
     return objective
 
 
@@ -86,13 +97,13 @@ def _steps(objective: GRPOObjective, steps: int, microbatches: int = 1) -> tuple
     """Serve ``steps`` steps (no training in between, but the engine follows the weights after each step as the
     loop makes it): each step's microbatches, and the steps that generated."""
     served, generated = [], []
-    made = objective.batches_made
+    made = objective.source.batches_made
     for step in range(1, steps + 1):
         served.append(objective.prepare([objective.next_microbatch() for _ in range(microbatches)]))
-        objective.policy.updated(objective.version)
-        if objective.batches_made != made:
+        objective.source.policy.updated(objective.source.version)
+        if objective.source.batches_made != made:
             generated.append(step)
-            made = objective.batches_made
+            made = objective.source.batches_made
     return served, generated
 
 
@@ -106,7 +117,7 @@ def test_a_rollout_batch_serves_ppo_epochs_x_minibatches_steps(tokenizer) -> Non
     objective = _objective(tokenizer, _model(tokenizer.vocab_size), ppo_epochs=2, minibatches=2)
     served, generated = _steps(objective, 8, microbatches=2)
     assert generated == [1, 5]  # one batch per 2 x 2 steps
-    batch = objective.current
+    batch = objective.source.current
     assert batch is not None and batch.rows["tokens"].shape[0] == 2 * 8 * 2  # microbatches x responses x minibatches
     first = torch.cat([mb.tokens for mb in served[0].batches])
     second = torch.cat([mb.tokens for mb in served[1].batches])
@@ -129,7 +140,7 @@ def test_bounded_policy_lag_makes_the_next_batch_while_this_one_trains(tokenizer
     assert [_means(step)["grpo/policy_lag"] for step in served] == lags
     assert made_at == generated
     first_uses = [lag for i, lag in enumerate(lags) if i % 2 == 0][1:]
-    assert max(first_uses) == max_lag and objective.queue.dropped == 0
+    assert max(first_uses) == max_lag and objective.source.queue.dropped == 0
 
 
 def test_a_queued_batch_older_than_the_lag_is_dropped_and_counted() -> None:
@@ -158,7 +169,7 @@ def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) 
     objective = _objective(tokenizer, model, local_batch_size=8, beta=0.1)
     prepared = objective.prepare([objective.next_microbatch()])
     (microbatch,) = prepared.batches
-    rows = objective.current.rows
+    rows = objective.source.current.rows
     rewards = rows["grpo/reward"].tolist()
     lengths = rows["loss_mask"].sum(dim=1)
     assert 0 < lengths.min() < lengths.max() == 6, "degenerate test: responses should differ in length"
@@ -178,7 +189,7 @@ def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) 
     assert metrics["grpo/reward_std"] == pytest.approx(statistics.fmean(group_stds), rel=1e-5)
     assert metrics[f"grpo/reward/{__name__}:characters"] == pytest.approx(metrics["grpo/reward"])
     responses = [row[: int(n)] for row, n in zip(microbatch.tokens[:, -6:].tolist(), lengths)]
-    truncated = [not any(t in objective.engine.stop_ids for t in response) for response in responses]
+    truncated = [not any(t in objective.source.engine.stop_ids for t in response) for response in responses]
     assert metrics["grpo/truncated"] == pytest.approx(statistics.fmean(truncated))
     assert 0 < metrics["grpo/entropy"] <= torch.log(torch.tensor(float(tokenizer.vocab_size))).item()
     assert metrics["grpo/gen_tokens_per_s"] > 0
@@ -223,30 +234,34 @@ def test_truncated_responses_masked_and_sequence_units(tokenizer) -> None:
     model = _model(tokenizer.vocab_size)
     objective = _objective(tokenizer, model, stop_every=16, mask_truncated=True, loss_type="grpo")
     (microbatch,) = objective.prepare([objective.next_microbatch()]).batches
-    finished = objective.current.rows["grpo/truncated"] == 0
+    finished = objective.source.current.rows["grpo/truncated"] == 0
     assert finished.any() and not finished.all(), "degenerate test"
     mask = microbatch.fields.loss_mask
     assert not mask[~finished].any() and mask[finished].any(dim=1).all()
     assert microbatch.units().item() == len(finished)  # units: every response, masked ones too (TRL)
 
 
-def test_resume_makes_the_in_flight_batch_again_from_the_same_prompts(tokenizer) -> None:
-    """The checkpoint holds the prompt position before the batch in flight: a resumed objective samples it again
-    with the same seed (the same tokens, as long as the policy is the same); after a used-up batch it goes on."""
+def test_resume_mid_batch_trains_on_the_saved_rows_then_goes_on(tokenizer) -> None:
+    """The checkpoint holds the batch being served (its rows, as far as served) and the prompt position after it:
+    a resumed objective serves the rest of that batch as saved, then makes the next one from the same prompts with
+    the same seed (the same tokens, as long as the policy is the same): the uninterrupted run's steps exactly."""
     model = _model(tokenizer.vocab_size)
     straight = _objective(tokenizer, model, minibatches=2)
     served, _ = _steps(straight, 4)
     resumed = _objective(tokenizer, model, minibatches=2)
     _steps(resumed, 1)
     state = resumed.state_dict()  # mid-batch: the batch made at step 1 is in flight
+    assert state["in_flight"] and state["batches_made"] == 1
     again = _objective(tokenizer, model, minibatches=2)
     again.load_state_dict(state)
-    replay, generated = _steps(again, 4)
-    assert generated == [1, 3]
-    for got, want in zip(replay, served):
+    replay, generated = _steps(again, 3)
+    assert generated == [2]  # (the straight run's step 3)
+    for got, want in zip(replay, served[1:]):
         assert torch.equal(got.batches[0].tokens, want.batches[0].tokens)
+        assert torch.equal(got.batches[0].fields.advantages, want.batches[0].fields.advantages)
     at_boundary = straight.state_dict()  # after step 4 the second batch is used up
-    assert at_boundary["batches_made"] == 2 and at_boundary["prompts"] == straight.prompts.state_dict()
+    assert at_boundary["batches_made"] == 2 and at_boundary["prompts"] == straight.source.prompts.state_dict()
+    assert at_boundary["in_flight"] == NO_BATCH
 
 
 def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
@@ -266,9 +281,9 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
         tokens = torch.tensor([r + [tokenizer.pad_id] * (width - len(r)) for r in responses])
         lengths = torch.tensor([len(r) for r in responses])
         out = Generation(tokens, torch.zeros(tokens.shape), lengths, torch.ones(len(responses), dtype=torch.bool))
-        return to_rollout(samples, GROUP, out, objective.rewards, tokenizer), 0
+        return to_rollout(samples, GROUP, out, objective.source.rewards, tokenizer), 0
 
-    objective.sample = answer_every_other
+    objective.source.sample = answer_every_other
     prepared = objective.prepare([objective.next_microbatch()])
     (microbatch,) = prepared.batches
     result = objective.loss(ModelOutput(logits=model(**microbatch.model_inputs())), microbatch)
@@ -282,8 +297,8 @@ def test_accuracy_and_rewards_of_known_responses(tokenizer) -> None:
 GRPO_JOB = (
     "--training.objective", "grpo",
     "--data.kind", "chat", "--data.path", TASKS, "--chat.chat_template", "llama3",
-    "--grpo.group_size", "4", "--grpo.max_new_tokens", "6", "--grpo.max_prompt_len", "40",
-    "--grpo.rewards", f"{__name__}:characters", "--grpo.minibatches", "2",
+    "--grpo.group_size", "4", "--rl.max_new_tokens", "6", "--rl.max_prompt_len", "40",
+    "--rl.rewards", f"{__name__}:characters", "--grpo.minibatches", "2",
     "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
 )  # fmt: skip
 
@@ -299,7 +314,7 @@ def test_the_loop_resumes_a_grpo_run_exactly_where_a_rollout_batch_ends(make_tra
 
     train_until_first_save(make_trainer, *tiny_args(tmp_path / "resumed", *common), at_step=4)
     resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
-    assert resumed.train_state.step == 4 and resumed.objective.batches_made == 2
+    assert resumed.train_state.step == 4 and resumed.objective.source.batches_made == 2
     resumed.train()
     for tag in (LOSS_TAG, "grpo/reward"):
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
@@ -319,7 +334,7 @@ def test_a_step_retried_under_fault_tolerance_trains_on_the_same_rollouts(make_t
     votes = iter([False])  # the first vote fails (a group died mid-step), every later one commits
     retried.fault_tolerance.commit_gradients = lambda model: next(votes, True)
     retried.train()
-    assert retried.objective.version == 3
+    assert retried.objective.source.version == 3
     for tag in (LOSS_TAG, "grpo/reward"):
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "retried/tb", tag)
         assert got == expected, tag
@@ -348,7 +363,7 @@ def test_a_group_that_heals_under_fault_tolerance_trains_on_as_if_it_had_never_s
 
     healed.fault_tolerance.start_step = heal_in_the_first_quorum
     healed.train()
-    assert healed.objective.batches_made == 3
+    assert healed.objective.source.batches_made == 3
     for tag in (LOSS_TAG, "grpo/reward", "grpo/response_len"):
         expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "healed/tb", tag)
         assert sorted(got) == [5, 6] and [got[s] for s in (5, 6)] == [expected[s] for s in (5, 6)], tag
@@ -359,7 +374,7 @@ def test_a_group_that_heals_mid_run_drops_the_batch_its_generation_thread_made(m
     own step 2, to another run's step 4): that batch is dropped (its prompts go back), the stream skips to the
     batch an uninterrupted group starts at step 5, and that batch is made from the healed weights (lag 0 at step
     5), the next one ahead again (lag 1 at step 6)."""
-    common = (*GRPO_JOB, "--training.steps", "6", "--grpo.max_policy_lag", "1")
+    common = (*GRPO_JOB, "--training.steps", "6", "--rl.max_policy_lag", "1")
     make_trainer(*tiny_args(tmp_path / "peer", *common, "--checkpoint.enable", "--checkpoint.interval", "4")).train()
     shutdown_distributed()
 
@@ -379,14 +394,14 @@ def test_a_group_that_heals_mid_run_drops_the_batch_its_generation_thread_made(m
         healed.train()
     assert "skipped 4 prompts (1 rollout batches)" in caplog.text  # (batch 1, in flight, went back; 2 is next)
     lag = scalars(tmp_path / "healed/tb", "grpo/policy_lag")
-    assert lag == {1: 0.0, 2: 1.0, 5: 0.0, 6: 1.0} and healed.objective.batches_made == 4
+    assert lag == {1: 0.0, 2: 1.0, 5: 0.0, 6: 1.0} and healed.objective.source.batches_made == 4
 
 
 def test_log_completions_shows_the_batchs_rollouts_with_their_rewards_and_advantages(make_trainer, tmp_path, caplog):
-    """--grpo.log_completions 2: after steps 2 and 4 (not 1 or 3) a table of the first group of the batch trained on
+    """--rl.log_completions 2: after steps 2 and 4 (not 1 or 3) a table of the first group of the batch trained on
     goes to TensorBoard and to the console. Each row's reward is its own completion's (the ``characters`` reward:
     length / 10) and the advantages are the group's rewards standardized, ``(r - mean) / (std + 1e-4)``."""
-    args = (*GRPO_JOB, "--training.steps", "4", "--grpo.log_completions", "2", "--grpo.log_completions_count", "4")
+    args = (*GRPO_JOB, "--training.steps", "4", "--rl.log_completions", "2", "--rl.log_completions_count", "4")
     trainer = make_trainer(*tiny_args(tmp_path, *args))
     logged: dict[int, Any] = {}
     log_table = trainer.metrics.log_table
@@ -417,7 +432,7 @@ def test_engine_rollouts_equal_sampling_from_the_live_model(tokenizer) -> None:
     the synced weights and draws from a generator seeded alike. Equal rows give equal losses."""
     model = _model(tokenizer.vocab_size)
     objective = _objective(tokenizer, model)
-    prompts = _objective(tokenizer, model)._next_prompts(4 * 2)  # the same prompt stream: 2 batches of 2 prompts
+    prompts = _objective(tokenizer, model).source._next_prompts(4 * 2)  # the same prompt stream: 2 batches of 2 prompts
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     for step in range(2):
         (microbatch,) = objective.prepare([objective.next_microbatch()]).batches
@@ -427,10 +442,10 @@ def test_engine_rollouts_equal_sampling_from_the_live_model(tokenizer) -> None:
                 model,
                 prompts[2 * step : 2 * step + 2],
                 GROUP,
-                objective.params,
-                objective.rewards,
+                objective.source.params,
+                objective.source.rewards,
                 tokenizer,
-                objective.engine.stop_ids,
+                objective.source.engine.stop_ids,
                 generator=generator,
             )
         assert torch.equal(microbatch.tokens, live.tokens)
@@ -438,7 +453,7 @@ def test_engine_rollouts_equal_sampling_from_the_live_model(tokenizer) -> None:
         objective.loss(ModelOutput(logits=model(**microbatch.model_inputs())), microbatch).loss_sum.backward()
         optimizer.step()
         optimizer.zero_grad()
-        objective.policy.updated(step + 1)  # the loop's after_optimizer_step
+        objective.source.policy.updated(step + 1)  # the loop's after_optimizer_step
 
 
 @pytest.mark.parametrize("synced", [True, False])
@@ -453,7 +468,7 @@ def test_recomputed_old_logprobs_measure_the_engine_gap_and_a_skipped_sync(token
     objective.loss(ModelOutput(logits=model(**microbatch.model_inputs())), microbatch).loss_sum.backward()
     optimizer.step()
     if synced:
-        objective.policy.updated(1)
+        objective.source.policy.updated(1)
     prepared = objective.prepare([objective.next_microbatch()])
     metrics = _means(prepared)
     (microbatch,) = prepared.batches
@@ -473,7 +488,7 @@ def test_recomputed_old_logprobs_measure_the_engine_gap_and_a_skipped_sync(token
 def test_microbatches_narrowed_to_the_columns_they_use_give_the_full_width_loss_and_gradients(
     tokenizer, loss_type
 ) -> None:
-    """--grpo.pad_to longest vs seq_len on the same rollouts (4 microbatches of one prompt's group each, responses
+    """--rl.pad_to longest vs seq_len on the same rollouts (4 microbatches of one prompt's group each, responses
     of 1 to 12 tokens): narrower microbatches, the same old and reference log-probs (recomputed, with importance
     weights) where responses are, and the same loss, units, metrics and gradients (fp32, 1e-6)."""
     model = _model(tokenizer.vocab_size)

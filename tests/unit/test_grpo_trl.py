@@ -125,7 +125,13 @@ def titanium_step(cfg: GRPOSection, batch: dict[str, torch.Tensor], parts: int) 
         logprobs = forward_logprobs(model, part)
         mask = part["completion_mask"].bool()
         loss_sum, n, m = grpo_loss(
-            logprobs, part["old_per_token_logps"], part["advantages"], mask, cfg, part["ref_per_token_logps"]
+            logprobs,
+            part["old_per_token_logps"],
+            part["advantages"],
+            mask,
+            cfg,
+            part["ref_per_token_logps"],
+            max_new_tokens=WIDTH,
         )
         sums.append(loss_sum)
         units.append(n)
@@ -199,8 +205,6 @@ def compare(variant: str, case: str, layout: str) -> tuple[float, float, float]:
         epsilon_low=EPS_LOW,
         epsilon_high=EPS_HIGH,
         beta=beta,
-        max_new_tokens=WIDTH,
-        temperature=TEMPERATURE,
         **ours,
         **ours_kl,
     )
@@ -316,8 +320,9 @@ def test_importance_correction_equals_trl(case: str) -> None:
     units = mask if mode.startswith("token") else mask.any(dim=1, keepdim=True)
     assert mean["grpo/is_changed"] == pytest.approx(((changed & units).sum() / units.sum()).item())
 
-    cfg = GRPOSection(max_new_tokens=WIDTH, temperature=TEMPERATURE, epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
-    loss_sum, units, _ = grpo_loss(forward_logprobs(model, batch), old, advantages, mask, cfg, is_weights=weights)
+    cfg = GRPOSection(epsilon_low=EPS_LOW, epsilon_high=EPS_HIGH)
+    logprobs = forward_logprobs(model, batch)
+    loss_sum, units, _ = grpo_loss(logprobs, old, advantages, mask, cfg, is_weights=weights, max_new_tokens=WIDTH)
     (loss_sum / units).backward()
     trl_loss = trainer.compute_loss(trainer.model, inputs)
     trl_loss.backward()

@@ -108,7 +108,7 @@ def test_no_spike_is_logged_for_an_objective_whose_loss_sits_near_zero(make_trai
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     losses = [0.002, -0.01, 0.004, 0.03, -0.002, 0.02]  # (a GRPO-like series, positive mean)
     for declared, warnings in ((True, 1), (False, 0)):
-        guard = StepGuard(GuardsSection(), optimizer, torch.device("cpu"), loss_spikes=declared)
+        guard = StepGuard(GuardsSection(), [optimizer], torch.device("cpu"), loss_spikes=declared)
         for step, loss in enumerate(losses, start=1):
             guard.before_optimizer_step(step, torch.tensor(loss), torch.tensor(1.0))
         caplog.clear()

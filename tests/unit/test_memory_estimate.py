@@ -48,7 +48,7 @@ PPO = (
     "--job.config_file", "train_configs/debug_model.toml", "--job.no_print_config", "--checkpoint.no_enable",
     "--training.steps", "3", "--training.objective", "ppo", "--data.kind", "chat",
     "--data.path", "assets/tasks/arithmetic/train.jsonl", "--chat.chat_template", "llama3",
-    "--ppo.rewards", "exact_match", "--ppo.max_prompt_len", "28", "--ppo.max_new_tokens", "8",
+    "--rl.rewards", "exact_match", "--rl.max_prompt_len", "28", "--rl.max_new_tokens", "8",
     "--training.seq_len", "36", "--training.local_batch_size", "8", "--training.global_batch_size", "8",
 )  # fmt: skip
 

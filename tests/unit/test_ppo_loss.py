@@ -1,8 +1,10 @@
-"""PPO's math (titanium/objectives/losses/ppo.py) against a plain reference of torchtune's PPO recipe on fixed rollouts.
+"""PPO's math (titanium/objectives/losses/ppo.py) against a plain reference on fixed rollouts.
 
-The reference below is written from torchtune's semantics (``rlhf.get_rewards_ppo``, ``rlhf.estimate_advantages``
-with ``masked_whiten``, ``loss.PPOLoss``) one scalar at a time in float64, with no code shared with titanium; TRL
-1.16 has no PPO trainer left to compare with. titanium computes in float32; tolerance 1e-6 absolute on rewards,
+The reference below is written from torchtune's PPO terms (``rlhf.get_rewards_ppo``, ``rlhf.estimate_advantages``,
+``loss.PPOLoss``) with titanium's two conventions where torchtune 0.6.1 differs (the score at the last generated
+token, not one position later; advantages whitened to mean 0, where torchtune adds the mean back: see the module
+docstring of losses/ppo.py), one scalar at a time in float64, with no code shared with titanium; TRL 1.16 has no PPO
+trainer left to compare with. titanium computes in float32; tolerance 1e-6 absolute on rewards,
 advantages, returns, the loss and its gradients (values of order 1).
 """
 

@@ -31,9 +31,9 @@ def causal_lm_folder(tmp_path_factory) -> str:
     return debug_model_hf(tmp_path_factory.mktemp("lm") / "hf", scalar=False)
 
 
-PPO = ["--training.objective", "ppo", *PROMPTS, "--training.seq_len", "64", "--ppo.max_prompt_len", "40"]
-PPO += ["--ppo.max_new_tokens", "8"]
-RULE = ("--ppo.rewards", "exact_match")
+PPO = ["--training.objective", "ppo", *PROMPTS, "--training.seq_len", "64", "--rl.max_prompt_len", "40"]
+PPO += ["--rl.max_new_tokens", "8"]
+RULE = ("--rl.rewards", "exact_match")
 PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_size", "2"]
 
 
@@ -44,7 +44,7 @@ PP2 = ["--parallelism.pipeline_parallel_degree", "2", "--training.local_batch_si
         (["--ppo.lam", "1.5"], r"--ppo.lam must be in \[0, 1\]"),
         (["--ppo.epsilon", "0"], "--ppo.epsilon must be > 0"),
         (["--ppo.ppo_epochs", "0"], "--ppo.ppo_epochs must be >= 1"),
-        (["--ppo.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
+        (["--rl.max_new_tokens", "32"], "must fit in --training.seq_len 64"),
         (["--validation.interval", "5"], "held-out loss has no meaning for --training.objective ppo"),
         (["--data.kind", "synthetic"], "ppo reads prompts"),
     ],
@@ -69,10 +69,10 @@ def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_p
         load_config([*PPO, *RULE, "--ppo.value_model_path", str(tmp_path)])
 
 
-def test_ppo_without_a_reward_source_exits_2_with_one_message(tmp_path, capsys):
-    assert main(tiny_args(tmp_path, *PPO)) == 2
+def test_ppo_without_rewards_exits_2_with_one_message(tmp_path, capsys):
+    assert main(tiny_args(tmp_path, *PPO, "--rl.rewards")) == 2
     err = capsys.readouterr().err
-    assert err.startswith("titanium: config error: --training.objective ppo has no reward source: set ")
+    assert err.startswith("titanium: config error: --rl.rewards is empty; name at least one reward function")
     assert err.count("\n") == 1, err
 
 
@@ -82,7 +82,7 @@ def _unpadded_scores(model: torch.nn.Module, rows: dict[str, torch.Tensor], prom
     out = []
     for i in range(rows["tokens"].shape[0]):
         keep = rows["document_ids"][i] != 0  # (left padding is document 0)
-        length = int(keep[:prompt_width].sum()) + int(rows["mask"][i].sum())
+        length = int(keep[:prompt_width].sum()) + int(rows["response_mask"][i].sum())
         tokens = rows["tokens"][i][keep][:length]
         with torch.no_grad():
             out.append(model(tokens[None]).squeeze(0).squeeze(-1).float())
@@ -94,10 +94,10 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
     The batch's scores are the reward model's at each response's last token, its old values the value model's start
     (the reward model's per-position outputs) where each response token is predicted, its old log-probs the start
     policy's (its KL to the reference 0, its gap to the engine's sampling log-probs within 1e-5), its advantages
-    whitened; afterwards policy and value model have moved. With --ppo.log_completions 2 the table logged at step 2
+    whitened; afterwards policy and value model have moved. With --rl.log_completions 2 the table logged at step 2
     shows the batch's first responses with their scores and KL-penalized rewards."""
     extra = ("--ppo.reward_model_path", reward_folder, "--ppo.ppo_epochs", "2", "--training.steps", "2")
-    extra += ("--ppo.log_completions", "2", "--ppo.log_completions_count", "3")
+    extra += ("--rl.log_completions", "2", "--rl.log_completions_count", "3")
     trainer = make_trainer(*tiny_args(tmp_path, *PPO, *extra, "--training.local_batch_size", "8"))
     objective = trainer.objective
     start_value = {n: p.detach().clone() for n, p in objective.value.model.named_parameters()}
@@ -105,16 +105,17 @@ def test_a_ppo_run_scores_values_and_trains_both_models(make_trainer, reward_fol
     tables = {}
     trainer.metrics.log_table = lambda step, name, table: tables.setdefault((step, name), table)
     trainer.train()
-    batch = objective.current
+    batch = objective.source.current
     assert batch is not None and batch.served == 2 and batch.version == 0
-    rows, mask = batch.rows, batch.rows["mask"]
+    rows, mask = batch.rows, batch.rows["response_mask"]
     (key, table), *others = tables.items()
-    assert key == (2, "ppo/completions") and not others and table.columns == ("prompt", "completion", "score", "reward")
-    _, _, scores, rewards = zip(*table.rows)
+    columns = ("prompt", "completion", reward_folder, "score", "reward")  # (the reward model is one of [rl] rewards)
+    assert key == (2, "ppo/completions") and not others and table.columns == columns
+    _, _, _, scores, rewards = zip(*table.rows)
     assert list(scores) == rows["ppo/score"][:3].tolist() and list(rewards) == rows["ppo/reward"][:3].tolist()
     width = mask.shape[1]
     prompt_width = rows["tokens"].shape[1] - width
-    spec = reward_spec(get_model_spec("llama3"), pad_token_id=objective.tokenizer.pad_id)
+    spec = reward_spec(get_model_spec("llama3"), pad_token_id=objective.source.tokenizer.pad_id)
     reward_model = ModelBuilder(torch.device("cpu")).load_hf(spec, reward_folder, max_seq_len=64).model
     outputs = _unpadded_scores(reward_model, rows, prompt_width)
     for i, out in enumerate(outputs):
@@ -150,7 +151,7 @@ def test_the_loop_resumes_a_ppo_run_exactly_mid_batch(make_trainer, tmp_path):
     resumed_args = (*common, "--job.dump_folder", str(tmp_path / "resumed"))
     train_until_first_save(make_trainer, *resumed_args, at_step=3)
     resumed = make_trainer(*resumed_args)
-    batch = resumed.objective.current
+    batch = resumed.objective.source.current
     assert resumed.train_state.step == 3 and batch is not None and (batch.served, batch.steps_left) == (1, 1)
     resumed.train()
     for tag in (LOSS_TAG, "ppo/value_loss", "ppo/policy_loss", "ppo/score", "ppo/kl"):
@@ -160,3 +161,32 @@ def test_the_loop_resumes_a_ppo_run_exactly_mid_batch(make_trainer, tmp_path):
     for want, got in ((straight.model, resumed.model), (straight.objective.value.model, resumed.objective.value.model)):
         for (name, a), b in zip(want.named_parameters(), got.parameters()):
             assert torch.equal(a, b), name
+
+
+def test_a_guard_skipped_step_changes_neither_the_policy_nor_the_value_model(make_trainer, tmp_path):
+    """The loop steps the value model's optimizer with the policy's, under the guard: a step whose loss is not finite
+    (--guards.on_nonfinite skip) leaves both models' weights bitwise as they were, and the next finite step moves
+    both. (The value model's AdamW used to be stepped in an after-optimizer-step hook, skipped step or not.)"""
+    from titanium.objectives.base import LossResult
+
+    args = (*PPO, *RULE, "--guards.on_nonfinite", "skip", "--training.steps", "3", "--training.local_batch_size", "8")
+    trainer = make_trainer(*tiny_args(tmp_path, *args))
+    objective, loss = trainer.objective, trainer.objective.loss
+
+    def weights() -> dict[str, torch.Tensor]:
+        models = {"policy": trainer.model, "value": objective.value.model}
+        return {f"{k}.{n}": p.detach().clone() for k, m in models.items() for n, p in m.named_parameters()}
+
+    def changed(before: dict[str, torch.Tensor]) -> set[str]:
+        return {name.split(".")[0] for name, value in weights().items() if not torch.equal(value, before[name])}
+
+    trainer.train_step()  # (a finite first step: the value model's gradients and moments exist)
+    objective.loss = lambda output, batch: LossResult(loss(output, batch).loss_sum * float("nan"))
+    before = weights()
+    trainer.train_step()
+    assert changed(before) == set()
+    assert trainer.guard.check(2) == {"guards/skipped_steps": 1.0}
+    objective.loss = loss
+    before = weights()
+    trainer.train_step()
+    assert changed(before) == {"policy", "value"}

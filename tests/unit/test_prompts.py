@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import REPO
-from titanium.config.sections import DataSection, GRPOSection, PPOSection
+from titanium.config.sections import DataSection, RLSection
 from titanium.data.chat import Llama3Template, Message
 from titanium.data.prompts import PromptDataset
 from titanium.data.text import DataError
@@ -32,7 +32,7 @@ def _write(path: Path, rows: list) -> str:
 def _dataset(tokenizer, path: str, kind: str = "chat", **grpo) -> PromptDataset:
     data = DataSection(kind=kind, path=path)
     template = Llama3Template(tokenizer) if kind != "text" else None
-    return PromptDataset(data, GRPOSection(**grpo), tokenizer, template)
+    return PromptDataset(data, RLSection(**grpo), tokenizer, template)
 
 
 def test_chat_rows_of_the_task_data(tokenizer) -> None:
@@ -55,7 +55,7 @@ def test_prompt_kinds_answers_and_system_prompt(tmp_path: Path, tokenizer) -> No
     text = tokenizer.decode(sample.prompt)
     assert "Be brief." in text and text.endswith("2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n")
     data = DataSection(kind="chat", path=chat)
-    override = PromptDataset(data, GRPOSection(), tokenizer, Llama3Template(tokenizer), system_prompt="Think.")
+    override = PromptDataset(data, RLSection(), tokenizer, Llama3Template(tokenizer), system_prompt="Think.")
     assert "Think." in tokenizer.decode(next(iter(override)).prompt)
 
     instruct = _write(tmp_path / "instruct.jsonl", [{"instruction": "Add", "input": "2 and 2", "answer": "4"}])
@@ -88,7 +88,7 @@ def test_bad_and_long_rows_are_skipped_and_counted(tmp_path: Path, tokenizer, ca
     assert [s.row["messages"][0]["content"] for s in samples] == ["ok 0", "ok 6"]
     assert (dataset.bad_rows, dataset.too_long) == (4, 1)
     strict = PromptDataset(
-        DataSection(kind="chat", path=path, on_bad_row="fail"), GRPOSection(), tokenizer, Llama3Template(tokenizer)
+        DataSection(kind="chat", path=path, on_bad_row="fail"), RLSection(), tokenizer, Llama3Template(tokenizer)
     )
     with pytest.raises(DataError, match=r"rows.jsonl: row 1: no user message to answer"):
         list(itertools.islice(strict, 2))
@@ -96,12 +96,12 @@ def test_bad_and_long_rows_are_skipped_and_counted(tmp_path: Path, tokenizer, ca
     assert "row 3: the answer column 'answer' is list, not a string or number" in caplog.text
 
 
-def test_ppo_prompt_errors_name_ppo_keys(tokenizer, tmp_path) -> None:
-    """PPO reads prompts with the same reader: its messages name its own section's keys."""
+def test_prompt_errors_name_the_rl_keys(tokenizer, tmp_path) -> None:
+    """Every RL objective reads prompts with the same reader: its messages name [rl]'s keys."""
     path = _write(tmp_path / "rows.jsonl", [{"messages": [{"role": "user", "content": "2+2"}]}])
     data = DataSection(kind="chat", path=path, on_bad_row="fail")
-    dataset = PromptDataset(data, PPOSection(answer_column="answer"), tokenizer, Llama3Template(tokenizer), name="ppo")
-    with pytest.raises(DataError, match=r"set --ppo.answer_column, or '' for rows without answers"):
+    dataset = PromptDataset(data, RLSection(answer_column="answer"), tokenizer, Llama3Template(tokenizer))
+    with pytest.raises(DataError, match=r"set --rl.answer_column, or '' for rows without answers"):
         next(iter(dataset))
 
 
@@ -109,7 +109,7 @@ def test_data_parallel_split_and_exact_resume(tokenizer) -> None:
     data = DataSection(kind="chat", path=TASKS, shards=2)  # one process reads both halves in turn
 
     def prompts(dp_rank: int, dp_world: int) -> PromptDataset:
-        return PromptDataset(data, GRPOSection(), tokenizer, Llama3Template(tokenizer), None, dp_rank, dp_world)
+        return PromptDataset(data, RLSection(), tokenizer, Llama3Template(tokenizer), None, dp_rank, dp_world)
 
     in_turn = [s.answer for s in itertools.islice(prompts(0, 1), 12)]
     assert [s.answer for s in itertools.islice(prompts(0, 2), 6)] == in_turn[0::2]
@@ -129,6 +129,6 @@ def test_a_pass_with_every_prompt_too_long_says_why(tmp_path: Path, tokenizer) -
     rows = [{"messages": [{"role": "user", "content": "long " * 200}], "answer": "1"}] * 3
     with pytest.raises(DataError) as error:
         next(iter(_dataset(tokenizer, _write(tmp_path / "rows.jsonl", rows), max_prompt_len=64)))
-    assert "nothing to train on (3 prompts longer than --grpo.max_prompt_len 64 tokens skipped: raise it" in str(
+    assert "nothing to train on (3 prompts longer than --rl.max_prompt_len 64 tokens skipped: raise it" in str(
         error.value
     )

@@ -14,7 +14,7 @@ import transformers
 from tests.helpers import REPO, scalars, tiny_args
 from tests.parity.harness import randomize_
 from titanium.config.loader import ConfigError
-from titanium.config.sections import GRPOSection
+from titanium.config.sections import RLSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.errors import UserError
 from titanium.rl.rewards.functions import RewardSet
@@ -96,9 +96,9 @@ def test_scores_equal_transformers_sequence_classification(tokenizer, reward_fol
 
 
 def test_reward_model_weighted_with_rule_rewards(tokenizer, reward_folder: Path) -> None:
-    """``--grpo.rewards FOLDER exact_match overlong`` with weights: the total is the weighted sum, each function's
+    """``--rl.rewards FOLDER exact_match overlong`` with weights: the total is the weighted sum, each function's
     values kept under its name (the folder's for the reward model)."""
-    cfg = GRPOSection(
+    cfg = RLSection(
         rewards=[str(reward_folder), "exact_match", "overlong"],
         reward_weights=[0.5, 2.0, 1.0],
         max_new_tokens=4,
@@ -119,13 +119,13 @@ def test_reward_model_weighted_with_rule_rewards(tokenizer, reward_folder: Path)
 
 def test_bad_reward_model_folders_are_refused(tokenizer, tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config.json is missing"):
-        RewardSet.from_config(GRPOSection(rewards=[str(tmp_path / "nothing/")]), pad_id=tokenizer.pad_id)
+        RewardSet.from_config(RLSection(rewards=[str(tmp_path / "nothing/")]), pad_id=tokenizer.pad_id)
     causal = tmp_path / "causal"
     transformers.LlamaForCausalLM(_config(tokenizer)).save_pretrained(causal)
     with pytest.raises(UserError, match="not a sequence-classification"):
-        RewardSet.from_config(GRPOSection(rewards=[str(causal)]), pad_id=tokenizer.pad_id)
+        RewardSet.from_config(RLSection(rewards=[str(causal)]), pad_id=tokenizer.pad_id)
     with pytest.raises(UserError, match="pad_token_id"):
-        RewardSet.from_config(GRPOSection(rewards=[str(_other_pad(tokenizer, tmp_path))]), pad_id=tokenizer.pad_id)
+        RewardSet.from_config(RLSection(rewards=[str(_other_pad(tokenizer, tmp_path))]), pad_id=tokenizer.pad_id)
 
 
 def _other_pad(tokenizer: TiktokenTokenizer, tmp_path: Path) -> Path:
@@ -144,9 +144,9 @@ def test_grpo_trains_with_a_reward_model(make_trainer, tmp_path: Path, reward_fo
         tmp_path,
         *("--training.objective", "grpo", "--training.steps", "2", "--training.local_batch_size", "8"),
         *("--data.kind", "chat", "--data.path", str(REPO / "assets/tasks/arithmetic/train.jsonl")),
-        *("--chat.chat_template", "llama3", "--grpo.group_size", "4", "--grpo.max_new_tokens", "6"),
-        *("--grpo.max_prompt_len", "40", "--grpo.rewards", name, "overlong", "--grpo.reward_weights", "1.0", "0.5"),
-        *("--grpo.overlong_buffer", "3", "--grpo.dynamic_sampling", "--grpo.answer_column", ""),
+        *("--chat.chat_template", "llama3", "--grpo.group_size", "4", "--rl.max_new_tokens", "6"),
+        *("--rl.max_prompt_len", "40", "--rl.rewards", name, "overlong", "--rl.reward_weights", "1.0", "0.5"),
+        *("--rl.overlong_buffer", "3", "--rl.dynamic_sampling", "--rl.answer_column", ""),
         *("--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
     )
     make_trainer(*args).train()
@@ -197,7 +197,7 @@ def own_tokenizer_folder(tmp_path_factory) -> Path:
 
 
 def test_a_reward_model_with_its_own_tokenizer_reads_what_trl_would_feed_it(tokenizer, own_tokenizer_folder) -> None:
-    """--grpo.reward_model_tokenizer own: conversations (the response as the assistant's turn) rendered with the
+    """--rl.reward_model_tokenizer own: conversations (the response as the assistant's turn) rendered with the
     reward model's own chat template, and a text prompt followed by the response, give exactly the ids TRL's
     GRPOTrainer feeds it (apply_chat_template, then the tokenizer without added special tokens), and the scores of
     AutoModelForSequenceClassification on that right-padded batch. The policy's ids play no part."""
@@ -241,9 +241,9 @@ def test_grpo_trains_with_a_reward_model_of_another_tokenizer(make_trainer, tmp_
         tmp_path,
         *("--training.objective", "grpo", "--training.steps", "2", "--training.local_batch_size", "8"),
         *("--data.kind", "chat", "--data.path", str(REPO / "assets/tasks/arithmetic/train.jsonl")),
-        *("--chat.chat_template", "llama3", "--grpo.group_size", "4", "--grpo.max_new_tokens", "6"),
-        *("--grpo.max_prompt_len", "40", "--grpo.rewards", name, "--grpo.reward_model_tokenizer", "own"),
-        *("--grpo.answer_column", "", "--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
+        *("--chat.chat_template", "llama3", "--grpo.group_size", "4", "--rl.max_new_tokens", "6"),
+        *("--rl.max_prompt_len", "40", "--rl.rewards", name, "--rl.reward_model_tokenizer", "own"),
+        *("--rl.answer_column", "", "--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
     )
     make_trainer(*args).train()
     model = scalars(tmp_path / "tb", f"grpo/reward/{name}")

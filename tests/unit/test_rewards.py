@@ -11,7 +11,7 @@ import torch
 
 from tests.helpers import REPO
 from titanium.config import ConfigError
-from titanium.config.sections import GRPOSection
+from titanium.config.sections import RLSection
 from titanium.errors import UserError
 from titanium.rl.rewards.functions import RewardSet, exact_match, extract_answer, normalize_answer, think_format
 
@@ -50,7 +50,7 @@ def test_exact_match_on_the_bundled_task_data() -> None:
     assert exact_match("The answer is 1,000.", "1000", {}) == 1.0
     assert exact_match("\\boxed{72}", "48 + 24 = 72 clips.\n#### 72", {}) == 1.0  # a GSM8K reference
     assert exact_match("<think>2 + 2 = 4</think>\\boxed{4}", "5", {}) == 0.0
-    with pytest.raises(UserError, match="--grpo.answer_column"):
+    with pytest.raises(UserError, match="--rl.answer_column"):
         exact_match("4", None, {})
 
 
@@ -76,7 +76,7 @@ def test_weighted_sum_keeps_each_function_and_imports_user_functions(tmp_path: P
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     rewards = RewardSet.from_config(
-        GRPOSection(rewards=["exact_match", "format", "my_rewards:shortness"], reward_weights=[1.0, 0.5, 0.1])
+        RLSection(rewards=["exact_match", "format", "my_rewards:shortness"], reward_weights=[1.0, 0.5, 0.1])
     )
     completions = ["<think>x</think> 42", "42", "<think>y</think> 41"]
     rows = [{"scale": 10}] * 3
@@ -104,7 +104,7 @@ def test_bad_reward_names_and_values(tmp_path: Path, monkeypatch) -> None:
         ("bad_rewards:missing", "module 'bad_rewards' has no attribute 'missing'"),
         ("bad_rewards:NOT_A_FUNCTION", "'bad_rewards:NOT_A_FUNCTION' is not a function"),
     ]:
-        with pytest.raises(ConfigError, match="--grpo.rewards") as err:
+        with pytest.raises(ConfigError, match="--rl.rewards") as err:
             RewardSet([spec])
         assert message in str(err.value)
     for spec in ("bad_rewards:text", "bad_rewards:nan"):
@@ -131,7 +131,7 @@ def test_trl_batched_rewards_file_paths_and_wrong_signatures(tmp_path: Path) -> 
     assert out.total.tolist() == [3.0, 41.0]
     with pytest.raises(ConfigError) as err:
         RewardSet([f"{path}:two_args"])
-    assert str(err.value).startswith(f"--grpo.rewards '{path}:two_args': two_args(completion, answer) cannot be ")
+    assert str(err.value).startswith(f"--rl.rewards '{path}:two_args': two_args(completion, answer) cannot be ")
     assert "fn(completion, answer, row) -> float, or as TRL's batched fn(completions, **kwargs)" in str(err.value)
     with pytest.raises(UserError, match="returned list for 2 completions; a batched reward function returns"):
         RewardSet([f"{path}:short"])(["a", "b"], [None, None], [{}, {}])

@@ -170,7 +170,7 @@ def test_requests_shared_by_ranks_are_generated_once_and_each_rank_gets_its_own(
 
 GRPO_VLLM = [
     "--training.objective", "grpo", "--data.kind", "chat", "--data.path", "assets/tasks/arithmetic/train.jsonl",
-    "--training.local_batch_size", "16", "--grpo.max_prompt_len", "64", "--rollout.engine", "vllm",
+    "--training.local_batch_size", "16", "--rl.max_prompt_len", "64", "--rollout.engine", "vllm",
 ]  # fmt: skip
 
 
@@ -179,15 +179,15 @@ GRPO_VLLM = [
     [
         (["--rollout.server_per", "job"], "--rollout.server_per job places the engine processes of --rollout.mode"),
         (
-            ["--rollout.mode", "server", "--rollout.server_per", "job", "--grpo.dynamic_sampling"],
+            ["--rollout.mode", "server", "--rollout.server_per", "job", "--rl.dynamic_sampling"],
             "use --rollout.server_per rank",
         ),
         (
-            ["--rollout.mode", "server", "--rollout.server_per", "node", "--grpo.dynamic_sampling"],
+            ["--rollout.mode", "server", "--rollout.server_per", "node", "--rl.dynamic_sampling"],
             "--rollout.server_per node generates its ranks' prompts together",
         ),
         (
-            ["--rollout.tensor_parallel_size", "2", "--grpo.dynamic_sampling"],
+            ["--rollout.tensor_parallel_size", "2", "--rl.dynamic_sampling"],
             "the ranks of one vLLM engine (--rollout.tensor_parallel_size 2) generate together",
         ),
         (

@@ -118,7 +118,7 @@ def test_the_hand_over_finds_every_tensor_of_a_grpo_generation_job(tokenizer, dy
     garbage collector sees them, so each gets ``record_stream`` on CUDA."""
     settings = {"dynamic_sampling": True, "dynamic_sampling_max_rounds": 2} if dynamic else {}
     objective = _objective(tokenizer, _model(tokenizer.vocab_size), max_policy_lag=1, **settings)
-    result = objective._start_batch(1).generation.result()
+    result = objective.source._start_batch(1).generation.result()
     objective.close()
     reachable = _reachable_tensors(result)
     found = {id(t): t for t in device_tensors(result, torch.device("cpu"))}
@@ -202,7 +202,7 @@ def _busy_steps(objective: GRPOObjective, model: torch.nn.Module, steps: int) ->
             scale = 0.05 * (1 + sum(mb.tokens.sum() % 7 for mb in prepared.batches) / 7)
             for p in model.parameters():
                 p.add_(torch.randn(p.shape, device=CUDA, generator=noise) * scale)
-        objective.policy.updated(step)  # the loop's after_optimizer_step: the sync
+        objective.source.policy.updated(step)  # the loop's after_optimizer_step: the sync
         served.append(prepared)
     objective.close()
     return served
@@ -220,9 +220,9 @@ def test_cuda_lag_1_on_the_side_stream_serves_what_the_loop_generates(tokenizer)
         model = _model(tokenizer.vocab_size).to(CUDA)
         model.attention_backend = "sdpa"  # (the trainer's forwards: flex would compile for every row width)
         objective = _objective(tokenizer, model, device=CUDA, **settings)
-        assert (objective.worker.side_stream.stream is not None) and objective.worker.background
+        assert (objective.source.worker.side_stream.stream is not None) and objective.source.worker.background
         if not background:
-            objective.worker = GenerationWorker(background=False)
+            objective.source.worker = GenerationWorker(background=False)
         runs.append(_busy_steps(objective, model, 6))
     for threaded, inline in zip(*runs):
         assert torch.equal(threaded.metrics["grpo/policy_lag"][0], inline.metrics["grpo/policy_lag"][0])

@@ -346,7 +346,7 @@ def test_grpo_reads_trls_prompt_column_as_trl_renders_it(tmp_path, toks):
     """GRPO's prompts from TRL's rows without ``messages``: a conversation in ``prompt`` (ending with a user turn or
     with the tools' results, the row's tools rendered) is the ids of transformers' ``apply_chat_template(prompt,
     tools=..., add_generation_prompt=True)``; a string is one user message; the answer column travels along."""
-    from titanium.config.sections import GRPOSection
+    from titanium.config.sections import RLSection
     from titanium.data.prompts import PromptDataset
 
     tok, hf = toks
@@ -358,7 +358,7 @@ def test_grpo_reads_trls_prompt_column_as_trl_renders_it(tmp_path, toks):
         {"prompt": [user, {"role": "assistant", "content": "5"}], "answer": "5"},  # (no turn to answer: skipped)
     ]
     data = DataSection(kind="chat", path=jsonl(tmp_path / "rows.jsonl", rows))
-    grpo = GRPOSection(answer_column="answer", max_prompt_len=4096)
+    grpo = RLSection(answer_column="answer", max_prompt_len=4096)
     dataset = PromptDataset(data, grpo, tok, JinjaTemplate(tok, hf.chat_template))
     samples = [sample for sample, _ in zip(dataset, range(3))]
     expected = []

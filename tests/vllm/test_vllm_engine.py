@@ -256,7 +256,7 @@ def grpo_runs(tmp_path_factory) -> dict[str, tuple[Path, str]]:
     root = tmp_path_factory.mktemp("grpo")
     policy = load_script("benchmarks/grpo_engines.py").make_policy(root / "policy")
     runs = {mode: (root / mode / "tb", grpo(root / mode, policy, mode)) for mode in ("colocated", "server")}
-    shared = ("--rollout.server_per", "job", "--grpo.max_policy_lag", "1")
+    shared = ("--rollout.server_per", "job", "--rl.max_policy_lag", "1")
     runs["job"] = (root / "job" / "tb", grpo(root / "job", policy, "server", *shared, nproc=2))
     split = ("--rollout.tensor_parallel_size", "2")
     runs["split"] = (root / "split" / "tb", grpo(root / "split", policy, "colocated", *split, nproc=2))

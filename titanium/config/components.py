@@ -17,17 +17,23 @@ from titanium.config.sections import (
     KTOSection,
     LoRASection,
     MoESection,
+    OnlineDPOSection,
     PPOSection,
     QATSection,
     RewardSection,
+    RLSection,
     RolloutSection,
     SFTSection,
     ValidationSection,
 )
 
+RL_SECTIONS = (SectionSpec("rl", RLSection), SectionSpec("rollout", RolloutSection))
+"""What an RL objective reads besides its own section: the rollout source's prompts, sampling and rewards ([rl]) and
+the engine that generates them ([rollout]); handed over by keyword as ``rl=`` and ``rollout=``."""
+
 OBJECTIVES = Registry("objective", "--training.objective")
 """What to optimize (titanium/objectives/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its
-further sections by keyword (GRPO: ``rollout=``, the engine it generates with)."""
+further sections by keyword (GRPO: ``rl=`` and ``rollout=``, its rollout source and engine)."""
 OBJECTIVES.register("pretrain", "titanium.objectives.pretrain:PretrainObjective")
 OBJECTIVES.register("sft", "titanium.objectives.sft:SFTObjective", SectionSpec("sft", SFTSection))
 OBJECTIVES.register("dpo", "titanium.objectives.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
@@ -35,7 +41,13 @@ OBJECTIVES.register(
     "grpo",
     "titanium.objectives.grpo:GRPOObjective",
     SectionSpec("grpo", GRPOSection),
-    more_sections=(SectionSpec("rollout", RolloutSection),),
+    more_sections=RL_SECTIONS,
+)
+OBJECTIVES.register(
+    "online_dpo",
+    "titanium.objectives.online_dpo:OnlineDPOObjective",
+    SectionSpec("online_dpo", OnlineDPOSection),
+    more_sections=RL_SECTIONS,
 )
 OBJECTIVES.register("kd", "titanium.objectives.kd:KDObjective", SectionSpec("kd", KDSection))
 OBJECTIVES.register("kto", "titanium.objectives.kto:KTOObjective", SectionSpec("kto", KTOSection))
@@ -44,7 +56,7 @@ OBJECTIVES.register(
     "ppo",
     "titanium.objectives.ppo:PPOObjective",
     SectionSpec("ppo", PPOSection),
-    more_sections=(SectionSpec("rollout", RolloutSection),),
+    more_sections=RL_SECTIONS,
 )
 
 CONVERTERS = Registry("model converter", "model converter")

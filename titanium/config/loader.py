@@ -18,7 +18,7 @@ import tyro
 
 from titanium.config.components import OBJECTIVES
 from titanium.config.errors import ConfigError
-from titanium.config.moved import move_flags, move_toml_keys
+from titanium.config.moved import move_flags, move_toml_keys, prepend_reward_model, take_ppo_reward_model
 from titanium.config.registry import SectionSpec, job_config_class
 from titanium.config.trl_names import check_trl_names
 from titanium.config.validate import validate
@@ -32,7 +32,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 def load_config(argv: list[str]) -> Any:
     """Parse `argv` (without the program name) into a validated job config (titanium.config.JobConfig, plus the
     section of an objective given by import path)."""
-    argv = move_flags(argv)
+    argv, reward_model = take_ppo_reward_model(move_flags(argv))
     check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
     data = move_toml_keys(_read_toml(config_file), config_file) if config_file is not None else {}
@@ -46,6 +46,10 @@ def load_config(argv: list[str]) -> Any:
         _apply_toml(base, data, config_file)
         base.job.config_file = config_file
     cfg = tyro.cli(job_config, args=argv, default=base, use_underscores=True)
+    if reward_model is not None:
+        toml_rl = data.get("rl") if isinstance(data.get("rl"), dict) else {}
+        given = {key: key in toml_rl or _flag_given(argv, f"--rl.{key}") for key in ("rewards", "reward_model_layout")}
+        prepend_reward_model(cfg.rl, reward_model, given["rewards"], given["reward_model_layout"])
     for problem in validate(cfg):
         raise ConfigError(problem)
     return cfg
@@ -71,6 +75,11 @@ def _flag(argv: list[str], name: str) -> str | None:
             if arg.startswith(spelling + "="):
                 return arg.split("=", 1)[1]
     return None
+
+
+def _flag_given(argv: list[str], name: str) -> bool:
+    names = (name, name.replace("_", "-"))
+    return any(arg.split("=", 1)[0] in names for arg in argv)
 
 
 def _read_toml(path: str) -> dict[str, Any]:

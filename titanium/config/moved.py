@@ -1,7 +1,10 @@
 """Config keys that moved to another section: still read where users wrote them, with a deprecation warning.
 
 ``[sft] chat_template`` and ``[sft] system_prompt`` became ``[chat]`` keys when every objective (SFT, DPO, GRPO)
-and the evaluation came to read them. A key given both ways is an error (which one would win is not obvious).
+and the evaluation came to read them. GRPO's and PPO's sampling, prompt, reward and logging keys became ``[rl]``
+keys when both came to draw from one rollout source (``titanium.rl.source``); PPO's ``reward_model_path`` became
+the first entry of ``[rl] rewards`` (a reward model is named there by its folder), its ``rewards`` the entries after
+it. A key given both ways is an error (which one would win is not obvious).
 """
 
 from __future__ import annotations
@@ -13,25 +16,62 @@ from titanium.config.errors import ConfigError
 
 logger = logging.getLogger("titanium")
 
+_RL_KEYS = {
+    "grpo": (
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "max_prompt_len",
+        "answer_column",
+        "rewards",
+        "reward_weights",
+        "overlong_buffer",
+        "reward_model_layout",
+        "reward_model_dtype",
+        "reward_model_tokenizer",
+        "max_policy_lag",
+        "dynamic_sampling",
+        "dynamic_sampling_max_rounds",
+        "pad_to",
+        "pad_multiple",
+        "log_completions",
+        "log_completions_count",
+    ),
+    "ppo": (
+        "temperature",
+        "top_p",
+        "top_k",
+        "max_new_tokens",
+        "max_prompt_len",
+        "answer_column",
+        "rewards",
+        "reward_weights",
+        "log_completions",
+        "log_completions_count",
+    ),
+}
+
 MOVED = {
     ("sft", "chat_template"): ("chat", "chat_template"),
     ("sft", "system_prompt"): ("chat", "system_prompt"),
+    **{(section, key): ("rl", key) for section, keys in _RL_KEYS.items() for key in keys},
 }
 """(old section, key) -> (new section, key)."""
 
+PPO_REWARD_MODEL = ("ppo", "reward_model_path")
+"""PPO's reward model folder: now the first of ``[rl] rewards``, with weight 1 before the rule rewards' weights, held
+sharded under the training plan as PPO held it (``[rl] reward_model_layout`` sharded, unless given)."""
+
 
 def _warn(old: str, new: str) -> None:
-    logger.warning(
-        "%s is deprecated and will be removed: use %s (the same setting, now read by every objective "
-        "and by evaluation)",
-        old,
-        new,
-    )
+    logger.warning("%s is deprecated and will be removed: use %s (the same setting, moved)", old, new)
 
 
 def move_toml_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
     """``data`` (a parsed TOML file) with moved keys in their new sections."""
     data = {name: dict(values) if isinstance(values, dict) else values for name, values in data.items()}
+    _move_ppo_reward_model(data, where)
     for (old_section, key), (new_section, new_key) in MOVED.items():
         values = data.get(old_section)
         if not isinstance(values, dict) or key not in values:
@@ -48,6 +88,29 @@ def move_toml_keys(data: dict[str, Any], where: str) -> dict[str, Any]:
         if not values:
             del data[old_section]
     return data
+
+
+def _move_ppo_reward_model(data: dict[str, Any], where: str) -> None:
+    """``[ppo] reward_model_path`` (with ``[ppo] rewards`` / ``reward_weights``, the rule rewards added to it) as
+    ``[rl] rewards`` = [the folder, the rule rewards...] and the weights [1, the rule weights...]."""
+    section, key = PPO_REWARD_MODEL
+    ppo = data.get(section)
+    if not isinstance(ppo, dict) or key not in ppo:
+        return
+    folder = ppo.pop(key)
+    rl = data.setdefault("rl", {})
+    if not isinstance(rl, dict) or "rewards" in rl:
+        raise ConfigError(
+            f"{where}: [ppo] reward_model_path and [rl] rewards both name rewards; keep only [rl] rewards"
+        )
+    _warn(f"{where}: [ppo] reward_model_path", "[rl] rewards (the folder as its first entry)")
+    if folder:
+        rl["rewards"] = [folder, *ppo.pop("rewards", [])]
+        rl.setdefault("reward_model_layout", "sharded")
+        if "reward_weights" in ppo:
+            rl["reward_weights"] = [1.0, *ppo.pop("reward_weights")]
+    if not ppo:
+        del data[section]
 
 
 def move_flags(argv: list[str]) -> list[str]:
@@ -69,3 +132,29 @@ def move_flags(argv: list[str]) -> list[str]:
         _warn(flag, new)
         out.append(new + eq + value)
     return out
+
+
+def take_ppo_reward_model(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` without ``--ppo.reward_model_path X``, and X (None when not given): ``prepend_reward_model`` puts it
+    in front of ``[rl] rewards`` once the config is parsed."""
+    spellings = ("--ppo.reward_model_path", "--ppo.reward-model-path")
+    found = [i for i, arg in enumerate(argv) if arg.split("=", 1)[0] in spellings]
+    if not found:
+        return argv, None
+    i = found[-1]
+    flag, eq, value = argv[i].partition("=")
+    if not eq and i + 1 >= len(argv):
+        raise ConfigError(f"{flag} needs a value")
+    _warn(flag, "--rl.rewards (the folder as its first entry)")
+    return (argv[:i] + argv[i + 1 :], value) if eq else (argv[:i] + argv[i + 2 :], argv[i + 1])
+
+
+def prepend_reward_model(rl: Any, folder: str, rules_given: bool, layout_given: bool) -> None:
+    """PPO's ``--ppo.reward_model_path folder`` in the parsed ``[rl]`` section: the folder first, then the rule
+    rewards if any were given (PPO's rule rewards defaulted to none), the weights with 1 for the folder; held sharded
+    unless the layout was given."""
+    rl.rewards = [folder, *(rl.rewards if rules_given else [])]
+    if rl.reward_weights:
+        rl.reward_weights = [1.0, *rl.reward_weights]
+    if not layout_given:
+        rl.reward_model_layout = "sharded"

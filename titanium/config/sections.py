@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 PadToOption = Literal["auto", "longest", "seq_len"]
-"""How wide an objective's rows are (``[sft]``, ``[dpo]``, ``[grpo]`` pad_to; titanium.objectives.base.row_width)."""
+"""How wide an objective's rows are (``[sft]``, ``[dpo]``, ``[rl]`` pad_to; titanium.data.packing.row_width)."""
 
 
 @dataclass
@@ -712,30 +712,6 @@ class GRPOSection:
     group_size: int = 8
     """Responses sampled per prompt. Each response's advantage compares its reward with the others of
     its group (TRL's num_generations); at least 2."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (> 0). Log-probs, in rollouts and in training alike, are
-    those of the temperature-scaled distribution over the whole vocabulary."""
-    top_p: float = 1.0
-    """Nucleus sampling: draw only from the most likely tokens that together hold this much probability;
-    1 turns it off."""
-    top_k: int = 0
-    """Draw only from the k most likely tokens; 0 turns it off."""
-    max_new_tokens: int = 256
-    """Most tokens generated per response; a response cut here is truncated (see mask_truncated)."""
-    max_prompt_len: int = 512
-    """Prompts longer than this many tokens are skipped (counted in the log), not cut."""
-    answer_column: str = "answer"
-    """Column of a prompt row holding the reference answer, handed to the reward functions; "" when the
-    rows have none (a row without it is a bad row otherwise)."""
-    rewards: list[str] = field(default_factory=lambda: ["exact_match"])
-    """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
-    answer equals the reference; format: <think>...</think> then an answer; overlong: see overlong_buffer),
-    "package.module:function" / "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or
-    TRL's batched fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists, and
-    completion_ids and prompt_ids), or the folder of a trained reward model (an HF *ForSequenceClassification
-    checkpoint, e.g. the reward objective's export, with this job's tokenizer) that scores prompt + response."""
-    reward_weights: list[float] = field(default_factory=list)
-    """One weight per reward function, in the same order; empty: every weight is 1."""
     scale_rewards: Literal["group", "batch", "none"] = "group"
     """Advantage = reward - mean of its group, divided by the group's standard deviation (group, the GRPO
     paper), by that of the whole batch (batch), or not divided (none, as in Dr. GRPO)."""
@@ -767,17 +743,6 @@ class GRPOSection:
     cispo_cap: float = 5.0
     """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
     uses 5.0)."""
-    pad_to: PadToOption = "auto"
-    """How wide the rows of each training microbatch and of each old/reference log-prob forward are. longest: the
-    columns no row of it uses are cut (left padding before the prompts, steps after every response's end), its
-    width rounded up to a bucket (a few widths per doubling, so compile sees few shapes); the loss is the same.
-    seq_len: no cut, every row as wide as its rollout batch (the widest prompt of the batch plus every generated
-    step). auto: longest, but seq_len under pipeline parallelism (whose schedule needs fixed shapes; longest asked
-    for there is overridden with a warning) and under context parallelism (rows split over the cp ranks keep their
-    rollout batch's width)."""
-    pad_multiple: int = 8
-    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores), or the rollout batch's
-    full width; under context or tensor parallelism it is raised to a multiple of 2 x cp and cp x tp."""
     old_logprobs: Literal["sampler", "recompute"] = "sampler"
     """The old policy's log-probs in the ratio. sampler: those the rollout engine reported for its tokens.
     recompute: a no-grad forward of the trained policy over the rollouts before their first step (TRL's
@@ -800,19 +765,37 @@ class GRPOSection:
     mask_truncated: bool = False
     """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering); they still count
     as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
-    max_policy_lag: int = 0
-    """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
-    them: the next batch is generated while the current one is still trained on (titanium engine: on a thread of
-    its own, overlapping the training step), as early as this allows; a queued batch that would be older is
-    dropped. 0: fully on-policy (each batch made right before its use)."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: groups whose rewards are all equal (standard deviation 0, so every advantage is 0)
-    are dropped, and further rounds of generation (each as many prompts as the batch) refill the batch until it
-    holds only groups with a learning signal, keeping the first ones made (verl's filter_groups)."""
-    dynamic_sampling_max_rounds: int = 10
-    """dynamic_sampling: most generation rounds per rollout batch, the first included (verl's
-    max_num_gen_batches). When they run out the batch is filled up with equal-reward groups (advantage 0), counted
-    as grpo/zero_std_trained and warned about, so it always stays full."""
+
+
+@dataclass
+class RLSection:
+    """What every RL objective (GRPO, PPO, online DPO) draws from its rollout source: the prompts, how responses are
+    sampled and scored, how far behind the policy they may be, and what is logged of them."""
+
+    temperature: float = 1.0
+    """Sampling temperature of the rollouts (> 0). Log-probs, in rollouts and in training alike, are
+    those of the temperature-scaled distribution over the whole vocabulary."""
+    top_p: float = 1.0
+    """Nucleus sampling: draw only from the most likely tokens that together hold this much probability;
+    1 turns it off."""
+    top_k: int = 0
+    """Draw only from the k most likely tokens; 0 turns it off."""
+    max_new_tokens: int = 256
+    """Most tokens generated per response; a response cut here is truncated."""
+    max_prompt_len: int = 512
+    """Prompts longer than this many tokens are skipped (counted in the log), not cut."""
+    answer_column: str = "answer"
+    """Column of a prompt row holding the reference answer, handed to the reward functions; "" when the
+    rows have none (a row without it is a bad row otherwise)."""
+    rewards: list[str] = field(default_factory=lambda: ["exact_match"])
+    """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
+    answer equals the reference; format: <think>...</think> then an answer; overlong: see overlong_buffer),
+    "package.module:function" / "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or
+    TRL's batched fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists, and
+    completion_ids and prompt_ids), or the folder of a trained reward model (an HF *ForSequenceClassification
+    checkpoint, e.g. the reward objective's export, with this job's tokenizer) that scores prompt + response."""
+    reward_weights: list[float] = field(default_factory=list)
+    """One weight per reward function, in the same order; empty: every weight is 1."""
     overlong_buffer: int = 0
     """DAPO's soft overlong punishment, the reward function "overlong" in rewards (TRL's
     get_soft_overlong_punishment with max_completion_len = max_new_tokens, soft_punish_cache = this): 0 for a
@@ -833,13 +816,54 @@ class GRPOSection:
     (or text) and the response's text re-rendered with the reward model's own tokenizer and chat template (its
     folder's tokenizer.json and tokenizer_config.json), as TRL scores with a reward model's processing class: for a
     reward model of another family or vocabulary."""
+    max_policy_lag: int = 0
+    """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
+    them: the next batch is generated while the current one is still trained on (titanium engine: on a thread of
+    its own, overlapping the training step), as early as this allows; a queued batch that would be older is
+    dropped. 0: fully on-policy (each batch made right before its use)."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling: groups whose rewards are all equal (standard deviation 0, so every advantage is 0)
+    are dropped, and further rounds of generation (each as many prompts as the batch) refill the batch until it
+    holds only groups with a learning signal, keeping the first ones made (verl's filter_groups). For objectives
+    that sample several responses per prompt (GRPO's groups, online DPO's pairs)."""
+    dynamic_sampling_max_rounds: int = 10
+    """dynamic_sampling: most generation rounds per rollout batch, the first included (verl's
+    max_num_gen_batches). When they run out the batch is filled up with equal-reward groups (advantage 0), counted
+    as <objective>/zero_std_trained and warned about, so it always stays full."""
+    pad_to: PadToOption = "auto"
+    """How wide the rows of each training microbatch and of each old/reference log-prob forward are. longest: the
+    columns no row of it uses are cut (left padding before the prompts, steps after every response's end), its
+    width rounded up to a bucket (a few widths per doubling, so compile sees few shapes); the loss is the same.
+    seq_len: no cut, every row as wide as its rollout batch (the widest prompt of the batch plus every generated
+    step). auto: longest, but seq_len under pipeline parallelism (whose schedule needs fixed shapes; longest asked
+    for there is overridden with a warning) and under context parallelism (rows split over the cp ranks keep their
+    rollout batch's width)."""
+    pad_multiple: int = 8
+    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores), or the rollout batch's
+    full width; under context or tensor parallelism it is raised to a multiple of 2 x cp and cp x tp."""
     log_completions: int = 0
     """Every this many steps, a table of rollouts from the batch trained on (rank 0's first log_completions_count
-    responses: prompt, completion, each reward function's reward, their weighted total and the advantage) on the
-    console, in TensorBoard's Text tab and in W&B (TRL's log_completions); 0: off."""
+    responses: prompt, completion, each reward function's reward and the objective's numbers: GRPO's total and
+    advantage, PPO's score and KL-penalized reward) on the console, in TensorBoard's Text tab and in W&B (TRL's
+    log_completions); 0: off."""
     log_completions_count: int = 8
     """Responses in each log_completions table (TRL's num_completions_to_print); the first ones of rank 0's batch,
     whole groups first."""
+
+
+@dataclass
+class OnlineDPOSection:
+    """Online DPO (TRL's OnlineDPOTrainer): two responses sampled per prompt from the rollout source ([rl]), ranked
+    by their rewards, and a DPO loss on the pair against the frozen reference."""
+
+    beta: float = 0.1
+    """The DPO temperature: the implicit reward is beta x (log pi - log pi_ref) of a response."""
+    loss_type: str = "sigmoid"
+    """The pair loss, a --dpo.loss_type that compares log-ratios to the reference: sigmoid (DPO, TRL's default),
+    ipo (TRL's other choice), hinge, robust or bco_pair."""
+    missing_eos_penalty: float = 0.0
+    """Subtracted from the reward of a response cut at max_new_tokens without a stop token before the pair is
+    ranked (TRL's missing_eos_penalty); 0: none."""
 
 
 @dataclass
@@ -911,20 +935,10 @@ class FaultToleranceSection:
 
 @dataclass
 class PPOSection:
-    reward_model_path: str = ""
-    """The reward model: a Hugging Face sequence-classification folder (num_labels = 1; what --training.objective
-    reward exports with --checkpoint.last_save_in_hf) of the policy's family. It scores each prompt + response at
-    the response's last token. Empty: the rewards are the rule rewards alone; one of the two is required."""
-    rewards: list[str] = field(default_factory=list)
-    """Rule reward functions added to the reward model's score (the names of --grpo.rewards: exact_match, format,
-    or your own "package.module:function")."""
-    reward_weights: list[float] = field(default_factory=list)
-    """One weight per rule reward function, in the same order; empty: every weight is 1."""
-    answer_column: str = "answer"
-    """Column of a prompt row holding the reference answer, handed to the rule reward functions; "" for none."""
     value_model_path: str = ""
     """Where the value model (critic) starts: a Hugging Face sequence-classification folder. Empty: the reward
-    model's (torchtune's recipe), or without one the policy's shape with a seeded scalar head and body."""
+    model's when --rl.rewards names exactly one (torchtune's recipe), else the policy's shape with a seeded scalar
+    head and body."""
     value_lr: float = 1e-5
     """The value model's AdamW learning rate (constant; the policy follows [optimizer] and [lr_scheduler])."""
     value_max_norm: float = 1.0
@@ -947,25 +961,9 @@ class PPOSection:
     """Passes over each batch of rollouts."""
     minibatches: int = 1
     """Optimizer steps per pass over a batch of rollouts (each training.global_batch_size responses)."""
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (> 0); log-probs are those of the temperature-scaled distribution."""
-    top_p: float = 1.0
-    """Nucleus sampling; 1 turns it off."""
-    top_k: int = 0
-    """Draw only from the k most likely tokens; 0 turns it off."""
-    max_new_tokens: int = 256
-    """Most tokens generated per response."""
-    max_prompt_len: int = 512
-    """Prompts longer than this many tokens are skipped (counted in the log), not cut."""
     missing_eos_penalty: float = 0.0
     """Subtracted from the score of a response cut at max_new_tokens without a stop token (TRL's
     missing_eos_penalty, torchtune's reward_penalty); 0: none."""
-    log_completions: int = 0
-    """Every this many steps, a table of rollouts from the batch trained on (rank 0's first log_completions_count
-    responses: prompt, completion, each rule reward, the score and the KL-penalized reward) on the console, in
-    TensorBoard's Text tab and in W&B; 0: off."""
-    log_completions_count: int = 8
-    """Responses in each log_completions table; the first ones of rank 0's batch."""
 
 
 @dataclass

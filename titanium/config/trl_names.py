@@ -41,14 +41,14 @@ TRL_NAMES = {
     "rpo_alpha": "--dpo.rpo_alpha",
     "precompute_ref_log_probs": "--dpo.precompute_reference",
     "num_generations": "--grpo.group_size",
-    "max_completion_length": "--grpo.max_new_tokens",
+    "max_completion_length": "--rl.max_new_tokens",
     "max_prompt_length": "--dpo.max_prompt_length (DPO), --sft.max_prompt_length (SFT prompt/completion rows) or "
-    "--grpo.max_prompt_len (GRPO, which skips a longer prompt rather than cutting it)",
-    "temperature": "--grpo.temperature",
+    "--rl.max_prompt_len (GRPO, which skips a longer prompt rather than cutting it)",
+    "temperature": "--rl.temperature",
     "epsilon": "--grpo.epsilon_low and --grpo.epsilon_high",
-    "reward_funcs": "--grpo.rewards",
-    "log_completions": "--grpo.log_completions N (every N steps)",
-    "num_completions_to_print": "--grpo.log_completions_count",
+    "reward_funcs": "--rl.rewards",
+    "log_completions": "--rl.log_completions N (every N steps)",
+    "num_completions_to_print": "--rl.log_completions_count",
 }
 """TRL's option name -> titanium's option (with a word where the two differ in meaning)."""
 

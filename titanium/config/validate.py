@@ -11,9 +11,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
-from titanium.config.sections import GRPOSection, RolloutSection
+from titanium.config.sections import GRPOSection, RLSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
-from titanium.config.validate_objectives import validate_kd, validate_kto, validate_ppo, validate_reward
+from titanium.config.validate_objectives import (
+    scalar_head_folder,
+    validate_kd,
+    validate_kto,
+    validate_online_dpo,
+    validate_ppo,
+    validate_reward,
+)
 
 PIPELINE_SCHEDULES = (
     "GPipe",
@@ -163,12 +170,16 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from validate_kd(cfg)
     yield from validate_kto(cfg)
     yield from validate_ppo(cfg)
+    yield from validate_online_dpo(cfg, _compares_to_reference)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
+    yield from _validate_rl(cfg.rl)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_rollout(cfg)
     yield from _validate_quantization_and_loss(cfg)
     yield from validate_fault_tolerance(cfg)
+    if _reads_rollouts(cfg.training.objective):
+        yield from _validate_rl_job(cfg)
     if cfg.training.objective == "grpo":
         yield from _validate_grpo_job(cfg)
 
@@ -181,8 +192,11 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
             f"--training.objective {objective!r} is not an objective; valid: {', '.join(OBJECTIVES.names())}, "
             "or your own as 'package.module:ClassName'"
         )
-    if kind in ("chat", "instruct") and objective not in ("sft", "kd", "grpo", "ppo"):
-        yield f"--data.kind {kind} needs --training.objective sft, kd, grpo or ppo (pretraining reads text windows)"
+    if kind in ("chat", "instruct") and objective not in ("sft", "kd") and not _reads_rollouts(objective):
+        yield (
+            f"--data.kind {kind} needs --training.objective sft, kd, grpo, ppo or online_dpo (pretraining reads text "
+            "windows)"
+        )
     if objective in ("sft", "kd") and kind == "synthetic":
         yield f"--training.objective {objective} needs real samples: --data.kind chat, instruct or text (not synthetic)"
     if cfg.sft.pack_buffer < 1:
@@ -193,7 +207,7 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
     ):
         if value < 0:
             yield f"{flag} must be >= 0 (0: no limit), got {value}"
-    for name, section in (("sft", cfg.sft), ("dpo", cfg.dpo), ("grpo", cfg.grpo)):
+    for name, section in (("sft", cfg.sft), ("dpo", cfg.dpo), ("rl", cfg.rl)):
         if section.pad_multiple < 1:
             yield f"--{name}.pad_multiple must be >= 1 (8 suits tensor cores), got {section.pad_multiple}"
     lora = cfg.lora  # (the target names are checked by titanium.peft, before any process group)
@@ -323,26 +337,53 @@ def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
         yield f"--validation.path: no file matches {v.path} (run from the repository root, or fix the path)"
 
 
+def _validate_rl(r: RLSection) -> Iterator[str]:
+    """[rl] ranges; the reward names are resolved by titanium.rl.rewards when the source is built."""
+    if r.temperature <= 0:
+        yield f"--rl.temperature must be > 0 (at 0 every response to a prompt is the same), got {r.temperature}"
+    if not 0 < r.top_p <= 1:
+        yield f"--rl.top_p must be in (0, 1] (1 turns it off), got {r.top_p}"
+    for name, value, low in [
+        ("top_k", r.top_k, 0),
+        ("max_new_tokens", r.max_new_tokens, 1),
+        ("max_prompt_len", r.max_prompt_len, 1),
+        ("max_policy_lag", r.max_policy_lag, 0),
+        ("dynamic_sampling_max_rounds", r.dynamic_sampling_max_rounds, 1),
+        ("overlong_buffer", r.overlong_buffer, 0),
+        ("log_completions", r.log_completions, 0),
+        ("log_completions_count", r.log_completions_count, 1),
+    ]:
+        if value < low:
+            yield f"--rl.{name} must be >= {low}, got {value}"
+    if not r.rewards:
+        yield "--rl.rewards is empty; name at least one reward function (e.g. exact_match) or reward model folder"
+    if r.reward_weights and len(r.reward_weights) != len(r.rewards):
+        yield (
+            f"--rl.reward_weights has {len(r.reward_weights)} weights for {len(r.rewards)} reward functions "
+            f"({', '.join(r.rewards)}); give one per function, or none for all 1"
+        )
+    if r.reward_model_layout == "sharded":
+        yield from _validate_sharded_reward_model(r)
+    if "overlong" in r.rewards and not 0 < r.overlong_buffer <= r.max_new_tokens:
+        yield (
+            f"--rl.rewards overlong punishes the last --rl.overlong_buffer tokens before --rl.max_new_tokens "
+            f"{r.max_new_tokens}: set overlong_buffer in 1..{r.max_new_tokens}, got {r.overlong_buffer}"
+        )
+    if r.overlong_buffer and "overlong" not in r.rewards:
+        yield (
+            f"--rl.overlong_buffer {r.overlong_buffer} is only read by the overlong reward: add overlong to "
+            "--rl.rewards (and its weight to --rl.reward_weights), or set overlong_buffer 0"
+        )
+    for name in r.rewards:  # (a folder: a reward model; see titanium.rl.rewards.functions.names_reward_model)
+        if ":" not in name and ("/" in name or Path(name).is_dir()):
+            yield from scalar_head_folder("--rl.rewards", name)
+
+
 def _validate_grpo(g: GRPOSection) -> Iterator[str]:
-    """[grpo] ranges; the reward names are resolved by titanium.rl.rewards.functions when the objective is built."""
+    """[grpo] ranges."""
     if g.group_size < 2:
         yield f"--grpo.group_size must be >= 2 (advantages compare the responses to one prompt), got {g.group_size}"
-    if g.temperature <= 0:
-        yield f"--grpo.temperature must be > 0 (at 0 every response of a group is the same), got {g.temperature}"
-    if not 0 < g.top_p <= 1:
-        yield f"--grpo.top_p must be in (0, 1] (1 turns it off), got {g.top_p}"
-    for name, value, low in [
-        ("top_k", g.top_k, 0),
-        ("max_new_tokens", g.max_new_tokens, 1),
-        ("max_prompt_len", g.max_prompt_len, 1),
-        ("ppo_epochs", g.ppo_epochs, 1),
-        ("minibatches", g.minibatches, 1),
-        ("max_policy_lag", g.max_policy_lag, 0),
-        ("dynamic_sampling_max_rounds", g.dynamic_sampling_max_rounds, 1),
-        ("overlong_buffer", g.overlong_buffer, 0),
-        ("log_completions", g.log_completions, 0),
-        ("log_completions_count", g.log_completions_count, 1),
-    ]:
+    for name, value, low in [("ppo_epochs", g.ppo_epochs, 1), ("minibatches", g.minibatches, 1)]:
         if value < low:
             yield f"--grpo.{name} must be >= {low}, got {value}"
     if not 0 <= g.epsilon_low < 1:
@@ -366,30 +407,11 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
         )
     if g.is_cap <= 0 or (g.is_cap_min is not None and not 0 <= g.is_cap_min < g.is_cap):
         yield f"--grpo.is_cap_min {g.is_cap_min} / --grpo.is_cap {g.is_cap}: need 0 <= is_cap_min < is_cap"
-    if not g.rewards:
-        yield "--grpo.rewards is empty; name at least one reward function (e.g. exact_match)"
-    if g.reward_weights and len(g.reward_weights) != len(g.rewards):
-        yield (
-            f"--grpo.reward_weights has {len(g.reward_weights)} weights for {len(g.rewards)} reward functions "
-            f"({', '.join(g.rewards)}); give one per function, or none for all 1"
-        )
-    if g.reward_model_layout == "sharded":
-        yield from _validate_sharded_reward_model(g)
-    if "overlong" in g.rewards and not 0 < g.overlong_buffer <= g.max_new_tokens:
-        yield (
-            f"--grpo.rewards overlong punishes the last --grpo.overlong_buffer tokens before --grpo.max_new_tokens "
-            f"{g.max_new_tokens}: set overlong_buffer in 1..{g.max_new_tokens}, got {g.overlong_buffer}"
-        )
-    if g.overlong_buffer and "overlong" not in g.rewards:
-        yield (
-            f"--grpo.overlong_buffer {g.overlong_buffer} is only read by the overlong reward: add overlong to "
-            "--grpo.rewards (and its weight to --grpo.reward_weights), or set overlong_buffer 0"
-        )
 
 
 def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
     """[rollout] ranges, and what the engines cannot do with the objective's sampling settings."""
-    r, g = cfg.rollout, cfg.grpo
+    r, rl = cfg.rollout, cfg.rl
     if r.tensor_parallel_size < 1:
         yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"
     if not 0 < r.gpu_memory_utilization <= 1:
@@ -409,8 +431,8 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
         yield f"--rollout.server_per {r.server_per} places the engine processes of --rollout.mode server; set that mode"
     objective = cfg.training.objective
     changed = [f.name for f in dataclasses.fields(r) if getattr(r, f.name) != getattr(RolloutSection(), f.name)]
-    if changed and objective not in ("grpo", "ppo") and ":" not in objective:  # (your own objective may read it)
-        yield f"--rollout.{changed[0]}: [rollout] is read by --training.objective grpo and ppo, not {objective}"
+    if changed and not _reads_rollouts(objective) and ":" not in objective:  # (your own objective may read it)
+        yield f"--rollout.{changed[0]}: [rollout] is read by the RL objectives (grpo, ppo, online_dpo), not {objective}"
     tp = cfg.parallelism.tensor_parallel_degree
     if r.engine == "titanium" and r.tensor_parallel_size not in (1, tp):
         yield (
@@ -418,72 +440,92 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
             f"training's tensor-parallel ranks (whose rows are the same): set it to 1 (a whole copy per rank) or {tp} "
             "(--parallelism.tensor_parallel_degree)"
         )
-    if objective != "grpo":
+    if not _reads_rollouts(objective):
         return
-    if r.engine == "vllm" and r.tensor_parallel_size > 1 and g.dynamic_sampling:
+    if r.engine == "vllm" and r.tensor_parallel_size > 1 and rl.dynamic_sampling:
         yield (
-            "--grpo.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but the ranks "
+            "--rl.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but the ranks "
             f"of one vLLM engine (--rollout.tensor_parallel_size {r.tensor_parallel_size}) generate together; set "
             "tensor_parallel_size 1"
         )
-    if r.server_per != "rank" and g.dynamic_sampling:
+    if r.server_per != "rank" and rl.dynamic_sampling:
         yield (
-            "--grpo.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but "
+            "--rl.dynamic_sampling: each rank refills its own batch for as many rounds as it needs, but "
             f"--rollout.server_per {r.server_per} generates its ranks' prompts together; use --rollout.server_per rank"
         )
     if r.engine == "vllm" and r.compile:
         yield "--rollout.compile compiles the titanium engine's decode step; vLLM compiles its own: leave it off"
-    if r.engine == "vllm" and (g.top_k > 0 or g.top_p < 1) and g.old_logprobs != "recompute":
+    if (
+        r.engine == "vllm"
+        and (rl.top_k > 0 or rl.top_p < 1)
+        and objective == "grpo"
+        and cfg.grpo.old_logprobs != "recompute"
+    ):
         yield (
-            f"--rollout.engine vllm with --grpo.top_k {g.top_k} / --grpo.top_p {g.top_p}: vLLM reports the log-probs "
+            f"--rollout.engine vllm with --rl.top_k {rl.top_k} / --rl.top_p {rl.top_p}: vLLM reports the log-probs "
             "of the truncated distribution it sampled from, not the full-vocabulary ones the loss uses; set "
             "--grpo.old_logprobs recompute (or turn top_k / top_p off)"
         )
 
 
-def _validate_sharded_reward_model(g: GRPOSection) -> Iterator[str]:
-    """What --grpo.reward_model_layout sharded cannot do: it scores on the loop's thread, once per rollout batch,
+def _validate_sharded_reward_model(g: RLSection) -> Iterator[str]:
+    """What --rl.reward_model_layout sharded cannot do: it scores on the loop's thread, once per rollout batch,
     in the training's precision, from the policy's tokens. (That rewards names a folder is checked where the names
-    are resolved: objectives/grpo.py's sharded_reward_models.)"""
+    are resolved: titanium/rl/source.py's sharded_reward_models.)"""
     if g.dynamic_sampling:
         yield (
-            "--grpo.reward_model_layout sharded with --grpo.dynamic_sampling: each generation round needs its "
+            "--rl.reward_model_layout sharded with --rl.dynamic_sampling: each generation round needs its "
             "rewards at once, on the generation side, but a sharded reward model scores on the loop's thread with "
             "every rank; use reward_model_layout whole"
         )
     if g.reward_model_tokenizer != "policy":
         yield (
-            "--grpo.reward_model_layout sharded reads the policy's token ids; --grpo.reward_model_tokenizer "
+            "--rl.reward_model_layout sharded reads the policy's token ids; --rl.reward_model_tokenizer "
             f"{g.reward_model_tokenizer} needs reward_model_layout whole"
         )
     if g.reward_model_dtype != "float32":
         yield (
-            f"--grpo.reward_model_dtype {g.reward_model_dtype} is for whole reward models; a sharded one runs in the "
+            f"--rl.reward_model_dtype {g.reward_model_dtype} is for whole reward models; a sharded one runs in the "
             "training's precision (--training.mixed_precision_param)"
         )
 
 
-def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
-    """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
-    and no fault tolerance with dynamic sampling."""
-    g, t = cfg.grpo, cfg.training
+def _compares_to_reference(loss_type: str) -> bool:
+    """Whether the DPO loss ``loss_type`` (a registered name or import path) is one on log-ratios to a reference."""
+    return DPO_LOSSES.known(loss_type) and getattr(DPO_LOSSES.load(loss_type), "reference", True)
+
+
+def _reads_rollouts(objective: str) -> bool:
+    """Whether a registered objective draws from the rollout source (its registry entry reads [rl])."""
+    return objective in OBJECTIVES and any(spec.name == "rl" for spec in OBJECTIVES.more_sections(objective))
+
+
+def _validate_rl_job(cfg: JobConfig) -> Iterator[str]:
+    """What an objective drawing from the rollout source needs of the rest of the config: prompts, room for prompt +
+    response, and no fault tolerance with dynamic sampling."""
+    rl, t, objective = cfg.rl, cfg.training, cfg.training.objective
     if cfg.data.kind not in ("chat", "instruct", "text"):
-        yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
+        yield f"--training.objective {objective} reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
+    if rl.max_prompt_len + rl.max_new_tokens > t.seq_len:
+        yield (
+            f"--rl.max_prompt_len {rl.max_prompt_len} + --rl.max_new_tokens {rl.max_new_tokens} must fit in "
+            f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
+        )
+    if cfg.fault_tolerance.enable and rl.dynamic_sampling:
+        yield (
+            "--fault_tolerance.enable with --rl.dynamic_sampling: a replica group that rejoins skips its prompts "
+            "forward by whole rollout batches, but with dynamic sampling a batch takes as many prompts as its "
+            "rewards ask for; turn one of them off"
+        )
+
+
+def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
+    """What a GRPO job needs of the rest of the config: whole groups per microbatch."""
+    g, t = cfg.grpo, cfg.training
     if t.local_batch_size % g.group_size:
         yield (
             f"--training.local_batch_size {t.local_batch_size} (responses per microbatch) must be a multiple of "
             f"--grpo.group_size {g.group_size}, so that each group of responses stays in one microbatch"
-        )
-    if g.max_prompt_len + g.max_new_tokens > t.seq_len:
-        yield (
-            f"--grpo.max_prompt_len {g.max_prompt_len} + --grpo.max_new_tokens {g.max_new_tokens} must fit in "
-            f"--training.seq_len {t.seq_len} (the model's positions); lower them or raise seq_len"
-        )
-    if cfg.fault_tolerance.enable and g.dynamic_sampling:
-        yield (
-            "--fault_tolerance.enable with --grpo.dynamic_sampling: a replica group that rejoins skips its prompts "
-            "forward by whole rollout batches, but with dynamic sampling a batch takes as many prompts as its "
-            "rewards ask for; turn one of them off"
         )
     if t.loss_chunk_size:
         yield (

@@ -52,6 +52,31 @@ def validate_kto(cfg: Any) -> Iterator[str]:
         yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to kto; set it to 0"
 
 
+def validate_online_dpo(cfg: Any, loss_needs_reference: Any) -> Iterator[str]:
+    """``loss_needs_reference(name)``: whether the DPO loss ``name`` compares log-ratios to a reference."""
+    online, t = cfg.online_dpo, cfg.training
+    if online.beta <= 0:
+        yield f"--online_dpo.beta must be > 0, got {online.beta}"
+    if online.missing_eos_penalty < 0:
+        yield f"--online_dpo.missing_eos_penalty must be >= 0, got {online.missing_eos_penalty}"
+    if t.objective != "online_dpo":
+        return
+    if not loss_needs_reference(online.loss_type):
+        yield (
+            f"--online_dpo.loss_type {online.loss_type} needs no reference; online DPO compares to one: use sigmoid "
+            "(TRL's default), ipo, hinge, robust or bco_pair"
+        )
+    if t.local_batch_size % 2:
+        yield f"--training.local_batch_size {t.local_batch_size}: online DPO needs whole pairs (an even number)"
+    if t.loss_chunk_size:
+        yield "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to online_dpo; set 0"
+    if cfg.validation.interval > 0:
+        yield (
+            "--validation.interval: held-out loss has no meaning for --training.objective online_dpo (its loss needs "
+            "rollouts); set it to 0 and measure held-out accuracy with --eval.interval"
+        )
+
+
 def _ppo_ranges(ppo: Any) -> Iterator[str]:
     for name in ("kl_coef", "vf_coef", "missing_eos_penalty"):
         if getattr(ppo, name) < 0:
@@ -59,32 +84,26 @@ def _ppo_ranges(ppo: Any) -> Iterator[str]:
     for name in ("gamma", "lam"):
         if not 0 <= getattr(ppo, name) <= 1:
             yield f"--ppo.{name} must be in [0, 1], got {getattr(ppo, name)}"
-    for name in ("epsilon", "value_clip", "value_lr", "value_max_norm", "temperature"):
+    for name in ("epsilon", "value_clip", "value_lr", "value_max_norm"):
         if not getattr(ppo, name) > 0:
             yield f"--ppo.{name} must be > 0, got {getattr(ppo, name)}"
-    for name in ("ppo_epochs", "minibatches", "max_new_tokens", "max_prompt_len", "log_completions_count"):
+    for name in ("ppo_epochs", "minibatches"):
         if getattr(ppo, name) < 1:
             yield f"--ppo.{name} must be >= 1, got {getattr(ppo, name)}"
-    if ppo.log_completions < 0:
-        yield f"--ppo.log_completions must be >= 0, got {ppo.log_completions}"
-    if not 0 < ppo.top_p <= 1:
-        yield f"--ppo.top_p must be in (0, 1] (1 turns it off), got {ppo.top_p}"
-    if ppo.reward_weights and len(ppo.reward_weights) != len(ppo.rewards):
-        yield f"--ppo.reward_weights has {len(ppo.reward_weights)} weights for {len(ppo.rewards)} reward functions"
 
 
-def _scalar_head_folder(key: str, path: str) -> Iterator[str]:
-    """A Hugging Face sequence-classification folder with one label, or a message naming ``key``."""
+def scalar_head_folder(option: str, path: str) -> Iterator[str]:
+    """A Hugging Face sequence-classification folder with one label, or a message naming ``option``."""
     config = Path(path) / "config.json"
     try:
         hf = json.loads(config.read_text())
     except (OSError, ValueError) as e:
-        yield f"--ppo.{key} {path}: no readable config.json ({e}); give a Hugging Face sequence-classification folder"
+        yield f"{option} {path}: no readable config.json ({e}); give a Hugging Face sequence-classification folder"
         return
     architectures = hf.get("architectures") or []
     if not any(str(a).endswith("ForSequenceClassification") for a in architectures) or hf.get("num_labels", 1) != 1:
         yield (
-            f"--ppo.{key} {path}: {config} is not a one-label sequence classifier (architectures {architectures}); "
+            f"{option} {path}: {config} is not a one-label sequence classifier (architectures {architectures}); "
             "a reward or value model needs a scalar head: train one with --training.objective reward and "
             "--checkpoint.last_save_in_hf"
         )
@@ -95,20 +114,12 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
     yield from _ppo_ranges(ppo)
     if t.objective != "ppo":
         return
-    if not ppo.reward_model_path and not ppo.rewards:
+    if ppo.value_model_path:
+        yield from scalar_head_folder("--ppo.value_model_path", ppo.value_model_path)
+    if cfg.rl.dynamic_sampling:
         yield (
-            "--training.objective ppo has no reward source: set --ppo.reward_model_path (a reward model's Hugging "
-            "Face sequence-classification folder) or --ppo.rewards (rule reward functions, e.g. exact_match)"
-        )
-    for key in ("reward_model_path", "value_model_path"):
-        if getattr(ppo, key):
-            yield from _scalar_head_folder(key, getattr(ppo, key))
-    if cfg.data.kind not in ("chat", "instruct", "text"):
-        yield f"--training.objective ppo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
-    if ppo.max_prompt_len + ppo.max_new_tokens > t.seq_len:
-        yield (
-            f"--ppo.max_prompt_len {ppo.max_prompt_len} + --ppo.max_new_tokens {ppo.max_new_tokens} must fit in "
-            f"--training.seq_len {t.seq_len}; lower them or raise seq_len"
+            "--rl.dynamic_sampling drops groups of responses to one prompt whose rewards are all equal; PPO samples "
+            "one response per prompt (no groups): turn it off"
         )
     if cfg.fault_tolerance.enable:
         yield "--fault_tolerance.enable with --training.objective ppo is not supported yet; turn fault tolerance off"

@@ -9,6 +9,7 @@ its queries still see a key (no fully masked attention rows, hence no NaN) and t
 from __future__ import annotations
 
 import json
+import logging
 import math
 from collections.abc import Iterable, Iterator
 from typing import Any, Literal, Protocol
@@ -16,6 +17,8 @@ from typing import Any, Literal, Protocol
 import torch
 
 from titanium.data.sft import IGNORE_INDEX, Sample
+
+logger = logging.getLogger("titanium")
 
 Batch = dict[str, torch.Tensor]
 
@@ -31,6 +34,20 @@ class SampleStream(Protocol):
 PadTo = Literal["seq_len", "longest"]
 """How wide a batch's rows are: always seq_len (fixed shapes, e.g. for pipeline parallelism), or the batch's
 longest row rounded up to a bucket (``bucket_width``), so short rows do not pay for seq_len."""
+
+
+def row_width(
+    pad_to: str, pad_multiple: int, fixed_shapes: bool, sequence_multiple: int, option: str
+) -> tuple[PadTo, int]:
+    """A ``pad_to`` option (``auto``, ``longest`` or ``seq_len``; ``option``: its name, e.g. ``--dpo.pad_to``) and
+    ``pad_multiple`` as the layout allows: fixed-width rows when the layout needs ``fixed_shapes`` (pipeline
+    parallelism: ``auto`` says so quietly, ``longest`` with a warning), else widths that the context- and
+    tensor-parallel sequence split (``sequence_multiple``) divides."""
+    if fixed_shapes:
+        if pad_to == "longest":
+            logger.warning(f"{option} longest: pipeline parallelism needs fixed shapes; rows keep a fixed width")
+        return "seq_len", pad_multiple
+    return ("seq_len" if pad_to == "seq_len" else "longest"), math.lcm(pad_multiple, sequence_multiple)
 
 
 def bucket_width(longest: int, seq_len: int, pad_multiple: int = 8) -> int:

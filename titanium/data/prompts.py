@@ -12,9 +12,8 @@ resumable, malformed rows skipped and counted or fatal per ``--data.on_bad_row``
 - text: the text column as a plain prompt for base models: BOS + text, no template.
 
 The ``answer_column`` value (as a string) and the whole row travel with the prompt to the reward functions.
-Prompts longer than ``max_prompt_len`` tokens are skipped and counted (both keys of the objective's section,
-``--grpo.`` or ``--ppo.``):
-cutting a question would make its answer wrong.
+Prompts longer than ``max_prompt_len`` tokens are skipped and counted (both keys of the RL objectives' ``[rl]``
+section): cutting a question would make its answer wrong.
 """
 
 from __future__ import annotations
@@ -22,9 +21,9 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from titanium.config.sections import DataSection, GRPOSection, PPOSection
+from titanium.config.sections import DataSection
 from titanium.data.chat import (
     ChatTemplate,
     Message,
@@ -48,6 +47,13 @@ _FIX = {
     "instruct": "fix the row, or point --data.instruction_column and --data.input_column at its columns",
     "text": "fix the row, or set --data.text_column",
 }
+
+
+class PromptOptions(Protocol):
+    """What a prompt stream reads of its section (``[rl]``)."""
+
+    answer_column: str
+    max_prompt_len: int
 
 
 @dataclass(frozen=True)
@@ -119,21 +125,21 @@ class PromptDataset(RowReader):
     """Infinite, resumable stream of ``PromptSample`` for one data-parallel rank.
 
     ``template`` formats chat and instruct prompts (None for kind text); ``system_prompt`` replaces or
-    adds their system message. ``section`` reads ``answer_column`` and ``max_prompt_len`` (the objective's
-    section, named ``name`` in messages: grpo or ppo). Counters (kept in the state): ``bad_rows`` (skipped),
+    adds their system message. ``section`` gives ``answer_column`` and ``max_prompt_len`` (``[rl]``, named ``name`` in
+    messages). Counters (kept in the state): ``bad_rows`` (skipped),
     ``too_long``.
     """
 
     def __init__(
         self,
         data: DataSection,
-        section: GRPOSection | PPOSection,
+        section: PromptOptions,
         tokenizer: Tokenizer,
         template: ChatTemplate | None,
         system_prompt: str | None = None,
         dp_rank: int = 0,
         dp_world: int = 1,
-        name: str = "grpo",
+        name: str = "rl",
     ) -> None:
         if data.kind not in _FIX:
             raise DataError(f"--data.kind {data.kind} has no prompts; use chat, instruct or text")

@@ -69,6 +69,23 @@ def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, temperature: floa
     return picked - torch.logsumexp(scaled, dim=-1)
 
 
+def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Entropy ``[...]`` of the temperature-scaled next-token distributions of ``logits`` ``[..., V]`` (a metric:
+    call it under ``no_grad``; it holds one more ``[..., V]`` float32 tensor)."""
+    scaled = logits.float() / (temperature if temperature > 0 else 1.0)
+    logp = torch.log_softmax(scaled, dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)
+
+
+def masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Sum of ``token_entropy`` over the masked positions of ``logits`` ``[B, T, V]``, one row at a time (a
+    metric: it never holds more than one row's ``[T, V]`` temporaries)."""
+    total = torch.zeros((), device=logits.device)
+    for row in range(logits.shape[0]):
+        total += (token_entropy(logits[row], temperature) * mask[row]).sum()
+    return total
+
+
 def sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,7 +1,7 @@
 """The objective interface: what to optimize. The loop in titanium/trainer.py owns everything else.
 
 An objective owns its data pipeline, its config section and any extra frozen models (a reference policy),
-which it asks the loop for. Its microbatches are typed (titanium/objectives/batch.py): a core the loop owns
+which it asks the loop for. Its microbatches are typed (titanium/batch.py): a core the loop owns
 (tokens, positions, document ids) plus the objective's own fields, which say how many loss units the batch
 holds (valid tokens for cross-entropy, pairs for DPO). Each step it may run a no-grad ``prepare`` phase over
 the step's microbatches (reference log-probs, rollouts). For each microbatch it returns the *sum* of the
@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 from abc import ABC, abstractmethod
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -26,8 +25,7 @@ from torch import nn
 
 from titanium.batch import Batch, Metrics, Placement
 from titanium.config.registry import SectionSpec
-from titanium.config.sections import ChatSection, PadToOption
-from titanium.data.packing import PadTo
+from titanium.config.sections import ChatSection
 from titanium.data.tokenizer import Tokenizer
 from titanium.metrics.table import Table
 from titanium.models.spec import ModelSpec
@@ -131,10 +129,19 @@ class Models(Protocol):
 
     def policy(self) -> PolicyModel: ...
 
-    def trainable(self, source: Any) -> Any:
-        """Another model the objective trains itself (a ``titanium.model_handles.TrainableModel`` from ``source``, a
-        ``ModelSource``), built by the same builder under the policy's parallel plan: a PPO value model."""
+    def trainable(self, source: Any, *, name: str, lr: float, max_norm: float) -> Any:
+        """Another model trained beside the policy (a ``titanium.model_handles.TrainableModel`` from ``source``, a
+        ``ModelSource``), built by the same builder under the policy's parallel plan, its AdamW stepped, clipped,
+        skipped and checkpointed by the loop with the policy's optimizer: a PPO value model."""
         ...
+
+
+def _local(total: torch.Tensor) -> torch.Tensor:
+    return total
+
+
+def _units_here(batches: list[Batch]) -> torch.Tensor:
+    return torch.stack([batch.units() for batch in batches]).sum()
 
 
 @dataclass(frozen=True)
@@ -170,19 +177,15 @@ class ObjectiveContext:
     """A microbatch narrower than seq_len must have a width this divides (the context- and tensor-parallel
     split of the sequence: 2 x cp and cp x tp; ``ParallelDims.sequence_multiple``)."""
     ranks_per_row: int = 1
-    """The ranks that hold each data-parallel rank's rows (its tensor-, pipeline- and context-parallel ranks): a sum
-    over every rank of the job counts each row this many times."""
-
-
-def row_width(pad_to: PadToOption, pad_multiple: int, ctx: ObjectiveContext, option: str) -> tuple[PadTo, int]:
-    """An objective's ``pad_to`` option (``option``: its name, e.g. ``--dpo.pad_to``) and ``pad_multiple`` as the
-    layout allows: fixed-width rows under pipeline parallelism (``auto`` says so quietly, ``longest`` with a
-    warning), else widths that the context- and tensor-parallel sequence split divides."""
-    if ctx.fixed_shapes:
-        if pad_to == "longest":
-            logger.warning(f"{option} longest: pipeline parallelism needs fixed shapes; rows keep a fixed width")
-        return "seq_len", pad_multiple
-    return ("seq_len" if pad_to == "seq_len" else "longest"), math.lcm(pad_multiple, ctx.sequence_multiple)
+    """The ranks that hold each data-parallel rank's rows (its tensor-, pipeline- and context-parallel ranks)."""
+    sum_over_data: Callable[[torch.Tensor], torch.Tensor] = _local
+    """A tensor of sums over this rank's rows, summed over every data-parallel rank's rows (each row counted once:
+    the tensor-, pipeline- and context-parallel peers of a rank, which hold the same rows, are not added). Every rank
+    calls it together. One process: the tensor itself."""
+    step_units: Callable[[list[Batch]], torch.Tensor] = _units_here
+    """The loop's divisor of a step's loss for these placed microbatches: their loss units added over the data- and
+    context-parallel ranks, as the loop counts them before the forward (for a model an objective trains apart under
+    the same loss rule). Every rank calls it together."""
 
 
 class Objective(ABC):
@@ -214,15 +217,19 @@ class Objective(ABC):
         return spec
 
     @classmethod
-    def frozen_sources(cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
-        """The frozen models an instance configured by ``section`` (its config section) will ask ``ctx.models``
-        for: ``start`` (the policy as it started) for a reference, another source for a teacher. Known without
-        data, before the objective exists: the dry run adds their parameters to its memory estimate. None by
-        default."""
+    def frozen_sources(
+        cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+    ) -> list[ModelSource]:
+        """The frozen models an instance configured by ``section`` (its config section; its further sections by
+        keyword, as the constructor gets them) will ask ``ctx.models`` for: ``start`` (the policy as it started) for
+        a reference, another source for a teacher. Known without data, before the objective exists: the dry run adds
+        their parameters to its memory estimate. None by default."""
         return []
 
     @classmethod
-    def trainable_sources(cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+    def trainable_sources(
+        cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+    ) -> list[ModelSource]:
         """The models an instance trains beside the policy with its own AdamW (``ctx.models.trainable``: PPO's
         value model), as ``frozen_sources``: the dry run adds their parameters, gradients and AdamW states to its
         memory estimate. None by default."""
@@ -273,12 +280,6 @@ class Objective(ABC):
 
     @abstractmethod
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
-
-    def checkpoint_states(self) -> dict[str, Any]:
-        """Further state the objective trains itself, as Stateful objects by top-level checkpoint key, the same on
-        every rank (a model it trains beside the policy and its optimizer: sharded tensors reshard on load like the
-        policy's); saved and restored with the policy's. None by default."""
-        return {}
 
     def close(self) -> None:  # noqa: B027 (most objectives hold nothing to free)
         """Free what the objective holds (a rollout engine), at the very end of the job: after the last checkpoint

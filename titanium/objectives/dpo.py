@@ -31,6 +31,7 @@ from titanium.config.components import DPO_LOSSES
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.meter import DataMeter
+from titanium.data.packing import row_width
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, group_rows, pair_slots
 from titanium.model_builder import ModelSource
@@ -43,7 +44,6 @@ from titanium.objectives.base import (
     Models,
     ObjectiveContext,
     Prepared,
-    row_width,
 )
 from titanium.objectives.dpo_reference import (
     CachedReferencePairs,
@@ -270,7 +270,9 @@ class DPOObjective(LoaderObjective):
         self.metric_names = tuple(f"dpo/{name}" for name in names)
         self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
-        self.pad_to, self.pad_multiple = row_width(dpo.pad_to, dpo.pad_multiple, ctx, "--dpo.pad_to")
+        self.pad_to, self.pad_multiple = row_width(
+            dpo.pad_to, dpo.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--dpo.pad_to"
+        )
         self.pipelined = ctx.fixed_shapes
         """Pipeline parallelism: the loss gets the last stage's logits (and the reference gives its logits)."""
         self.shared = dpo.share_prompt and not self.pipelined

@@ -16,9 +16,9 @@ from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
-from titanium.data.packing import PackedDataset, padded_rows
+from titanium.data.packing import PackedDataset, padded_rows, row_width
 from titanium.data.sft import SFTDataset
-from titanium.objectives.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared, row_width
+from titanium.objectives.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, token_batch
 
 
@@ -34,7 +34,9 @@ class SFTObjective(LoaderObjective):
             rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
             self.loader = BatchLoader(rows, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
         else:  # one sample per row, padded together (to the microbatch's longest by default)
-            pad_to, multiple = row_width(sft.pad_to, sft.pad_multiple, ctx, "--sft.pad_to")
+            pad_to, multiple = row_width(
+                sft.pad_to, sft.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--sft.pad_to"
+            )
             pad = partial(padded_rows, seq_len=ctx.seq_len, pad_id=pad_id, pad_to=pad_to, pad_multiple=multiple)
             self.loader = BatchLoader(
                 self.samples, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin, collate_fn=pad

@@ -32,7 +32,7 @@ class RolloutBatch:
     minibatches: int
     epochs: int
     resume_point: dict[str, Any] = field(default_factory=dict)
-    """Where a resumed run starts over if this batch is in flight at a checkpoint (it is not saved)."""
+    """The prompt position before it: where a group that heals under fault tolerance starts over."""
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     metrics: dict[str, Any] = field(default_factory=dict)
@@ -49,11 +49,12 @@ class RolloutBatch:
         return self.minibatches * self.epochs - self.served
 
     def to_bytes(self) -> bytes:
-        """Its rows (copied to the CPU) and how far it was served, for a checkpoint that resumes mid-batch."""
+        """Its rows (copied to the CPU), how far it was served and its resume point, for a checkpoint that resumes
+        mid-batch."""
         buffer = io.BytesIO()
         rows = {k: v.cpu() for k, v in self.rows.items()}
         serving = [self.version, self.minibatches, self.epochs, self.served]
-        torch.save({"rows": rows, "serving": serving}, buffer)
+        torch.save({"rows": rows, "serving": serving, "resume_point": self.resume_point}, buffer)
         return buffer.getvalue()
 
     @classmethod
@@ -62,7 +63,7 @@ class RolloutBatch:
         state = torch.load(io.BytesIO(data), weights_only=True)
         version, minibatches, epochs, served = state["serving"]
         rows = {k: v.to(device) for k, v in state["rows"].items()}
-        return cls(rows, version, minibatches, epochs, served=served)
+        return cls(rows, version, minibatches, epochs, state.get("resume_point", {}), served=served)
 
     def next_step(self, microbatches: int) -> list[Batch]:
         """The next step's part of the rows, as ``microbatches`` equal microbatches (views, no copy)."""
@@ -81,7 +82,7 @@ class RolloutBatch:
 @dataclass
 class PendingBatch:
     """A rollout batch whose generation has started (on the generation thread, or done already); its rows are
-    made at its first use (``GRPOObjective``)."""
+    made at its first use (``titanium.rl.source.RolloutSource``)."""
 
     generation: Future
     """What the objective's generation returns (its sampled batch: prompts, scored rollouts, the version that

@@ -29,8 +29,8 @@ from titanium.rl.rollout import Rollout
 
 logger = logging.getLogger("titanium")
 
-DYNAMIC_METRICS = ("grpo/zero_std_frac", "grpo/generation_rounds", "grpo/zero_std_trained")
-"""``SampledBatch.metrics``' names: the first always, the others with dynamic sampling."""
+DYNAMIC_METRICS = ("zero_std_frac", "generation_rounds", "zero_std_trained")
+"""``SampledBatch.metrics``' names (after ``<objective>/``): the first always, the others with dynamic sampling."""
 
 Draw = Callable[[], tuple[list[PromptSample], Rollout, int]]
 """One generation round: its prompts, their rollout (``group_size`` responses each) and the policy version."""
@@ -128,32 +128,35 @@ class SampledBatch:
     last round."""
     tokens_made: int
     """Response tokens generated over all rounds (for the generation speed)."""
+    name: str = "grpo"
+    """The objective whose metrics these are (``<name>/zero_std_frac``...)."""
 
     def metrics(self, device: torch.device, dynamic: bool) -> Metrics:
-        """``grpo/zero_std_frac`` (TRL's ``frac_reward_zero_std``, over every group generated); with dynamic
-        sampling also ``grpo/generation_rounds`` (per batch made) and ``grpo/zero_std_trained`` (the share of
+        """``<name>/zero_std_frac`` (TRL's ``frac_reward_zero_std``, over every group generated); with dynamic
+        sampling also ``<name>/generation_rounds`` (per batch made) and ``<name>/zero_std_trained`` (the share of
         the batch's groups)."""
 
         def number(value: float) -> torch.Tensor:
             return torch.tensor(float(value), device=device)
 
-        out: Metrics = {"grpo/zero_std_frac": (number(self.zero_std_made), number(self.groups_made))}
+        zero_std_frac, generation_rounds, zero_std_trained = (f"{self.name}/{m}" for m in DYNAMIC_METRICS)
+        out: Metrics = {zero_std_frac: (number(self.zero_std_made), number(self.groups_made))}
         if dynamic:
-            out["grpo/generation_rounds"] = (number(self.rounds), number(1))
-            out["grpo/zero_std_trained"] = (number(self.zero_std_kept), number(len(self.samples)))
+            out[generation_rounds] = (number(self.rounds), number(1))
+            out[zero_std_trained] = (number(self.zero_std_kept), number(len(self.samples)))
         return out
 
 
-def sample_batch(draw: Draw, group_size: int, pad_id: int, max_rounds: int | None) -> SampledBatch:
+def sample_batch(draw: Draw, group_size: int, pad_id: int, max_rounds: int | None, name: str = "grpo") -> SampledBatch:
     """A rollout batch from ``draw``: its first round as it is (``max_rounds`` None: no dynamic sampling), or
     the groups with a reward spread from up to ``max_rounds`` rounds, filled up with equal-reward groups if
-    they ran out (see the module docstring)."""
+    they ran out (see the module docstring); its metrics named after the objective ``name``."""
     samples, rollout, version = draw()
     groups = len(samples)
     zero = zero_std_groups(rollout.rewards.total, group_size).tolist()
     tokens = int(rollout.response_mask.sum())
     if max_rounds is None:
-        return SampledBatch(samples, rollout, version, 1, groups, sum(zero), sum(zero), tokens)
+        return SampledBatch(samples, rollout, version, 1, groups, sum(zero), sum(zero), tokens, name)
     made = groups
     kept: list[tuple[Rollout, list[PromptSample], list[int]]] = []  # per round: rollout, its kept prompts, groups
     spare: list[tuple[Rollout, PromptSample, int]] = []  # equal-reward groups, in the order made
@@ -175,7 +178,7 @@ def sample_batch(draw: Draw, group_size: int, pad_id: int, max_rounds: int | Non
     if filler:
         logger.warning(
             "dynamic sampling: %d of %d groups still had equal rewards after %d generation rounds "
-            "(--grpo.dynamic_sampling_max_rounds); the batch is filled up with them (advantage 0)",
+            "(--rl.dynamic_sampling_max_rounds); the batch is filled up with them (advantage 0)",
             len(filler),
             groups,
             rounds,
@@ -184,4 +187,4 @@ def sample_batch(draw: Draw, group_size: int, pad_id: int, max_rounds: int | Non
     rows = [take_rows(r, [g * group_size + j for g in gs for j in range(group_size)]) for r, _, gs in parts]
     out = concat_rollouts(rows, pad_id)
     kept_samples = [s for _, ss, _ in parts for s in ss]
-    return SampledBatch(kept_samples, out, version, rounds, made, zero_made, len(filler), tokens)
+    return SampledBatch(kept_samples, out, version, rounds, made, zero_made, len(filler), tokens, name)

@@ -246,8 +246,9 @@ def objective_model_bytes(
     objective = OBJECTIVES.load(name)
     config = getattr(cfg, section.name) if section is not None else None
     wanted = (config, start, start.args.vocab_size, cfg.training.seq_len)
-    frozen = [s for s in objective.frozen_sources(*wanted) if not is_the_policy(policy, start, (), s)]
-    trained = objective.trainable_sources(*wanted)
+    more = {spec.name: getattr(cfg, spec.name) for spec in OBJECTIVES.more_sections(name)}
+    frozen = [s for s in objective.frozen_sources(*wanted, **more) if not is_the_policy(policy, start, (), s)]
+    trained = objective.trainable_sources(*wanted, **more)
     return _parameter_bytes(builder, frozen), TRAINED_COPIES * _parameter_bytes(builder, trained), len(trained)
 
 

@@ -9,7 +9,8 @@ D follows the generalized Jensen-Shannon divergence of GKD (Agarwal et al., eq. 
 ``D = beta * KL(P_teacher || M) + (1 - beta) * KL(P_student || M)`` for ``0 < beta < 1``; ``beta = 0`` is
 the forward KL ``KL(P_teacher || P_student)`` and ``beta = 1`` the reverse KL ``KL(P_student || P_teacher)``
 (the two ends TRL special-cases: the formula itself would give 0 there). torchtune's ``ForwardKLLoss`` is the
-forward KL less the teacher's entropy, a constant of the student: same gradients.
+cross-entropy ``-sum P_teacher log P_student``: the forward KL plus the teacher's entropy, a constant of the student
+(the same gradients; its value larger by that entropy).
 
 Like the chunked cross-entropy (``cross_entropy.py``), the two ``[tokens, vocab]`` logit matrices never exist
 whole: the student's and the teacher's final hidden states are projected ``chunk_size`` tokens at a time, and

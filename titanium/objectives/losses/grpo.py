@@ -131,8 +131,10 @@ def grpo_loss(
     cfg: GRPOSection,
     ref_logprobs: torch.Tensor | None = None,
     is_weights: torch.Tensor | None = None,
+    max_new_tokens: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
-    """``(loss_sum, units, metrics)``: the GRPO loss of a microbatch of responses, of ``cfg.loss_type``.
+    """``(loss_sum, units, metrics)``: the GRPO loss of a microbatch of responses, of ``cfg.loss_type``;
+    ``max_new_tokens`` (dr_grpo's normalizer; default: the responses' width T) is ``--rl.max_new_tokens``.
 
     ``is_weights`` (``[B, T]`` or ``[B, 1]``, no gradient) multiply the policy term before the KL is added: the
     truncated or masked importance weights of ``grpo_correction``. ``metrics`` are sums over the masked tokens, for
@@ -161,5 +163,6 @@ def grpo_loss(
         kl = k3_kl(logprobs, ref_logprobs)
         metrics["kl"] = (kl.detach() * mask).sum()
         per_token = per_token + cfg.beta * (kl * ratio if cfg.kl_bias_correction else kl)
-    loss_sum, units = aggregate(per_token.expand_as(mask), mask, cfg.loss_type, cfg.max_new_tokens)
+    width = mask.shape[1] if max_new_tokens is None else max_new_tokens
+    loss_sum, units = aggregate(per_token.expand_as(mask), mask, cfg.loss_type, width)
     return loss_sum, units, metrics

@@ -1,14 +1,21 @@
 """PPO's math as pure functions: KL-penalized per-token rewards, GAE, whitening, clipped policy and value losses.
 
 B responses, T response positions; ``mask`` ``[B, T]`` marks each response's generated tokens (a contiguous run
-from position 0, a final stop id included). The semantics are torchtune's PPO recipe (``rlhf.get_rewards_ppo``,
-``rlhf.estimate_advantages``, ``rlhf.masked_whiten``, ``loss.PPOLoss``), term by term
-(``tests/unit/test_ppo_loss.py`` checks each against a plain reference):
+from position 0, a final stop id included). The terms are those of torchtune's PPO recipe (``rlhf.get_rewards_ppo``,
+``rlhf.estimate_advantages``, ``loss.PPOLoss``) with two conventions of titanium's where torchtune 0.6.1 differs
+(``tests/unit/test_ppo_loss.py`` checks each term against a plain reference of the formulas below):
+
+- the score is added at the response's last generated token (its stop token, or the last one of a truncated
+  response); torchtune's recipe adds it one position later (``value_seq_idxs = seq_lens + 1`` when the response is
+  shorter than ``max_generated_tokens - 1``) and keeps that position's value in GAE;
+- the whitened advantages have mean 0 and unit (unbiased) variance over the masked tokens; torchtune's ``whiten``
+  (``shift_mean=True``, what ``estimate_advantages`` calls) adds the mean back.
+
 
     kl_t       = logprobs_t - ref_logprobs_t                                   (k1, on the sampled tokens)
     reward_t   = -kl_coef kl_t, plus the sequence's score at its last token
     delta_t    = reward_t + gamma V_{t+1} - V_t          (V = 0 past the response's end)
-    A_t        = delta_t + gamma lambda A_{t+1};  returns_t = A_t + V_t;  A whitened over the masked tokens
+    A_t        = delta_t + gamma lambda A_{t+1};  returns_t = A_t + V_t;  A whitened to mean 0, variance 1
     policy     = max(-A r, -A clip(r, 1 - epsilon, 1 + epsilon)),  r = exp(logprobs - old_logprobs)
     value      = 0.5 max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)
     loss       = policy + vf_coef value, per masked token
@@ -20,10 +27,10 @@ microbatch, the exact token mean under gradient accumulation and data parallelis
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from titanium.objectives.losses.grpo import clipped_policy_loss
 
@@ -72,24 +79,17 @@ def generalized_advantages(
 
 
 def whiten(
-    values: torch.Tensor, mask: torch.Tensor, group: dist.ProcessGroup | None = None, scale: int = 1
+    values: torch.Tensor, mask: torch.Tensor, sum_over_data: Callable[[torch.Tensor], torch.Tensor] | None = None
 ) -> torch.Tensor:
     """``values`` shifted to mean 0 and scaled to unit (unbiased) variance over the masked entries; 0 outside.
 
-    With ``group`` the moments are those of every rank's masked entries together, so the result does not depend on
-    how the batch is split over data-parallel ranks; ``scale`` is how many ranks of ``group`` hold each batch (the
-    tensor- and pipeline-parallel ranks of one data-parallel rank), whose sums count once."""
+    With ``sum_over_data`` (``ObjectiveContext.sum_over_data``) the moments are those of every data-parallel rank's
+    masked entries together, so the result does not depend on how the batch is split over ranks."""
+    total = sum_over_data or (lambda t: t)
     weights = mask.to(values.dtype)
-    stats = torch.stack([weights.sum(), (values * weights).sum()]).double()
-    if group is not None:
-        dist.all_reduce(stats, group=group)
-        stats /= scale
-    count, total = stats[0], stats[1]
-    mean = (total / count.clamp(min=1)).to(values.dtype)
-    squares = (((values - mean) * weights) ** 2).sum().double()
-    if group is not None:
-        dist.all_reduce(squares, group=group)
-        squares /= scale
+    count, sum_ = total(torch.stack([weights.sum(), (values * weights).sum()]).double())
+    mean = (sum_ / count.clamp(min=1)).to(values.dtype)
+    squares = total((((values - mean) * weights) ** 2).sum().double())
     variance = (squares / (count - 1).clamp(min=1)).to(values.dtype)
     return (values - mean) * torch.rsqrt(variance + WHITEN_EPS) * weights
 

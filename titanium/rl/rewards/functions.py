@@ -5,7 +5,7 @@ A reward function scores one response:
     def my_reward(completion: str, answer: str | None, row: Mapping[str, Any]) -> float: ...
 
 ``completion`` is the decoded response (without its end-of-turn token), ``answer`` the prompt row's
-reference answer (``--grpo.answer_column``; None when there is none) and ``row`` the whole prompt row,
+reference answer (``--rl.answer_column``; None when there is none) and ``row`` the whole prompt row,
 for any other column. TRL's batched form is taken too:
 
     def my_reward(completions: list[str], **columns) -> list[float]: ...
@@ -13,11 +13,11 @@ for any other column. TRL's batched form is taken too:
 called once per batch with the responses and, by column name, each column of their prompt rows as a list
 (TRL's ``**kwargs``), plus, where the caller bound them (``RewardSet.with_tokens``: GRPO does), TRL's
 ``completion_ids`` (each response's token ids, its stop token included) and ``prompt_ids``.
-``--grpo.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``), yours as
+``--rl.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``), yours as
 ``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``, or the folder
 of a trained reward model (``titanium.rl.rewards.model_scorer``); ``register_reward`` adds a name from your own code.
 A function of neither form is refused at start-up, naming it. The total reward is the weighted sum
-(``--grpo.reward_weights``, TRL's ``reward_weights``); each function's values are kept for metrics.
+(``--rl.reward_weights``, TRL's ``reward_weights``); each function's values are kept for metrics.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ import torch
 
 from titanium.config.loader import ConfigError
 from titanium.config.registry import Registry
-from titanium.config.sections import GRPOSection
+from titanium.config.sections import RLSection
 from titanium.errors import UserError
 
 RewardFn = Callable[[str, str | None, Mapping[str, Any]], float]
 
-REWARDS = Registry("reward function", "--grpo.rewards")
+REWARDS = Registry("reward function", "--rl.rewards")
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: make ``fn`` available as ``--grpo.rewards name``; a taken name is an error."""
+    """Decorator: make ``fn`` available as ``--rl.rewards name``; a taken name is an error."""
 
     def add(fn: RewardFn) -> RewardFn:
         REWARDS.register(name, fn)
@@ -114,7 +114,7 @@ def exact_match(completion: str, answer: str | None, row: Mapping[str, Any]) -> 
     reference "... #### 72" works, and normalized), else 0.0."""
     if answer is None:
         raise UserError(
-            "the exact_match reward needs reference answers: point --grpo.answer_column at the rows' answer column"
+            "the exact_match reward needs reference answers: point --rl.answer_column at the rows' answer column"
         )
     return float(normalize_answer(extract_answer(completion)) == normalize_answer(extract_answer(answer)))
 
@@ -132,7 +132,7 @@ class SoftOverlongPunishment:
     """DAPO's soft overlong punishment (its Eq. 13; TRL's ``get_soft_overlong_punishment``), a batched reward of
     the response lengths L in tokens (stop token included): 0 up to ``max_len - buffer``, then
     ``(max_len - buffer - L) / buffer`` down to -1 at ``max_len``, and -1 beyond. It discourages running into the
-    length limit without rewarding brevity below it. ``--grpo.rewards overlong`` with ``max_len`` the
+    length limit without rewarding brevity below it. ``--rl.rewards overlong`` with ``max_len`` the
     ``max_new_tokens`` and ``buffer`` the ``overlong_buffer``."""
 
     __name__ = "overlong"
@@ -154,31 +154,31 @@ class SoftOverlongPunishment:
 
 
 def names_reward_model(spec: str) -> bool:
-    """Whether a ``--grpo.rewards`` entry names a reward model's folder: no ``:`` (not a function), not a
+    """Whether a ``--rl.rewards`` entry names a reward model's folder: no ``:`` (not a function), not a
     registered name, and a directory or a path with ``/``."""
     return ":" not in spec and spec not in REWARDS.names() and ("/" in spec or Path(spec).is_dir())
 
 
 def resolve_reward(spec: str) -> RewardFn:
     """A registered name, ``"package.module:function"`` imported, or ``"path/to/file.py:function"``; errors name
-    ``--grpo.rewards``."""
+    ``--rl.rewards``."""
     path, _, attribute = spec.rpartition(":")
     fn = _from_file(spec, Path(path), attribute) if path.endswith(".py") else REWARDS.load(spec)
     if not callable(fn):
-        raise ConfigError(f"--grpo.rewards {spec!r} is not a function")
+        raise ConfigError(f"--rl.rewards {spec!r} is not a function")
     return fn
 
 
 def _from_file(spec: str, path: Path, attribute: str) -> Any:
     """``attribute`` of the Python file ``path``, run as a module of its own."""
     if not path.is_file():
-        raise ConfigError(f"--grpo.rewards {spec!r}: no file {path}")
+        raise ConfigError(f"--rl.rewards {spec!r}: no file {path}")
     module_spec = importlib.util.spec_from_file_location(f"titanium_rewards_{path.stem}", path)
     assert module_spec is not None and module_spec.loader is not None
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)  # (an error inside the user's file keeps its traceback)
     if not hasattr(module, attribute):
-        raise ConfigError(f"--grpo.rewards {spec!r}: {path} has no {attribute!r}")
+        raise ConfigError(f"--rl.rewards {spec!r}: {path} has no {attribute!r}")
     return getattr(module, attribute)
 
 
@@ -196,7 +196,7 @@ def is_batched(name: str, fn: Callable[..., Any]) -> bool:
         inspect.signature(fn).bind("completion", "answer", {})
     except TypeError as e:
         raise ConfigError(
-            f"--grpo.rewards {name!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} cannot be called as a "
+            f"--rl.rewards {name!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} cannot be called as a "
             f"reward function ({e}); write it as fn(completion, answer, row) -> float, or as TRL's batched "
             "fn(completions, **kwargs) -> list[float]"
         ) from None
@@ -208,7 +208,7 @@ class Rewards:
     total: torch.Tensor
     """``[N]`` float32: the weighted sum of the functions' values."""
     per_function: dict[str, torch.Tensor]
-    """Each function's own ``[N]`` values (unweighted), by its name in ``--grpo.rewards``."""
+    """Each function's own ``[N]`` values (unweighted), by its name in ``--rl.rewards``."""
 
 
 class RewardSet:
@@ -241,9 +241,9 @@ class RewardSet:
 
     @classmethod
     def from_config(
-        cls, cfg: GRPOSection, *, device: torch.device | None = None, pad_id: int = 0, vocab_size: int | None = None
+        cls, cfg: RLSection, *, device: torch.device | None = None, pad_id: int = 0, vocab_size: int | None = None
     ) -> RewardSet:
-        """The rewards of ``[grpo]``; reward models named there are loaded onto ``device`` (scoring sequences
+        """The rewards of ``[rl]``; reward models named there are loaded onto ``device`` (scoring sequences
         padded with ``pad_id``, the job's tokenizer's, whose ``vocab_size`` ids they must cover), or, with
         ``reward_model_layout = "sharded"``, left to the caller (``elsewhere``)."""
         configured: dict[str, Callable] = {}

@@ -1,4 +1,4 @@
-"""A trained reward model as a reward function: ``--grpo.rewards path/to/reward_model`` scores prompt + response.
+"""A trained reward model as a reward function: ``--rl.rewards path/to/reward_model`` scores prompt + response.
 
 The folder is a Hugging Face ``*ForSequenceClassification`` checkpoint with one label (what ``--training.objective
 reward`` exports, or any such checkpoint of a family titanium has an adapter for). It is built by the model builder
@@ -9,7 +9,7 @@ context parallelism too it scores whole sequences: GRPO takes rewards on the who
 split over the context-parallel ranks, so each of those ranks computes the same scores itself. (PPO's
 ``--ppo.reward_model_path`` is another path: a frozen model under the training plan, titanium/objectives/ppo.py.)
 
-What it reads (``--grpo.reward_model_tokenizer``):
+What it reads (``--rl.reward_model_tokenizer``):
 
 - ``policy`` (default): what the policy saw and wrote, the prompt's token ids (the job's chat template's generation
   prompt) followed by the response's ids, its stop token (the end of the assistant turn) included: the
@@ -77,10 +77,10 @@ class RewardModelScorer:
     ) -> RewardModelScorer:
         """The reward model in ``folder`` on ``device``, in ``dtype``, evaluating, without gradients, reading the
         policy's ids (``pad_id``, ``vocab_size``: the job's tokenizer's) or, with ``tokenizer`` own, the texts
-        through its own tokenizer. Errors name ``--grpo.rewards``: a missing folder, config.json or (own)
+        through its own tokenizer. Errors name ``--rl.rewards``: a missing folder, config.json or (own)
         tokenizer.json, a family without an adapter, a causal LM instead of a classifier, another pad id or a
         smaller vocabulary than the tokenizer's."""
-        flag = f"--grpo.rewards {folder}"
+        flag = f"--rl.rewards {folder}"
         if not (Path(folder) / "config.json").is_file():
             raise ConfigError(
                 f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
@@ -142,7 +142,7 @@ def _own_reader(folder: str, flag: str) -> tuple[Reader, Tokenizer]:
     path = Path(folder) / "tokenizer.json"
     if not path.is_file():
         raise ConfigError(
-            f"{flag} with --grpo.reward_model_tokenizer own: no tokenizer.json in {folder}; save the reward "
+            f"{flag} with --rl.reward_model_tokenizer own: no tokenizer.json in {folder}; save the reward "
             "model's tokenizer there (tokenizer.save_pretrained), or read the policy's ids (own -> policy)"
         )
     tokenizer = HFTokenizer(str(path))
@@ -153,7 +153,7 @@ def _own_reader(folder: str, flag: str) -> tuple[Reader, Tokenizer]:
             return tokenizer.encode(prompt + completion, bos=False, eos=False)
         if template is None:
             raise UserError(
-                f"{flag} with --grpo.reward_model_tokenizer own: its tokenizer has no chat_template to render the "
+                f"{flag} with --rl.reward_model_tokenizer own: its tokenizer has no chat_template to render the "
                 f"conversation; add one to {Path(folder) / 'tokenizer_config.json'}, or use plain text prompts"
             )
         messages = [Message(m["role"], m["content"]) for m in prompt] + [Message("assistant", completion)]

@@ -1,5 +1,5 @@
-"""A reward model under the training's parallel plan, scoring rollout rows: PPO's ``reward_model_path`` and GRPO's
-sharded reward models (``--grpo.reward_model_layout sharded``).
+"""A reward model under the training's parallel plan, scoring rollout rows: the reward models of an RL objective
+held sharded (``--rl.reward_model_layout sharded``).
 
 The model is a frozen model of the job's builder (FSDP / TP / PP / CP like the policy), so running it is
 collective: every rank of the job scores its rows together, on the loop's thread. Each row (a left-padded prompt,
