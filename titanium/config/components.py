@@ -24,6 +24,7 @@ from titanium.config.sections import (
     SFTSection,
     ValidationSection,
 )
+from titanium.config.lm_eval_section import LMEvalSection
 
 OBJECTIVES = Registry("objective", "--training.objective")
 """What to optimize (titanium/trainers/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its
@@ -60,6 +61,7 @@ EVALUATIONS = Registry("evaluation", "evaluation")
 when its section leaves it off)."""
 EVALUATIONS.register("eval", "titanium.generation.evaluate:build_evaluator", SectionSpec("eval", EvalSection))
 EVALUATIONS.register("validation", "titanium.validation:build_validator", SectionSpec("validation", ValidationSection))
+EVALUATIONS.register("lm_eval", "titanium.evaluation.periodic:build_lm_eval", SectionSpec("lm_eval", LMEvalSection))
 
 TRAINING_HOOKS = Registry("training hook", "training hook")
 """Features that hook into the loop (titanium/hooks.py) without the loop knowing them; ``register(section,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
+from titanium.config.lm_eval_section import check_lm_eval
 from titanium.config.sections import GRPOSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 from titanium.config.validate_objectives import validate_kd, validate_kto, validate_ppo, validate_reward
@@ -165,6 +166,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from validate_ppo(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
+    yield from check_lm_eval(cfg.lm_eval)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_rollout(cfg)
     yield from _validate_quantization_and_loss(cfg)
