@@ -7,6 +7,7 @@ before the config is loaded), or needs no registration at all: an import path wo
 
 from __future__ import annotations
 
+from titanium.config.lm_eval_section import LMEvalSection
 from titanium.config.registry import Registry, SectionSpec, job_config_class
 from titanium.config.sections import (
     DPOSection,
@@ -24,7 +25,6 @@ from titanium.config.sections import (
     SFTSection,
     ValidationSection,
 )
-from titanium.config.lm_eval_section import LMEvalSection
 
 OBJECTIVES = Registry("objective", "--training.objective")
 """What to optimize (titanium/trainers/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its

@@ -1,1 +1,1 @@
-"""lm-evaluation-harness on titanium models: the LM (lm.py), running tasks (harness.py), during training (periodic.py)."""
+"""lm-evaluation-harness on titanium models: the LM (lm.py), running tasks (harness.py), in training (periodic.py)."""

@@ -8,7 +8,6 @@ be downloaded while the Hub is unreachable) become ``UserError``s.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,9 +20,11 @@ logger = logging.getLogger(__name__)
 
 
 def require_lm_eval() -> None:
-    """Raise a ``UserError`` saying how to install lm-evaluation-harness when it is not installed."""
-    if importlib.util.find_spec("lm_eval") is None:
-        raise UserError(f"lm-evaluation-harness is not installed: {INSTALL_HINT}")
+    """Raise a ``UserError`` saying how to install lm-evaluation-harness when it cannot be imported."""
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        raise UserError(f"lm-evaluation-harness is not installed: {INSTALL_HINT}") from None
 
 
 def task_manager(tasks: list[str], include_path: str | None, flag: str = "--tasks") -> Any:
