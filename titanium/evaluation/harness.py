@@ -76,6 +76,7 @@ def run_tasks(lm: Any, run: TaskRun, manager: Any, tracker: Any = None) -> dict[
     try:
         return simple_evaluate(
             model=lm,
+            model_args=f"pretrained={lm.name}" if hasattr(lm, "name") else None,  # (names the output folder)
             tasks=run.tasks,
             task_manager=manager,
             num_fewshot=run.num_fewshot,

@@ -30,6 +30,7 @@ class LMEvalEvaluation:
 
     def __init__(self, cfg: LMEvalSection, ctx: EvaluationContext) -> None:
         self.cfg, self.ctx = cfg, ctx
+        logging.getLogger("lm_eval").setLevel(logging.WARNING)  # (its progress lines would crowd the training log)
         self.manager = task_manager(cfg.tasks, cfg.include_path or None, flag="--lm_eval.tasks")
         self.template = None
         if cfg.apply_chat_template:
