@@ -24,8 +24,9 @@ def _corpus() -> list[str]:
     return [f"{m['content']}\n" for row in rows[:2000] for m in row["messages"]]
 
 
-def make_tiny_hf(folder: Path, seed: int = 0) -> Path:
-    """Write the model (fp32 safetensors) and its tokenizer files to ``folder``."""
+def make_tiny_hf(folder: Path, seed: int = 0, hidden_size: int = 32, layers: int = 2) -> Path:
+    """Write the model (fp32 safetensors) and its tokenizer files to ``folder`` (``hidden_size`` and ``layers``: a
+    larger model for benchmarks/lm_eval_speed.py)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
@@ -45,9 +46,9 @@ def make_tiny_hf(folder: Path, seed: int = 0) -> Path:
     hf_tok.chat_template = CHATML
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
         num_attention_heads=4,
         num_key_value_heads=2,
         max_position_embeddings=256,

@@ -176,24 +176,27 @@ class TitaniumLM(TemplateLM):
     def _loglikelihood_tokens(
         self, requests: list[ScoredRequest], disable_tqdm: bool = False, **kwargs: Any
     ) -> list[tuple[float, bool]]:
-        """(log-prob of the continuation, whether greedy decoding would produce it) per request, longest first in
-        batches of ``batch_size``."""
-        order = sorted(range(len(requests)), key=lambda i: -(len(requests[i][1]) + len(requests[i][2])))
-        batches = [order[i : i + self.batch_size] for i in range(0, len(order), self.batch_size)]
+        """(log-prob of the continuation, whether greedy decoding would produce it) per request. Requests whose model
+        input is the same (the choices of a multiple-choice question that differ only in their last token) share one
+        row; rows run longest first in batches of ``batch_size``."""
+        inputs: dict[tuple[int, ...], list[int]] = {}  # model input (context + continuation, cut) -> its requests
+        for i, (_, context, continuation) in enumerate(requests):
+            inputs.setdefault(tuple((context + continuation)[-(self.max_length + 1) :][:-1]), []).append(i)
+        rows = sorted(inputs, key=len, reverse=True)
+        batches = [rows[i : i + self.batch_size] for i in range(0, len(rows), self.batch_size)]
         results: list[tuple[float, bool]] = [(0.0, False)] * len(requests)
         for b in range(len(self._agreed([1] * len(batches)))):
             batch = batches[b] if b < len(batches) else []
-            rows = [(requests[i][1] + requests[i][2])[-(self.max_length + 1) :][:-1] for i in batch]
-            logits = self._logits(rows or [[self.eot_token_id]])  # (a placeholder forward where this rank has none)
-            for k, i in enumerate(batch):
-                continuation = requests[i][2]
-                end = len(rows[k])
-                logprobs = logits[k, end - len(continuation) : end].log_softmax(-1)
-                target = torch.tensor(continuation, device=logprobs.device)
-                score = logprobs.gather(-1, target[:, None]).sum().item()
-                results[i] = (score, bool((logprobs.argmax(-1) == target).all()))
-                if requests[i][0] is not None:
-                    self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
+            logits = self._logits([list(row) for row in batch] or [[self.eot_token_id]])  # (placeholder: none here)
+            for k, row in enumerate(batch):
+                for i in inputs[row]:
+                    continuation = requests[i][2]
+                    logprobs = logits[k, len(row) - len(continuation) : len(row)].log_softmax(-1)
+                    target = torch.tensor(continuation, device=logprobs.device)
+                    score = logprobs.gather(-1, target[:, None]).sum().item()
+                    results[i] = (score, bool((logprobs.argmax(-1) == target).all()))
+                    if requests[i][0] is not None:
+                        self.cache_hook.add_partial("loglikelihood", requests[i][0], results[i])
         return results
 
     def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[float]:
