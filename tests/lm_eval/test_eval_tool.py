@@ -96,27 +96,31 @@ def test_two_fsdp_ranks_score_like_one_process(tiny_hf, tmp_path):
 
 
 @pytest.mark.lm_eval
-def test_sft_lora_run_logs_lm_eval_like_the_tool_and_hflm(tiny_hf, tmp_path):
+def test_sft_lora_run_logs_lm_eval_like_the_tool_and_hflm(tiny_hf, task_manager, tmp_path):
     """An SFT run with LoRA from the tiny HF folder, lm-eval every 2 steps: the metrics are in TensorBoard at steps
-    0, 2 and 4; the tool on the step-4 checkpoint (adapters not merged) gives the same scores, and so does lm-eval's
-    HFLM on the run's merged Hugging Face export."""
+    0, 2 and 4, and the losses are those of the same run without them; the tool on the step-4 checkpoint (adapters
+    not merged) gives the same scores, and so does lm-eval's HFLM on the run's merged Hugging Face export."""
     run = tmp_path / "run"
+    sft = [
+        "--job.config_file", str(REPO / "train_configs/debug_sft.toml"),
+        "--job.no_print_config",
+        "--training.steps", "4", "--training.local_batch_size", "2", "--training.seq_len", "128",
+        "--training.mixed_precision_param", "float32",
+        "--checkpoint.initial_load_path", str(tiny_hf), "--checkpoint.initial_load_in_hf",
+        "--tokenizer.kind", "hf", "--tokenizer.path", str(tiny_hf / "tokenizer.json"),
+        "--chat.chat_template", "tokenizer", "--eval.interval", "0", "--lora.rank", "4",
+        "--metrics.log_freq", "1",
+    ]  # fmt: skip
     run_train(
         [
-            "--job.config_file", str(REPO / "train_configs/debug_sft.toml"),
-            "--job.dump_folder", str(run),
-            "--job.no_print_config",
-            "--training.steps", "4", "--training.local_batch_size", "2", "--training.seq_len", "128",
-            "--training.mixed_precision_param", "float32",
-            "--checkpoint.initial_load_path", str(tiny_hf), "--checkpoint.initial_load_in_hf",
+            *sft, "--job.dump_folder", str(run),
             "--checkpoint.interval", "4", "--checkpoint.last_save_in_hf",
-            "--tokenizer.kind", "hf", "--tokenizer.path", str(tiny_hf / "tokenizer.json"),
-            "--chat.chat_template", "tokenizer", "--eval.interval", "0", "--lora.rank", "4",
-            "--metrics.log_freq", "1",
             "--lm_eval.interval", "2", "--lm_eval.tasks", "arithmetic_mc", "arithmetic_gen",
             "--lm_eval.include_path", TASKS, "--lm_eval.limit", "16", "--lm_eval.apply_chat_template",
         ]
     )  # fmt: skip
+    run_train([*sft, "--job.dump_folder", str(tmp_path / "plain"), "--checkpoint.no_enable"])
+    assert scalars(run / "tb") == scalars(tmp_path / "plain" / "tb")  # (evaluating changes nothing in training)
     logged = {
         tag: scalars(run / "tb", tag)
         for tag in ("lm_eval/arithmetic_mc/acc", "lm_eval/arithmetic_gen/exact_match/strip")
@@ -130,11 +134,10 @@ def test_sft_lora_run_logs_lm_eval_like_the_tool_and_hflm(tiny_hf, tmp_path):
         logged["lm_eval/arithmetic_gen/exact_match/strip"][4], abs=1e-6
     )
 
-    hf_args = f"pretrained={run / 'hf'},dtype=float32"
-    hf = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "run", "--model", "hf", "--model_args", hf_args, "--device", "cpu",
-         *TASK_ARGS, "--apply_chat_template", "--output_path", str(tmp_path / "hf")],
-        cwd=REPO, env=env(), capture_output=True, text=True,
-    )  # fmt: skip
-    assert hf.returncode == 0, hf.stderr[-3000:]
-    assert_same_scores(results_of(tmp_path / "t"), results_of(tmp_path / "hf"))
+    from lm_eval.models.huggingface import HFLM
+
+    from titanium.evaluation.harness import TaskRun, run_tasks
+
+    merged = HFLM(pretrained=str(run / "hf"), device="cpu", batch_size=4, dtype="float32")
+    hf = run_tasks(merged, TaskRun(tasks=TASK_ARGS[1].split(","), limit=16, apply_chat_template=True), task_manager)
+    assert_same_scores(results_of(tmp_path / "t"), hf)

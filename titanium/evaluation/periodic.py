@@ -10,10 +10,14 @@ the requests cut to its layout); the eval tool runs such a run's checkpoints und
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import random
 import time
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from titanium.config.errors import ConfigError
@@ -51,7 +55,7 @@ class LMEvalEvaluation:
         from titanium.evaluation.lm import TitaniumLM
 
         start = time.perf_counter()
-        with self.ctx.policy.lend() as model:
+        with _random_states_kept(), self.ctx.policy.lend() as model:
             lm = TitaniumLM(
                 model,
                 self.ctx.tokenizer,
@@ -70,6 +74,24 @@ class LMEvalEvaluation:
         shown = ", ".join(f"{name.removeprefix('lm_eval/')} {value:.4f}" for name, value in numbers.items())
         logger.info("lm_eval step %d: %s (%.1fs)", step, shown, time.perf_counter() - start)
         return numbers
+
+
+@contextlib.contextmanager
+def _random_states_kept() -> Iterator[None]:
+    """lm-eval seeds Python's, NumPy's and torch's global generators (for its few-shot draws): give the run back the
+    states it had, so an evaluation changes nothing that training draws afterwards."""
+    import numpy as np
+
+    states = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.set_rng_state(states[2])
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def build_lm_eval(cfg: LMEvalSection, ctx: EvaluationContext) -> LMEvalEvaluation | None:
