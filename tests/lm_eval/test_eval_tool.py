@@ -82,7 +82,8 @@ def test_bad_input_is_one_message(tiny_hf, tmp_path, case, message):
 
 @pytest.mark.lm_eval
 def test_two_fsdp_ranks_score_like_one_process(tiny_hf, tmp_path):
-    common = [str(tiny_hf), *TASK_ARGS, "--training.mixed_precision_param", "float32", "--bootstrap_iters", "0"]
+    tasks = [*TASK_ARGS[:-4], "--limit", "15", "--batch_size", "4"]  # (15: uneven shares, placeholder forwards)
+    common = [str(tiny_hf), *tasks, "--training.mixed_precision_param", "float32", "--bootstrap_iters", "0"]
     run_eval(*common, "--log_samples", "--output_path", str(tmp_path / "one"))
     two = run_eval(*common, "--log_samples", "--output_path", str(tmp_path / "two"), nproc=2)
     assert "arithmetic_mc" in two.stdout  # (the table, printed once)
