@@ -7,6 +7,7 @@ before the config is loaded), or needs no registration at all: an import path wo
 
 from __future__ import annotations
 
+from titanium.config.lm_eval_section import LMEvalSection
 from titanium.config.registry import Registry, SectionSpec, job_config_class
 from titanium.config.sections import (
     DPOSection,
@@ -74,6 +75,7 @@ EVALUATIONS.register("eval", "titanium.evaluation.exact_match:build_evaluator", 
 EVALUATIONS.register(
     "validation", "titanium.evaluation.validation:build_validator", SectionSpec("validation", ValidationSection)
 )
+EVALUATIONS.register("lm_eval", "titanium.evaluation.lm_eval:build_lm_eval", SectionSpec("lm_eval", LMEvalSection))
 
 TRAINING_HOOKS = Registry("training hook", "training hook")
 """Features that hook into the loop (titanium/hooks.py) without the loop knowing them; ``register(section,

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
+from titanium.config.lm_eval_section import check_lm_eval
 from titanium.config.sections import GRPOSection, RLSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 from titanium.config.validate_objectives import (
@@ -173,6 +174,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     yield from validate_online_dpo(cfg, _compares_to_reference)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
+    yield from check_lm_eval(cfg.lm_eval)
     yield from _validate_rl(cfg.rl)
     yield from _validate_grpo(cfg.grpo)
     yield from _validate_rollout(cfg)

@@ -322,6 +322,29 @@ class Qwen3Template(ChatMLTemplate):
         return segments
 
 
+class SpecialTextEncoder:
+    """Text -> ids with the tokenizer's control-token strings (specials that ``encode`` keeps as text, so that data
+    can never inject them) turned into their ids: how a Hugging Face tokenizer reads rendered chat text."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.control = {
+            n: i for n, i in tokenizer.special_tokens.items() if tokenizer.encode(n, bos=False, eos=False) != [i]
+        }
+        pattern = "|".join(re.escape(n) for n in sorted(self.control, key=len, reverse=True))
+        self.split = re.compile(f"({pattern})") if pattern else None
+
+    def encode(self, text: str) -> list[int]:
+        parts = self.split.split(text) if self.split else [text]
+        ids: list[int] = []
+        for k, part in enumerate(parts):
+            if k % 2:
+                ids.append(self.control[part])
+            elif part:
+                ids.extend(self.tokenizer.encode(part, bos=False, eos=False))
+        return ids
+
+
 class JinjaTemplate(ChatTemplate):
     """A Hugging Face tokenizer's own Jinja ``chat_template``, rendered in a sandbox.
 
@@ -351,12 +374,8 @@ class JinjaTemplate(ChatTemplate):
         id_to_name = {i: n for n, i in tokenizer.special_tokens.items()}
         bos, eos = id_to_name.get(tokenizer.bos_id, ""), id_to_name.get(tokenizer.eos_id, "")
         self._names = {"bos_token": bos, "eos_token": eos}
-        # Control tokens: specials that encode() keeps as text, so rendered text must be split on them by hand.
-        self._control = {
-            n: i for n, i in tokenizer.special_tokens.items() if tokenizer.encode(n, bos=False, eos=False) != [i]
-        }
-        pattern = "|".join(re.escape(n) for n in sorted(self._control, key=len, reverse=True))
-        self._split = re.compile(f"({pattern})") if pattern else None
+        self._specials = SpecialTextEncoder(tokenizer)
+        self._control, self._split = self._specials.control, self._specials.split
         probe = [Message("user", "x"), Message("assistant", "y")]
         try:
             answer = self._segments(probe, False, None)[-1][0]
@@ -384,14 +403,7 @@ class JinjaTemplate(ChatTemplate):
 
     def _encode(self, text: str) -> list[int]:
         """Rendered text -> ids, with the template's control-token strings turned into their ids."""
-        parts = self._split.split(text) if self._split else [text]
-        ids: list[int] = []
-        for k, part in enumerate(parts):
-            if k % 2:
-                ids.append(self._control[part])
-            elif part:
-                ids.extend(self.tokenizer.encode(part, bos=False, eos=False))
-        return ids
+        return self._specials.encode(text)
 
     def _delta(self, before: str, after: str) -> str:
         if not after.startswith(before):

@@ -138,6 +138,7 @@ def generate(
     device: torch.device | str | None = None,
     all_done: Callable[[bool], bool] | None = None,
     compile: bool = False,
+    also_stop: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Generation:
     """Continue every prompt by up to ``params.max_new_tokens`` tokens, each row until its first stop id.
 
@@ -146,7 +147,9 @@ def generate(
     "all my rows stopped" into the decision to stop (``all_ranks_done`` under data parallelism; the
     default trusts the local rows; ``lambda _: False`` always runs ``max_new_tokens`` steps).
     ``generator`` (on ``device``) makes sampling reproducible. ``compile`` runs the decode step through
-    ``torch.compile`` with a static cache (meant for GPUs; the prefill stays eager).
+    ``torch.compile`` with a static cache (meant for GPUs; the prefill stays eager). ``also_stop`` ends rows on
+    more than stop ids: given each step's ``[B]`` tokens it returns the ``[B]`` rows that end with them (a stop
+    string completed); such a row counts as finished (``token_lists(keep_stop=True)`` keeps the token that ended it).
 
     ``device`` defaults to the device of the model's first parameter. The caller sets ``eval()``.
     """
@@ -181,6 +184,8 @@ def generate(
         out_logprobs.append(logprob)
         lengths += ~done
         done |= torch.isin(token, stop)
+        if also_stop is not None:
+            done |= also_stop(token)
         if step == max_new - 1 or decide(bool(done.all())):
             break
         logits = step_fn(model, token[:, None], next_positions, next_documents, cache)

@@ -61,8 +61,17 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
     cfg = load_config(["--job.config_file", str(run_config_path(checkpoint, config))])
     if cfg.lora.rank == 0:
         raise UserError(f"{config or CONFIG_FILE}: [lora] rank is 0, but {checkpoint} holds LoRA adapters")
-    tokenizer = build_tokenizer(cfg.tokenizer)
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed)
+    built = build_checkpoint_model(checkpoint, cfg, builder, ParallelDims(dp_replicate=1, dp_shard=1, world_size=1))
+    built.model.eval()
+    return LoRARun(cfg, built)
+
+
+def build_checkpoint_model(checkpoint: Path, cfg: Any, builder: ModelBuilder, dims: ParallelDims) -> BuiltModel:
+    """The model a run (job config ``cfg``) saved in ``checkpoint``, built by ``builder`` (its plan, ``dims``) as the
+    trainer built it: its family args, converters and, where a converter froze the base (LoRA: the checkpoint holds
+    only the adapters), the base from where the run started, then the checkpoint's weights."""
+    tokenizer = build_tokenizer(cfg.tokenizer)
     spec, args = builder.resolve(
         cfg.model, seq_len=cfg.training.seq_len, vocab_size=tokenizer.vocab_size, checkpoint=cfg.checkpoint
     )
@@ -70,11 +79,12 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
     spec = OBJECTIVES.load(cfg.training.objective).policy_spec(
         spec, tokenizer, ck.initial_load_path if ck.initial_load_in_hf else None
     )
-    converters = job_converters(cfg, ParallelDims(dp_replicate=1, dp_shard=1, world_size=1), None)
+    converters = job_converters(cfg, dims, None)  # (no hardware checks: a float8 run's weights load on any device)
+    if not any(c.freezes_base for c in converters):
+        return builder.build(spec, args, converters=converters, weights=WeightSource(dcp_folder=str(checkpoint)))
     start = StartingWeights(ck, cfg.job.dump_folder).start()
     built = builder.build(spec, args, converters=converters, weights=WeightSource(hf_folder=start.hf_folder))
     if start.dcp_folder is not None:  # a titanium base: its frozen part, as the trainer's checkpoint manager reads it
         load_model_weights(Path(start.dcp_folder), built.model, "--checkpoint.initial_load_path", part="base")
     load_model_weights(checkpoint, built.model, "checkpoint", part="trainable")
-    built.model.eval()
-    return LoRARun(cfg, built)
+    return built
