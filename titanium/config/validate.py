@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Iterator
 from pathlib import Path
 
-from titanium.config.components import DPO_LOSSES, OBJECTIVES, JobConfig
+from titanium.config.components import DPO_LOSSES, ENGINES, OBJECTIVES, JobConfig
 from titanium.config.lm_eval_section import check_lm_eval
 from titanium.config.sections import GRPOSection, RLSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
@@ -414,6 +414,11 @@ def _validate_grpo(g: GRPOSection) -> Iterator[str]:
 def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
     """[rollout] ranges, and what the engines cannot do with the objective's sampling settings."""
     r, rl = cfg.rollout, cfg.rl
+    if not ENGINES.known(r.engine):
+        yield (
+            f"--rollout.engine {r.engine!r} is not a rollout engine; valid: {', '.join(ENGINES.names())}, or your own "
+            "builder as 'package.module:function'"
+        )
     if r.tensor_parallel_size < 1:
         yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"
     if not 0 < r.gpu_memory_utilization <= 1:

@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import nn
 
 from titanium.checkpoint.full_blocks import full_blocks
+from titanium.config.components import ENGINES
 from titanium.config.sections import RolloutSection
 from titanium.generation.generate import Generation
 from titanium.generation.sampling import SamplingParams
@@ -124,36 +125,24 @@ def build_engine(
     seed: int,
     tp_group: dist.ProcessGroup | None = None,
 ) -> RolloutEngine:
-    """The ``[rollout]`` engine for a policy of family ``spec`` with ``args``, in this process. It holds no weights
-    until the first ``sync_from``. ``max_model_len``: the longest prompt plus its answer; ``seed`` varies per rank.
-    ``tp_group``: the policy's tensor-parallel group, which the titanium engine splits its copy over when
-    ``tensor_parallel_size`` > 1 (collective: every rank of the job builds its engine together).
-    """
+    """The ``[rollout]`` engine for a policy of family ``spec`` with ``args``, in this process, by the builder
+    registered as ``cfg.engine`` (``ENGINES`` in titanium/config/components.py, or an import path): ``builder(cfg, spec,
+    args, stop_ids=, pad_id=, max_model_len=, device=, dtype=, seed=, tp_group=) -> RolloutEngine``. It holds no
+    weights until the first ``sync_from``. ``max_model_len``: the longest prompt plus its answer; ``seed`` varies per
+    rank; ``dtype``: the engine's (``auto``: the training forward's, ``training_dtype``); ``tp_group``: the policy's
+    tensor-parallel group, which the titanium engine splits its copy over when ``tensor_parallel_size`` > 1
+    (collective: every rank of the job builds its engine together)."""
     dtype = training_dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
-    if cfg.engine == "vllm":
-        from titanium.generation.vllm_engine import VLLMEngine
-        from titanium.generation.vllm_server import VLLMServerEngine
-        from titanium.generation.vllm_shared import SharedServerEngine
-
-        if cfg.mode == "server":
-            kind = VLLMServerEngine if cfg.server_per == "rank" else SharedServerEngine
-        else:
-            kind = VLLMEngine
-        return kind(
-            spec,
-            args,
-            cfg,
-            stop_ids=stop_ids,
-            pad_id=pad_id,
-            max_model_len=max_model_len,
-            dtype=dtype,
-            seed=seed,
-            device_type=device.type,
-        )
-    from titanium.generation.titanium_engine import TitaniumEngine
-    from titanium.generation.tp_plan import decoding_group
-
-    split = decoding_group(tp_group) if cfg.tensor_parallel_size > 1 and tp_group is not None else None
-    return TitaniumEngine(
-        spec, args, stop_ids=stop_ids, pad_id=pad_id, device=device, dtype=dtype, compile=cfg.compile, tp_group=split
+    builder = ENGINES.load(cfg.engine)
+    return builder(
+        cfg,
+        spec,
+        args,
+        stop_ids=stop_ids,
+        pad_id=pad_id,
+        max_model_len=max_model_len,
+        device=device,
+        dtype=dtype,
+        seed=seed,
+        tp_group=tp_group,
     )

@@ -21,10 +21,11 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from titanium.config.sections import RolloutSection
 from titanium.generation.engine import RolloutEngine, Rollouts
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
-from titanium.generation.tp_plan import shard_for_decoding
+from titanium.generation.tp_plan import decoding_group, shard_for_decoding
 from titanium.models.spec import ModelSpec
 
 
@@ -83,3 +84,24 @@ class TitaniumEngine(RolloutEngine):
                 self.model, prompts, params, self.stop_ids, self.pad_id, generator=generator, compile=self.compile
             )
         return Rollouts(out, version, time.perf_counter() - start)
+
+
+def build_titanium_engine(
+    cfg: RolloutSection,
+    spec: ModelSpec,
+    args: Any,
+    *,
+    stop_ids: set[int],
+    pad_id: int,
+    max_model_len: int,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    tp_group: dist.ProcessGroup | None = None,
+) -> TitaniumEngine:
+    """``--rollout.engine titanium`` (``titanium.generation.engine.build_engine``): a whole copy, or one split over the
+    training's tensor-parallel group with ``tensor_parallel_size`` > 1."""
+    split = decoding_group(tp_group) if cfg.tensor_parallel_size > 1 and tp_group is not None else None
+    return TitaniumEngine(
+        spec, args, stop_ids=stop_ids, pad_id=pad_id, device=device, dtype=dtype, compile=cfg.compile, tp_group=split
+    )
