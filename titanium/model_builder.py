@@ -204,8 +204,13 @@ def resolve_spec(model: ModelSection, folder: str | os.PathLike | None) -> tuple
 
 
 def _architecture(folder: str | os.PathLike) -> str:
+    """The model class config.json names (else the one ``transformers`` maps its model_type to)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
     config = read_hf_config(folder)
-    return next(iter(config.get("architectures") or []), None) or f"model_type {config.get('model_type')!r}"
+    model_type = config.get("model_type")
+    named = next(iter(config.get("architectures") or []), None) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return named or f"model_type {model_type!r}"
 
 
 @dataclass

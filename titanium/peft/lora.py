@@ -127,20 +127,26 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def resolve_targets(names: list[str]) -> frozenset[str]:
-    """``[lora] target_modules`` (names and groups) -> the set of layer names; unknown names fail."""
+    """``[lora] target_modules`` (names, their Hugging Face names, and groups) -> the set of layer names (ours);
+    unknown names fail."""
     out: set[str] = set()
     for name in names:
         if name in TARGET_GROUPS:
             out.update(TARGET_GROUPS[name])
-        elif name in TARGETS:
-            out.add(name)
+        elif name in TARGETS or name in _HF_NAMES:
+            out.add(layer_role(name))
         else:
-            hint = f" (the Hugging Face name of {_HF_NAMES[name]!r})" if name in _HF_NAMES else ""
             raise LoRAConfigError(
-                f"--lora.target_modules: unknown layer {name!r}{hint}; valid: "
-                f"{', '.join(TARGETS)}, or the groups {', '.join(TARGET_GROUPS)}"
+                f"--lora.target_modules: unknown layer {name!r}; valid: {', '.join(TARGETS)} (or their Hugging Face "
+                f"names {', '.join(_HF_NAMES)}), or the groups {', '.join(TARGET_GROUPS)}"
             )
     return frozenset(out)
+
+
+def layer_role(leaf: str) -> str:
+    """A layer's name (its last name component) as ``target_modules`` names it: ours (``wq``) for ours and for the
+    Hugging Face name of the same layer (``q_proj``: a model built by the transformers backend keeps HF's names)."""
+    return _HF_NAMES.get(leaf, leaf)
 
 
 def check_lora_config(cfg: LoRASection) -> None:
@@ -187,7 +193,7 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
     experts: list[tuple[str, GroupedExperts]] = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf not in targets:
+        if layer_role(leaf) not in targets:
             continue
         if isinstance(module, LoRALinear) or (isinstance(module, GroupedExperts) and module.weight_update):
             raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")
@@ -212,7 +218,7 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
                 f"remove {leaf!r} from --lora.target_modules"
             )
         chosen.append((name, module))
-    missing = targets - {name.rsplit(".", 1)[-1] for name, _ in [*chosen, *experts]}
+    missing = targets - {layer_role(name.rsplit(".", 1)[-1]) for name, _ in [*chosen, *experts]}
     if missing:
         names = ", ".join(sorted(missing))
         what = "MoE experts" if missing == {"experts"} else "linear layer"

@@ -33,6 +33,7 @@ from torch import nn
 from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import unit_generator
 from titanium.models.common.kv_cache import KVCache
+from titanium.models.hf_adapter import HFConfigError
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.attention import (
     ATTENTION,
@@ -52,6 +53,19 @@ class _PassThrough(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         return hidden_states
+
+
+def check_structure(model: nn.Module) -> None:
+    """Refuse a ``transformers`` model without the parts the backend names (``BASE_PARTS``, ``HEAD``)."""
+    base = model.base_model
+    missing = [f"{type(base).__name__}.{name}" for name in BASE_PARTS.values() if not hasattr(base, name)]
+    missing += [f"{type(model).__name__}.{HEAD}"] if not hasattr(model, HEAD) else []
+    if missing or not isinstance(getattr(base, "layers", None), nn.ModuleList):
+        raise HFConfigError(
+            f"transformers' {type(model).__name__} is not laid out as the backend needs (a base model with "
+            f"embed_tokens, a ModuleList of layers and norm, and an lm_head; missing: {', '.join(missing) or 'layers'})"
+            f": model_type {model.config.model_type!r} is not supported by the transformers backend yet"
+        )
 
 
 def build_hf_model(args: TransformersArgs) -> tuple[nn.Module, list[str]]:
@@ -76,6 +90,7 @@ class TransformersModel(nn.Module):
         super().__init__()
         self.args = args
         hf, self.fallback_reasons = build_hf_model(args)
+        check_structure(hf)
         self.attention: str = hf.config._attn_implementation
         """``titanium`` (``attention.py``), or the model's own where titanium's cannot serve it (``support.py``)."""
         self.mixes_documents = bool(non_attention_layers(hf, args.hf_config))
