@@ -17,13 +17,13 @@ partial gradients over the ranks.
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
-    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -68,10 +68,6 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     root_plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
         root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate())
-    if model.norm is not None:  # (a replicated DTensor: see the module docstring)
-        root_plan["norm"] = PrepareModuleOutput(
-            output_layouts=Replicate(), desired_output_layouts=Replicate(), use_local_output=False
-        )
     if model.output is not None:
         root_plan["output"] = ColwiseParallel(
             input_layouts=Replicate(),
@@ -80,6 +76,60 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         )
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
+    replicate_the_rest(model, tp_mesh)
     # Tied embeddings: both sides are split by vocabulary rows (Shard(0)), so one DTensor serves both.
     if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
         model.output.weight = model.tok_embeddings.weight
+
+
+class ReplicatedParallel(ParallelStyle):
+    """A module every rank computes whole: its own parameters become replicated DTensors (so the optimizer sees one
+    kind of parameter, and clipping counts them once), its tensor inputs replicated DTensors, and its outputs plain
+    tensors again (``use_local_output``) or replicated DTensors. Each rank computes the whole gradient: nothing is
+    reduced."""
+
+    def __init__(self, *, use_local_output: bool = True) -> None:
+        super().__init__()
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, param in list(module.named_parameters(recurse=False)):
+            replicated = DTensor.from_local(param, device_mesh, [Replicate()], run_check=False)
+            module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+
+        def whole(value: object) -> object:
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                return DTensor.from_local(value, device_mesh, [Replicate()], run_check=False)
+            return value
+
+        def local(value: object) -> object:
+            return value.to_local() if isinstance(value, DTensor) else value
+
+        def before(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return tuple(whole(a) for a in args), {k: whole(v) for k, v in kwargs.items()}
+
+        def after(_: nn.Module, args: tuple, output: object) -> object:
+            if not self.use_local_output:
+                return output
+            return tuple(local(o) for o in output) if isinstance(output, tuple) else local(output)
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
+        module.register_forward_hook(after)
+        return module
+
+
+def replicate_the_rest(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Every module the plan left with plain parameters of its own (norms, scalars) computed whole on every rank
+    (``ReplicatedParallel``); the final norm's output stays a replicated DTensor (see the module docstring). A module
+    that also has children is refused: its forward would mix its replicated values with the children's plain ones."""
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
+        if not own:
+            continue
+        if next(module.children(), None) is not None:
+            raise ConfigError(
+                f"--parallelism.tensor_parallel_degree {tp_mesh.size()}: {name} ({type(module).__name__}) holds "
+                "parameters of its own beside its sublayers, which titanium's translation of the model's plan does "
+                "not split; use tensor_parallel_degree 1"
+            )
+        parallelize_module(module, tp_mesh, ReplicatedParallel(use_local_output=module is not model.norm))
