@@ -6,6 +6,7 @@ their exports loaded back by ``transformers``' own classes (and ``peft``) with t
   the base with the PEFT adapter give the trained model's logits (fp32 1e-5);
 - DPO on OLMo 2 (shared-prompt rows: parent-document masks): the first step's loss is log 2 (the policy is its
   own reference: the reference forward equals the policy's), and the export loads with the trained logits;
+- a Gemma 3 resumed from its DCP checkpoint continues bitwise as the uninterrupted run;
 - GRPO on Granite (logit scaling) with titanium's engine (a copy of the backend model decoding with titanium's
   KV cache, synced by the training model's names): the first step's rollouts' log-probs equal the policy's own
   recomputed ones (``grpo/logprob_mismatch`` <= 1e-5; measured 1.0e-7), and the export loads with the trained logits.
@@ -101,3 +102,30 @@ def test_grpo_with_the_titanium_engine_on_granite(make_trainer, tmp_path: Path) 
     assert scalars(run / "tb", "grpo/response_len")[1] > 0
     assert sorted(scalars(run / "tb")) == [1, 2]
     trained_logits_load_back(trainer, run / "hf", type(hf))
+
+
+def test_dcp_resume_is_exact(make_trainer, tmp_path: Path) -> None:
+    """Gemma 3 pretraining, 6 steps with a checkpoint at 3: the resumed run logs the uninterrupted run's losses and
+    ends with its weights, bitwise."""
+    from tests.helpers import train_until_first_save
+    from titanium.parallel.distributed import shutdown_distributed
+
+    save_tiny_hf(tmp_path / "gemma3", "gemma3_text")
+    common = (
+        *("--training.steps", "6", "--checkpoint.enable", "--checkpoint.interval", "3", "--debug.deterministic"),
+        *start_from(tmp_path / "gemma3"),
+    )
+    straight = make_trainer(*tiny_args(tmp_path / "straight", *common))
+    straight.train()
+    straight.close()
+    expected, weights = scalars(tmp_path / "straight/tb"), straight.model.state_dict()
+    shutdown_distributed()
+    train_until_first_save(make_trainer, *tiny_args(tmp_path / "resumed", *common))
+    resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
+    assert resumed.train_state.step == 3
+    resumed.train()
+    resumed.close()
+    got = scalars(tmp_path / "resumed/tb")
+    assert [got[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]
+    for key, value in resumed.model.state_dict().items():
+        assert torch.equal(value, weights[key]), key
