@@ -5,7 +5,7 @@ Each config is a real architecture at toy size (2 layers, width 64, the debug to
 features that make it differ from Llama switched on: Gemma 3's sliding windows (shorter than the test rows),
 (1 + w) norms, scaled embeddings, q/k norms and soft-capped logits; Granite's embedding, residual, attention and
 logit multipliers; OLMo 2's norms after attention and MLP and its whole-projection q/k norms; SmolLM3's layers
-without RoPE.
+without RoPE; DeepSeek-V3's latent attention (MLA) and MoE layers.
 """
 
 from __future__ import annotations
@@ -50,15 +50,58 @@ ARCHITECTURES = {
     "smollm3": ("SmolLM3Config", {"no_rope_layer_interval": 2}),
     "llama": ("LlamaConfig", {}),
     "qwen3": ("Qwen3Config", {"head_dim": 16}),
+    "deepseek_v3": (
+        "DeepseekV3Config",
+        {
+            "num_key_value_heads": 4,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 8,
+            "v_head_dim": 16,
+            "n_routed_experts": 4,
+            "num_experts_per_tok": 2,
+            "moe_intermediate_size": 32,
+            "n_group": 1,
+            "topk_group": 1,
+            "first_k_dense_replace": 1,
+        },
+    ),
 }
-"""model_type -> (config class, what differs from ``SHAPE``)."""
+"""model_type -> (config class, what differs from ``SHAPE``): models that run titanium's attention."""
+OWN_ATTENTION = {
+    "gpt_oss": (
+        "GptOssConfig",
+        {
+            "head_dim": 16,
+            "intermediate_size": 64,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"],
+        },
+    ),
+    "qwen3_5_text": (
+        "Qwen3_5TextConfig",
+        {
+            "head_dim": 16,
+            "layer_types": ["linear_attention", "full_attention"],
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 4,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+        },
+    ),
+}
+"""Models that run their own attention (``titanium/models/transformers/support.py``): GPT-OSS (attention sinks, with
+sliding windows shorter than the test rows and MoE), Qwen3.5 (linear-attention layers)."""
 
 
 def tiny_config(model_type: str, **changes: Any) -> Any:
     """The ``transformers`` config of a tiny ``model_type`` (``ARCHITECTURES``), with ``changes``."""
     import transformers
 
-    name, extra = ARCHITECTURES[model_type]
+    name, extra = {**ARCHITECTURES, **OWN_ATTENTION}[model_type]
     fields = {**SHAPE, **extra, **changes}
     return getattr(transformers, name)(**fields)
 

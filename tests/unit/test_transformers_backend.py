@@ -158,3 +158,31 @@ def test_hf_checkpoint_round_trip_loads_in_transformers(tmp_path: Path, model_ty
     reloaded = type(hf).from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
     with torch.no_grad():
         torch.testing.assert_close(reloaded(input_ids=x).logits, hf(input_ids=x).logits, rtol=0, atol=0)
+
+
+def test_models_with_their_own_attention() -> None:
+    """GPT-OSS (attention sinks, sliding windows of 8) runs its own eager attention: its logits are transformers',
+    and titanium's document and shared-prompt masks, given to it as explicit masks per layer type, keep packed
+    samples apart and let two responses see one prompt. Qwen3.5's linear-attention layers cannot take them."""
+    hf = tiny_hf_model("gpt_oss")
+    ours = backend_twin(hf).eval()
+    assert ours.attention == "eager" and ours.fallback_reasons == ["its attention has sinks"]
+    x = tokens(rows=1, seq=30)
+    sizes = [11, 19]
+    documents = torch.cat([torch.full((n,), d) for d, n in enumerate(sizes)])[None]
+    with torch.no_grad():
+        torch.testing.assert_close(ours(x), hf(input_ids=x).logits, **TOL)
+        positions = torch.cat([torch.arange(n) for n in sizes])[None]
+        alone = torch.cat([hf(input_ids=part).logits for part in x.split(sizes, dim=1)], dim=1)
+        torch.testing.assert_close(ours(x, positions=positions, document_ids=documents), alone, **TOL)
+        # One response after a prompt, as a shared-prompt row holds it: the same as the two as one sequence.
+        shared = ours(x, positions=torch.arange(30)[None], document_ids=documents, parent_ids=torch.zeros_like(x))
+        torch.testing.assert_close(shared, hf(input_ids=x).logits, **TOL)
+        with pytest.raises(ValueError, match="titanium KV cache"):
+            ours(x, positions=torch.arange(30)[None], document_ids=documents, kv_cache=object())
+    qwen = backend_twin(tiny_hf_model("qwen3_5_text")).eval()
+    assert qwen.attention == "sdpa" and qwen.mixes_documents
+    with torch.no_grad():
+        torch.testing.assert_close(qwen(x), tiny_hf_model("qwen3_5_text")(input_ids=x).logits, **TOL)
+        with pytest.raises(ValueError, match="no packed documents"):
+            qwen(x, positions=torch.arange(30)[None], document_ids=documents)

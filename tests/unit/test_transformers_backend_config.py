@@ -76,6 +76,32 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
     assert "--model.backend native: no titanium family reads model_type 'stablelm'" in err
 
 
+def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
+    """GPT-OSS (sinks) cannot decode with titanium's KV cache, and its TP plan splits no layer; Qwen3.5's
+    linear-attention layers would mix packed samples; titanium's split decoding copy is the native families'."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
+    qwen = config_folder(tmp_path, "qwen3_5", tiny_config("qwen3_5_text").to_dict())
+    gemma = config_folder(tmp_path, "gemma", tiny_config("gemma3_text").to_dict())
+    grpo = ("--training.objective", "grpo", "--data.kind", "chat", "--grpo.rewards", "exact_match")
+    grpo += ("--grpo.max_prompt_len", "48", "--grpo.max_new_tokens", "8")
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gpt_oss, *grpo)
+    assert "gpt_oss runs its own attention (its attention has sinks)" in err
+    assert "use --rollout.engine vllm" in err
+    err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gpt_oss, "--parallelism.tensor_parallel_degree", "2")
+    assert "its plan splits no layer (embed_tokens only)" in err
+    sft = ("--training.objective", "sft", "--data.kind", "chat")
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", qwen, *sft)
+    assert "--sft.packing: qwen3_5_text runs its own attention (it has linear_attention layers" in err
+    assert "set --sft.no_packing" in err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert preflight([*JOB, "--model.hf_config", qwen, *sft, "--sft.no_packing"]) == 0
+    assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft]) == 0  # (packed: its own attention, our masks)
+    split = ("--parallelism.tensor_parallel_degree", "2", "--rollout.tensor_parallel_size", "2")
+    err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gemma, *grpo, *split)
+    assert "--rollout.tensor_parallel_size 2: titanium's engine splits the native families' layers only" in err
+
+
 REMOTE_CONFIG = """
 from transformers import LlamaConfig
 

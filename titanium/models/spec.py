@@ -29,6 +29,8 @@ class ModelUse:
     """Rows hold a prompt once with two responses that each see it and not each other (DPO's share_prompt)."""
     kv_cache_decoding: bool = False
     """The job generates with titanium's sampler and KV cache (its rollout engine, exact-match evaluation)."""
+    split_decoding: int = 1
+    """Ranks titanium's rollout engine splits its decoding copy over (``--rollout.tensor_parallel_size``)."""
 
 
 TensorParallelPlan = Callable[[nn.Module, Any, bool], None]

@@ -125,3 +125,32 @@ def register_titanium_attention() -> None:
     from transformers import AttentionInterface
 
     AttentionInterface.register(ATTENTION, titanium_attention)
+
+
+def own_attention_masks(
+    config: Any,
+    attention: str,
+    positions: torch.Tensor,
+    document_ids: torch.Tensor,
+    parent_ids: torch.Tensor | None,
+) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The masks of packed documents (and shared prompts) for a model that runs its own attention (``support.py``),
+    in the form its forward takes as ``attention_mask`` instead of making its own: one ``[B, 1, S, S]`` mask, or,
+    for a model with ``layer_types``, one per layer type (a sliding-window type's with the config's window), as
+    ``transformers``' ``generate`` prepares them. Boolean for SDPA; additive (0 or the float32 minimum) for eager
+    attention, which adds the mask to its scores."""
+    positions = positions.expand_as(document_ids)
+    window = getattr(config, "sliding_window", None)
+
+    def mask(windowed: bool) -> torch.Tensor:
+        visible = document_causal_mask(
+            positions, positions, document_ids, document_ids, window if windowed else None, parent_ids
+        )
+        if attention == "sdpa":
+            return visible
+        return torch.zeros(visible.shape, device=visible.device).masked_fill(~visible, torch.finfo(torch.float32).min)
+
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types:
+        return mask(windowed=bool(window) and getattr(config, "use_sliding_window", True) is not False)
+    return {kind: mask(windowed=kind == "sliding_attention") for kind in set(layer_types)}

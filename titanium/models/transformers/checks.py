@@ -1,10 +1,9 @@
 """What a backend model cannot do of a job's use of it, said before any process group exists (``ModelSpec.refusals``).
 
 The layout needs the config's plans (``plans.py``); context and expert parallelism are not translated for backend
-models yet; and a model that runs its own attention (``support.py``) cannot take what only titanium's attention
-carries: shared-prompt rows and titanium's KV cache, and, where some of its layers are no attention at all,
-packed documents (its own attention keeps packed documents apart by their restarting positions, as
-``transformers`` does for packed rows; a linear-attention layer would mix them).
+models yet; and a model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and,
+where some of its layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart
+(its attention layers take titanium's document masks as explicit masks; a linear-attention layer would mix them).
 """
 
 from __future__ import annotations
@@ -21,10 +20,12 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
     from titanium.models.transformers.model import TransformersModel
 
     config = args.hf_config
+    with torch.device("meta"):
+        model = TransformersModel(args)
     problems = []
     if use.tensor_parallel > 1:
         flag = f"--parallelism.tensor_parallel_degree {use.tensor_parallel}"
-        problems += [f"{flag}: {p}" for p in tensor_parallel_problems(config)]
+        problems += [f"{flag}: {p}" for p in tensor_parallel_problems(config, model)]
     if use.pipeline_parallel > 1:
         flag = f"--parallelism.pipeline_parallel_degree {use.pipeline_parallel}"
         problems += [f"{flag}: {p}" for p in pipeline_problems(config)]
@@ -38,18 +39,20 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--parallelism.expert_parallel_degree {use.expert_parallel}: the transformers backend runs the model's "
             "own MoE blocks, which expert parallelism does not split yet"
         )
-    with torch.device("meta"):
-        model = TransformersModel(args)
+    if use.split_decoding > 1:
+        problems.append(
+            f"--rollout.tensor_parallel_size {use.split_decoding}: titanium's engine splits the native families' "
+            "layers only; use 1 (a whole decoding copy per rank) or --rollout.engine vllm"
+        )
     if model.fallback_reasons:
         own = f"{config.model_type} runs its own attention ({'; '.join(model.fallback_reasons)})"
-        if use.shared_prompts:
-            problems.append(f"{own}, which cannot share a prompt between two responses: set --dpo.no_share_prompt")
         if use.kv_cache_decoding:
             problems.append(
                 f"{own}, which titanium's sampler cannot decode with its KV cache: use --rollout.engine vllm (and "
                 "--eval.interval 0)"
             )
-        if use.packing and model.mixes_documents:
-            section, key = use.packing.removeprefix("--").split(".", 1)
-            problems.append(f"{use.packing}: {own}, whose layers would mix packed samples; set --{section}.no_{key}")
+        if model.mixes_documents and (use.packing or use.shared_prompts):
+            flag = use.packing or "--dpo.share_prompt"
+            section, key = flag.removeprefix("--").split(".", 1)
+            problems.append(f"{flag}: {own}, whose layers would mix the samples of a row; set --{section}.no_{key}")
     return problems

@@ -39,6 +39,7 @@ from titanium.models.transformers.attention import (
     ATTENTION,
     CONTEXT_KWARG,
     AttentionContext,
+    own_attention_masks,
     register_titanium_attention,
 )
 from titanium.models.transformers.support import fallback_reasons, non_attention_layers, own_attention
@@ -166,14 +167,16 @@ class TransformersModel(nn.Module):
             kwargs[CONTEXT_KWARG] = AttentionContext.build(
                 position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend
             )
-        elif parent_ids is not None or kv_cache is not None or (document_ids is not None and self.mixes_documents):
+        elif kv_cache is not None or (document_ids is not None and self.mixes_documents):
             raise ValueError(
-                f"{self.args.model_type} runs its own attention ({'; '.join(self.fallback_reasons)}): no shared "
-                "prompts, titanium KV cache or (with layers that are no attention) packed documents; the preflight "
-                "checks refuse the settings that need them"
+                f"{self.args.model_type} runs its own attention ({'; '.join(self.fallback_reasons)}): no titanium KV "
+                "cache, and, with layers that are no attention, no packed documents (the preflight checks refuse the "
+                "settings that need them)"
             )
-        # (Its own attention keeps packed documents apart by their positions, which restart at 0 in each one, as
-        # transformers does for packed rows given position_ids and no mask.)
+        elif document_ids is not None:
+            kwargs["attention_mask"] = own_attention_masks(
+                self.args.hf_config, self.attention, position_ids, document_ids, parent_ids
+            )
         inputs = {"input_ids": tokens} if self.tok_embeddings is not None else {"inputs_embeds": tokens}
         hidden = self._base(**inputs, **kwargs).last_hidden_state
         if self.output is None:

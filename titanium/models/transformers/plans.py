@@ -9,7 +9,10 @@ translate). Kept free of ``torch.distributed`` so the preflight checks can read 
 
 from __future__ import annotations
 
+import fnmatch
 from typing import Any
+
+from torch import nn
 
 TRANSLATED_STYLES = frozenset(
     {
@@ -31,8 +34,10 @@ def tp_plan(config: Any) -> dict[str, str]:
     return dict(getattr(config, "base_model_tp_plan", None) or {})
 
 
-def tensor_parallel_problems(config: Any) -> list[str]:
-    """Why the model cannot be split by tensor parallelism as its plan says; empty when it can."""
+def tensor_parallel_problems(config: Any, model: nn.Module | None = None) -> list[str]:
+    """Why the model cannot be split by tensor parallelism as its plan says; empty when it can. With ``model`` (the
+    backend's model, on meta), also the modules whose own parameters the plan leaves whole while it splits their
+    sublayers (``parallelize.replicate_the_rest`` cannot replicate them: GPT-OSS's attention sinks)."""
     plan = tp_plan(config)
     if not plan:
         return [f"{config.model_type} has no tensor-parallel plan (base_model_tp_plan) in transformers"]
@@ -43,6 +48,23 @@ def tensor_parallel_problems(config: Any) -> list[str]:
         problems.append(f"its plan uses styles titanium does not translate: {', '.join(untranslated)}")
     if outside:
         problems.append(f"its plan names modules outside the layers: {', '.join(outside)}")
+    if not any(p.startswith("layers.") for p in plan):
+        problems.append(f"its plan splits no layer ({', '.join(sorted(plan))} only)")
+    if model is not None:
+        mixed = sorted(
+            {
+                f"{type(module).__name__} ({name})"
+                for name, module in model.layers.named_modules(prefix="layers")
+                if next(module.children(), None) is not None
+                and next(module.parameters(recurse=False), None) is not None
+                and not any(fnmatch.fnmatchcase(name, pattern) for pattern in plan)
+            }
+        )
+        if mixed:
+            problems.append(
+                f"its {', '.join(mixed[:3])} hold parameters of their own beside split sublayers, which titanium "
+                "does not replicate"
+            )
     return problems
 
 
