@@ -68,6 +68,7 @@ def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
         pipeline_parallel=dims.pp,
         context_parallel=dims.cp,
         expert_parallel=dims.ep,
+        hf_checkpoint=cfg.checkpoint.initial_load_in_hf or cfg.checkpoint.last_save_in_hf,
         packing=packing if getattr(section, "packing", False) else "",
         shared_prompts=objective == "dpo" and cfg.dpo.share_prompt,
         kv_cache_decoding=rollouts or cfg.eval.interval > 0,

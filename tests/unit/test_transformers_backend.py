@@ -163,7 +163,7 @@ def test_hf_checkpoint_round_trip_loads_in_transformers(tmp_path: Path, model_ty
 def test_models_with_their_own_attention() -> None:
     """GPT-OSS (attention sinks, sliding windows of 8) runs its own eager attention: its logits are transformers',
     and titanium's document and shared-prompt masks, given to it as explicit masks per layer type, keep packed
-    samples apart and let two responses see one prompt. Qwen3.5's linear-attention layers cannot take them."""
+    samples apart and let two responses see one prompt. Qwen3.5's linear-attention layers cannot keep samples apart."""
     hf = tiny_hf_model("gpt_oss")
     ours = backend_twin(hf).eval()
     assert ours.attention == "eager" and ours.fallback_reasons == ["its attention has sinks"]
@@ -184,5 +184,5 @@ def test_models_with_their_own_attention() -> None:
     assert qwen.attention == "sdpa" and qwen.mixes_documents
     with torch.no_grad():
         torch.testing.assert_close(qwen(x), tiny_hf_model("qwen3_5_text")(input_ids=x).logits, **TOL)
-        with pytest.raises(ValueError, match="no packed documents"):
-            qwen(x, positions=torch.arange(30)[None], document_ids=documents)
+        with pytest.raises(ValueError, match="no shared prompts"):
+            qwen(x, positions=torch.arange(30)[None], document_ids=documents, parent_ids=torch.zeros_like(x))

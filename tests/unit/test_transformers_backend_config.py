@@ -78,7 +78,8 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
 
 def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
     """GPT-OSS (sinks) cannot decode with titanium's KV cache, and its TP plan splits no layer; Qwen3.5's
-    linear-attention layers would mix packed samples; titanium's split decoding copy is the native families'."""
+    linear-attention layers would mix packed samples; DeepSeek-V3's checkpoints hold per-expert tensors the backend
+    does not convert; titanium's split decoding copy is the native families'."""
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
     qwen = config_folder(tmp_path, "qwen3_5", tiny_config("qwen3_5_text").to_dict())
@@ -97,6 +98,11 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert preflight([*JOB, "--model.hf_config", qwen, *sft, "--sft.no_packing"]) == 0
     assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft]) == 0  # (packed: its own attention, our masks)
+    deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())
+    start = ("--checkpoint.initial_load_path", deepseek, "--checkpoint.initial_load_in_hf")
+    err = _refused(capsys, 1, monkeypatch, *start)
+    assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
+    assert preflight([*JOB, "--model.hf_config", deepseek]) == 0  # (from its config.json alone: it trains)
     split = ("--parallelism.tensor_parallel_degree", "2", "--rollout.tensor_parallel_size", "2")
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gemma, *grpo, *split)
     assert "--rollout.tensor_parallel_size 2: titanium's engine splits the native families' layers only" in err

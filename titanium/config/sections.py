@@ -600,8 +600,9 @@ class LoRASection:
     target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
     """Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP), output, or their
     Hugging Face names (q_proj, k_proj, v_proj, o_proj, gate_proj, down_proj, up_proj, lm_head; either name finds
-    the layer in models of both backends); "attention" and "mlp" stand for their groups; experts: the stacked w1,
-    w2, w3 of every MoE layer's routed experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4
+    the layer in models of both backends), or DeepSeek's latent-attention q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+    kv_b_proj; "attention" and "mlp" stand for those of their layers a model has; experts: the stacked w1, w2, w3
+    of every MoE layer's routed experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4
     base)."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""

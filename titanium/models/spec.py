@@ -22,6 +22,8 @@ class ModelUse:
     pipeline_parallel: int = 1
     context_parallel: int = 1
     expert_parallel: int = 1
+    hf_checkpoint: bool = False
+    """The job reads or writes the model's Hugging Face checkpoint (``initial_load_in_hf``, ``last_save_in_hf``)."""
     packing: str = ""
     """The flag that packs several samples per row, whose attention must stay apart (``--sft.packing``); empty:
     no packing."""

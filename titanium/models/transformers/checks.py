@@ -12,6 +12,7 @@ import torch
 
 from titanium.models.spec import ModelUse
 from titanium.models.transformers.args import TransformersArgs
+from titanium.models.transformers.hf import checkpoint_conversions
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
 
 
@@ -38,6 +39,14 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
         problems.append(
             f"--parallelism.expert_parallel_degree {use.expert_parallel}: the transformers backend runs the model's "
             "own MoE blocks, which expert parallelism does not split yet"
+        )
+    conversions = checkpoint_conversions(config.model_type) if use.hf_checkpoint else []
+    if conversions:
+        problems.append(
+            f"its Hugging Face checkpoints hold tensors that transformers converts on loading ({', '.join(conversions)}"
+            ": per-expert weights it stacks in memory), which the backend does not convert yet; start from the "
+            "config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
+            "--checkpoint.last_save_in_hf)"
         )
     if use.split_decoding > 1:
         problems.append(

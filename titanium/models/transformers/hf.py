@@ -68,6 +68,17 @@ class TransformersHFAdapter(HFAdapter):
         return []
 
 
+def checkpoint_conversions(model_type: str) -> list[str]:
+    """The tensor conversions ``transformers`` applies between the checkpoints of ``model_type`` and its modules
+    (an MoE's per-expert tensors stacked in memory), as their source patterns; empty where the checkpoint holds the
+    modules' own tensors. The backend reads and writes checkpoints name for name, so it cannot apply them yet."""
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightConverter
+
+    converters = [c for c in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(c, WeightConverter)]
+    return sorted({pattern for c in converters for pattern in c.source_patterns})
+
+
 TRANSFORMERS_HF_ADAPTER = TransformersHFAdapter(model_type="", layer_keys={}, top_keys={})
 """The backend's adapter (``model_type`` "": ``hf_family`` never picks the backend for a ``model_type``)."""
 

@@ -167,13 +167,15 @@ class TransformersModel(nn.Module):
             kwargs[CONTEXT_KWARG] = AttentionContext.build(
                 position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend
             )
-        elif kv_cache is not None or (document_ids is not None and self.mixes_documents):
+        elif kv_cache is not None or (parent_ids is not None and self.mixes_documents):
             raise ValueError(
                 f"{self.args.model_type} runs its own attention ({'; '.join(self.fallback_reasons)}): no titanium KV "
-                "cache, and, with layers that are no attention, no packed documents (the preflight checks refuse the "
+                "cache, and, with layers that are no attention, no shared prompts (the preflight checks refuse the "
                 "settings that need them)"
             )
-        elif document_ids is not None:
+        elif document_ids is not None and not self.mixes_documents:
+            # (With layers that are no attention, the model masks as for one sample per row, which is right for a
+            # sample with its padding after it: the preflight checks refuse packing for such models.)
             kwargs["attention_mask"] = own_attention_masks(
                 self.args.hf_config, self.attention, position_ids, document_ids, parent_ids
             )
