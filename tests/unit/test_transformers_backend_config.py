@@ -147,3 +147,17 @@ def test_trust_remote_code_runs_the_folders_own_code_only_when_allowed(tmp_path:
     args = spec.hf_adapter.from_hf_config(config)
     model = spec.model_cls(args)
     assert type(model._hf).__name__ == "TinyCustomForCausalLM" and model.attention == "titanium"
+
+
+def test_the_dry_run_plans_backend_models(tmp_path: Path, capsys, monkeypatch) -> None:
+    """A Gemma 3 from its config.json alone, planned for 4 ranks (dp_shard 2 x tp 2) and estimated: its q/k norms
+    replicated, its projections split as its plan says, the embedding and head by vocabulary."""
+    from titanium.tools.dry_run import main as dry_run
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    gemma = config_folder(tmp_path, "gemma", tiny_config("gemma3_text").to_dict())
+    tp = ("--parallelism.tensor_parallel_degree", "2")
+    assert dry_run([*JOB, "--model.hf_config", gemma, "--world_size", "4", *tp]) == 0
+    out = capsys.readouterr().out
+    assert f"model transformers from {gemma}" in out and "fits" in out
+    assert "layers.0.self_attn.q_proj.weight" in out and "layers.0.self_attn.q_norm.weight" in out

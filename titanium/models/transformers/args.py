@@ -33,10 +33,15 @@ class TransformersArgs:
     code_folder: str | None = None
     """The folder whose own modeling code (``auto_map`` in ``config.json``) may run: set only with ``[model]
     trust_remote_code``; None: only the code that ships with ``transformers`` runs."""
+    n_layers: int = 0
+    """Decoder layers: 0 means the config's ``num_hidden_layers``; fewer builds the model cut to its first
+    ``n_layers`` (the memory estimate traces such a model)."""
 
     def __post_init__(self) -> None:
         if not self.max_seq_len:
             object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
+        if not self.n_layers:
+            object.__setattr__(self, "n_layers", int(self.config.get("num_hidden_layers") or 0))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:
@@ -56,11 +61,12 @@ class TransformersArgs:
         """The ``transformers`` config object (``PreTrainedConfig``), the architecture's defaults filled in.
         ``BackendConfigError`` for a ``model_type`` the installed ``transformers`` does not know (unless its own
         code may run) or values the config class refuses."""
-        return load_hf_config(self.config, self.code_folder)
-
-    @property
-    def n_layers(self) -> int:
-        return int(self.hf_config.num_hidden_layers)
+        config = load_hf_config(self.config, self.code_folder)
+        if self.n_layers and self.n_layers != config.num_hidden_layers:
+            config.num_hidden_layers = self.n_layers
+            if isinstance(getattr(config, "layer_types", None), list):
+                config.layer_types = config.layer_types[: self.n_layers]
+        return config
 
     @property
     def vocab_size(self) -> int:
