@@ -133,6 +133,10 @@ def test_initialization_is_the_same_whole_or_unit_by_unit() -> None:
     for name, buffer in whole.named_buffers():
         hf_name = TRANSFORMERS_HF_ADAPTER.hf_key(name)
         torch.testing.assert_close(buffer, reference[hf_name], rtol=0, atol=0, msg=name)
+    # A whole-model cast leaves the derived buffers in float32, exact.
+    cast = copy.deepcopy(whole).to(torch.bfloat16)
+    for name, buffer in cast.named_buffers():
+        assert buffer.dtype == torch.float32 and torch.equal(buffer, dict(whole.named_buffers())[name]), name
     # Another seed draws other weights; the same seed the same ones.
     again = copy.deepcopy(template)
     again.to_empty(device="cpu")
@@ -186,3 +190,25 @@ def test_models_with_their_own_attention() -> None:
         torch.testing.assert_close(qwen(x), tiny_hf_model("qwen3_5_text")(input_ids=x).logits, **TOL)
         with pytest.raises(ValueError, match="no shared prompts"):
             qwen(x, positions=torch.arange(30)[None], document_ids=documents, parent_ids=torch.zeros_like(x))
+
+
+def test_the_generate_tool_runs_backend_folders(tmp_path: Path, capsys) -> None:
+    """``python -m titanium.tools.generate FOLDER`` on a Gemma 3 folder (no native family): the backend's greedy
+    completion is transformers' (its full forwards' argmax, token by token)."""
+    import json
+
+    from tests.helpers import REPO
+    from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+    from titanium.tools.generate import main
+
+    hf = save_tiny_hf(tmp_path / "gemma3", "gemma3_text")
+    tokenizer = str(REPO / DEFAULT_TOKENIZER_PATH)
+    argv = [str(tmp_path / "gemma3"), "--prompt", "abc", "--chat-template", "none", "--max-new-tokens", "4"]
+    assert main([*argv, "--tokenizer", tokenizer, "--device", "cpu"]) == 0
+    completion = json.loads(capsys.readouterr().out.splitlines()[-1])["completion"]
+    words = TiktokenTokenizer(tokenizer)
+    sequence = words.encode("abc", bos=True, eos=False)
+    for _ in range(4):
+        with torch.no_grad():
+            sequence.append(hf(input_ids=torch.tensor([sequence])).logits[0, -1].argmax().item())
+    assert completion == words.decode(sequence[-4:])

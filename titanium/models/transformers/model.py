@@ -128,9 +128,24 @@ class TransformersModel(nn.Module):
             self.output.weight = self.tok_embeddings.weight
 
     def _apply(self, fn: Any, recurse: bool = True) -> TransformersModel:
-        # As the shared decoder: to_empty / to() give each user of a shared parameter its own copy; tie again.
+        # As the shared decoder: to_empty / to() give each user of a shared parameter its own copy; tie again. A
+        # whole-model cast such as .to(torch.bfloat16) would round the rotary frequencies: recompute them in float32.
         super()._apply(fn, recurse)
         self._tie_weights()
+        rounded = [
+            (module, name)
+            for module in self.modules()
+            for name, buffer in module._buffers.items()
+            if name in module._non_persistent_buffers_set
+            and buffer is not None
+            and buffer.is_floating_point()
+            and buffer.dtype != torch.float32
+            and buffer.device.type != "meta"
+        ]
+        for module, name in rounded:
+            module._buffers[name] = module._buffers[name].float()
+        if rounded:
+            self.init_buffers(rounded[0][0]._buffers[rounded[0][1]].device)
         return self
 
     def _install(self) -> None:
