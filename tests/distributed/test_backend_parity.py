@@ -1,7 +1,8 @@
 """The transformers backend trains like the native families, in every layout it offers.
 
 Llama 3 and Qwen3 debug shapes, saved by ``transformers`` with random weights, train 10 steps on synthetic data
-from the same folder with ``--model.backend native`` and ``--model.backend transformers``: in one process, under
+from the same folder with ``--model.backend native`` and ``--model.backend transformers``: in one process (Llama also
+with activation checkpointing of every layer: HF layers in titanium's checkpoint wrapper), under
 FSDP 2 (dp_shard 2) and TP 2 (the config's base_model_tp_plan, translated), and Llama also under PP 2 (its
 base_model_pp_plan: titanium's pipeline split of the backend model). Every backend run's losses equal the native
 one-process run's to 1e-5 relative (measured: 2.2e-7). A Gemma 3 (no native family: sliding windows, tied and
@@ -34,6 +35,7 @@ CHUNKED = ("--training.loss_chunk_size", "48")
 SINGLE = {  # name: (source, backend, arguments)
     "llama3-native": ("llama3", "native", ()),
     "llama3-backend": ("llama3", "transformers", ()),
+    "llama3-backend-ac": ("llama3", "transformers", ("--activation_checkpoint.mode", "full")),
     "qwen3-native": ("qwen3", "native", ()),
     "qwen3-backend": ("qwen3", "transformers", ()),
     "gemma3": ("gemma3_text", "auto", CHUNKED),
@@ -68,10 +70,10 @@ def test_backend_equals_native_in_every_layout(tmp_path: Path) -> None:
         assert sorted(values) == list(range(1, STEPS + 1)), (layout, name)
         return values
 
-    for family in ("llama3", "qwen3"):
-        native, backend = losses("single", f"{family}-native"), losses("single", f"{family}-backend")
+    for name in ("llama3-backend", "llama3-backend-ac", "qwen3-backend"):
+        native, backend = losses("single", f"{name.split('-')[0]}-native"), losses("single", name)
         for step, value in native.items():
-            assert backend[step] == pytest.approx(value, rel=1e-5), (family, step, backend, native)
+            assert backend[step] == pytest.approx(value, rel=1e-5), (name, step, backend, native)
     for name, (_, _, _, reference) in PARALLEL.items():
         expected, got = losses("single", reference), losses("parallel", name)
         for step, value in expected.items():
