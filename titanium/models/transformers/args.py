@@ -40,8 +40,9 @@ class TransformersArgs:
     def __post_init__(self) -> None:
         if not self.max_seq_len:
             object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
-        if not self.n_layers:
-            object.__setattr__(self, "n_layers", int(self.config.get("num_hidden_layers") or 0))
+        if not self.n_layers:  # (the config class knows the field under its other names: GPT-2's n_layer)
+            layers = self.config.get("num_hidden_layers") or self.hf_config.num_hidden_layers
+            object.__setattr__(self, "n_layers", int(layers))
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:

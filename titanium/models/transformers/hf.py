@@ -51,8 +51,8 @@ class TransformersHFAdapter(HFAdapter):
     # ----- config.json -----
 
     def from_hf_config(self, config: Mapping[str, Any], **overrides: Any) -> TransformersArgs:
-        args = TransformersArgs.from_config(config, code_folder=self.code_folder, **overrides)
         try:
+            args = TransformersArgs.from_config(config, code_folder=self.code_folder, **overrides)
             args.hf_config  # noqa: B018 (read now, so a config transformers refuses fails here, with its file named)
         except BackendConfigError as e:
             raise HFConfigError(str(e)) from None
