@@ -72,6 +72,7 @@ def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
         packing=packing if getattr(section, "packing", False) else "",
         shared_prompts=objective == "dpo" and cfg.dpo.share_prompt,
         kv_cache_decoding=rollouts or cfg.eval.interval > 0,
+        score_head=objective in ("reward", "ppo"),
         split_decoding=cfg.rollout.tensor_parallel_size if rollouts else 1,
     )
 

@@ -103,6 +103,9 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     err = _refused(capsys, 1, monkeypatch, *start)
     assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
     assert preflight([*JOB, "--model.hf_config", deepseek]) == 0  # (from its config.json alone: it trains)
+    reward = ("--training.objective", "reward", "--data.kind", "preference")
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gemma, *reward)
+    assert "a score head on a transformers backend model (its *ForSequenceClassification) is not built yet" in err
     split = ("--parallelism.tensor_parallel_degree", "2", "--rollout.tensor_parallel_size", "2")
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gemma, *grpo, *split)
     assert "--rollout.tensor_parallel_size 2: titanium's engine splits the native families' layers only" in err

@@ -31,6 +31,8 @@ class ModelUse:
     """Rows hold a prompt once with two responses that each see it and not each other (DPO's share_prompt)."""
     kv_cache_decoding: bool = False
     """The job generates with titanium's sampler and KV cache (its rollout engine, exact-match evaluation)."""
+    score_head: bool = False
+    """The job builds the model with a scalar score head instead of its LM head (a reward model, PPO's value model)."""
     split_decoding: int = 1
     """Ranks titanium's rollout engine splits its decoding copy over (``--rollout.tensor_parallel_size``)."""
 

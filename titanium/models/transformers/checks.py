@@ -48,6 +48,11 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             "config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
             "--checkpoint.last_save_in_hf)"
         )
+    if use.score_head:
+        problems.append(
+            "--training.objective reward / ppo: a score head on a transformers backend model (its "
+            "*ForSequenceClassification) is not built yet; train reward and value models of a native family"
+        )
     if use.split_decoding > 1:
         problems.append(
             f"--rollout.tensor_parallel_size {use.split_decoding}: titanium's engine splits the native families' "

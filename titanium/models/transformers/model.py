@@ -61,11 +61,15 @@ def check_structure(model: nn.Module) -> None:
     base = model.base_model
     missing = [f"{type(base).__name__}.{name}" for name in BASE_PARTS.values() if not hasattr(base, name)]
     missing += [f"{type(model).__name__}.{HEAD}"] if not hasattr(model, HEAD) else []
-    if missing or not isinstance(getattr(base, "layers", None), nn.ModuleList):
+    if not isinstance(getattr(base, "layers", None), nn.ModuleList):
+        missing.append(f"{type(base).__name__}.layers (a ModuleList)")
+    others = [name for name, _ in model.named_children() if name not in (model.base_model_prefix, HEAD)]
+    if missing or others:
         raise HFConfigError(
             f"transformers' {type(model).__name__} is not laid out as the backend needs (a base model with "
-            f"embed_tokens, a ModuleList of layers and norm, and an lm_head; missing: {', '.join(missing) or 'layers'})"
-            f": model_type {model.config.model_type!r} is not supported by the transformers backend yet"
+            "embed_tokens, a ModuleList of layers and norm, and an lm_head beside it, nothing else; "
+            + (f"missing: {', '.join(missing)}" if missing else f"it also has {', '.join(others)}")
+            + f"): model_type {model.config.model_type!r} is not supported by the transformers backend yet"
         )
 
 
