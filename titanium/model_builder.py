@@ -33,11 +33,12 @@ from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
 from titanium.config.sections import CheckpointSection, ModelSection
 from titanium.hooks import TrainingHooks
-from titanium.models import build_model_args, get_model_spec
+from titanium.models import build_model_args, get_model_spec, hf_family, list_models
 from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import Decoder
 from titanium.models.converter import ModelConverter, apply_converters, set_trainable, unconverted
 from titanium.models.spec import ModelSpec
+from titanium.models.transformers import BACKEND
 from titanium.parallel.dims import Meshes, ParallelDims
 from titanium.parallel.parallelize import PlanConfig, parallelize_decoder
 from titanium.parallel.params import clean_fqn, copy_full_into
@@ -46,6 +47,8 @@ from titanium.parallel.pipeline import Pipeline, build_pipeline, keep_only
 logger = logging.getLogger("titanium")
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+DEFAULT_FAMILY = "llama3"
+"""The family of ``--model.name auto`` when no Hugging Face config.json gives one."""
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,70 @@ class FrozenModel:
         return weight, getattr(output, "logit_softcap", None)
 
 
+def config_folder(model: ModelSection, hf_folder: str | os.PathLike | None = None) -> str | None:
+    """The Hugging Face folder whose config.json the model is built from: ``hf_folder`` (the folder the weights
+    start from), else ``[model] hf_config`` (a folder, or its config.json), else None (a flavor)."""
+    if hf_folder is not None:
+        return str(hf_folder)
+    if not model.hf_config:
+        return None
+    path = Path(model.hf_config)
+    return str(path.parent if path.name == "config.json" else path)
+
+
+def resolve_spec(model: ModelSection, folder: str | os.PathLike | None) -> tuple[ModelSpec, str]:
+    """The spec that builds ``[model]`` (a native family or the transformers backend), and why: the one place the
+    trainer, the preflight checks, the dry run and the tools decide it. ``folder``: the Hugging Face folder whose
+    config.json the model is built from (``config_folder``), or None."""
+    backend, name = model.backend, model.name
+    if name == BACKEND or backend == "transformers":
+        if name not in ("auto", BACKEND):
+            raise ConfigError(
+                f"--model.backend transformers builds the model with transformers' code, not the family "
+                f"--model.name {name}: leave --model.name out (or use --model.backend native)"
+            )
+        if folder is None:
+            raise ConfigError(
+                "the transformers backend builds a model from a Hugging Face config.json: start from a folder "
+                "(--checkpoint.initial_load_path FOLDER --checkpoint.initial_load_in_hf) or name one with "
+                "--model.hf_config FOLDER"
+            )
+        spec = get_model_spec(BACKEND)
+        if model.trust_remote_code:
+            spec = dataclasses.replace(spec, hf_adapter=spec.hf_adapter.with_code_from(str(folder)))
+        why = "--model.backend transformers" if backend == "transformers" else "--model.name transformers"
+        return spec, f"{why}: transformers' {_architecture(folder)} from {Path(folder) / 'config.json'}"
+    if name != "auto":
+        if name not in list_models():
+            raise ConfigError(f"--model.name {name!r} is not a known model; known models: {', '.join(list_models())}")
+        return get_model_spec(name), f"--model.name {name}"
+    if folder is None:
+        return get_model_spec(DEFAULT_FAMILY), f"the default family, flavor {model.flavor} (no config.json to read)"
+    model_type = read_hf_config(folder).get("model_type")
+    family = hf_family(model_type)
+    source = Path(folder) / "config.json"
+    if family is not None:
+        return get_model_spec(family), f"the native family that reads model_type {model_type!r} of {source}"
+    if backend == "native":
+        raise ConfigError(
+            f"--model.backend native: no titanium family reads model_type {model_type!r} of {source} (families: "
+            f"{', '.join(n for n in list_models() if n != BACKEND)}); use --model.backend auto or transformers"
+        )
+    return resolve_spec(dataclasses.replace(model, backend="transformers"), folder)[0], (
+        f"no native family reads model_type {model_type!r} of {source}: transformers' {_architecture(folder)}"
+    )
+
+
+def _architecture(folder: str | os.PathLike) -> str:
+    """The model class config.json names (else the one ``transformers`` maps its model_type to)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    config = read_hf_config(folder)
+    model_type = config.get("model_type")
+    named = next(iter(config.get("architectures") or []), None) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    return named or f"model_type {model_type!r}"
+
+
 @dataclass
 class ModelBuilder:
     """Builds models for one job: the parallel plan (None: one process, no parallelism), device and seed."""
@@ -175,25 +242,27 @@ class ModelBuilder:
     ) -> tuple[ModelSpec, Any]:
         """The family spec and args of ``[model]``, with ``seq_len`` as RoPE length.
 
-        When the weights come from a Hugging Face folder (``hf_folder``, or the ``[checkpoint]`` start folder
-        with ``initial_load_in_hf``), its config.json gives the architecture and the vocabulary (which
-        ``vocab_size``, the tokenizer's, must fit); otherwise the flavor does, with ``vocab_size`` (None: the
-        flavor's)."""
-        spec = get_model_spec(model.name)
+        When the model is built from a Hugging Face config.json (``hf_folder``, or the ``[checkpoint]`` start folder
+        with ``initial_load_in_hf``, or ``[model] hf_config``), that file gives the family or backend
+        (``resolve_spec``), the architecture and the vocabulary (which ``vocab_size``, the tokenizer's, must fit);
+        otherwise the flavor does, with ``vocab_size`` (None: the flavor's)."""
+        if checkpoint is not None and hf_folder is None and checkpoint.initial_load_in_hf:
+            hf_folder = checkpoint.initial_load_path
+        folder = config_folder(model, hf_folder)
+        spec, why = resolve_spec(model, folder)
+        logger.info("model: %s (%s)", spec.name, why)
         if checkpoint is not None:
             require_hf_adapter(spec, checkpoint)
-            if hf_folder is None and checkpoint.initial_load_in_hf:
-                hf_folder = checkpoint.initial_load_path
-        if hf_folder is not None:
-            args = hf_model_args(spec, hf_folder, tokenizer_vocab=vocab_size, max_seq_len=seq_len)
-            self._note_flavor(spec, model.flavor, hf_folder)
-            described = f"{model.name} from {Path(hf_folder) / 'config.json'}"
+        if folder is not None:
+            args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=seq_len)
+            self._note_flavor(spec, model.flavor, folder)
+            described = f"{spec.name} from {Path(folder) / 'config.json'}"
         else:
             overrides: dict[str, Any] = {"max_seq_len": seq_len}
             if vocab_size is not None:
                 overrides["vocab_size"] = vocab_size
             args = build_model_args(spec, model.flavor, **overrides)
-            described = f"{model.name} {model.flavor}"
+            described = f"{spec.name} {model.flavor}"
         if self.dims is not None:
             self.dims.check_model(args.decoder_args(), model=described, seq_len=seq_len)
         return spec, args

@@ -161,7 +161,7 @@ class Trainer:
         t = self.cfg.training
         self._objective_ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
-            model_name=self.cfg.model.name,
+            model_name=self.model_spec.name,
             vocab_size=self.model_args.vocab_size,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
@@ -197,7 +197,7 @@ class Trainer:
             data=self.cfg.data,
             chat=self.cfg.chat,
             tokenizer=self.tokenizer,
-            model_name=self.cfg.model.name,
+            model_name=self.model_spec.name,
             objective=self._new_objective,
             loss_sums=self._held_out_loss,
             policy=self.models.policy(),

@@ -172,12 +172,17 @@ def hf_model_args(spec: Any, folder: str | os.PathLike, *, tokenizer_vocab: int 
         raise HFCheckpointError(f"model {spec.name!r} has no Hugging Face adapter")
     config = read_hf_config(folder)
     model_type = config.get("model_type")
-    if model_type != adapter.model_type:
+    if not adapter.reads(model_type):
         hint = hf_family(model_type)
         raise HFConfigError(
             f"{source}: model_type {model_type!r} is not a --model.name {spec.name} checkpoint "
             f"({adapter.model_type!r}); "
-            + (f"use --model.name {hint}" if hint else f"supported families: {', '.join(list_models())}")
+            + (
+                f"use --model.name {hint}"
+                if hint
+                else f"no native family reads it (families: {', '.join(list_models())}); leave --model.name out "
+                "(auto) or use --model.backend transformers to build it with transformers' own code"
+            )
         )
     try:
         args = adapter.from_hf_config(config, **overrides)
@@ -479,7 +484,7 @@ def export_final_hf(
         # with the source's context length.
         length = read_hf_config(source).get("max_position_embeddings", args.max_seq_len)
         args, source = dataclasses.replace(args, max_seq_len=length), None
-    elif source is None:
+    elif source is None and flavor in spec.flavors:
         # A fresh config.json states the flavor's context length, not this run's training seq_len.
         args = dataclasses.replace(args, max_seq_len=spec.flavors[flavor].max_seq_len)
     return export_hf(

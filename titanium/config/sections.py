@@ -29,10 +29,12 @@ class JobSection:
 
 @dataclass
 class ModelSection:
-    name: str = "llama3"
-    """Model family, a key of the model registry (titanium.models): llama3 (Llama 3.1/3.2/3.3), qwen3 (Qwen3
-    dense), qwen3_moe (Qwen3-MoE), qwen2 (Qwen2/2.5), mistral (Mistral 7B, NeMo), phi3 (Phi-3, Phi-4), gemma2
-    (Gemma 2)."""
+    name: str = "auto"
+    """Model family, a key of the model registry: llama3 (Llama 3.1/3.2/3.3), qwen3 (Qwen3 dense), qwen3_moe
+    (Qwen3-MoE), qwen2 (Qwen2/2.5), mistral (Mistral 7B, NeMo), phi3 (Phi-3, Phi-4), gemma2 (Gemma 2), or
+    transformers (the transformers backend: any causal LM the installed transformers knows, built from its
+    config.json). auto: what the Hugging Face config.json the run builds from says (checkpoint.initial_load_in_hf,
+    or hf_config; see backend), else llama3."""
     flavor: str = "debugmodel"
     """Size preset of the family, with its parameter count: llama3: debugmodel (5.68M), 1B (1.24B), 3B (3.21B),
     8B (8.03B), 70B (70.6B), 405B (406B); qwen3: debugmodel (6.48M), 0.6B (596M), 1.7B (1.72B), 4B (4.02B),
@@ -40,8 +42,21 @@ class ModelSection:
     qwen2: debugmodel (5.11M), 0.5B (494M), 1.5B (1.54B), 3B (3.09B),
     7B (7.62B), 14B (14.8B), 32B (32.8B), 72B (72.7B); mistral: debugmodel (5.68M), 7B (7.25B), NeMo-12B (12.2B);
     phi3: debugmodel (5.88M), mini (3.82B), medium (14B), phi4-14B (14.7B); gemma2: debugmodel (5.3M), 2B (2.61B),
-    9B (9.24B), 27B (27.2B). Not used when the run starts from a Hugging Face folder
-    (checkpoint.initial_load_in_hf): its config.json gives the shape."""
+    9B (9.24B), 27B (27.2B). Not used when the model is built from a Hugging Face config.json
+    (checkpoint.initial_load_in_hf, or hf_config): that file gives the shape."""
+    backend: Literal["auto", "native", "transformers"] = "auto"
+    """What builds a model from a Hugging Face config.json. native: the titanium family that reads its model_type
+    (the fast path). transformers: transformers' own model code (any causal-LM model_type it knows) under
+    titanium's parallelism, attention, objectives and checkpoints. auto: native where a family reads the
+    model_type, else transformers. The start-up log says which was chosen and why."""
+    hf_config: str = ""
+    """A Hugging Face model folder (or its config.json) whose architecture to build when the run does not start from
+    Hugging Face weights (the weights then start from the seeded initialization). Empty: the flavor, or the
+    config.json of checkpoint.initial_load_path with initial_load_in_hf."""
+    trust_remote_code: bool = False
+    """Let the transformers backend run modeling code that a config.json names of its own (auto_map), from the
+    folder it lies in. Only for folders whose code you trust: it runs with your permissions. Off: such a model is
+    refused unless transformers itself knows its model_type."""
     attention: Literal["auto", "sdpa", "flex"] = "auto"
     """Kernel for masked attention (packed documents, context parallelism); rows without documents always use
     causal SDPA. flex: FlexAttention with block masks built once per batch, so masked blocks cost nothing (CUDA
@@ -583,9 +598,12 @@ class LoRASection:
     dropout: float = 0.0
     """Dropout on the adapter's input."""
     target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
-    """Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP), output;
-    "attention" and "mlp" stand for their groups; experts: the stacked w1, w2, w3 of every MoE layer's routed
-    experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4 base)."""
+    """Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP), output, or their
+    Hugging Face names (q_proj, k_proj, v_proj, o_proj, gate_proj, down_proj, up_proj, lm_head; either name finds
+    the layer in models of both backends), or DeepSeek's latent-attention q_a_proj, q_b_proj, kv_a_proj_with_mqa,
+    kv_b_proj; "attention" and "mlp" stand for those of their layers a model has; experts: the stacked w1, w2, w3
+    of every MoE layer's routed experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4
+    base)."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
     use_dora: bool = False

@@ -76,5 +76,6 @@ import titanium.models.phi3  # noqa: E402, F401
 import titanium.models.qwen2  # noqa: E402, F401
 import titanium.models.qwen3  # noqa: E402, F401
 import titanium.models.qwen3_moe  # noqa: E402, F401
+import titanium.models.transformers  # noqa: E402, F401
 
 __all__ = ["ModelSpec", "build_model_args", "get_model_spec", "hf_family", "list_models", "register_model"]

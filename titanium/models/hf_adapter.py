@@ -121,6 +121,10 @@ class HFAdapter:
         }
         object.__setattr__(self, "_hf_expert", patterns)
 
+    def reads(self, model_type: object) -> bool:
+        """Whether this adapter reads ``config.json`` files of ``model_type``."""
+        return model_type == self.model_type
+
     # ----- names -----
 
     def hf_key(self, key: str) -> str:

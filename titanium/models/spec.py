@@ -13,6 +13,30 @@ from titanium.models.hf_adapter import HFAdapter
 
 A = TypeVar("A", bound=FamilyArgs)
 
+
+@dataclass(frozen=True)
+class ModelUse:
+    """How a job will use its model: what a spec's ``refusals`` check before any process group exists."""
+
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    context_parallel: int = 1
+    expert_parallel: int = 1
+    hf_checkpoint: bool = False
+    """The job reads or writes the model's Hugging Face checkpoint (``initial_load_in_hf``, ``last_save_in_hf``)."""
+    packing: str = ""
+    """The flag that packs several samples per row, whose attention must stay apart (``--sft.packing``); empty:
+    no packing."""
+    shared_prompts: bool = False
+    """Rows hold a prompt once with two responses that each see it and not each other (DPO's share_prompt)."""
+    kv_cache_decoding: bool = False
+    """The job generates with titanium's sampler and KV cache (its rollout engine, exact-match evaluation)."""
+    score_head: bool = False
+    """The job builds the model with a scalar score head instead of its LM head (a reward model, PPO's value model)."""
+    split_decoding: int = 1
+    """Ranks titanium's rollout engine splits its decoding copy over (``--rollout.tensor_parallel_size``)."""
+
+
 TensorParallelPlan = Callable[[nn.Module, Any, bool], None]
 """``(model or pipeline stage, tp_mesh, loss_parallel)``: shard the model's modules over ``tp_mesh`` (a
 DeviceMesh; models never import torch.distributed outside their parallelize.py) in place."""
@@ -34,6 +58,9 @@ class ModelSpec(Generic[A]):
     """The family's tensor-parallel plan (``models/<family>/parallelize.py``); None: no tensor parallelism."""
     hf_adapter: HFAdapter | None = None
     """Converts weights and config.json to and from the Hugging Face format; None if absent."""
+    refusals: Callable[[A, ModelUse], list[str]] | None = None
+    """``(args, use) -> problems``: what this model cannot do of ``use`` (each problem one message naming the flag
+    to change), checked before any process group exists; None: nothing beyond the layout's own checks."""
     chat_template: str | None = None
     """The built-in chat format (``--chat.chat_template`` value) of the family's instruct models, used by ``auto``
     when the tokenizer brings no template of its own; None: the tokenizer's template is required."""

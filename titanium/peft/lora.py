@@ -28,8 +28,11 @@ from titanium.models.common.moe import GroupedExperts
 from titanium.parallel.params import clean_fqn, copy_full_into
 from titanium.peft.expert_lora import add_expert_adapters, expert_lora_modules, init_expert_lora
 
-TARGET_GROUPS = {"attention": ("wq", "wk", "wv", "wo"), "mlp": ("w1", "w2", "w3")}
-TARGETS = (*TARGET_GROUPS["attention"], *TARGET_GROUPS["mlp"], "output", "experts")
+LATENT_ATTENTION = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
+"""The latent-attention projections of DeepSeek-V2/V3 models (built by the transformers backend)."""
+TARGET_GROUPS = {"attention": ("wq", "wk", "wv", "wo", *LATENT_ATTENTION), "mlp": ("w1", "w2", "w3")}
+"""A group adapts those of its layers a model has (one at least)."""
+TARGETS = ("wq", "wk", "wv", "wo", *TARGET_GROUPS["mlp"], "output", "experts", *LATENT_ATTENTION)
 """``experts``: the stacked projections of every MoE layer's routed experts (``titanium/peft/expert_lora.py``)."""
 _HF_NAMES = {
     "q_proj": "wq",
@@ -127,20 +130,31 @@ def has_lora(model: nn.Module) -> bool:
 
 
 def resolve_targets(names: list[str]) -> frozenset[str]:
-    """``[lora] target_modules`` (names and groups) -> the set of layer names; unknown names fail."""
+    """``[lora] target_modules`` (names, their Hugging Face names, and groups) -> the set of layer names (ours);
+    unknown names fail."""
     out: set[str] = set()
     for name in names:
         if name in TARGET_GROUPS:
             out.update(TARGET_GROUPS[name])
-        elif name in TARGETS:
-            out.add(name)
+        elif name in TARGETS or name in _HF_NAMES:
+            out.add(layer_role(name))
         else:
-            hint = f" (the Hugging Face name of {_HF_NAMES[name]!r})" if name in _HF_NAMES else ""
             raise LoRAConfigError(
-                f"--lora.target_modules: unknown layer {name!r}{hint}; valid: "
-                f"{', '.join(TARGETS)}, or the groups {', '.join(TARGET_GROUPS)}"
+                f"--lora.target_modules: unknown layer {name!r}; valid: {', '.join(TARGETS)} (or their Hugging Face "
+                f"names {', '.join(_HF_NAMES)}), or the groups {', '.join(TARGET_GROUPS)}"
             )
     return frozenset(out)
+
+
+def required_targets(names: list[str]) -> list[frozenset[str]]:
+    """What ``target_modules`` requires the model to have: each named layer, and one layer at least of each group."""
+    return [frozenset(TARGET_GROUPS[n]) if n in TARGET_GROUPS else frozenset({layer_role(n)}) for n in names]
+
+
+def layer_role(leaf: str) -> str:
+    """A layer's name (its last name component) as ``target_modules`` names it: ours (``wq``) for ours and for the
+    Hugging Face name of the same layer (``q_proj``: a model built by the transformers backend keeps HF's names)."""
+    return _HF_NAMES.get(leaf, leaf)
 
 
 def check_lora_config(cfg: LoRASection) -> None:
@@ -187,7 +201,7 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
     experts: list[tuple[str, GroupedExperts]] = []
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if leaf not in targets:
+        if layer_role(leaf) not in targets:
             continue
         if isinstance(module, LoRALinear) or (isinstance(module, GroupedExperts) and module.weight_update):
             raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")
@@ -212,7 +226,8 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
                 f"remove {leaf!r} from --lora.target_modules"
             )
         chosen.append((name, module))
-    missing = targets - {name.rsplit(".", 1)[-1] for name, _ in [*chosen, *experts]}
+    found = {layer_role(name.rsplit(".", 1)[-1]) for name, _ in [*chosen, *experts]}
+    missing = set().union(*(names for names in required_targets(cfg.target_modules) if not names & found))
     if missing:
         names = ", ".join(sorted(missing))
         what = "MoE experts" if missing == {"experts"} else "linear layer"

@@ -90,6 +90,14 @@ class DryRun:
     trained_models: int = 0
     """How many models the objective trains beside the policy (their forward runs in the policy's loss)."""
 
+    def described_model(self) -> str:
+        """The model as the job resolved it: its family (and flavor), or the backend (and its config.json)."""
+        if self.job is None:
+            return f"{self.cfg.model.name} {self.cfg.model.flavor}"
+        model, start = self.cfg.model, self.cfg.checkpoint
+        folder = start.initial_load_path if start.initial_load_in_hf else model.hf_config
+        return f"{self.job.spec.name} from {folder}" if folder else f"{self.job.spec.name} {model.flavor}"
+
     def estimate_memory(self) -> MemoryEstimate:
         assert self.job is not None
         gradients = self.trained_bytes // TRAINED_COPIES  # (alive part of the step: estimate_memory places them)
@@ -108,7 +116,7 @@ class DryRun:
         d = self.dims
         yield (
             f"world {d.world_size} = pp {d.pp} x dp_replicate {d.dp_replicate} x dp_shard {d.dp_shard} x "
-            f"cp {d.cp} x tp {d.tp}; model {self.cfg.model.name} {self.cfg.model.flavor}"
+            f"cp {d.cp} x tp {d.tp}; model {self.described_model()}"
             + (f"; compute dtype {dtype_name(self.job.plan.param_dtype)}" if self.job else "")
         )
         if d.ep > 1:

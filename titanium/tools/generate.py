@@ -37,8 +37,7 @@ from typing import Any, TextIO
 
 import torch
 
-from titanium.checkpoint.hf import read_hf_config
-from titanium.config.sections import DataSection, TokenizerSection
+from titanium.config.sections import DataSection, ModelSection, TokenizerSection
 from titanium.data.chat import (
     ChatTemplate,
     Message,
@@ -53,8 +52,8 @@ from titanium.data.tokenizer import Tokenizer, build_tokenizer
 from titanium.errors import UserError
 from titanium.generation.generate import check_room, generate
 from titanium.generation.sampling import SamplingParams
-from titanium.model_builder import ModelBuilder
-from titanium.models import get_model_spec, hf_family, list_models
+from titanium.model_builder import ModelBuilder, resolve_spec
+from titanium.models import list_models
 
 
 @dataclass(frozen=True)
@@ -66,15 +65,6 @@ class Conversation:
 
 
 Prompt = str | Conversation
-
-
-def model_name_of(folder: Path) -> str:
-    """The registered family whose HF adapter reads this folder's ``config.json`` ``model_type``."""
-    model_type = read_hf_config(folder).get("model_type")
-    name = hf_family(model_type)
-    if name is None:
-        raise UserError(f"{folder}/config.json: model_type {model_type!r} is not supported; pass --model")
-    return name
 
 
 def row_prompt(row: Any) -> Prompt:
@@ -164,10 +154,10 @@ def load(args: argparse.Namespace) -> Generator:
     except ValueError:
         raise UserError("--max-new-tokens must be >= 0, --temperature >= 0, --top-p in (0, 1], --top-k >= 0") from None
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model_name = args.model or model_name_of(args.folder)
+    spec, _ = resolve_spec(ModelSection(name=args.model or "auto"), args.folder)  # (the family, or the backend)
     tokenizer = _tokenizer(args)
-    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, model_name)
-    model = ModelBuilder(device).load_hf(get_model_spec(model_name), args.folder).model
+    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, spec.name)
+    model = ModelBuilder(device).load_hf(spec, args.folder).model
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     model = model.to(getattr(torch, dtype)).eval()
     rng = torch.Generator(device).manual_seed(args.seed)
@@ -257,7 +247,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--prompts-file", type=Path, help=".txt (one prompt per line) or .jsonl (TRL's prompt: text or messages)"
     )
-    p.add_argument("--model", choices=list_models(), help="model family (default: from config.json model_type)")
+    p.add_argument(
+        "--model",
+        choices=list_models(),
+        help="model family, or transformers (default: the family that reads config.json's model_type, else "
+        "the transformers backend)",
+    )
     p.add_argument("--tokenizer", type=Path, help="tokenizer.json or .tiktoken file (default: FOLDER/tokenizer.json)")
     p.add_argument(
         "--chat-template",

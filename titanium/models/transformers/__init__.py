@@ -1,0 +1,51 @@
+"""The transformers modeling backend: any Hugging Face causal LM that ``transformers`` knows, built from its
+``config.json`` and trained under titanium's parallelism, objectives and checkpoints; registers itself as
+``transformers``.
+
+- ``args.py``: the model's ``config.json`` and what titanium reads of it;
+- ``model.py``: ``TransformersModel``, the ``transformers`` model behind the shared decoder's interface;
+- ``attention.py``: titanium's attention registered with ``transformers`` (documents, windows, KV cache);
+- ``support.py``: which models run titanium's attention, which their own, and why; ``checks.py``: what a
+  job may not ask of them (the preflight checks);
+- ``plans.py`` / ``parallelize.py``: the config's tensor-parallel and pipeline plans, and their translation;
+- ``hf.py``: checkpoint names (Hugging Face's own, nearly unchanged).
+"""
+
+from __future__ import annotations
+
+from titanium.models import register_model
+from titanium.models.flops import count_params, decoder_flops_per_token
+from titanium.models.spec import ModelSpec
+from titanium.models.transformers.args import TransformersArgs
+from titanium.models.transformers.checks import backend_refusals
+from titanium.models.transformers.hf import TRANSFORMERS_HF_ADAPTER
+from titanium.models.transformers.model import TransformersModel
+from titanium.models.transformers.parallelize import apply_tensor_parallel
+
+BACKEND = "transformers"
+
+
+def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:
+    """Training FLOPs per token (``decoder_flops_per_token``), from the parameters of the model built on meta."""
+    import torch
+
+    with torch.device("meta"):
+        model = TransformersModel(args)
+    d = args.decoder_args()
+    params = count_params(model, exclude_embedding=True)
+    return decoder_flops_per_token(params, d.n_layers, d.n_heads, d.head_dim, seq_len)
+
+
+TRANSFORMERS_SPEC = register_model(
+    ModelSpec(
+        name=BACKEND,
+        model_cls=TransformersModel,
+        flavors={},
+        flops_per_token=transformers_flops_per_token,
+        tp_plan=apply_tensor_parallel,
+        hf_adapter=TRANSFORMERS_HF_ADAPTER,
+        refusals=backend_refusals,
+    )
+)
+
+__all__ = ["BACKEND", "TRANSFORMERS_SPEC", "TransformersArgs", "TransformersModel"]

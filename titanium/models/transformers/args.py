@@ -1,0 +1,135 @@
+"""The args of a model built by the transformers backend: its ``config.json``, and what titanium adds to it.
+
+A native family describes its shapes with a dataclass of its own; a backend model is whatever ``config.json``
+says, so its args carry that file's text and read the few numbers the rest of titanium needs (layers, vocabulary,
+tied embeddings, heads for the layout checks) from the ``transformers`` config class, which fills in the
+architecture's defaults. ``transformers`` is imported only when a config is first read (it is slow to import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Any
+
+from titanium.models.common.decoder import DecoderArgs
+
+
+class BackendConfigError(ValueError):
+    """A ``config.json`` the transformers backend cannot build (the checkpoint layer adds the file's name)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformersArgs:
+    """A Hugging Face causal language model as the transformers backend builds it."""
+
+    config_json: str
+    """The model's ``config.json``, as canonical JSON text (hashable, and its repr names the model exactly)."""
+    max_seq_len: int = 0
+    """The largest position titanium feeds it (training's ``seq_len``); 0: the config's
+    ``max_position_embeddings``."""
+    code_folder: str | None = None
+    """The folder whose own modeling code (``auto_map`` in ``config.json``) may run: set only with ``[model]
+    trust_remote_code``; None: only the code that ships with ``transformers`` runs."""
+    n_layers: int = 0
+    """Decoder layers: 0 means the config's ``num_hidden_layers``; fewer builds the model cut to its first
+    ``n_layers`` (the memory estimate traces such a model)."""
+
+    def __post_init__(self) -> None:
+        if not self.max_seq_len:
+            object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
+        if not self.n_layers:  # (the config class knows the field under its other names: GPT-2's n_layer)
+            layers = self.config.get("num_hidden_layers") or self.hf_config.num_hidden_layers
+            object.__setattr__(self, "n_layers", int(layers))
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:
+        return cls(config_json=json.dumps(dict(config), sort_keys=True), **fields)
+
+    @cached_property
+    def config(self) -> dict[str, Any]:
+        """``config.json`` as a dict."""
+        return json.loads(self.config_json)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type"))
+
+    @cached_property
+    def hf_config(self) -> Any:
+        """The ``transformers`` config object (``PreTrainedConfig``), the architecture's defaults filled in.
+        ``BackendConfigError`` for a ``model_type`` the installed ``transformers`` does not know (unless its own
+        code may run) or values the config class refuses."""
+        config = load_hf_config(self.config, self.code_folder)
+        if self.n_layers and self.n_layers != config.num_hidden_layers:
+            config.num_hidden_layers = self.n_layers
+            if isinstance(getattr(config, "layer_types", None), list):
+                config.layer_types = config.layer_types[: self.n_layers]
+        return config
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.hf_config.vocab_size)
+
+    @property
+    def tie_word_embeddings(self) -> bool:
+        return bool(getattr(self.hf_config, "tie_word_embeddings", False))
+
+    def decoder_args(self) -> DecoderArgs:
+        """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,
+        sliding windows against context parallelism), in the shared decoder's terms. Not an architecture: the
+        model is built from ``config.json`` by ``transformers``."""
+        c = self.hf_config
+        n_heads = int(c.num_attention_heads)
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
+        layer_types = list(getattr(c, "layer_types", None) or [])
+        window = getattr(c, "sliding_window", None)
+        if layer_types:
+            global_layers = tuple(i for i, kind in enumerate(layer_types) if kind != "sliding_attention")
+            window = window if len(global_layers) < len(layer_types) else None
+        else:
+            global_layers = ()
+        return DecoderArgs(
+            dim=int(c.hidden_size),
+            n_layers=self.n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(getattr(c, "num_key_value_heads", None) or n_heads),
+            head_dim=int(head_dim) + int(head_dim) % 2,  # (RoPE-free heads may be odd; the checks need no RoPE)
+            ffn_dim=int(getattr(c, "intermediate_size", None) or c.hidden_size),
+            vocab_size=self.vocab_size,
+            norm_eps=1e-6,
+            rope_theta=10000.0,
+            max_seq_len=self.max_seq_len,
+            tie_word_embeddings=self.tie_word_embeddings,
+            sliding_window=int(window) if window else None,
+            global_layers=global_layers,
+        )
+
+
+def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) -> Any:
+    """``config`` (a ``config.json`` dict) as its ``transformers`` config class; with ``code_folder``, a config
+    class of the folder's own code (``auto_map``) may be used."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    model_type = config.get("model_type")
+    values = {k: v for k, v in config.items() if k not in ("transformers_version",)}
+    if code_folder is not None and "auto_map" in config:
+        return AutoConfig.from_pretrained(code_folder, trust_remote_code=True)
+    if model_type not in CONFIG_MAPPING:
+        known = "auto_map" in config
+        raise BackendConfigError(
+            f"model_type {model_type!r} is not known to the installed transformers"
+            + (
+                "; config.json names modeling code of its own (auto_map): to run that code, set "
+                "--model.trust_remote_code (only for a folder whose code you trust)"
+                if known
+                else " (is it a newer architecture? a newer transformers may know it)"
+            )
+        )
+    try:
+        return CONFIG_MAPPING[model_type].from_dict(values)
+    except (TypeError, ValueError, KeyError) as e:
+        raise BackendConfigError(f"transformers refuses it: {e}") from None

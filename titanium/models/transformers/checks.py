@@ -1,0 +1,72 @@
+"""What a backend model cannot do of a job's use of it, said before any process group exists (``ModelSpec.refusals``).
+
+The layout needs the config's plans (``plans.py``); context and expert parallelism are not translated for backend
+models yet; and a model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and,
+where some of its layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart
+(its attention layers take titanium's document masks as explicit masks; a linear-attention layer would mix them).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from titanium.models.spec import ModelUse
+from titanium.models.transformers.args import TransformersArgs
+from titanium.models.transformers.hf import checkpoint_conversions
+from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
+
+
+def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
+    """Each thing of ``use`` the model of ``args`` cannot do, as a message naming the flag to change."""
+    from titanium.models.transformers.model import TransformersModel
+
+    config = args.hf_config
+    with torch.device("meta"):
+        model = TransformersModel(args)
+    problems = []
+    if use.tensor_parallel > 1:
+        flag = f"--parallelism.tensor_parallel_degree {use.tensor_parallel}"
+        problems += [f"{flag}: {p}" for p in tensor_parallel_problems(config, model)]
+    if use.pipeline_parallel > 1:
+        flag = f"--parallelism.pipeline_parallel_degree {use.pipeline_parallel}"
+        problems += [f"{flag}: {p}" for p in pipeline_problems(config)]
+    if use.context_parallel > 1:
+        problems.append(
+            f"--parallelism.context_parallel_degree {use.context_parallel}: context parallelism is not implemented for "
+            "the transformers backend yet"
+        )
+    if use.expert_parallel > 1:
+        problems.append(
+            f"--parallelism.expert_parallel_degree {use.expert_parallel}: the transformers backend runs the model's "
+            "own MoE blocks, which expert parallelism does not split yet"
+        )
+    conversions = checkpoint_conversions(config.model_type) if use.hf_checkpoint else []
+    if conversions:
+        problems.append(
+            f"its Hugging Face checkpoints hold tensors that transformers converts on loading ({', '.join(conversions)}"
+            ": per-expert weights it stacks in memory), which the backend does not convert yet; start from the "
+            "config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
+            "--checkpoint.last_save_in_hf)"
+        )
+    if use.score_head:
+        problems.append(
+            "--training.objective reward / ppo: a score head on a transformers backend model (its "
+            "*ForSequenceClassification) is not built yet; train reward and value models of a native family"
+        )
+    if use.split_decoding > 1:
+        problems.append(
+            f"--rollout.tensor_parallel_size {use.split_decoding}: titanium's engine splits the native families' "
+            "layers only; use 1 (a whole decoding copy per rank) or --rollout.engine vllm"
+        )
+    if model.fallback_reasons:
+        own = f"{config.model_type} runs its own attention ({'; '.join(model.fallback_reasons)})"
+        if use.kv_cache_decoding:
+            problems.append(
+                f"{own}, which titanium's sampler cannot decode with its KV cache: use --rollout.engine vllm (and "
+                "--eval.interval 0)"
+            )
+        if model.mixes_documents and (use.packing or use.shared_prompts):
+            flag = use.packing or "--dpo.share_prompt"
+            section, key = flag.removeprefix("--").split(".", 1)
+            problems.append(f"{flag}: {own}, whose layers would mix the samples of a row; set --{section}.no_{key}")
+    return problems

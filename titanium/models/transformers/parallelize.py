@@ -1,0 +1,135 @@
+"""A backend model's tensor-parallel plan: its config's ``base_model_tp_plan`` in torch's parallel styles.
+
+The plan's styles map onto torch's as ``transformers`` defines them: ``colwise`` splits a linear layer by output
+rows and leaves its output split (the heads or the MLP's hidden width per rank), ``rowwise`` splits it by input
+columns and all-reduces its output, ``colwise_gather_output`` / ``rowwise_split_input`` do the same with whole
+activations on both sides (OLMo 2 normalizes the whole query), and ``replicated_with_grad_allreduce`` (Qwen3's
+per-head q/k norms, which see only the rank's heads) keeps a norm's weight whole and sums its gradient over the
+ranks. The activations between those layers stay plain, whole tensors on every rank, so the model's own code
+(norms, residuals, RoPE, its multipliers) runs on them untouched: no sequence parallelism, which would need to
+know every operation on the residual stream.
+
+Around the plan, as for the native families: the embedding and the LM head are split by vocabulary (one DTensor
+when they are tied), with loss parallel the logits stay split by vocabulary into the loss, and the final norm's
+output is a replicated DTensor, so a loss that projects by itself (chunked cross-entropy) sums the hidden states'
+partial gradients over the ranks.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    ParallelStyle,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from titanium.config.loader import ConfigError
+from titanium.models.transformers.plans import tensor_parallel_problems, tp_plan
+
+LAYERS = "layers.*."
+
+
+def torch_style(style: str) -> ParallelStyle:
+    """The torch style of one ``transformers`` style name (``plans.TRANSLATED_STYLES``)."""
+    if style == "colwise":
+        return ColwiseParallel()
+    if style == "colwise_gather_output":
+        return ColwiseParallel(output_layouts=Replicate())
+    if style == "rowwise":
+        return RowwiseParallel()
+    if style in ("rowwise_split_input", "embedding_rowwise"):
+        return RowwiseParallel(input_layouts=Replicate())
+    if style == "replicated_with_grad_allreduce":
+        # The weight whole (Replicate) on every rank, the input declared split along its first dimension (never the
+        # normalized one): the norm computes locally, and autograd sums the weight's partial gradients.
+        return SequenceParallel(sequence_dim=0, use_local_output=True)
+    raise ValueError(f"no translation for tensor-parallel style {style!r}")
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
+    """Shard a ``TransformersModel`` (or a pipeline stage of one) over ``tp_mesh`` in place (module docstring)."""
+    config = model.args.hf_config
+    problems = tensor_parallel_problems(config, model)
+    if problems:
+        raise ConfigError(f"--parallelism.tensor_parallel_degree {tp_mesh.size()}: " + "; ".join(problems))
+    layer_plan = {
+        pattern.removeprefix(LAYERS): torch_style(style)
+        for pattern, style in tp_plan(config).items()
+        if pattern.startswith(LAYERS)
+    }
+    for layer in model.layers.values():
+        parallelize_module(layer, tp_mesh, layer_plan)
+    root_plan: dict[str, ParallelStyle] = {}
+    if model.tok_embeddings is not None:
+        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate())
+    if model.output is not None:
+        root_plan["output"] = ColwiseParallel(
+            input_layouts=Replicate(),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
+    if root_plan:
+        parallelize_module(model, tp_mesh, root_plan)
+    replicate_the_rest(model, tp_mesh)
+    # Tied embeddings: both sides are split by vocabulary rows (Shard(0)), so one DTensor serves both.
+    if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
+        model.output.weight = model.tok_embeddings.weight
+
+
+class ReplicatedParallel(ParallelStyle):
+    """A module every rank computes whole: its own parameters become replicated DTensors (so the optimizer sees one
+    kind of parameter, and clipping counts them once), its tensor inputs replicated DTensors, and its outputs plain
+    tensors again (``use_local_output``) or replicated DTensors. Each rank computes the whole gradient: nothing is
+    reduced."""
+
+    def __init__(self, *, use_local_output: bool = True) -> None:
+        super().__init__()
+        self.use_local_output = use_local_output
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        for name, param in list(module.named_parameters(recurse=False)):
+            replicated = DTensor.from_local(param, device_mesh, [Replicate()], run_check=False)
+            module.register_parameter(name, nn.Parameter(replicated, requires_grad=param.requires_grad))
+
+        def whole(value: object) -> object:
+            if isinstance(value, torch.Tensor) and not isinstance(value, DTensor):
+                return DTensor.from_local(value, device_mesh, [Replicate()], run_check=False)
+            return value
+
+        def local(value: object) -> object:
+            return value.to_local() if isinstance(value, DTensor) else value
+
+        def before(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            return tuple(whole(a) for a in args), {k: whole(v) for k, v in kwargs.items()}
+
+        def after(_: nn.Module, args: tuple, output: object) -> object:
+            if not self.use_local_output:
+                return output
+            return tuple(local(o) for o in output) if isinstance(output, tuple) else local(output)
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
+        module.register_forward_hook(after)
+        return module
+
+
+def replicate_the_rest(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Every module the plan left with plain parameters of its own (norms, scalars) computed whole on every rank
+    (``ReplicatedParallel``); the final norm's output stays a replicated DTensor (see the module docstring). A module
+    that also has children is refused: its forward would mix its replicated values with the children's plain ones."""
+    for name, module in model.named_modules():
+        own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
+        if not own:
+            continue
+        if next(module.children(), None) is not None:
+            raise ConfigError(
+                f"--parallelism.tensor_parallel_degree {tp_mesh.size()}: {name} ({type(module).__name__}) holds "
+                "parameters of its own beside its sublayers, which titanium's translation of the model's plan does "
+                "not split; use tensor_parallel_degree 1"
+            )
+        parallelize_module(module, tp_mesh, ReplicatedParallel(use_local_output=module is not model.norm))
