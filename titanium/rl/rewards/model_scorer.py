@@ -86,7 +86,7 @@ class RewardModelScorer:
                 f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
                 "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
             )
-        config, reader = read_hf_config(folder), None
+        config, reader = read_hf_config(folder, flag), None
         if tokenizer == "own":
             reader, own = _own_reader(folder, flag)
             pad_id, vocab_size = config.get("pad_token_id", own.pad_id), own.vocab_size
@@ -102,8 +102,8 @@ class RewardModelScorer:
         if family is None:
             raise ConfigError(f"{flag}: model_type {model_type!r} has no titanium family; supported: {list_models()}")
         spec = reward_spec(get_model_spec(family), pad_token_id=pad_id)
-        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=max_seq_len)
-        built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder))
+        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, option=flag, max_seq_len=max_seq_len)
+        built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder, option=flag))
         model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
         return cls(model, pad_id, batch_size, name=Path(folder).name, reader=reader)
 
