@@ -55,6 +55,7 @@ from titanium.generation.generate import check_room, generate
 from titanium.generation.sampling import SamplingParams
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, hf_family, list_models
+from titanium.tools import requested_device
 
 
 @dataclass(frozen=True)
@@ -70,10 +71,13 @@ Prompt = str | Conversation
 
 def model_name_of(folder: Path) -> str:
     """The registered family whose HF adapter reads this folder's ``config.json`` ``model_type``."""
-    model_type = read_hf_config(folder).get("model_type")
+    model_type = read_hf_config(folder, "FOLDER").get("model_type")
     name = hf_family(model_type)
     if name is None:
-        raise UserError(f"{folder}/config.json: model_type {model_type!r} is not supported; pass --model")
+        raise UserError(
+            f"FOLDER: {folder}/config.json: model_type {model_type!r} has no titanium family; pass --model (one of "
+            f"{', '.join(list_models())}) if the architecture is one of theirs"
+        )
     return name
 
 
@@ -163,11 +167,12 @@ def load(args: argparse.Namespace) -> Generator:
         params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
     except ValueError:
         raise UserError("--max-new-tokens must be >= 0, --temperature >= 0, --top-p in (0, 1], --top-k >= 0") from None
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = requested_device(args.device)
     model_name = args.model or model_name_of(args.folder)
     tokenizer = _tokenizer(args)
     template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, model_name)
-    model = ModelBuilder(device).load_hf(get_model_spec(model_name), args.folder).model
+    spec = get_model_spec(model_name)
+    model = ModelBuilder(device).load_hf(spec, args.folder, option="FOLDER", family_option="--model").model
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     model = model.to(getattr(torch, dtype)).eval()
     rng = torch.Generator(device).manual_seed(args.seed)
