@@ -1,10 +1,14 @@
 """The checks a job passes before any process group exists, and `python -m titanium.preflight`.
 
 ``titanium.train`` runs them first; ``run_train.sh`` runs them alone before torchrun starts its
-workers, so a bad config costs a second instead of a cluster start-up. Beyond the config's own
-validation: the layout against the world size, the model name and flavor, expert parallelism and [moe]
-against the flavor, the LoRA targets, the batch sizes, the optimizer-in-backward limits, and the checkpoint
-to start from.
+workers, so a bad config costs a second instead of a cluster start-up. Everything the config decides
+is checked here (tests/e2e/test_run_time_checks.py lists what is left for run time, and why): the config's own
+validation; the layout against the world size; the model's name, and its shape (the Hugging Face start
+folder's config.json, else the flavor) against the layout, expert parallelism and [moe]; the model built on the
+meta device with the converters the config turns on (LoRA targets, DoRA with QAT, quantization group sizes and
+filters); the batch sizes; the optimizer-in-backward limits; the checkpoint to start from (and a run that would
+evaluate weights it never loaded); and the objective's own checks (``Objective.check_config``: a KD teacher, PPO's
+reward and value models, reward functions and reward-model folders, the rollout engine's split and budget).
 """
 
 from __future__ import annotations
@@ -13,33 +17,60 @@ import os
 import sys
 from pathlib import Path
 
+import torch
+
+from titanium.checkpoint.hf import hf_model_args, require_hf_adapter
 from titanium.checkpoint.hub import check_push
 from titanium.config import ConfigError, JobConfig, load_config
+from titanium.config.components import OBJECTIVES
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
+from titanium.model_builder import ModelSource
+from titanium.model_setup import StartingWeights, job_converters
 from titanium.models import build_model_args, get_model_spec, list_models
+from titanium.models.converter import apply_converters
 from titanium.moe_balance import check_bias_reaches_hf, check_moe_config
+from titanium.objectives.base import JobFacts
 from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
 from titanium.peft.lora import check_lora_config
 
 
-def check_model_name(cfg: ModelSection) -> None:
-    """``--model.name`` and ``--model.flavor`` exist in the model registry."""
+def check_model_name(cfg: ModelSection, flavor_used: bool = True) -> None:
+    """``--model.name`` and (when the shape comes from it: ``flavor_used``) ``--model.flavor`` exist in the model
+    registry; a run that starts from a Hugging Face folder takes its shape from that folder's config.json."""
     if cfg.name not in list_models():
         raise ConfigError(f"--model.name {cfg.name!r} is not a known model; known models: {', '.join(list_models())}")
     flavors = get_model_spec(cfg.name).flavors
-    if cfg.flavor not in flavors:
+    if flavor_used and cfg.flavor not in flavors:
         raise ConfigError(
             f"--model.flavor {cfg.flavor!r} is not a flavor of {cfg.name}; valid flavors: {', '.join(flavors)}"
         )
 
 
-def check_moe(cfg: JobConfig, dims: ParallelDims) -> None:
-    """Expert parallelism and ``[moe]`` against the flavor's architecture (dense or how many experts)."""
-    spec = get_model_spec(cfg.model.name)
-    args = build_model_args(spec, cfg.model.flavor)
-    dims.check_experts(args.decoder_args().moe, model=f"{cfg.model.name} {cfg.model.flavor}")
+def start_model(cfg: JobConfig) -> tuple[ModelSource, str]:
+    """The policy as the job starts it, and how to name it: the shape of the Hugging Face start folder's config.json
+    (the flavor unused), else the flavor's (with the flavor's vocabulary: the tokenizer's replaces it at run time,
+    which changes no check made here)."""
+    ck, model, seq_len = cfg.checkpoint, cfg.model, cfg.training.seq_len
+    spec = get_model_spec(model.name)
+    require_hf_adapter(spec, ck)
+    if ck.initial_load_in_hf:
+        args = hf_model_args(
+            spec,
+            ck.initial_load_path,
+            option="--checkpoint.initial_load_path",
+            family_option="--model.name",
+            max_seq_len=seq_len,
+        )
+        return ModelSource(spec, args), f"{model.name} from {Path(ck.initial_load_path) / 'config.json'}"
+    return ModelSource(spec, build_model_args(spec, model.flavor, max_seq_len=seq_len)), f"{model.name} {model.flavor}"
+
+
+def check_moe(cfg: JobConfig, dims: ParallelDims, start: ModelSource, described: str) -> None:
+    """Expert parallelism and ``[moe]`` against the model's architecture (dense or how many experts)."""
+    spec, args = start.spec, start.args
+    dims.check_experts(args.decoder_args().moe, model=described)
     export = spec.hf_adapter if cfg.checkpoint.last_save_in_hf else None
     check_moe_config(cfg.moe, args, pipeline=dims.pp > 1, hf_export_adapter=export)
     if args.decoder_args().moe is not None and cfg.training.objective == "grpo" and cfg.rollout.engine == "vllm":
@@ -47,21 +78,57 @@ def check_moe(cfg: JobConfig, dims: ParallelDims) -> None:
         check_bias_reaches_hf(cfg.moe, spec.hf_adapter, reader=reader, fix="--rollout.engine titanium")
 
 
+def check_converters(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:
+    """The model built on the meta device (nothing allocated) with the converters the config turns on, as the
+    trainer builds it: LoRA's targets exist in this model (no ``experts`` in a dense one), DoRA meets no QAT layer,
+    QAT's group size divides the layers it quantizes and its filters match layers. The hardware a converter needs
+    is checked where the device is known (run time)."""
+    converters = job_converters(cfg, dims, None)
+    if not converters:
+        return
+    with torch.device("meta"):
+        model = start.spec.model_cls(start.args)
+    apply_converters(converters, model)
+
+
+def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:
+    """The objective's own checks (``Objective.check_config``) with its sections and what it may know of the job."""
+    name = cfg.training.objective
+    objective = OBJECTIVES.load(name)
+    section = OBJECTIVES.section(name)
+    more = {spec.name: getattr(cfg, spec.name) for spec in OBJECTIVES.more_sections(name)}
+    job = JobFacts(
+        start=start,
+        seq_len=cfg.training.seq_len,
+        local_batch_size=cfg.training.local_batch_size,
+        world_size=dims.world_size,
+        pipeline_microbatch_size=cfg.parallelism.pipeline_parallel_microbatch_size if dims.pp > 1 else None,
+        device_type="cuda" if torch.cuda.is_available() else "cpu",  # (as init_distributed picks it)
+    )
+    objective.check_config(getattr(cfg, section.name) if section is not None else None, job, **more)
+
+
 def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     """Everything about ``cfg`` that can be checked without a process group; returns the layout."""
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
-    check_model_name(cfg.model)
-    check_moe(cfg, dims)
+    ck = cfg.checkpoint
+    check_model_name(cfg.model, flavor_used=not ck.initial_load_in_hf)
+    start, described = start_model(cfg)
+    dims.check_model(start.args.decoder_args(), model=described, seq_len=cfg.training.seq_len)
+    check_moe(cfg, dims, start, described)
     check_lora_config(cfg.lora)
+    check_converters(cfg, dims, start)
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
-    ck = cfg.checkpoint
     if ck.push_to_hub:
         check_push(ck.push_to_hub, "--checkpoint.push_to_hub")
     if ck.initial_load_path and not ck.initial_load_in_hf:
         from titanium.checkpoint.manager import check_checkpoint  # (imports DCP: only when there is one to check)
 
         check_checkpoint(Path(ck.initial_load_path), "--checkpoint.initial_load_path")
+    if cfg.training.steps == 0:
+        StartingWeights(ck, cfg.job.dump_folder).check_evaluate_only(cfg.training)
+    check_objective(cfg, dims, start)
     return dims
 
 

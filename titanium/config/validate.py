@@ -39,7 +39,26 @@ def looks_local(path: str) -> bool:
     )
 
 
+OBJECTIVE_DATA = {
+    "dpo": (("preference",), "needs preference pairs: --data.kind preference"),
+    "reward": (("preference",), "needs preference pairs: --data.kind preference"),
+    "kto": (("unpaired",), "needs completions labelled true/false: --data.kind unpaired"),
+    "grpo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+    "ppo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+}
+"""What each objective reads: ([data] kinds, what it needs)."""
+
+
+def _validate_objective_data(cfg: JobConfig) -> Iterator[str]:
+    """The data the chosen objective reads, named before any other problem of the pair: the user picked the
+    objective, so the data kind is what to fix (not the objective a data kind would suit)."""
+    objective, kind = cfg.training.objective, cfg.data.kind
+    if objective in OBJECTIVE_DATA and kind not in OBJECTIVE_DATA[objective][0]:
+        yield f"--training.objective {objective} {OBJECTIVE_DATA[objective][1]}, not {kind}"
+
+
 def validate(cfg: JobConfig) -> Iterator[str]:
+    yield from _validate_objective_data(cfg)
     t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
     if t.steps < 0:
         yield f"--training.steps must be >= 0 (0: evaluate only, no training), got {t.steps}"
@@ -244,8 +263,6 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     objective = cfg.training.objective
     if cfg.data.kind == "preference" and objective not in (*PREFERENCE_OBJECTIVES, "kto"):  # (kto: its own message)
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
-    if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
-        yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
@@ -467,8 +484,6 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
     and no fault tolerance with dynamic sampling."""
     g, t = cfg.grpo, cfg.training
-    if cfg.data.kind not in ("chat", "instruct", "text"):
-        yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if t.local_batch_size % g.group_size:
         yield (
             f"--training.local_batch_size {t.local_batch_size} (responses per microbatch) must be a multiple of "

@@ -32,8 +32,6 @@ def validate_kd(cfg: Any) -> Iterator[str]:
 
 def validate_kto(cfg: Any) -> Iterator[str]:
     kto, objective = cfg.kto, cfg.training.objective
-    if objective == "kto" and cfg.data.kind != "unpaired":
-        yield "--training.objective kto needs completions labelled true/false: --data.kind unpaired"
     if cfg.data.kind == "unpaired" and objective != "kto":
         yield f"--data.kind unpaired (labelled completions) needs --training.objective kto, not {objective}"
     if kto.beta <= 0:
@@ -103,8 +101,6 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
     for key in ("reward_model_path", "value_model_path"):
         if getattr(ppo, key):
             yield from _scalar_head_folder(key, getattr(ppo, key))
-    if cfg.data.kind not in ("chat", "instruct", "text"):
-        yield f"--training.objective ppo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if ppo.max_prompt_len + ppo.max_new_tokens > t.seq_len:
         yield (
             f"--ppo.max_prompt_len {ppo.max_prompt_len} + --ppo.max_new_tokens {ppo.max_new_tokens} must fit in "

@@ -31,6 +31,7 @@ prompt plus its answer.
 from __future__ import annotations
 
 import gc
+import importlib.util
 import json
 import os
 import shutil
@@ -107,6 +108,45 @@ def launcher_environment(cfg: RolloutSection, device_type: str) -> None:
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.cpu_kv_cache_gib:g}"
 
 
+def check_vllm(
+    cfg: RolloutSection, spec: ModelSpec, args: Any, *, max_model_len: int, world_size: int, device_type: str
+) -> None:
+    """What ``--rollout.engine vllm`` cannot do with this job, decided before any process starts (titanium.preflight):
+    vLLM missing, a family without Hugging Face names, a split that does not divide the processes, a batch budget
+    smaller than a prompt and its answer (``max_model_len``), server mode on a GPU, a head size vLLM's CPU attention
+    lacks."""
+    if importlib.util.find_spec("vllm") is None:
+        raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
+    if spec.hf_adapter is None:
+        raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
+    check_batch_budget(cfg, max_model_len)
+    size = cfg.tensor_parallel_size
+    if cfg.mode == "colocated" and world_size % size:
+        raise ConfigError(
+            f"--rollout.tensor_parallel_size {size} shares each vLLM engine between {size} consecutive training "
+            f"processes: that must divide their number ({world_size}; launch a multiple of {size} processes, or set "
+            f"it to a divisor of {world_size})"
+        )
+    if cfg.mode == "server" and device_type != "cpu":
+        raise ConfigError(
+            f"--rollout.mode server runs on CPU only so far (weights go through shared memory; the NCCL path for "
+            f"{device_type} is not built): use --rollout.mode colocated"
+        )
+    if device_type == "cpu":
+        check_cpu_head_dim(args.head_dim)
+
+
+def check_batch_budget(cfg: RolloutSection, max_model_len: int) -> None:
+    """``max_num_batched_tokens`` must hold a whole prompt and its answer: prompts are never split (seeded sampling
+    needs that)."""
+    if cfg.max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"--rollout.max_num_batched_tokens {cfg.max_num_batched_tokens} must hold a whole prompt and its answer "
+            f"(max_prompt_len + max_new_tokens = {max_model_len} tokens; prompts are never split, seeded sampling "
+            f"needs that): set it to at least {max_model_len}"
+        )
+
+
 def check_cpu_head_dim(head_dim: int) -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
@@ -140,11 +180,7 @@ class VLLMEngine(RolloutEngine):
             raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
         if device_type == "cpu":
             check_cpu_head_dim(args.head_dim)
-        if cfg.max_num_batched_tokens < max_model_len:
-            raise ConfigError(
-                f"--rollout.max_num_batched_tokens {cfg.max_num_batched_tokens} must hold a whole prompt and its "
-                f"answer ({max_model_len} tokens): prompts are never split (seeded sampling needs that)"
-            )
+        check_batch_budget(cfg, max_model_len)
         self.adapter, self.args, self.stop_ids, self.pad_id = spec.hf_adapter, args, sorted(stop_ids), pad_id
         self.group = engine_group(
             cfg.tensor_parallel_size, f"--rollout.tensor_parallel_size {cfg.tensor_parallel_size}"

@@ -41,6 +41,24 @@ IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
 
 
+@dataclass(frozen=True)
+class JobFacts:
+    """What an objective's pre-flight check (``Objective.check_config``) may know of the job besides its own
+    sections, before any process group exists."""
+
+    start: ModelSource
+    """The policy as it starts: its family and shape (the Hugging Face start folder's, or the flavor's with the
+    flavor's vocabulary: the tokenizer is not read yet)."""
+    seq_len: int
+    local_batch_size: int
+    world_size: int
+    """The job's processes."""
+    pipeline_microbatch_size: int | None
+    """Rows per pipeline microbatch; None without pipeline parallelism."""
+    device_type: str
+    """Where the job computes: cuda where torch sees a GPU, else cpu."""
+
+
 @dataclass
 class ModelOutput:
     """What the loss sees of the forward pass.
@@ -214,19 +232,35 @@ class Objective(ABC):
         return spec
 
     @classmethod
-    def frozen_sources(cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+    def frozen_sources(
+        cls, section: Any, start: ModelSource, vocab_size: int | None, seq_len: int
+    ) -> list[ModelSource]:
         """The frozen models an instance configured by ``section`` (its config section) will ask ``ctx.models``
         for: ``start`` (the policy as it started) for a reference, another source for a teacher. Known without
-        data, before the objective exists: the dry run adds their parameters to its memory estimate. None by
-        default."""
+        data, before the objective exists: the dry run adds their parameters to its memory estimate, the pre-flight
+        check resolves them (``vocab_size`` None: the tokenizer's is not known yet, so vocabularies are not
+        compared). None by default."""
         return []
 
     @classmethod
-    def trainable_sources(cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+    def trainable_sources(
+        cls, section: Any, start: ModelSource, vocab_size: int | None, seq_len: int
+    ) -> list[ModelSource]:
         """The models an instance trains beside the policy with its own AdamW (``ctx.models.trainable``: PPO's
         value model), as ``frozen_sources``: the dry run adds their parameters, gradients and AdamW states to its
         memory estimate. None by default."""
         return []
+
+    @classmethod
+    def check_config(cls, section: Any, job: JobFacts, **more_sections: Any) -> None:
+        """Raise ``ConfigError`` (a ``UserError``) for what an instance configured by ``section`` and its further
+        sections (by name: GRPO's ``rollout``) cannot run with, as far as the config decides it: run by
+        ``titanium.preflight`` before any process group exists, so a mistake costs a second, not a start-up. By
+        default: the models it would build from folders (``frozen_sources``, ``trainable_sources``) resolve (the
+        folders exist and hold a model of the right family and shape). Beyond it, what needs data or the built
+        model is checked when the objective is built."""
+        cls.frozen_sources(section, job.start, None, job.seq_len)
+        cls.trainable_sources(section, job.start, None, job.seq_len)
 
     @abstractmethod
     def next_microbatch(self) -> Batch:

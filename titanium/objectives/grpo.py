@@ -33,12 +33,13 @@ from titanium.config.sections import DataSection, GRPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.background import GenerationWorker
-from titanium.generation.engine import SyncStats, build_engine
+from titanium.generation.engine import SyncStats, build_engine, check_engine
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
 from titanium.objectives.base import (
     FrozenModel,
+    JobFacts,
     LossResult,
     Metrics,
     ModelOutput,
@@ -52,7 +53,7 @@ from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model
+from titanium.rl.rewards.functions import Rewards, RewardSet, check_rewards, exact_match, names_reward_model
 from titanium.rl.rewards.scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 from titanium.rl.rollout import (
     ResponseTargets,
@@ -116,7 +117,7 @@ def rollout_seed(seed: int, dp_rank: int, index: int) -> int:
 
 
 def sharded_reward_models(
-    cfg: GRPOSection, policy: Any, pad_id: int | None, vocab_size: int, seq_len: int
+    cfg: GRPOSection, policy: Any, pad_id: int | None, vocab_size: int | None, seq_len: int
 ) -> dict[str, ModelSource]:
     """``--grpo.rewards`` folder -> its reward model's source, for ``reward_model_layout = "sharded"`` (built under
     the training's plan; ``policy``: the policy's source or handle, whose family it must be); none otherwise."""
@@ -128,6 +129,17 @@ def sharded_reward_models(
     return {
         name: scalar_head_source(policy.spec, name, "--grpo.rewards", pad_id, vocab_size, seq_len) for name in folders
     }
+
+
+def check_pipeline_rows(cfg: GRPOSection, local_batch_size: int, pipeline_microbatch_size: int | None) -> None:
+    """bnpo averages each microbatch's token mean: a pipeline microbatch (``pipeline_microbatch_size`` rows; None
+    without pipeline parallelism) must not split it."""
+    if cfg.loss_type == "bnpo" and pipeline_microbatch_size is not None and pipeline_microbatch_size < local_batch_size:
+        raise ConfigError(
+            "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
+            f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
+            f"{local_batch_size} or use another loss_type (dapo weighs every token the same)"
+        )
 
 
 def batch_reward_std(rewards: torch.Tensor, device: torch.device, ranks_per_row: int) -> float:
@@ -249,10 +261,24 @@ class GRPOObjective(Objective):
 
     @classmethod
     def frozen_sources(
-        cls, section: GRPOSection, start: ModelSource, vocab_size: int, seq_len: int
+        cls, section: GRPOSection, start: ModelSource, vocab_size: int | None, seq_len: int
     ) -> list[ModelSource]:
         reference = [start] if section.beta > 0 else []  # (the reference of the KL term)
         return [*reference, *sharded_reward_models(section, start, None, vocab_size, seq_len).values()]
+
+    @classmethod
+    def check_config(
+        cls, section: GRPOSection, job: JobFacts, rollout: RolloutSection | None = None, **more: Any
+    ) -> None:
+        """Beyond the models it builds from folders: its rewards resolve, a pipeline microbatch keeps what the loss
+        averages over, and the ``[rollout]`` engine can serve this policy in this job."""
+        super().check_config(section, job)
+        check_rewards(section.rewards, ("overlong",), section.reward_model_tokenizer)
+        check_pipeline_rows(section, job.local_batch_size, job.pipeline_microbatch_size)
+        max_model_len = section.max_prompt_len + section.max_new_tokens
+        start, world, device = job.start, job.world_size, job.device_type
+        engine = rollout or RolloutSection()
+        check_engine(engine, start.spec, start.args, max_model_len=max_model_len, world_size=world, device_type=device)
 
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: GRPOSection, rollout: RolloutSection | None = None
@@ -596,16 +622,7 @@ class GRPOObjective(Objective):
         return LossResult(loss_sum, metrics)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        if (
-            self.cfg.loss_type == "bnpo"
-            and pipeline_microbatch_size is not None
-            and pipeline_microbatch_size < self.local_batch_size
-        ):
-            raise ConfigError(
-                "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
-                f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
-                f"{self.local_batch_size} or use another loss_type (dapo weighs every token the same)"
-            )
+        check_pipeline_rows(self.cfg, self.local_batch_size, pipeline_microbatch_size)
 
     # ----- log and checkpoint -----
 

@@ -49,13 +49,21 @@ from titanium.checkpoint.states import ModelState, OptimizerState
 from titanium.config.sections import DataSection, PPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.prompts import PromptDataset, PromptSample
-from titanium.generation.engine import build_engine
+from titanium.generation.engine import build_engine, check_engine
 from titanium.generation.generate import Generation
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
 from titanium.models.reward import reward_spec
-from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import (
+    JobFacts,
+    LossResult,
+    Metrics,
+    ModelOutput,
+    Objective,
+    ObjectiveContext,
+    Prepared,
+)
 from titanium.objectives.grpo import GENERATION_TENSORS, masked_entropy_sum, rollout_seed
 from titanium.objectives.losses.ppo import (
     ValueSums,
@@ -68,7 +76,7 @@ from titanium.objectives.losses.ppo import (
 from titanium.parallel.grad_norm import clip_grad_norm
 from titanium.rl.buffer import RolloutBatch
 from titanium.rl.completions import CompletionsLog
-from titanium.rl.rewards.functions import RewardSet, exact_match
+from titanium.rl.rewards.functions import RewardSet, check_rewards, exact_match
 from titanium.rl.rewards.scores import (
     ScoreFields,
     placed_chunks,
@@ -129,7 +137,7 @@ skipped or stale sync shows as 0.1-1) (means over the step's responses)."""
 TOKEN_METRICS = ("ppo/policy_loss", "ppo/value_loss", "ppo/clip_frac", "ppo/value_clip_frac", "ppo/approx_kl")
 
 
-def value_source(cfg: PPOSection, policy: Any, pad_id: int | None, vocab_size: int, seq_len: int) -> ModelSource:
+def value_source(cfg: PPOSection, policy: Any, pad_id: int | None, vocab_size: int | None, seq_len: int) -> ModelSource:
     """Where the value model starts: ``value_model_path``, else the reward model, else seeded (the policy's shape)."""
     folder, key = (
         (cfg.value_model_path, "value_model_path")
@@ -154,7 +162,7 @@ class PPOObjective(Objective):
 
     @classmethod
     def frozen_sources(
-        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
+        cls, section: PPOSection, start: ModelSource, vocab_size: int | None, seq_len: int
     ) -> list[ModelSource]:
         """The reference (with ``kl_coef > 0``) and the reward model (the value model trains: ``trainable_sources``)."""
         reference = [start] if section.kl_coef > 0 else []
@@ -165,10 +173,23 @@ class PPOObjective(Objective):
 
     @classmethod
     def trainable_sources(
-        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int
+        cls, section: PPOSection, start: ModelSource, vocab_size: int | None, seq_len: int
     ) -> list[ModelSource]:
         """The value model (trained beside the policy, with its own AdamW)."""
         return [value_source(section, start, None, vocab_size, seq_len)]
+
+    @classmethod
+    def check_config(
+        cls, section: PPOSection, job: JobFacts, rollout: RolloutSection | None = None, **more: Any
+    ) -> None:
+        """Beyond the reward and value models it builds from folders: its rule rewards resolve and the ``[rollout]``
+        engine can serve this policy in this job."""
+        super().check_config(section, job)
+        check_rewards(section.rewards)
+        max_model_len = section.max_prompt_len + section.max_new_tokens
+        start, world, device = job.start, job.world_size, job.device_type
+        engine = rollout or RolloutSection()
+        check_engine(engine, start.spec, start.args, max_model_len=max_model_len, world_size=world, device_type=device)
 
     def __init__(
         self, ctx: ObjectiveContext, data: DataSection, cfg: PPOSection, rollout: RolloutSection | None = None
