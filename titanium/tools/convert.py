@@ -111,11 +111,15 @@ def dcp_to_hf(
     state = net.state_dict()
     wanted = {k: v for k, v in state.items() if k in shapes}
     missing = sorted(set(state) - set(shapes) - ({spec.hf_adapter.output_key} if args.tie_word_embeddings else set()))
+    unexpected = sorted(set(shapes) - set(state))  # (dropped silently otherwise)
     wrong = [f"{k} {list(shapes[k])} != {list(v.shape)}" for k, v in wanted.items() if tuple(v.shape) != shapes[k]]
-    if missing or wrong:
+    if missing or unexpected or wrong:
+        problems = [f"missing {', '.join(missing[:8])}" if missing else "", *wrong[:8]]
+        problems.append(f"tensors the model has no place for: {', '.join(unexpected[:8])}" if unexpected else "")
         raise UserError(
-            f"{checkpoint} does not hold a {model} model of this architecture: "
-            + "; ".join(filter(None, [f"missing {', '.join(missing[:8])}" if missing else "", *wrong[:8]]))
+            f"CHECKPOINT {checkpoint} does not hold a {model} model of this architecture: "
+            + "; ".join(filter(None, problems))
+            + " (check --model and --flavor or --source)"
         )
     dcp.load({MODEL_KEY: wanted}, checkpoint_id=str(checkpoint), no_dist=True)
     if args.tie_word_embeddings:

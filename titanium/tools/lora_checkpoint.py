@@ -75,6 +75,10 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
     built = builder.build(spec, args, converters=converters, weights=WeightSource(hf_folder=start.hf_folder))
     if start.dcp_folder is not None:  # a titanium base: its frozen part, as the trainer's checkpoint manager reads it
         load_model_weights(Path(start.dcp_folder), built.model, "--checkpoint.initial_load_path", part="base")
-    load_model_weights(checkpoint, built.model, "checkpoint", part="trainable")
+    fix = (
+        f"the run config that builds the model ({run_config_path(checkpoint, config)}) must be the one of the run that "
+        "wrote it: its [lora] rank, target_modules and use_dora give the adapters (pass that run's --config)"
+    )
+    load_model_weights(checkpoint, built.model, "CHECKPOINT", part="trainable", fix=fix)
     built.model.eval()
     return LoRARun(cfg, built)
