@@ -112,11 +112,9 @@ def check_vllm(
     cfg: RolloutSection, spec: ModelSpec, args: Any, *, max_model_len: int, world_size: int, device_type: str
 ) -> None:
     """What ``--rollout.engine vllm`` cannot do with this job, decided before any process starts (titanium.preflight):
-    vLLM missing, a family without Hugging Face names, a split that does not divide the processes, a batch budget
-    smaller than a prompt and its answer (``max_model_len``), server mode on a GPU, a head size vLLM's CPU attention
+    a family without Hugging Face names, a batch budget smaller than a prompt and its answer (``max_model_len``), a
+    split that does not divide the processes, server mode on a GPU, vLLM missing, a head size vLLM's CPU attention
     lacks."""
-    if importlib.util.find_spec("vllm") is None:
-        raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
     if spec.hf_adapter is None:
         raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
     check_batch_budget(cfg, max_model_len)
@@ -132,6 +130,8 @@ def check_vllm(
             f"--rollout.mode server runs on CPU only so far (weights go through shared memory; the NCCL path for "
             f"{device_type} is not built): use --rollout.mode colocated"
         )
+    if importlib.util.find_spec("vllm") is None:  # (after the config's own mistakes, named wherever vLLM is missing)
+        raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
     if device_type == "cpu":
         check_cpu_head_dim(args.head_dim)
 
