@@ -33,6 +33,7 @@ from titanium.moe_balance import check_bias_reaches_hf, check_moe_config
 from titanium.objectives.base import JobFacts
 from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
+from titanium.peft.export import check_adapter_export
 from titanium.peft.lora import check_lora_config
 
 
@@ -81,14 +82,17 @@ def check_moe(cfg: JobConfig, dims: ParallelDims, start: ModelSource, described:
 def check_converters(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:
     """The model built on the meta device (nothing allocated) with the converters the config turns on, as the
     trainer builds it: LoRA's targets exist in this model (no ``experts`` in a dense one), DoRA meets no QAT layer,
-    QAT's group size divides the layers it quantizes and its filters match layers. The hardware a converter needs
-    is checked where the device is known (run time)."""
+    QAT's group size divides the layers it quantizes and its filters match layers, and the LoRA adapter the run's
+    end exports (``[lora] save_adapter``) is one PEFT loads. The hardware a converter needs is checked where the
+    device is known (run time)."""
     converters = job_converters(cfg, dims, None)
     if not converters:
         return
     with torch.device("meta"):
         model = start.spec.model_cls(start.args)
     apply_converters(converters, model)
+    if cfg.lora.rank > 0 and cfg.lora.save_adapter and start.spec.hf_adapter is not None:
+        check_adapter_export(model, start.spec.hf_adapter, cfg.lora)
 
 
 def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:

@@ -118,6 +118,13 @@ CASES = [
         "--lora.target_modules: 'output' shares its weight with another layer (tied embeddings)",
     ),
     Case(
+        "lora_adapter_that_peft_would_load_onto_the_experts",
+        (*DEBUG, "--model.name", "qwen3_moe", *hf_start("{qwen3_moe_dense_layer}"), "--lora.rank", "4")
+        + ("--lora.target_modules", "attention", "mlp"),
+        "cannot export the LoRA adapters of the dense MLP layers (down_proj, gate_proj, up_proj) of this qwen3_moe "
+        "model in PEFT layout",
+    ),
+    Case(
         "qat_group_size_does_not_divide",
         (*DEBUG, "--qat.enable", "--qat.group_size", "48"),
         "--qat.group_size 48 does not divide the 256 inputs of layers.0.attention.wq",
@@ -372,6 +379,8 @@ def make_folders(root: Path) -> dict[str, str]:
         spec = get_model_spec(family)
         config = spec.hf_adapter.to_hf_config(spec.flavors["debugmodel_moe" if family == "qwen3_moe" else "debugmodel"])
         folders[f"{family}_bad"] = _config_folder(root / f"{family}_bad", {**config, **change})
+    moe = {**json.loads(Path(folders["qwen3_moe"], "config.json").read_text()), "mlp_only_layers": [0]}
+    folders["qwen3_moe_dense_layer"] = _config_folder(root / "qwen3_moe_dense_layer", moe)
     folders["bert"] = _config_folder(root / "bert", {"model_type": "bert", "architectures": ["BertModel"]})
     spec = get_model_spec("llama3")
     args = spec.flavors["debugmodel"]
@@ -422,3 +431,14 @@ def test_bad_input_is_one_message_and_exit_2(results, case: Case):
     assert result["code"] == 2, err
     assert "Traceback" not in err and len(lines) == 1 and lines[0].startswith(prefix), err
     assert message in lines[0], err
+
+
+def test_a_moe_run_from_a_hf_folder_keeps_the_default_flavor(tmp_path):
+    """The shape comes from config.json, so debug_model.toml's flavor (debugmodel, which Qwen3-MoE does not have) is
+    not refused: the check is the folder's shape against the layout (the experts, here: 8 over EP 2)."""
+    from titanium.config import load_config
+    from titanium.preflight import check_job
+
+    folder = make_folders(tmp_path)["qwen3_moe"]
+    argv = [*DEBUG, "--model.name", "qwen3_moe", *hf_start(folder), "--parallelism.expert_parallel_degree", "2"]
+    assert check_job(load_config(argv), 2).ep == 2
