@@ -1,14 +1,14 @@
 """The checks a job passes before any process group exists, and `python -m titanium.preflight`.
 
-``titanium.train`` runs them first; ``run_train.sh`` runs them alone before torchrun starts its
-workers, so a bad config costs a second instead of a cluster start-up. Everything the config decides
-is checked here (tests/e2e/test_run_time_checks.py lists what is left for run time, and why): the config's own
-validation; the layout against the world size; the model's name, and its shape (the Hugging Face start
-folder's config.json, else the flavor) against the layout, expert parallelism and [moe]; the model built on the
-meta device with the converters the config turns on (LoRA targets, DoRA with QAT, quantization group sizes and
-filters); the batch sizes; the optimizer-in-backward limits; the checkpoint to start from (and a run that would
-evaluate weights it never loaded); and the objective's own checks (``Objective.check_config``: a KD teacher, PPO's
-reward and value models, reward functions and reward-model folders, the rollout engine's split and budget).
+``titanium.train`` runs them first; ``run_train.sh`` runs them alone before torchrun starts its workers, so a bad
+config costs a second instead of a cluster start-up. Everything the config decides is checked here
+(tests/unit/test_run_time_checks.py lists what is left for run time, and why): the config's own validation; the
+layout against the world size; the model's name, and its shape (the Hugging Face start folder's config.json, else
+the flavor) against the layout, expert parallelism and [moe]; the model built on the meta device with its pipeline
+split and the converters the config turns on (LoRA targets, DoRA with QAT, quantization group sizes and filters,
+the PEFT export); the batch sizes; the optimizer-in-backward limits; the checkpoint to start from (and a run that
+would evaluate weights it never loaded); and the objective's own checks (``Objective.check_config``: a KD teacher,
+PPO's reward and value models, reward functions and reward-model folders, the rollout engine's split and budget).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from titanium.moe_balance import check_bias_reaches_hf, check_moe_config
 from titanium.objectives.base import JobFacts
 from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
+from titanium.parallel.pipeline import check_pipeline
 from titanium.peft.export import check_adapter_export
 from titanium.peft.lora import check_lora_config
 
@@ -79,17 +80,19 @@ def check_moe(cfg: JobConfig, dims: ParallelDims, start: ModelSource, described:
         check_bias_reaches_hf(cfg.moe, spec.hf_adapter, reader=reader, fix="--rollout.engine titanium")
 
 
-def check_converters(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:
-    """The model built on the meta device (nothing allocated) with the converters the config turns on, as the
-    trainer builds it: LoRA's targets exist in this model (no ``experts`` in a dense one), DoRA meets no QAT layer,
-    QAT's group size divides the layers it quantizes and its filters match layers, and the LoRA adapter the run's
-    end exports (``[lora] save_adapter``) is one PEFT loads. The hardware a converter needs is checked where the
-    device is known (run time)."""
+def check_model_build(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:
+    """The model built on the meta device (nothing allocated) as the trainer builds it: its pipeline split (stages
+    against the schedule, tied embeddings, microbatches) and the converters the config turns on: LoRA's targets
+    exist in this model (no ``experts`` in a dense one), DoRA meets no QAT layer, QAT's group size divides the layers
+    it quantizes and its filters match layers, and the LoRA adapter the run's end exports (``[lora] save_adapter``)
+    is one PEFT loads. The hardware a converter needs is checked where the device is known (run time)."""
     converters = job_converters(cfg, dims, None)
-    if not converters:
+    if not converters and dims.pp == 1:
         return
     with torch.device("meta"):
         model = start.spec.model_cls(start.args)
+    if dims.pp > 1:
+        check_pipeline(model, dims.pp, cfg.parallelism, cfg.training.local_batch_size)
     apply_converters(converters, model)
     if cfg.lora.rank > 0 and cfg.lora.save_adapter and start.spec.hf_adapter is not None:
         check_adapter_export(model, start.spec.hf_adapter, cfg.lora)
@@ -121,7 +124,7 @@ def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     dims.check_model(start.args.decoder_args(), model=described, seq_len=cfg.training.seq_len)
     check_moe(cfg, dims, start, described)
     check_lora_config(cfg.lora)
-    check_converters(cfg, dims, start)
+    check_model_build(cfg, dims, start)
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     if ck.push_to_hub:

@@ -125,6 +125,19 @@ CASES = [
         "model in PEFT layout",
     ),
     Case(
+        "pipeline_split_point_past_the_last_block",
+        (*DEBUG, "--parallelism.pipeline_parallel_degree", "2", "--parallelism.pipeline_parallel_split_points")
+        + ("layers.9",),
+        "--parallelism.pipeline_parallel_split_points: 'layers.9' is not a block; valid: layers.1 .. layers.5",
+        world=2,
+    ),
+    Case(
+        "pipeline_with_tied_embeddings_from_a_hf_folder",
+        (*DEBUG, "--model.name", "qwen3", *hf_start("{qwen3}"), "--parallelism.pipeline_parallel_degree", "2"),
+        "--parallelism.pipeline_parallel_degree > 1 with tied embeddings",
+        world=2,
+    ),
+    Case(
         "qat_group_size_does_not_divide",
         (*DEBUG, "--qat.enable", "--qat.group_size", "48"),
         "--qat.group_size 48 does not divide the 256 inputs of layers.0.attention.wq",
