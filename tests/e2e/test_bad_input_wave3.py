@@ -167,6 +167,13 @@ CASES = [
         "max_new_tokens = 64 tokens",
     ),
     Case(
+        "vllm_cpu_kv_cache_of_a_fraction_of_a_gib",
+        (*GRPO, "--rollout.engine", "vllm", "--rollout.cpu_kv_cache_gib", "0.5"),
+        "--rollout.cpu_kv_cache_gib 0.5: vLLM on CPU takes its KV cache size in whole GiB (VLLM_CPU_KVCACHE_SPACE); "
+        "use 1",
+        needs_no_cuda=True,
+    ),
+    Case(
         "grpo_bnpo_split_by_pipeline_microbatches",
         (*GRPO, "--eval.interval", "0", "--parallelism.pipeline_parallel_degree", "2")
         + ("--grpo.loss_type", "bnpo", "--parallelism.pipeline_parallel_microbatch_size", "64"),
