@@ -98,7 +98,7 @@ def check_model_build(cfg: JobConfig, dims: ParallelDims, start: ModelSource) ->
         check_adapter_export(model, start.spec.hf_adapter, cfg.lora)
 
 
-def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> None:
+def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource, device_type: str) -> None:
     """The objective's own checks (``Objective.check_config``) with its sections and what it may know of the job."""
     name = cfg.training.objective
     objective = OBJECTIVES.load(name)
@@ -110,13 +110,14 @@ def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource) -> N
         local_batch_size=cfg.training.local_batch_size,
         world_size=dims.world_size,
         pipeline_microbatch_size=cfg.parallelism.pipeline_parallel_microbatch_size if dims.pp > 1 else None,
-        device_type="cuda" if torch.cuda.is_available() else "cpu",  # (as init_distributed picks it)
+        device_type=device_type,
     )
     objective.check_config(getattr(cfg, section.name) if section is not None else None, job, **more)
 
 
-def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
-    """Everything about ``cfg`` that can be checked without a process group; returns the layout."""
+def check_job(cfg: JobConfig, world_size: int, device_type: str | None = None) -> ParallelDims:
+    """Everything about ``cfg`` that can be checked without a process group; returns the layout. ``device_type``:
+    where the job computes (None: as init_distributed picks it on this machine, cuda where torch sees a GPU)."""
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     ck = cfg.checkpoint
     check_model_name(cfg.model, flavor_used=not ck.initial_load_in_hf)
@@ -135,7 +136,7 @@ def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
         check_checkpoint(Path(ck.initial_load_path), "--checkpoint.initial_load_path")
     if cfg.training.steps == 0:
         StartingWeights(ck, cfg.job.dump_folder).check_evaluate_only(cfg.training)
-    check_objective(cfg, dims, start)
+    check_objective(cfg, dims, start, device_type or ("cuda" if torch.cuda.is_available() else "cpu"))
     return dims
 
 

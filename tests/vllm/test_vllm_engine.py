@@ -344,7 +344,11 @@ def test_the_vllm_debug_config_trains_without_a_warning_per_layer(tmp_path) -> N
         "--job.config_file", "train_configs/debug_grpo_vllm.toml", "--job.dump_folder", str(tmp_path),
         "--training.steps", "4", "--grpo.rewards", "tests.objectives.fixed_rollouts:characters",
     ]  # fmt: skip
-    log = run(train_cmd(args))
+    result = subprocess.run(  # (vLLM logs to stdout, titanium to stderr: the log is both)
+        train_cmd(args), cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900
+    )
+    log = result.stdout
+    assert result.returncode == 0, log[-4000:]
     assert "Failed to load weights" not in log and "Following weights were not loaded" not in log
     assert "WARNING" in log and "Enforce eager set" in log  # (vLLM's own warnings pass)
     mismatch = scalars(tmp_path / "tb", "grpo/logprob_mismatch_max")
