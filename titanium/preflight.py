@@ -89,8 +89,12 @@ def check_model_build(cfg: JobConfig, dims: ParallelDims, start: ModelSource) ->
     converters = job_converters(cfg, dims, None)
     if not converters and dims.pp == 1:
         return
+    ck = cfg.checkpoint
+    trained = OBJECTIVES.load(cfg.training.objective).policy_spec(  # (a reward model's scalar head)
+        start.spec, None, ck.initial_load_path if ck.initial_load_in_hf else None
+    )
     with torch.device("meta"):
-        model = start.spec.model_cls(start.args)
+        model = trained.model_cls(start.args)
     if dims.pp > 1:
         check_pipeline(model, dims.pp, cfg.parallelism, cfg.training.local_batch_size)
     apply_converters(converters, model)

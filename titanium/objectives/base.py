@@ -225,10 +225,12 @@ class Objective(ABC):
     they show on the console line and in TensorBoard/W&B."""
 
     @classmethod
-    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer | None, hf_start: str | None) -> ModelSpec:
         """The spec the trained model is built (and exported) from, given the family's and the Hugging Face folder
         the run starts from (None: another start). The family's by default; a reward model's swaps the
-        language-model head for a scalar one (titanium/objectives/reward.py). Called before the objective exists."""
+        language-model head for a scalar one (titanium/objectives/reward.py). Called before the objective exists;
+        ``tokenizer`` None before start-up (titanium.preflight builds the model on meta: its modules must not
+        depend on the tokenizer)."""
         return spec
 
     @classmethod

@@ -122,8 +122,9 @@ class RewardObjective(LoaderObjective):
     loss_unit = "pairs"
 
     @classmethod
-    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
-        return reward_spec(spec, pad_token_id=tokenizer.pad_id, from_causal_lm=starts_from_causal_lm(hf_start))
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer | None, hf_start: str | None) -> ModelSpec:
+        pad_id = tokenizer.pad_id if tokenizer is not None else None
+        return reward_spec(spec, pad_token_id=pad_id, from_causal_lm=starts_from_causal_lm(hf_start))
 
     @classmethod
     def check_config(cls, section: RewardSection, job: JobFacts, **more: Any) -> None:
