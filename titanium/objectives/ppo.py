@@ -132,8 +132,9 @@ def response_parts(fields: PPOFields | ScoreFields) -> ResponseTargets | None:
 ROW_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/response_len", "ppo/truncated", "ppo/logprob_mismatch")
 """Per response: its score, its total reward (score - kl_coef x KL), its summed KL to the reference, its length,
 whether it was cut at max_new_tokens, and the mean |trainer - engine| log-prob gap of its tokens (the old log-probs
-recomputed by the policy against the engine's own: ~1e-6 in float32 when the engine holds the policy's weights; a
-skipped or stale sync shows as 0.1-1) (means over the step's responses)."""
+recomputed by the policy against the engine's own: 4e-7 to 1e-6 in float32 when the engine holds the policy's
+weights, initial or trained (docs/post_training.md); a skipped or stale sync shows as 0.1-1) (means over the step's
+responses)."""
 TOKEN_METRICS = ("ppo/policy_loss", "ppo/value_loss", "ppo/clip_frac", "ppo/value_clip_frac", "ppo/approx_kl")
 
 
