@@ -10,7 +10,8 @@ from typing import Any
 
 from titanium.checkpoint.manager import complete_steps
 from titanium.config.components import CONVERTERS
-from titanium.config.sections import CheckpointSection, CompileSection
+from titanium.config.errors import ConfigError
+from titanium.config.sections import CheckpointSection, CompileSection, TrainingSection
 from titanium.model_builder import DTYPES, WeightSource
 from titanium.models.converter import ConverterContext, ModelConverter
 from titanium.parallel.dims import ParallelDims
@@ -74,6 +75,24 @@ class StartingWeights:
             logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
             return WeightSource()
         return WeightSource(hf_folder=ck.initial_load_path)
+
+    def loads_nothing(self) -> bool:
+        """Whether the policy starts from its seeded initialization: no ``initial_load_path`` and no checkpoint of
+        this run to resume."""
+        ck = self.checkpoint
+        return not ck.initial_load_path and not (ck.enable and complete_steps(Path(self.dump_folder) / ck.folder))
+
+    def check_evaluate_only(self, training: TrainingSection) -> None:
+        """``--training.steps 0`` evaluates the weights as loaded: with none to load it would score an untrained
+        model and exit 0, so it is refused unless ``--training.evaluate_untrained`` asks for that baseline."""
+        if training.steps == 0 and not training.evaluate_untrained and self.loads_nothing():
+            enabled = f"; no checkpoint of this run in {Path(self.dump_folder) / self.checkpoint.folder}"
+            raise ConfigError(
+                "--training.steps 0 evaluates the weights as loaded, and this run loads none"
+                + (enabled if self.checkpoint.enable else " (--checkpoint.enable is off)")
+                + ": set --checkpoint.initial_load_path (a step-N folder, or a Hugging Face folder with "
+                "--checkpoint.initial_load_in_hf), or --training.evaluate_untrained to score the initialization"
+            )
 
     def start(self) -> WeightSource:
         """The starting policy's weights (also a frozen base's): a Hugging Face folder, a titanium checkpoint, or

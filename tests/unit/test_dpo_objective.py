@@ -230,7 +230,7 @@ def test_weight_fingerprint_changes_with_the_files(tmp_path):
 def test_dpo_needs_preference_data():
     cfg = JobConfig()
     cfg.training.objective = "dpo"
-    assert "--training.objective dpo needs preference pairs: --data.kind preference" in list(validate(cfg))
+    assert list(validate(cfg))[0] == "--training.objective dpo needs preference pairs: --data.kind preference, not text"
     cfg.data.kind, cfg.training.loss_chunk_size = "preference", 1024
     assert any("--training.loss_chunk_size applies to token cross-entropy" in p for p in validate(cfg))
 

@@ -268,8 +268,8 @@ def messages(**sections: dict[str, Any]) -> list[str]:
 def test_config_checks_name_the_key_and_the_fix():
     kto = {"objective": "kto", "local_batch_size": 4}
     assert not messages(training=kto, data={"kind": "unpaired"})
-    assert "--training.objective kto needs completions labelled true/false: --data.kind unpaired" in messages(
-        training=kto, data={"kind": "preference"}
+    assert messages(training=kto, data={"kind": "preference"})[0] == (
+        "--training.objective kto needs completions labelled true/false: --data.kind unpaired, not preference"
     )
     (other,) = messages(data={"kind": "unpaired"})
     assert other == "--data.kind unpaired (labelled completions) needs --training.objective kto, not pretrain"

@@ -122,7 +122,7 @@ def test_bad_reward_model_folders_are_refused(tokenizer, tmp_path: Path) -> None
         RewardSet.from_config(RLSection(rewards=[str(tmp_path / "nothing/")]), pad_id=tokenizer.pad_id)
     causal = tmp_path / "causal"
     transformers.LlamaForCausalLM(_config(tokenizer)).save_pretrained(causal)
-    with pytest.raises(UserError, match="not a sequence-classification"):
+    with pytest.raises(UserError, match="is not a one-label sequence classifier"):
         RewardSet.from_config(RLSection(rewards=[str(causal)]), pad_id=tokenizer.pad_id)
     with pytest.raises(UserError, match="pad_token_id"):
         RewardSet.from_config(RLSection(rewards=[str(_other_pad(tokenizer, tmp_path))]), pad_id=tokenizer.pad_id)

@@ -153,6 +153,10 @@ class TrainingSection:
     """Number of optimizer steps to train for. 0: evaluate only: run the evaluations the config turns on
     ([validation], [eval]) once on the weights as loaded (the run's checkpoint, checkpoint.initial_load_path, or a
     Hugging Face folder with initial_load_in_hf), log them and exit."""
+    evaluate_untrained: bool = False
+    """With steps 0 and no weights to load (no checkpoint.initial_load_path, no checkpoint of this run), evaluate
+    the seeded initialization anyway (a baseline). Off: such a run is refused, as it is almost always a forgotten
+    checkpoint.initial_load_path and would report an untrained model's scores."""
     local_batch_size: int = 8
     """Sequences per microbatch on each data-parallel rank."""
     global_batch_size: int = -1

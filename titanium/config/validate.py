@@ -15,7 +15,6 @@ from titanium.config.lm_eval_section import check_lm_eval
 from titanium.config.sections import GRPOSection, RLSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 from titanium.config.validate_objectives import (
-    scalar_head_folder,
     validate_kd,
     validate_kto,
     validate_online_dpo,
@@ -47,7 +46,27 @@ def looks_local(path: str) -> bool:
     )
 
 
+OBJECTIVE_DATA = {
+    "dpo": (("preference",), "needs preference pairs: --data.kind preference"),
+    "reward": (("preference",), "needs preference pairs: --data.kind preference"),
+    "kto": (("unpaired",), "needs completions labelled true/false: --data.kind unpaired"),
+    "grpo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+    "ppo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+    "online_dpo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+}
+"""What each objective reads: ([data] kinds, what it needs)."""
+
+
+def _validate_objective_data(cfg: JobConfig) -> Iterator[str]:
+    """The data the chosen objective reads, named before any other problem of the pair: the user picked the
+    objective, so the data kind is what to fix (not the objective a data kind would suit)."""
+    objective, kind = cfg.training.objective, cfg.data.kind
+    if objective in OBJECTIVE_DATA and kind not in OBJECTIVE_DATA[objective][0]:
+        yield f"--training.objective {objective} {OBJECTIVE_DATA[objective][1]}, not {kind}"
+
+
 def validate(cfg: JobConfig) -> Iterator[str]:
+    yield from _validate_objective_data(cfg)
     t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
     if t.steps < 0:
         yield f"--training.steps must be >= 0 (0: evaluate only, no training), got {t.steps}"
@@ -260,8 +279,6 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     objective = cfg.training.objective
     if cfg.data.kind == "preference" and objective not in (*PREFERENCE_OBJECTIVES, "kto"):  # (kto: its own message)
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
-    if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
-        yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
@@ -376,9 +393,6 @@ def _validate_rl(r: RLSection) -> Iterator[str]:
             f"--rl.overlong_buffer {r.overlong_buffer} is only read by the overlong reward: add overlong to "
             "--rl.rewards (and its weight to --rl.reward_weights), or set overlong_buffer 0"
         )
-    for name in r.rewards:  # (a folder: a reward model; see titanium.rl.rewards.functions.names_reward_model)
-        if ":" not in name and ("/" in name or Path(name).is_dir()):
-            yield from scalar_head_folder("--rl.rewards", name)
 
 
 def _validate_grpo(g: GRPOSection) -> Iterator[str]:

@@ -112,6 +112,18 @@ class RolloutEngine(ABC):
         """Free the engine, at the end of the job (vLLM's teardown destroys the default process group)."""
 
 
+def check_engine(
+    cfg: RolloutSection, spec: ModelSpec, args: Any, *, max_model_len: int, world_size: int, device_type: str
+) -> None:
+    """What the ``[rollout]`` engine cannot do with a policy of family ``spec`` and ``args`` in a job of ``world_size``
+    processes on ``device_type``, decided before any process starts (titanium.preflight; ``max_model_len``: the
+    longest prompt plus its answer)."""
+    if cfg.engine == "vllm":
+        from titanium.generation.vllm_engine import check_vllm
+
+        check_vllm(cfg, spec, args, max_model_len=max_model_len, world_size=world_size, device_type=device_type)
+
+
 def build_engine(
     cfg: RolloutSection,
     spec: ModelSpec,

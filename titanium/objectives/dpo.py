@@ -257,7 +257,7 @@ class DPOObjective(LoaderObjective):
 
     @classmethod
     def frozen_sources(
-        cls, section: DPOSection, start: ModelSource, vocab_size: int, seq_len: int
+        cls, section: DPOSection, start: ModelSource, vocab_size: int | None, seq_len: int
     ) -> list[ModelSource]:
         """The reference during training: none when reference-free or precomputed (released before the first step)."""
         return [start] if pair_loss(section).reference and not section.precompute_reference else []

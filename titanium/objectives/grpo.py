@@ -26,11 +26,19 @@ from titanium.config.sections import DataSection, GRPOSection, RLSection, Rollou
 from titanium.generation.sampling import masked_entropy_sum, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
-from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import (
+    JobFacts,
+    LossResult,
+    Metrics,
+    ModelOutput,
+    Objective,
+    ObjectiveContext,
+    Prepared,
+)
 from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
 from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss_units
 from titanium.rl.rollout import ResponseTargets, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
+from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
 
 
 def group_advantages(
@@ -53,6 +61,17 @@ def group_advantages(
     elif scale != "none":
         raise ValueError(f"unknown reward scaling {scale!r}")
     return advantages.flatten()
+
+
+def check_pipeline_rows(cfg: GRPOSection, local_batch_size: int, pipeline_microbatch_size: int | None) -> None:
+    """bnpo averages each microbatch's token mean: a pipeline microbatch (``pipeline_microbatch_size`` rows; None
+    without pipeline parallelism) must not split it."""
+    if cfg.loss_type == "bnpo" and pipeline_microbatch_size is not None and pipeline_microbatch_size < local_batch_size:
+        raise ConfigError(
+            "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
+            f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
+            f"{local_batch_size} or use another loss_type (dapo weighs every token the same)"
+        )
 
 
 def batch_reward_std(rewards: torch.Tensor, sum_over_data: Any) -> float:
@@ -151,10 +170,18 @@ class GRPOObjective(Objective):
 
     @classmethod
     def frozen_sources(
-        cls, section: GRPOSection, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: GRPOSection, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         rl = more.get("rl") or RLSection()
         return frozen_sources(rl, start, vocab_size, seq_len, reference=section.beta > 0)
+
+    @classmethod
+    def check_config(cls, section: GRPOSection, job: JobFacts, **more: Any) -> None:
+        """Beyond the models it builds from folders: its rollout source (rewards, engine) and that a pipeline
+        microbatch keeps what the loss averages over."""
+        super().check_config(section, job, **more)
+        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
+        check_pipeline_rows(section, job.local_batch_size, job.pipeline_microbatch_size)
 
     def __init__(
         self,
@@ -276,13 +303,7 @@ class GRPOObjective(Objective):
         return LossResult(loss_sum, metrics)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        batch = self.source.local_batch_size
-        if self.cfg.loss_type == "bnpo" and pipeline_microbatch_size is not None and pipeline_microbatch_size < batch:
-            raise ConfigError(
-                "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
-                f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
-                f"{batch} or use another loss_type (dapo weighs every token the same)"
-            )
+        check_pipeline_rows(self.cfg, self.source.local_batch_size, pipeline_microbatch_size)
 
     # ----- log and checkpoint: the source's -----
 

@@ -96,7 +96,7 @@ class KTOObjective(LoaderObjective):
 
     @classmethod
     def frozen_sources(
-        cls, section: KTOSection, start: ModelSource, vocab_size: int, seq_len: int
+        cls, section: KTOSection, start: ModelSource, vocab_size: int | None, seq_len: int
     ) -> list[ModelSource]:
         return [start]  # (the reference: the policy as it started)
 

@@ -40,14 +40,14 @@ from titanium.data.packing import row_width
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.background import GenerationWorker
-from titanium.generation.engine import SyncStats, build_engine
+from titanium.generation.engine import SyncStats, build_engine, check_engine
 from titanium.generation.sampling import SamplingParams
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model
+from titanium.rl.rewards.functions import Rewards, RewardSet, check_rewards, exact_match, names_reward_model
 from titanium.rl.rewards.scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 from titanium.rl.rollout import (
     Rollout,
@@ -101,6 +101,23 @@ def frozen_sources(cfg: RLSection, start: ModelSource, vocab_size: int, seq_len:
     """The frozen models a source configured by ``cfg`` builds (``start``: the policy as it started): the reference
     if asked for, and the sharded reward models (for the dry run's memory estimate)."""
     return [*([start] if reference else []), *sharded_reward_models(cfg, start, None, vocab_size, seq_len).values()]
+
+
+def check_source(cfg: RLSection, engine: RolloutSection, job: Any) -> None:
+    """What the config decides of a rollout source, checked before any process starts (an objective's
+    ``check_config``; ``job``: its ``JobFacts``): the rewards resolve (functions import and have a reward function's
+    signature, reward-model folders hold a titanium family's config.json) and the ``[rollout]`` engine can serve
+    this policy in this job."""
+    check_rewards(cfg.rewards, ("overlong",), cfg.reward_model_tokenizer)
+    start, max_model_len = job.start, cfg.max_prompt_len + cfg.max_new_tokens
+    check_engine(
+        engine,
+        start.spec,
+        start.args,
+        max_model_len=max_model_len,
+        world_size=job.world_size,
+        device_type=job.device_type,
+    )
 
 
 class SourceContext(Protocol):

@@ -97,10 +97,10 @@ def dcp_to_hf(
             )
         return lora_to_hf(checkpoint, out, model, config=config, dtype=dtype)
     if source is not None:
-        args = hf_model_args(spec, source)
+        args = hf_model_args(spec, source, option="--source", family_option="--model")
     elif flavor is not None:
         if flavor not in spec.flavors:
-            raise UserError(f"unknown flavor {flavor!r} for {model}; valid: {', '.join(spec.flavors)}")
+            raise UserError(f"--flavor {flavor!r} is not a flavor of {model}; valid: {', '.join(spec.flavors)}")
         vocab = shapes.get(spec.hf_adapter.embedding_key, (spec.flavors[flavor].vocab_size,))[0]
         args = dataclasses.replace(spec.flavors[flavor], vocab_size=vocab)
     else:
@@ -111,16 +111,20 @@ def dcp_to_hf(
     state = net.state_dict()
     wanted = {k: v for k, v in state.items() if k in shapes}
     missing = sorted(set(state) - set(shapes) - ({spec.hf_adapter.output_key} if args.tie_word_embeddings else set()))
+    unexpected = sorted(set(shapes) - set(state))  # (dropped silently otherwise)
     wrong = [f"{k} {list(shapes[k])} != {list(v.shape)}" for k, v in wanted.items() if tuple(v.shape) != shapes[k]]
-    if missing or wrong:
+    if missing or unexpected or wrong:
+        problems = [f"missing {', '.join(missing[:8])}" if missing else "", *wrong[:8]]
+        problems.append(f"tensors the model has no place for: {', '.join(unexpected[:8])}" if unexpected else "")
         raise UserError(
-            f"{checkpoint} does not hold a {model} model of this architecture: "
-            + "; ".join(filter(None, [f"missing {', '.join(missing[:8])}" if missing else "", *wrong[:8]]))
+            f"CHECKPOINT {checkpoint} does not hold a {model} model of this architecture: "
+            + "; ".join(filter(None, problems))
+            + " (check --model and --flavor or --source)"
         )
     dcp.load({MODEL_KEY: wanted}, checkpoint_id=str(checkpoint), no_dist=True)
     if args.tie_word_embeddings:
         state[spec.hf_adapter.output_key] = state[spec.hf_adapter.embedding_key]
-    ckpt = HFCheckpoint.open(source) if source is not None else None
+    ckpt = HFCheckpoint.open(source, "--source") if source is not None else None
     return save_hf_weights(
         state,
         out,
@@ -165,7 +169,8 @@ def lora_to_peft(checkpoint: Path, out: Path, *, config: Path | None) -> Path:
 
 def hf_to_dcp(folder: Path, out: Path, model: str) -> Path:
     """Write the HF folder's weights as ``out/step-0`` (model only): a seed checkpoint for titanium."""
-    net = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec(model), folder).model
+    builder = ModelBuilder(torch.device("cpu"))
+    net = builder.load_hf(get_model_spec(model), folder, option="FOLDER", family_option="--model").model
     target = out / "step-0"
     if target.exists():
         raise UserError(f"{target} exists; refusing to overwrite it")

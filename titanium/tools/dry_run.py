@@ -178,7 +178,7 @@ def dry_run(
 
     # The dry run never reads the tokenizer (the flavor or config.json gives the vocabulary), so it may be absent.
     cfg = load_config([*argv, "--tokenizer.kind", "byte"])
-    dims = check_job(cfg, world_size)
+    dims = check_job(cfg, world_size, device_type)
     check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
     # DTensor caches each op's output spec, mesh included, by its input specs, and meshes compare by ranks and dim
     # names, not by process groups: after an earlier dry run in this process (its fake group destroyed), this run's

@@ -86,5 +86,9 @@ def build_checkpoint_model(checkpoint: Path, cfg: Any, builder: ModelBuilder, di
     built = builder.build(spec, args, converters=converters, weights=WeightSource(hf_folder=start.hf_folder))
     if start.dcp_folder is not None:  # a titanium base: its frozen part, as the trainer's checkpoint manager reads it
         load_model_weights(Path(start.dcp_folder), built.model, "--checkpoint.initial_load_path", part="base")
-    load_model_weights(checkpoint, built.model, "checkpoint", part="trainable")
+    fix = (
+        "the run config that builds the model must be the one of the run that wrote the checkpoint: its [lora] rank, "
+        "target_modules and use_dora give the adapters (pass that run's --config)"
+    )
+    load_model_weights(checkpoint, built.model, "CHECKPOINT", part="trainable", fix=fix)
     return built

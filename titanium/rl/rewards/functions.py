@@ -203,6 +203,24 @@ def is_batched(name: str, fn: Callable[..., Any]) -> bool:
     return False
 
 
+def check_rewards(
+    names: Sequence[str], configured: Collection[str] = (), reward_model_tokenizer: str = "policy"
+) -> None:
+    """Resolve every reward name as the objective will, without building a model (titanium.preflight, before any
+    process starts): functions import and have a reward function's signature, reward model folders hold a
+    config.json of a titanium family (``reward_model_tokenizer`` own: and a tokenizer.json). ``configured``: names
+    the objective builds from its own settings (GRPO's ``overlong``)."""
+    for name in names:
+        if name in configured:
+            continue
+        if names_reward_model(name):
+            from titanium.rl.rewards.model_scorer import reward_model_config  # (imports the model builder)
+
+            reward_model_config(name, "own" if reward_model_tokenizer == "own" else "policy")
+        else:
+            is_batched(name, resolve_reward(name))
+
+
 @dataclass(frozen=True)
 class Rewards:
     total: torch.Tensor
