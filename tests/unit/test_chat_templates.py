@@ -214,7 +214,7 @@ def test_qwen3_template_renders_what_qwen3s_own_template_renders(qwen3_tok, name
     assert "<think>\n\n</think>\n\n" in rendered and rendered.count("<think>") == 1  # the last answer only
     tokens, trainable = qwen3.tokenize(chat, train_on_input=False)
     assert qwen3_tok.decode(tokens) == rendered
-    assert tokens == jinja._encode(rendered)
+    assert tokens == jinja._encode(rendered, at_start=True)
     assert qwen3_tok.special_tokens["<think>"] in tokens
     # The loss is on the assistant answers and their end of turn only, never on the empty thinking block
     # (Qwen3 strips the newlines that start the last answer).
@@ -225,7 +225,7 @@ def test_qwen3_template_renders_what_qwen3s_own_template_renders(qwen3_tok, name
     # Served without thinking (enable_thinking=False), the model continues exactly the trained prefix.
     prompt = qwen3.prompt(chat[:-1])
     served = jinja._template.render(messages=dicts[:-1], add_generation_prompt=True, enable_thinking=False)
-    assert qwen3_tok.decode(prompt) == served and prompt == jinja._encode(served)
+    assert qwen3_tok.decode(prompt) == served and prompt == jinja._encode(served, at_start=True)
     assert tokens[: len(prompt)] == prompt and qwen3.stop_ids == {qwen3_tok.special_tokens["<|im_end|>"]}
 
 

@@ -10,6 +10,8 @@ piece of text back to the message that added it.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 from abc import ABC, abstractmethod
@@ -358,14 +360,31 @@ class JinjaTemplate(ChatTemplate):
         pattern = "|".join(re.escape(n) for n in sorted(self._control, key=len, reverse=True))
         self._split = re.compile(f"({pattern})") if pattern else None
         probe = [Message("user", "x"), Message("assistant", "y")]
+        self._closing = ""
         try:
-            answer = self._segments(probe, False, None)[-1][0]
+            self._closing = self._closing_text(probe[:1])
+            answer = [ids for ids, kind in self._segments(probe, False, None) if kind == "output"][-1]
         except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
             raise ChatTemplateError(
                 f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
                 "set --chat.chat_template llama3, qwen3 or chatml"
             ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
+
+    def _closing_text(self, messages: Sequence[Message]) -> str:
+        """What the template writes after the last message only when no generation prompt follows (Phi-3 ends a
+        conversation with its EOS token): cut from a conversation's rendering where the next message follows."""
+        closed, opened = self._render(messages, False, None), self._render(messages, True, None)
+        cut = next((n for n in range(len(closed), 0, -1) if opened.startswith(closed[:n])), len(closed))
+        for token in self._split.finditer(closed) if self._split else ():  # (never inside a control token)
+            if token.start() < cut < token.end():
+                cut = token.start()
+        return closed[cut:]
+
+    def _open_render(self, messages: Sequence[Message], tools: Tools | None) -> str:
+        """``messages`` rendered as the start of a longer conversation (without the closing text)."""
+        text = self._render(messages, False, tools)
+        return text[: len(text) - len(self._closing)] if self._closing and text.endswith(self._closing) else text
 
     def _render(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> str:
         from jinja2 import TemplateError
@@ -380,10 +399,15 @@ class JinjaTemplate(ChatTemplate):
         """The whole conversation rendered once and its text encoded whole, as transformers' ``apply_chat_template``
         then the tokenizer (``add_special_tokens=False``) make it: no cuts between messages (for scoring a
         conversation, e.g. by a reward model with its own template; training uses ``tokenize``)."""
-        return self._encode(self._render(messages, False, None))
+        return self._encode(self._render(messages, False, None), at_start=True)
 
-    def _encode(self, text: str) -> list[int]:
-        """Rendered text -> ids, with the template's control-token strings turned into their ids."""
+    def _encode(self, text: str, *, at_start: bool) -> list[int]:
+        """Rendered text -> ids, with the template's control-token strings turned into their ids; a piece that does
+        not start the conversation is encoded as it is after them (a Hugging Face tokenizer does both itself, as
+        transformers does)."""
+        encode_rendered = getattr(self.tokenizer, "encode_rendered", None)
+        if encode_rendered is not None:
+            return encode_rendered(text, at_start=at_start)
         parts = self._split.split(text) if self._split else [text]
         ids: list[int] = []
         for k, part in enumerate(parts):
@@ -392,6 +416,23 @@ class JinjaTemplate(ChatTemplate):
             elif part:
                 ids.extend(self.tokenizer.encode(part, bos=False, eos=False))
         return ids
+
+    def _encode_pieces(self, pieces: list[tuple[str, SegmentKind]]) -> list[Segment]:
+        """The pieces' ids. A Hugging Face tokenizer encodes the whole text once, as ``apply_chat_template`` does,
+        and it is cut where the pieces meet; where a token crosses a cut (Qwen's ``"\n\n"`` when an answer starts
+        with a newline) each piece is encoded on its own instead, so the answer starts on a token boundary as it
+        does when the model writes it after ``prompt()``."""
+        encode_with_offsets = getattr(self.tokenizer, "encode_rendered_offsets", None)
+        if encode_with_offsets is not None and pieces:
+            ids, offsets = encode_with_offsets("".join(text for text, _ in pieces))
+            cuts = list(itertools.accumulate(len(text) for text, _ in pieces))
+            owners = [min(bisect.bisect_right(cuts, start), len(pieces) - 1) for start, _ in offsets]
+            if all(end <= cuts[owner] for owner, (_, end) in zip(owners, offsets)):
+                segments: list[Segment] = [([], kind) for _, kind in pieces]
+                for owner, token in zip(owners, ids):
+                    segments[owner][0].append(token)
+                return [segment for segment in segments if segment[0]]
+        return [(self._encode(text, at_start=k == 0), kind) for k, (text, kind) in enumerate(pieces)]
 
     def _delta(self, before: str, after: str) -> str:
         if not after.startswith(before):
@@ -409,14 +450,14 @@ class JinjaTemplate(ChatTemplate):
                 found = self._split.search(text)
                 if found:
                     raise RowError(f"{what} contains the control token {found.group()!r} as text")
-        segments: list[Segment] = []
-        text = ""  # what the segments so far render
+        pieces: list[tuple[str, SegmentKind]] = []
+        text = ""  # what the pieces so far render
 
         def extend(upto: str, kind: SegmentKind) -> None:
             nonlocal text
             piece = self._delta(text, upto)
             if piece:
-                segments.append((self._encode(piece), kind))
+                pieces.append((piece, kind))
             text = upto
 
         # Cut only where the mask changes: before an assistant's header, after it, and after its answer. The
@@ -425,10 +466,11 @@ class JinjaTemplate(ChatTemplate):
         for i, m in enumerate(messages):
             if m.role == "assistant":
                 if i:
-                    extend(self._render(messages[:i], False, tools), "prompt")
+                    extend(self._open_render(messages[:i], tools), "prompt")
                 extend(self._render(messages[:i], True, tools), "prompt")
-                extend(self._render(messages[: i + 1], False, tools), "output")
+                extend(self._open_render(messages[: i + 1], tools), "output")
         extend(self._render(messages, generation, tools), "prompt")
+        segments = self._encode_pieces(pieces)
         if segments and segments[0][0][:1] == [self.tokenizer.bos_id]:
             first, kind = segments[0]
             segments[0:1] = [([first[0]], "bos"), (first[1:], kind)]
