@@ -172,20 +172,23 @@ class ModelBuilder:
         vocab_size: int | None = None,
         checkpoint: CheckpointSection | None = None,
         hf_folder: str | os.PathLike | None = None,
+        tokenizer_origin: str | os.PathLike | None = None,
     ) -> tuple[ModelSpec, Any]:
         """The family spec and args of ``[model]``, with ``seq_len`` as RoPE length.
 
         When the weights come from a Hugging Face folder (``hf_folder``, or the ``[checkpoint]`` start folder
         with ``initial_load_in_hf``), its config.json gives the architecture and the vocabulary (which
-        ``vocab_size``, the tokenizer's, must fit); otherwise the flavor does, with ``vocab_size`` (None: the
-        flavor's)."""
+        ``vocab_size``, the tokenizer's, read from ``tokenizer_origin``, must fit); otherwise the flavor does, with
+        ``vocab_size`` (None: the flavor's)."""
         spec = get_model_spec(model.name)
         if checkpoint is not None:
             require_hf_adapter(spec, checkpoint)
             if hf_folder is None and checkpoint.initial_load_in_hf:
                 hf_folder = checkpoint.initial_load_path
         if hf_folder is not None:
-            args = hf_model_args(spec, hf_folder, tokenizer_vocab=vocab_size, max_seq_len=seq_len)
+            args = hf_model_args(
+                spec, hf_folder, tokenizer_vocab=vocab_size, tokenizer_origin=tokenizer_origin, max_seq_len=seq_len
+            )
             self._note_flavor(spec, model.flavor, hf_folder)
             described = f"{model.name} from {Path(hf_folder) / 'config.json'}"
         else:

@@ -14,9 +14,10 @@ import sys
 from pathlib import Path
 
 from titanium.checkpoint.hub import check_push
-from titanium.config import ConfigError, JobConfig, load_config
+from titanium.config import ConfigError, JobConfig
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
+from titanium.inputs import load_job
 from titanium.models import build_model_args, get_model_spec, list_models
 from titanium.moe_balance import check_bias_reaches_hf, check_moe_config
 from titanium.optim.in_backward import check_in_backward
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--help" in argv or "-h" in argv:
         return 0  # titanium.train prints the help
     try:
-        check_job(load_config(argv), int(os.environ.get("WORLD_SIZE", 1)))
+        check_job(load_job(argv), int(os.environ.get("WORLD_SIZE", 1)))
     except UserError as e:
         report(e)
         return 2

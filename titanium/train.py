@@ -10,8 +10,8 @@ import logging
 import os
 import sys
 
-from titanium.config import load_config
 from titanium.errors import UserError, report
+from titanium.inputs import load_job
 from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
 from titanium.preflight import check_job
 
@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     _setup_logging()
     try:
-        cfg = load_config(argv)
+        cfg = load_job(argv)
         dims = check_job(cfg, int(os.environ.get("WORLD_SIZE", 1)))  # before any process group exists
     except UserError as e:
         report(e)

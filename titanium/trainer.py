@@ -35,7 +35,7 @@ from titanium.config import ConfigError, JobConfig, to_toml_dict
 from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
-from titanium.data.tokenizer import build_tokenizer
+from titanium.data.tokenizer import build_tokenizer, tokenizer_origin
 from titanium.debug.profiling import Profiler
 from titanium.evaluation.periodic import EvaluationContext, Periodic
 from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
@@ -120,7 +120,11 @@ class Trainer:
             attention=cfg.model.attention,
         )
         self.model_spec, self.model_args = self.builder.resolve(
-            cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
+            cfg.model,
+            seq_len=t.seq_len,
+            vocab_size=self.tokenizer.vocab_size,
+            checkpoint=cfg.checkpoint,
+            tokenizer_origin=tokenizer_origin(cfg.tokenizer),
         )
         hf_start = cfg.checkpoint.initial_load_path if cfg.checkpoint.initial_load_in_hf else None
         self.model_spec = OBJECTIVES.load(t.objective).policy_spec(self.model_spec, self.tokenizer, hf_start)

@@ -11,6 +11,7 @@ import difflib
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -29,9 +30,14 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
-def load_config(argv: list[str]) -> Any:
+Resolver = Callable[[Any, frozenset[str]], None]
+"""Fills in what a job's inputs say (titanium.inputs): called with the config and the keys ("section.key") the TOML
+file or the command line set, before validation."""
+
+
+def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     """Parse `argv` (without the program name) into a validated job config (titanium.config.JobConfig, plus the
-    section of an objective given by import path)."""
+    section of an objective given by import path); ``resolve`` completes it from its inputs before validation."""
     argv = move_flags(argv)
     check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
@@ -46,6 +52,8 @@ def load_config(argv: list[str]) -> Any:
         _apply_toml(base, data, config_file)
         base.job.config_file = config_file
     cfg = tyro.cli(job_config, args=argv, default=base, use_underscores=True)
+    if resolve is not None:
+        resolve(cfg, _given_keys(argv, data))
     for problem in validate(cfg):
         raise ConfigError(problem)
     return cfg
@@ -71,6 +79,17 @@ def _flag(argv: list[str], name: str) -> str | None:
             if arg.startswith(spelling + "="):
                 return arg.split("=", 1)[1]
     return None
+
+
+def _given_keys(argv: list[str], data: dict[str, Any]) -> frozenset[str]:
+    """The "section.key" names the TOML file and the command line set (a boolean's --section.no_key too)."""
+    keys = {f"{section}.{key}" for section, values in data.items() if isinstance(values, dict) for key in values}
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0].replace("-", "_") if arg.startswith("--") else ""
+        section, dot, key = name.partition(".")
+        if dot:
+            keys |= {f"{section}.{key}", f"{section}.{key.removeprefix('no_')}"}
+    return frozenset(keys)
 
 
 def _read_toml(path: str) -> dict[str, Any]:

@@ -152,9 +152,12 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             f"--tokenizer.path: file not found: {cfg.tokenizer.path} "
             "(run from the repository root, or point it at a Llama 3 tokenizer.model / .tiktoken file)"
         )
-    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
-        yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind in ("text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
+    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).exists():
+        yield (
+            f"--tokenizer.path: not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a Hugging Face tokenizer "
+            "folder or its tokenizer.json)"
+        )
+    if cfg.data.kind in ("auto", "text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
@@ -467,7 +470,7 @@ def _validate_grpo_job(cfg: JobConfig) -> Iterator[str]:
     """What a GRPO job needs of the rest of the config: prompts, whole groups, room for prompt + response,
     and no fault tolerance with dynamic sampling."""
     g, t = cfg.grpo, cfg.training
-    if cfg.data.kind not in ("chat", "instruct", "text"):
+    if cfg.data.kind not in ("auto", "chat", "instruct", "text"):
         yield f"--training.objective grpo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if t.local_batch_size % g.group_size:
         yield (

@@ -103,7 +103,7 @@ def validate_ppo(cfg: Any) -> Iterator[str]:
     for key in ("reward_model_path", "value_model_path"):
         if getattr(ppo, key):
             yield from _scalar_head_folder(key, getattr(ppo, key))
-    if cfg.data.kind not in ("chat", "instruct", "text"):
+    if cfg.data.kind not in ("auto", "chat", "instruct", "text"):
         yield f"--training.objective ppo reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if ppo.max_prompt_len + ppo.max_new_tokens > t.seq_len:
         yield (

@@ -488,3 +488,8 @@ def build_tokenizer(cfg: TokenizerSection) -> Tokenizer:
     if cfg.kind == "byte":
         return ByteTokenizer()
     raise ValueError(f"unknown tokenizer kind {cfg.kind!r}; expected 'tiktoken', 'hf' or 'byte'")
+
+
+def tokenizer_origin(cfg: TokenizerSection) -> str:
+    """Where the [tokenizer] section's tokenizer comes from, for messages and for telling a folder's own."""
+    return "byte" if cfg.kind == "byte" else cfg.path
