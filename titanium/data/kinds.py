@@ -60,4 +60,3 @@ def first_columns(cfg: DataSection) -> tuple[set[str], str]:
 def has_column(cfg: DataSection, column: str) -> bool:
     """Whether the first row of ``cfg``'s data has ``column`` (not null)."""
     return column in first_columns(cfg)[0]
-
