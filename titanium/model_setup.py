@@ -12,6 +12,7 @@ from titanium.checkpoint.manager import complete_steps
 from titanium.config.components import CONVERTERS
 from titanium.config.sections import CheckpointSection, CompileSection
 from titanium.model_builder import DTYPES, WeightSource
+from titanium.models import get_model_spec
 from titanium.models.converter import ConverterContext, ModelConverter
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.parallelize import PlanConfig
@@ -41,7 +42,12 @@ def job_converters(cfg: Any, dims: ParallelDims, device_type: str | None) -> lis
     registration order; each sees only its section. ``device_type``: where the run computes (None: a dry run, no
     hardware checks). A section left at its defaults is off, and its converter is not even imported (torchao is
     slow to import)."""
-    ctx = ConverterContext(shard_degree=dims.dp_shard * dims.cp, fsdp=dims.fsdp_enabled, device_type=device_type)
+    ctx = ConverterContext(
+        shard_degree=dims.dp_shard * dims.cp,
+        fsdp=dims.fsdp_enabled,
+        device_type=device_type,
+        hf_adapter=get_model_spec(cfg.model.name).hf_adapter,
+    )
     converters = []
     for component in CONVERTERS:
         assert component.section is not None, f"converter {component.name} has no config section"

@@ -22,7 +22,7 @@ from titanium.models import build_model_args, get_model_spec, list_models
 from titanium.moe_balance import check_bias_reaches_hf, check_moe_config
 from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
-from titanium.peft.lora import check_lora_config
+from titanium.peft.lora import check_lora_config, check_peft_targets
 
 
 def check_model_name(cfg: ModelSection) -> None:
@@ -54,6 +54,8 @@ def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     check_model_name(cfg.model)
     check_moe(cfg, dims)
     check_lora_config(cfg.lora)
+    if cfg.lora.rank:
+        check_peft_targets(cfg.lora.target_modules, get_model_spec(cfg.model.name).hf_adapter, cfg.model.name)
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     ck = cfg.checkpoint

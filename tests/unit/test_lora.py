@@ -142,8 +142,8 @@ def test_merge_matches_the_adapted_forward(kw: dict) -> None:
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"target_modules": ["q_proj"]}, "Hugging Face name of 'wq'"),
-        ({"target_modules": ["wz"]}, "valid: wq, wk, wv, wo, w1, w2, w3, output"),
+        ({"target_modules": ["q_proj"]}, "Hugging Face names need a family with a Hugging Face adapter"),
+        ({"target_modules": ["wz"]}, "use titanium's names (wq, wk, wv, wo, w1, w2, w3, output"),
         ({"target_modules": []}, "target_modules is empty"),
         ({"rank": -1}, "--lora.rank must be >= 0"),
         ({"alpha": 0.0}, "--lora.alpha must be > 0"),

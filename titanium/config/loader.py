@@ -30,6 +30,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
+PROG = "python -m titanium.train"
+"""How --help and the unknown-option message name the program: as users type it (not the path of train.py)."""
 Resolver = Callable[[Any, frozenset[str]], None]
 """Fills in what a job's inputs say (titanium.inputs): called with the config and the keys ("section.key") the TOML
 file or the command line set, before validation."""
@@ -51,7 +53,7 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     if config_file is not None:
         _apply_toml(base, data, config_file)
         base.job.config_file = config_file
-    cfg = tyro.cli(job_config, args=argv, default=base, use_underscores=True)
+    cfg = tyro.cli(job_config, prog=PROG, args=argv, default=base, use_underscores=True)
     if resolve is not None:
         resolve(cfg, _given_keys(argv, data))
     for problem in validate(cfg):

@@ -593,7 +593,9 @@ class LoRASection:
     target_modules: list[str] = field(default_factory=lambda: ["wq", "wk", "wv", "wo"])
     """Linear layers that get adapters, by name: wq, wk, wv, wo (attention), w1, w2, w3 (MLP), output;
     "attention" and "mlp" stand for their groups; experts: the stacked w1, w2, w3 of every MoE layer's routed
-    experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4 base)."""
+    experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4 base). PEFT's spellings work too,
+    matched against the layers' Hugging Face names as PEFT matches them: q_proj, self_attn.o_proj, all-linear (the
+    blocks' linear layers), or a regular expression over the whole name."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
     use_dora: bool = False

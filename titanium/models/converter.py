@@ -26,6 +26,8 @@ class ConverterContext:
     """The weights are FSDP-sharded."""
     device_type: str | None = None
     """Where the run computes; None: a dry run (no hardware checks)."""
+    hf_adapter: Any = None
+    """The family's Hugging Face adapter (its names: LoRA targets spelled as PEFT spells them); None: none."""
 
 
 @dataclass(frozen=True)
