@@ -35,6 +35,7 @@ from titanium.config import ConfigError, JobConfig, to_toml_dict
 from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
+from titanium.data.export import save_tokenizer
 from titanium.data.tokenizer import build_tokenizer, tokenizer_origin
 from titanium.debug.profiling import Profiler
 from titanium.evaluation.periodic import EvaluationContext, Periodic
@@ -421,6 +422,7 @@ class Trainer:
             base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
             pp_group=self.built.pp_group,
             step=step,
+            save_tokenizer=self._save_tokenizer,
         )
         self.hooks.export(ctx)
         if not ck.last_save_in_hf:
@@ -434,8 +436,16 @@ class Trainer:
             flavor=self.cfg.model.flavor,
             pp_group=self.built.pp_group,
         )
+        if path is not None:
+            self._save_tokenizer(path)
         if step is None and ck.push_to_hub and path is not None:
             upload(path, ck.push_to_hub)
+
+    def _save_tokenizer(self, folder: Path) -> None:
+        """The run's tokenizer and chat template into an export folder, loadable by transformers' AutoTokenizer."""
+        written = save_tokenizer(folder, self.tokenizer, self.cfg.chat.chat_template, self.cfg.model.name)
+        if written:
+            logger.info("wrote %s to %s", ", ".join(written), folder)
 
     def _log(self, step: int, result: StepResult, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""

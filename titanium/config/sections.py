@@ -340,7 +340,8 @@ class CheckpointSection:
     hf_folder: str = "hf"
     """Where last_save_in_hf writes, relative to job.dump_folder."""
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype of the weights in the Hugging Face export (last_save_in_hf)."""
+    """Dtype of the weights in the Hugging Face export (last_save_in_hf); also the default of
+    `python -m titanium.tools.convert to-hf --dtype`. float32 keeps the trained weights exactly."""
     export_at_saves: bool = False
     """Every checkpoint save before the last also writes the end-of-training exports of the run as they are at
     that step, each in a folder of its own: the LoRA adapter in PEFT layout ([lora] save_adapter) to

@@ -176,6 +176,50 @@ def with_system_prompt(messages: list[Message], system_prompt: str | None) -> li
 
 # ------------------------------------------------------------------------------------------ templates
 
+# The built-in formats as Jinja chat templates, for exports (transformers and vLLM then render what titanium
+# trained on; tests/unit/test_chat_templates.py checks each against its format).
+CHATML_JINJA = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+    "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLAMA3_JINJA = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+# Qwen3's published rule for chats without tools: the last user query's answer opens with a <think> block
+# (empty when there is no reasoning), earlier answers do not; enable_thinking=false puts an empty block in the
+# generation prompt (the default here: titanium's qwen3 format trains without reasoning). Written here from that
+# rule (not copied), in the Jinja dialect of hub templates.
+QWEN3_JINJA = """
+{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{% endif %}
+{%- set ns = namespace(last_query=messages|length - 1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}
+{%- for m in messages %}
+    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+    {%- elif m.role == 'assistant' %}
+        {%- set content = m.content %}
+        {%- set reasoning = '' %}
+        {%- if '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if not (enable_thinking is defined and enable_thinking) %}{{- '<think>\n\n</think>\n\n' }}{% endif %}
+{%- endif %}
+"""
+
+
 SegmentKind = Literal["bos", "prompt", "output"]
 Segment = tuple[list[int], SegmentKind]
 
@@ -186,6 +230,8 @@ class ChatTemplate(ABC):
 
     stop_ids: set[int]
     """Ids that end an assistant turn (generation stops at any of them)."""
+    jinja: str | None = None
+    """The format as a Jinja chat template (what an export writes, so transformers renders what was trained)."""
     renders_tools = False
     """Whether `tools`, tool calls and tool messages can be rendered (only a tokenizer's own template can)."""
 
@@ -260,6 +306,8 @@ class Llama3Template(_TurnTemplate):
     Content is stripped, as Meta's reference chat format and its Hugging Face template do.
     """
 
+    jinja = LLAMA3_JINJA
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         names = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
         self.tokenizer = tokenizer
@@ -279,6 +327,7 @@ class ChatMLTemplate(_TurnTemplate):
     belongs to the turn, so it is learned with the answer."""
 
     name = "chatml"
+    jinja = CHATML_JINJA
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -303,6 +352,7 @@ class Qwen3Template(ChatMLTemplate):
     """
 
     name = "qwen3"
+    jinja = QWEN3_JINJA
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         super().__init__(tokenizer)
@@ -349,7 +399,7 @@ class JinjaTemplate(ChatTemplate):
             self._template = chat_template_environment().from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the tokenizer's chat_template is not valid Jinja: {e}") from None
-        self.tokenizer = tokenizer
+        self.tokenizer, self.jinja = tokenizer, source
         id_to_name = {i: n for n, i in tokenizer.special_tokens.items()}
         bos, eos = id_to_name.get(tokenizer.bos_id, ""), id_to_name.get(tokenizer.eos_id, "")
         self._names = {"bos_token": bos, "eos_token": eos}
@@ -522,3 +572,14 @@ def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> Cha
 def build_optional_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate | None:
     """As build_chat_template, for the data that may be plain text (SFT, DPO): none is no template."""
     return None if name == "none" else build_chat_template(name, tokenizer, model_name)
+
+
+def trained_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> str | None:
+    """The Jinja text of the chat format a run with ``--chat.chat_template name`` trained on (the tokenizer's own
+    with ``none``, when it has one): what its exports carry. None when there is none."""
+    if name == "none":
+        return getattr(tokenizer, "chat_template", None)
+    try:
+        return build_chat_template(name, tokenizer, model_name).jinja
+    except ChatTemplateError:
+        return None

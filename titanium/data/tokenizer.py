@@ -12,7 +12,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -219,6 +221,28 @@ class TiktokenTokenizer:
         except KeyError as e:
             raise ValueError(f"token id {e.args[0]} is out of range [0, {self.vocab_size})") from None
 
+    def save_pretrained(self, out: Path) -> list[str]:
+        """The ranks as a Hugging Face tokenizer.json (byte-level BPE behind Llama 3's split, the specials after the
+        ranks: the same ids) and a tokenizer_config.json, converted by transformers' own tiktoken converter; nothing
+        (and a warning) without transformers."""
+        try:
+            from transformers.convert_slow_tokenizer import TikTokenConverter
+        except ImportError:
+            logging.getLogger("titanium").warning("not writing the tokenizer to %s: transformers is not installed", out)
+            return []
+        converted = TikTokenConverter(self.path, LLAMA3_PAT_STR, extra_special_tokens=LLAMA3_SPECIAL_TOKENS).converted()
+        converted.save(str(out / TOKENIZER_FILE))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN,
+            "model_max_length": 1_000_000,
+            "clean_up_tokenization_spaces": False,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return [TOKENIZER_FILE, "tokenizer_config.json"]
+
     def __repr__(self) -> str:
         return f"TiktokenTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
 
@@ -325,16 +349,17 @@ class HFTokenizer:
         return config if isinstance(config, dict) else None
 
     def _read_chat_template(self, config: dict | None) -> str | None:
-        """The model's Jinja chat template: tokenizer_config.json's ``chat_template`` (a string, or a list of
-        named templates of which "default" is used) or, as newer exports write it, chat_template.jinja."""
+        """The model's Jinja chat template: chat_template.jinja, as newer exports write it (it wins, as in
+        transformers), or tokenizer_config.json's ``chat_template`` (a string, or a list of named templates of
+        which "default" is used)."""
+        path = self.folder / "chat_template.jinja"
+        if path.is_file():
+            return path.read_text()
         value = config.get("chat_template") if config is not None else None
         if isinstance(value, list):
             named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
             value = named.get("default")
-        if isinstance(value, str):
-            return value
-        path = self.folder / "chat_template.jinja"
-        return path.read_text() if path.is_file() else None
+        return value if isinstance(value, str) else None
 
     def _special_id(self, config: dict | None, field: str, names: Sequence[str], *, required: bool) -> int | None:
         if config is not None and field in config:
@@ -406,11 +431,33 @@ class HFTokenizer:
             raise ValueError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def save_pretrained(self, out: Path) -> list[str]:
+        """Copy the tokenizer's files (tokenizer.json, tokenizer_config.json, its chat template...) into ``out``."""
+        copied = []
+        for name in HF_TOKENIZER_FILES:
+            source = Path(self.path) if name == TOKENIZER_FILE else self.folder / name
+            if source.is_file() and source.resolve() != (out / name).resolve():
+                shutil.copyfile(source, out / name)
+                copied.append(name)
+        return copied
+
     def __repr__(self) -> str:
         return f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
 
 
 TOKENIZER_FILE = "tokenizer.json"
+HF_TOKENIZER_FILES = (
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+"""The files of a Hugging Face tokenizer folder (an export carries them)."""
 GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 """tokenizer_config.json classes whose transformers tokenizer runs tokenizer.json as it is."""
 

@@ -52,7 +52,7 @@ from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model
+from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model, reward_labels
 from titanium.rl.rewards.scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 from titanium.rl.rollout import (
     ResponseTargets,
@@ -289,7 +289,7 @@ class GRPOObjective(Objective):
         self.row_metrics = (
             "grpo/reward",
             "grpo/reward_std",
-            *(f"grpo/reward/{name}" for name in cfg.rewards),
+            *(f"grpo/reward/{label}" for label in reward_labels(cfg.rewards).values()),
             *(("grpo/accuracy",) if cfg.answer_column else ()),
             "grpo/response_len",
             "grpo/truncated",
@@ -473,11 +473,11 @@ class GRPOObjective(Objective):
         batch_std = batch_reward_std(rewards, self.device, self.ranks_per_row) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
         self.completions.keep(samples, out, {"reward": rewards, "advantage": advantages})
-        lengths = out.response_mask.sum(dim=1)
+        lengths, labels = out.response_mask.sum(dim=1), reward_labels(cfg.rewards)
         per_response = {
             "grpo/reward": rewards,
             "grpo/reward_std": rewards.float().view(-1, cfg.group_size).std(dim=1).repeat_interleave(cfg.group_size),
-            **{f"grpo/reward/{name}": values for name, values in out.rewards.per_function.items()},
+            **{f"grpo/reward/{labels[name]}": values for name, values in out.rewards.per_function.items()},
             "grpo/response_len": lengths,
             "grpo/truncated": ~out.finished,
         }

@@ -80,7 +80,7 @@ class LoRAConverter(ModelConverter):
         if ctx.spec.hf_adapter is None:
             logger.warning("not saving the LoRA adapter: model %s has no Hugging Face adapter", ctx.spec.name)
             return
-        export_peft_adapter(
+        path = export_peft_adapter(
             model,
             ctx.spec.hf_adapter,
             ctx.args,
@@ -89,6 +89,8 @@ class LoRAConverter(ModelConverter):
             base_model_name_or_path=ctx.base_model_name_or_path,
             pp_group=ctx.pp_group,
         )
+        if path is not None and ctx.save_tokenizer is not None:  # (as TRL's adapter folders carry it)
+            ctx.save_tokenizer(path)
 
     def describe(self) -> str:
         kind = "DoRA" if self.cfg.use_dora else "LoRA"

@@ -19,7 +19,7 @@ import torch
 from titanium.checkpoint.manager import load_model_weights
 from titanium.config import load_config
 from titanium.config.components import OBJECTIVES
-from titanium.data.tokenizer import build_tokenizer
+from titanium.data.tokenizer import build_tokenizer, tokenizer_origin
 from titanium.errors import UserError
 from titanium.model_builder import BuiltModel, ModelBuilder, WeightSource
 from titanium.model_setup import StartingWeights, job_converters
@@ -35,6 +35,8 @@ class LoRARun:
     """The run's job config, as saved beside its checkpoints."""
     built: BuiltModel
     """The model with the run's base and the checkpoint's adapters, on CPU."""
+    tokenizer: Any
+    """The run's tokenizer (exports carry it)."""
 
     @property
     def base_model_name_or_path(self) -> str | None:
@@ -64,7 +66,11 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
     tokenizer = build_tokenizer(cfg.tokenizer)
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed)
     spec, args = builder.resolve(
-        cfg.model, seq_len=cfg.training.seq_len, vocab_size=tokenizer.vocab_size, checkpoint=cfg.checkpoint
+        cfg.model,
+        seq_len=cfg.training.seq_len,
+        vocab_size=tokenizer.vocab_size,
+        checkpoint=cfg.checkpoint,
+        tokenizer_origin=tokenizer_origin(cfg.tokenizer),
     )
     ck = cfg.checkpoint
     spec = OBJECTIVES.load(cfg.training.objective).policy_spec(
@@ -77,4 +83,4 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
         load_model_weights(Path(start.dcp_folder), built.model, "--checkpoint.initial_load_path", part="base")
     load_model_weights(checkpoint, built.model, "checkpoint", part="trainable")
     built.model.eval()
-    return LoRARun(cfg, built)
+    return LoRARun(cfg, built, tokenizer)

@@ -159,6 +159,28 @@ def names_reward_model(spec: str) -> bool:
     return ":" not in spec and spec not in REWARDS.names() and ("/" in spec or Path(spec).is_dir())
 
 
+_EXPORT_NAME = re.compile(r"(hf|adapter|model|export)(-step-\d+)?")
+"""Folder names an export gets by default: they say nothing about which reward model it is."""
+
+
+def reward_labels(names: Sequence[str]) -> dict[str, str]:
+    """Each ``--grpo.rewards`` entry as metrics name it (``grpo/reward/<label>``), as TRL names them after the
+    function: a function's name, a reward model's folder name, with the run's folder before an export's default
+    name (``rm_run/hf`` -> ``rm_run-hf``, not ``hf``). An entry whose label another entry has keeps its spelling."""
+    labels = {}
+    for name in names:
+        if ":" in name:
+            labels[name] = name.rpartition(":")[2]
+        elif names_reward_model(name):
+            folder = Path(name).resolve()
+            generic = _EXPORT_NAME.fullmatch(folder.name) and folder.parent.name
+            labels[name] = f"{folder.parent.name}-{folder.name}" if generic else folder.name
+        else:
+            labels[name] = name
+    taken = [label for label in labels.values()]
+    return {name: label if taken.count(label) == 1 else name for name, label in labels.items()}
+
+
 def resolve_reward(spec: str) -> RewardFn:
     """A registered name, ``"package.module:function"`` imported, or ``"path/to/file.py:function"``; errors name
     ``--grpo.rewards``."""

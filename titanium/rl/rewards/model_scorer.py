@@ -102,7 +102,8 @@ class RewardModelScorer:
         if family is None:
             raise ConfigError(f"{flag}: model_type {model_type!r} has no titanium family; supported: {list_models()}")
         spec = reward_spec(get_model_spec(family), pad_token_id=pad_id)
-        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=max_seq_len)
+        origin = folder if tokenizer == "own" else None
+        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, tokenizer_origin=origin, max_seq_len=max_seq_len)
         built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder))
         model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
         return cls(model, pad_id, batch_size, name=Path(folder).name, reader=reader)
