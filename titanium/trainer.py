@@ -179,6 +179,7 @@ class Trainer:
             fixed_shapes=self.dims.pp > 1,
             sequence_multiple=self.dims.sequence_multiple,
             ranks_per_row=self.dims.devices_sharing_batch,
+            total_steps=t.steps,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(

@@ -172,6 +172,8 @@ class ObjectiveContext:
     ranks_per_row: int = 1
     """The ranks that hold each data-parallel rank's rows (its tensor-, pipeline- and context-parallel ranks): a sum
     over every rank of the job counts each row this many times."""
+    total_steps: int = 0
+    """The optimizer steps the run trains for (training.steps; TRL's ``trainer_state.max_steps``)."""
 
 
 def row_width(pad_to: PadToOption, pad_multiple: int, ctx: ObjectiveContext, option: str) -> tuple[PadTo, int]:

@@ -31,6 +31,7 @@ from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, GRPOSection, RolloutSection
 from titanium.data.chat import build_chat_template
+from titanium.data.kinds import first_columns
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.generation.background import GenerationWorker
 from titanium.generation.engine import SyncStats, build_engine
@@ -52,7 +53,14 @@ from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model, reward_labels
+from titanium.rl.rewards.functions import (
+    Rewards,
+    RewardSet,
+    TrainerState,
+    exact_match,
+    names_reward_model,
+    reward_labels,
+)
 from titanium.rl.rewards.scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 from titanium.rl.rollout import (
     ResponseTargets,
@@ -82,14 +90,25 @@ def group_advantages(
     by default that of ``rewards``), or not at all (``none``); ``eps`` keeps a group of equal rewards at 0.
     Standard deviations are unbiased (n - 1), as in the reference implementations."""
     grouped = rewards.float().view(-1, group_size)
-    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    advantages = grouped - grouped.nanmean(dim=1, keepdim=True)
     if scale == "group":
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + eps)
+        advantages = advantages / (_nanstd(grouped, dim=1) + eps)
     elif scale == "batch":
-        advantages = advantages / ((grouped.std() if batch_std is None else batch_std) + eps)
+        advantages = advantages / ((_nanstd(grouped) if batch_std is None else batch_std) + eps)
     elif scale != "none":
         raise ValueError(f"unknown reward scaling {scale!r}")
-    return advantages.flatten()
+    # A response no reward function applies to (NaN: each returned None) is left out of its group's numbers and gets
+    # no advantage, as in TRL.
+    return advantages.flatten().nan_to_num(0.0)
+
+
+def _nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The unbiased standard deviation of the values that are not NaN (over ``dim``, keeping it; None: all)."""
+    kept = ~values.isnan()
+    n = kept.sum(dim=dim, keepdim=dim is not None)
+    mean = values.nansum(dim=dim, keepdim=dim is not None) / n.clamp(min=1)
+    squares = torch.where(kept, (values - mean) ** 2, 0.0).sum(dim=dim, keepdim=dim is not None)
+    return (squares / (n - 1).clamp(min=1)).sqrt()
 
 
 def token_entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -136,7 +155,8 @@ def batch_reward_std(rewards: torch.Tensor, device: torch.device, ranks_per_row:
     its batch; the ranks of one data-parallel rank (tensor, pipeline, context parallel) hold the same batch, so the
     sums count each ``ranks_per_row`` times. (Under fault tolerance: one replica group's batches.)"""
     r = rewards.double()
-    stats = torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()]).to(device)
+    r, n = r.nan_to_num(0.0), (~r.isnan()).sum().double()  # (responses no reward applies to are left out)
+    stats = torch.stack([n, r.sum(), (r * r).sum()]).to(device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(stats)
         stats /= ranks_per_row
@@ -279,8 +299,14 @@ class GRPOObjective(Objective):
         self.prompts = prompts
         self._prompt_stream: Iterator[PromptSample] | None = None
         self.rewards = RewardSet.from_config(
-            cfg, device=ctx.device, pad_id=ctx.tokenizer.pad_id, vocab_size=ctx.tokenizer.vocab_size
+            cfg,
+            device=ctx.device,
+            pad_id=ctx.tokenizer.pad_id,
+            vocab_size=ctx.tokenizer.vocab_size,
+            columns=first_columns(data)[0],  # (TRL's signature check of the reward functions, at start-up)
         )
+        self.total_steps = ctx.total_steps
+        self._reward_logs: dict[str, list[float]] = {}  # (TRL's log_metric, until the next log line)
         sharded = sharded_reward_models(cfg, self.policy, ctx.tokenizer.pad_id, ctx.vocab_size, ctx.seq_len)
         self.reward_models = {name: ctx.models.frozen(source=source) for name, source in sharded.items()}
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
@@ -379,7 +405,12 @@ class GRPOObjective(Objective):
         """The step's per-response metrics (sums over its responses), its policy lag, the generation throughput
         and the engine/trainer mismatch of the batch first used at it, and the seconds since the last prepare."""
         responses = torch.tensor(float(sum(part["tokens"].shape[0] for part in parts)), device=self.device)
-        metrics = {name: (sum(part[name].sum() for part in parts), responses) for name in self.row_metrics}
+        metrics = {
+            name: (sum(part[name].nansum() for part in parts), responses)  # (a reward function's: where it applies)
+            if not name.startswith("grpo/reward/")
+            else (sum(part[name].nansum() for part in parts), sum((~part[name].isnan()).sum() for part in parts))
+            for name in self.row_metrics
+        }
         metrics["grpo/policy_lag"] = (lag * responses, responses)
         if made:
             generated = torch.tensor(float(sum(b.generated_tokens for b in made)), device=self.device)
@@ -405,7 +436,8 @@ class GRPOObjective(Objective):
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
         trl_prompts = [s.trl_prompt for s in samples for _ in range(self.cfg.group_size)]
-        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts)
+        state = TrainerState(global_step=out.version, max_steps=self.total_steps)
+        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts, state)
         return to_rollout(samples, self.cfg.group_size, generation, rewards, self.tokenizer), out.version
 
     def _prompts_per_batch(self, microbatches: int) -> int:
@@ -473,10 +505,14 @@ class GRPOObjective(Objective):
         batch_std = batch_reward_std(rewards, self.device, self.ranks_per_row) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
         self.completions.keep(samples, out, {"reward": rewards, "advantage": advantages})
+        for name, values in out.rewards.logged.items():
+            self._reward_logs.setdefault(name, []).extend(values)
         lengths, labels = out.response_mask.sum(dim=1), reward_labels(cfg.rewards)
         per_response = {
             "grpo/reward": rewards,
-            "grpo/reward_std": rewards.float().view(-1, cfg.group_size).std(dim=1).repeat_interleave(cfg.group_size),
+            "grpo/reward_std": _nanstd(rewards.float().view(-1, cfg.group_size), dim=1)
+            .flatten()
+            .repeat_interleave(cfg.group_size),
             **{f"grpo/reward/{labels[name]}": values for name, values in out.rewards.per_function.items()},
             "grpo/response_len": lengths,
             "grpo/truncated": ~out.finished,
@@ -615,7 +651,9 @@ class GRPOObjective(Objective):
             "grpo/long_prompts_skipped": self.prompts.too_long,
             "grpo/stale_rollouts_dropped": self.queue.dropped,
         }
-        return {k: float(v) for k, v in counters.items() if v}
+        logged = {f"grpo/{name}": sum(values) / len(values) for name, values in self._reward_logs.items()}
+        self._reward_logs = {}  # (TRL's log_metric: the mean since the last log line, this rank's)
+        return {**{k: float(v) for k, v in counters.items() if v}, **logged}
 
     def tables(self, step: int) -> dict[str, Table]:
         """Every ``log_completions`` steps: the first responses of the batch trained on, with rewards and advantages."""
