@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+from glob import glob
 from pathlib import Path
 from typing import Any
 
 from titanium.checkpoint.hf import has_tokenizer
 from titanium.config import ConfigError, load_config
 from titanium.config.sections import TokenizerSection
-from titanium.data.kinds import detect_kind, has_column
+from titanium.config.validate import looks_local
+from titanium.data.kinds import detect_kind, has_column, string_rule
 from titanium.models import hf_family
 
 logger = logging.getLogger("titanium")
@@ -39,8 +42,10 @@ def resolve_inputs(cfg: Any, given: frozenset[str]) -> None:
     ck = cfg.checkpoint
     if ck.initial_load_in_hf and ck.initial_load_path and (Path(ck.initial_load_path) / "config.json").is_file():
         _from_hf_folder(cfg, Path(ck.initial_load_path), given)
+    objective = cfg.training.objective
+    if cfg.data.kind == "synthetic" or (looks_local(cfg.data.path) and not glob(os.path.expanduser(cfg.data.path))):
+        return  # (no rows to look at; the config check names missing data)
     if cfg.data.kind == "auto":
-        objective = cfg.training.objective
         cfg.data.kind, why = detect_kind(cfg.data, objective)
         logger.info("--data.kind auto: %s (%s)", cfg.data.kind, why)
         section = getattr(cfg, objective, None) if objective in ("grpo", "ppo") else None
@@ -49,6 +54,9 @@ def resolve_inputs(cfg: Any, given: frozenset[str]) -> None:
             if not has_column(cfg.data, section.answer_column):
                 logger.info("no '%s' column: prompts have no reference answers (--%s)", section.answer_column, answer)
                 section.answer_column = ""
+    rule = string_rule(cfg.data, objective, cfg.chat.chat_template)
+    if rule is not None:
+        logger.info("strings in %s: %s", cfg.data.path, rule)
 
 
 def _from_hf_folder(cfg: Any, folder: Path, given: frozenset[str]) -> None:

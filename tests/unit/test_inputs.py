@@ -117,3 +117,21 @@ def test_grpo_prompts_without_answers(tmp_path):
         ]
     )  # fmt: skip
     assert cfg.data.kind == "chat" and cfg.grpo.answer_column == ""
+
+
+def test_a_start_up_line_says_what_strings_mean(tmp_path, caplog):
+    """TRL reads strings as plain text everywhere; titanium keeps the chat format for preference and prompt strings
+    (its preference and RL data follow a chat model's SFT) and says so at start-up, with the way to TRL's rule."""
+    from titanium.config.sections import DataSection
+    from titanium.data.kinds import string_rule
+
+    pairs = DataSection(
+        kind="preference", path=_jsonl(tmp_path / "p.jsonl", {"prompt": "p", "chosen": "c", "rejected": "r"})
+    )
+    assert "--chat.chat_template none does so here" in string_rule(pairs, "dpo", "auto")
+    assert string_rule(pairs, "dpo", "none") == "string rows are plain text, as in TRL"
+    completions = DataSection(kind="chat", path=_jsonl(tmp_path / "c.jsonl", {"prompt": "p", "completion": "c"}))
+    assert string_rule(completions, "sft", "auto").startswith("string prompt/completion rows are plain text")
+    prompts = DataSection(kind="chat", path=_jsonl(tmp_path / "g.jsonl", {"prompt": "p"}))
+    assert "--data.kind text --data.text_column prompt" in string_rule(prompts, "grpo", "auto")
+    assert string_rule(DataSection(kind="chat", path=_jsonl(tmp_path / "m.jsonl", CHAT)), "sft", "auto") is None

@@ -45,16 +45,51 @@ def detect_kind(cfg: DataSection, objective: str) -> tuple[str, str]:
     )
 
 
-def first_columns(cfg: DataSection) -> tuple[set[str], str]:
-    """The columns of the first row of ``cfg``'s data that is an object, and where it was found."""
+def first_row(cfg: DataSection) -> tuple[Mapping, str]:
+    """The first row of ``cfg``'s data that is an object, and where it was found."""
     source = resolve_sources(cfg)[0]
     for _, value in islice(stream_rows(source, 0), _ROWS_LOOKED_AT):
         if isinstance(value, Mapping):
-            return {k for k, v in value.items() if v is not None}, source.label
+            return value, source.label
     raise DataError(
         f"--data.kind auto: the first {_ROWS_LOOKED_AT} rows of {source.label} hold no JSON object with columns; "
         "fix the file or set --data.kind"
     )
+
+
+def first_columns(cfg: DataSection) -> tuple[set[str], str]:
+    """The columns (not null) of the first row of ``cfg``'s data that is an object, and where it was found."""
+    row, where = first_row(cfg)
+    return {k for k, v in row.items() if v is not None}, where
+
+
+STRING_RULES = {
+    "sft": "string prompt/completion rows are plain text, as in TRL (rows of messages go through the chat template)",
+    "preference": "string prompt/chosen/rejected rows become a user turn and assistant answers in the chat template "
+    "(TRL reads them as plain text; --chat.chat_template none does so here)",
+    "prompts": "a string prompt becomes one user message in the chat template (TRL reads it as plain text; "
+    "--data.kind text --data.text_column prompt does so here)",
+}
+"""What a string row means, by objective family. Not TRL's one rule (strings are plain text everywhere) because
+titanium's preference and prompt data follow a chat model's SFT, whose format they must keep: the same string
+read as plain text would train a chat model on text it never sees when served; the start-up line says which
+rule applies and how to get TRL's."""
+
+
+def string_rule(cfg: DataSection, objective: str, chat_template: str) -> str | None:
+    """The start-up line on what the data's strings mean for ``objective``, when its first row holds strings."""
+    if cfg.kind == "synthetic" or objective == "pretrain":
+        return None
+    row, _ = first_row(cfg)
+    if not isinstance(row.get(cfg.prompt_column), str):
+        return None
+    if objective in ("sft", "kd"):
+        return STRING_RULES["sft"] if isinstance(row.get(cfg.completion_column), str) else None
+    if chat_template == "none" or cfg.kind == "text":
+        return "string rows are plain text, as in TRL"
+    if cfg.kind in ("preference", "unpaired"):
+        return STRING_RULES["preference"]
+    return STRING_RULES["prompts"] if cfg.kind == "chat" else None
 
 
 def has_column(cfg: DataSection, column: str) -> bool:
