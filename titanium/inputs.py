@@ -18,12 +18,10 @@ from glob import glob
 from pathlib import Path
 from typing import Any
 
-from titanium.checkpoint.hf import has_tokenizer
 from titanium.config import ConfigError, load_config
 from titanium.config.sections import TokenizerSection
 from titanium.config.validate import looks_local
-from titanium.data.kinds import detect_kind, has_column, string_rule
-from titanium.models import hf_family
+from titanium.data.tokenizer import has_tokenizer
 
 logger = logging.getLogger("titanium")
 
@@ -39,6 +37,8 @@ def load_job(argv: list[str]) -> Any:
 def resolve_inputs(cfg: Any, given: frozenset[str]) -> None:
     """Fill in from the Hugging Face start folder and the data what the config (``given``: the keys it set) leaves
     out; log each choice."""
+    from titanium.data.kinds import detect_kind, has_column, string_rule  # (reads data: torch-backed readers)
+
     ck = cfg.checkpoint
     if ck.initial_load_in_hf and ck.initial_load_path and (Path(ck.initial_load_path) / "config.json").is_file():
         _from_hf_folder(cfg, Path(ck.initial_load_path), given)
@@ -47,7 +47,8 @@ def resolve_inputs(cfg: Any, given: frozenset[str]) -> None:
         return  # (no rows to look at; the config check names missing data)
     if cfg.data.kind == "auto":
         cfg.data.kind, why = detect_kind(cfg.data, objective)
-        logger.info("--data.kind auto: %s (%s)", cfg.data.kind, why)
+        if objective != "pretrain":  # (pretraining reads text whatever the columns)
+            logger.info("--data.kind auto: %s (%s)", cfg.data.kind, why)
         section = getattr(cfg, objective, None) if objective in ("grpo", "ppo") else None
         answer = f"{objective}.answer_column"
         if section is not None and section.answer_column and answer not in given:
@@ -61,6 +62,8 @@ def resolve_inputs(cfg: Any, given: frozenset[str]) -> None:
 
 def _from_hf_folder(cfg: Any, folder: Path, given: frozenset[str]) -> None:
     """The family from config.json's model_type, and the folder's own tokenizer."""
+    from titanium.models import hf_family  # (the model registry imports torch)
+
     try:
         model_type = json.loads((folder / "config.json").read_text()).get("model_type")
     except (OSError, ValueError, AttributeError):

@@ -13,7 +13,6 @@ import os
 import sys
 from pathlib import Path
 
-from titanium.checkpoint.hub import check_push
 from titanium.config import ConfigError, JobConfig
 from titanium.config.sections import ModelSection
 from titanium.errors import UserError, report
@@ -60,6 +59,8 @@ def check_job(cfg: JobConfig, world_size: int) -> ParallelDims:
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     ck = cfg.checkpoint
     if ck.push_to_hub:
+        from titanium.checkpoint.hub import check_push  # (the checkpoint package imports DCP: only when pushing)
+
         check_push(ck.push_to_hub, "--checkpoint.push_to_hub")
     if ck.initial_load_path and not ck.initial_load_in_hf:
         from titanium.checkpoint.manager import check_checkpoint  # (imports DCP: only when there is one to check)

@@ -105,8 +105,10 @@ class Trainer:
             warn_if_changed(folder / "config.toml", to_toml_dict(self.cfg))  # (before it is written over)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.toml").write_text(text)
-        if self.cfg.job.print_config:
-            logger.info("resolved config (saved to %s):\n%s", folder / "config.toml", text)
+        level = logging.INFO if self.cfg.job.print_config else logging.DEBUG
+        logger.log(level, "resolved config (saved to %s):\n%s", folder / "config.toml", text)
+        if level != logging.INFO:
+            logger.info("resolved config saved to %s", folder / "config.toml")
 
     def _build_model(self) -> None:
         """Through the one builder: meta model -> converters -> PP split -> plan -> weights; the

@@ -32,6 +32,7 @@ from torch import nn
 from titanium.checkpoint.full_blocks import full_blocks
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
+from titanium.data.tokenizer import has_tokenizer
 from titanium.errors import UserError
 from titanium.files import replace_folder
 from titanium.models import hf_family, list_models
@@ -154,15 +155,6 @@ def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
             f"--model.name {spec.name} has no Hugging Face adapter; unset --checkpoint.initial_load_in_hf "
             "and --checkpoint.last_save_in_hf"
         )
-
-
-TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-"""Files that give a Hugging Face folder a tokenizer of its own (a tokenizer_config.json alone is no vocabulary)."""
-
-
-def has_tokenizer(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` carries its own tokenizer."""
-    return any((Path(folder) / name).is_file() for name in TOKENIZER_VOCAB_FILES)
 
 
 PADDING_ROWS = 1024

@@ -32,6 +32,12 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 PROG = "python -m titanium.train"
 """How --help and the unknown-option message name the program: as users type it (not the path of train.py)."""
+DESCRIPTION = (
+    "Train or post-train a model with titanium. Every key of a TOML job config is a flag (--section.key value); "
+    "dataclass defaults < --job.config_file < flags. Started from a Hugging Face folder "
+    "(--checkpoint.initial_load_path X --checkpoint.initial_load_in_hf), the family, tokenizer and chat template "
+    "are the folder's, and --data.kind auto reads the data's columns."
+)
 Resolver = Callable[[Any, frozenset[str]], None]
 """Fills in what a job's inputs say (titanium.inputs): called with the config and the keys ("section.key") the TOML
 file or the command line set, before validation."""
@@ -53,7 +59,7 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     if config_file is not None:
         _apply_toml(base, data, config_file)
         base.job.config_file = config_file
-    cfg = tyro.cli(job_config, prog=PROG, args=argv, default=base, use_underscores=True)
+    cfg = tyro.cli(job_config, prog=PROG, description=DESCRIPTION, args=argv, default=base, use_underscores=True)
     if resolve is not None:
         resolve(cfg, _given_keys(argv, data))
     for problem in validate(cfg):

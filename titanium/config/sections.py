@@ -23,8 +23,9 @@ class JobSection:
     """Folder for everything the run writes: resolved config, TensorBoard events, checkpoints."""
     description: str = ""
     """Free text describing the run; printed at start-up and saved with the config."""
-    print_config: bool = True
-    """Print the resolved config on rank 0 at start-up."""
+    print_config: bool = False
+    """Also print the whole resolved config on rank 0 at start-up. It is always saved to dump_folder/config.toml (the
+    log names the file) and logged at debug level (TITANIUM_LOG_LEVEL=DEBUG)."""
 
 
 @dataclass

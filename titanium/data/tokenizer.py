@@ -13,6 +13,7 @@ import base64
 import binascii
 import json
 import logging
+import os
 import re
 import shutil
 from collections.abc import Iterator, Sequence
@@ -535,6 +536,15 @@ def build_tokenizer(cfg: TokenizerSection) -> Tokenizer:
     if cfg.kind == "byte":
         return ByteTokenizer()
     raise ValueError(f"unknown tokenizer kind {cfg.kind!r}; expected 'tiktoken', 'hf' or 'byte'")
+
+
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""Files that give a Hugging Face folder a tokenizer of its own (a tokenizer_config.json alone is no vocabulary)."""
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` carries its own tokenizer."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_VOCAB_FILES)
 
 
 def tokenizer_origin(cfg: TokenizerSection) -> str:
