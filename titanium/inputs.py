@@ -83,7 +83,8 @@ def _from_hf_folder(cfg: Any, folder: Path, given: frozenset[str]) -> None:
         _check_same_tokenizer(cfg.tokenizer, folder)
         return
     cfg.tokenizer.kind, cfg.tokenizer.path = "hf", str(folder)
-    logger.info("from %s: model %s (model_type %r), its tokenizer and chat template", folder, family, model_type)
+    model = f"model {family} (model_type {model_type!r}), " if family is not None else ""
+    logger.info("from %s: %sits tokenizer and chat template", folder, model)
 
 
 def _check_same_tokenizer(section: TokenizerSection, folder: Path) -> None:
