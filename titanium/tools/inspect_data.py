@@ -44,14 +44,16 @@ class Sample:
 
 def samples_of(batch: Any, first_row: int = 0) -> Iterator[Sample]:
     """The samples of a microbatch (its rows numbered from ``first_row``): each row cut where its document ids
-    change; token t is learned when the label at t - 1 (the prediction of token t) is not ignored."""
+    change; token t is learned when the label at t - 1 (the prediction of token t) is not ignored, or, in rows whose
+    responses share a prompt (DPO's ``label_sources``), the label at t itself."""
     labels = getattr(batch.fields, "labels", None)
+    own_column = getattr(batch.fields, "label_sources", None) is not None
     for row in range(batch.tokens.shape[0]):
         tokens = batch.tokens[row].tolist()
         learned = [False] * len(tokens)
         if labels is not None:
-            targets = labels[row].tolist()
-            learned = [False] + [target != IGNORE_INDEX for target in targets[:-1]]
+            targets = [target != IGNORE_INDEX for target in labels[row].tolist()]
+            learned = targets if own_column else [False, *targets[:-1]]
         documents = batch.document_ids[row].tolist() if batch.document_ids is not None else [0] * len(tokens)
         start = 0
         for end in range(1, len(tokens) + 1):
@@ -91,6 +93,28 @@ def describe(sample: Sample, index: int, tokenizer: Any, color: bool) -> str:
     )
 
 
+class _NoModel:
+    """Stands in for a model an objective asks for at construction (a DPO reference, a KD teacher): inspecting data
+    never runs one."""
+
+    def __init__(self, what: str) -> None:
+        self._what = what
+
+    def __getattr__(self, name: str) -> Any:
+        raise RuntimeError(f"inspect_data builds no models; the objective used its {self._what} ({name})")
+
+
+class _NoModels:
+    def frozen(self, **kwargs: Any) -> Any:
+        return _NoModel("frozen model")
+
+    def policy(self) -> Any:
+        return _NoModel("policy")
+
+    def trainable(self, source: Any) -> Any:
+        return _NoModel("trained model")
+
+
 def _objective(cfg: Any, tokenizer: Any) -> Any:
     """The run's objective, built without models (the data side only), on the CPU, one data-parallel rank."""
     from titanium.objectives import ObjectiveContext, build_objective
@@ -106,7 +130,7 @@ def _objective(cfg: Any, tokenizer: Any) -> Any:
         dp_world=1,
         seed=cfg.debug.seed,
         loss_chunk_size=t.loss_chunk_size,
-        models=None,
+        models=_NoModels(),
         device=torch.device("cpu"),
         chat=cfg.chat,
         dump_folder=cfg.job.dump_folder,
