@@ -243,15 +243,16 @@ class ModelBuilder:
         hf_folder: str | os.PathLike | None = None,
         hf_option: str | None = None,
         family_option: str = "--model.name",
+        tokenizer_origin: str | os.PathLike | None = None,
     ) -> tuple[ModelSpec, Any]:
         """The family spec and args of ``[model]``, with ``seq_len`` as RoPE length.
 
         When the model is built from a Hugging Face config.json (``hf_folder``, named by the setting ``hf_option``, or
         the ``[checkpoint]`` start folder with ``initial_load_in_hf``, or ``[model] hf_config``), that file gives the
         family or backend (``resolve_spec``), the architecture and the vocabulary (which ``vocab_size``, the
-        tokenizer's, must fit); otherwise the flavor does, with ``vocab_size`` (None: the flavor's).
-        ``family_option``: the setting that picks the family (a tool's own flag), for the error on a folder of another
-        family."""
+        tokenizer's, read from ``tokenizer_origin``, must fit); otherwise the flavor does, with ``vocab_size`` (None:
+        the flavor's). ``family_option``: the setting that picks the family (a tool's own flag), for the error on a
+        folder of another family."""
         if checkpoint is not None and hf_folder is None and checkpoint.initial_load_in_hf:
             hf_folder, hf_option = checkpoint.initial_load_path, "--checkpoint.initial_load_path"
         folder = config_folder(model, hf_folder)
@@ -266,6 +267,7 @@ class ModelBuilder:
                 spec,
                 folder,
                 tokenizer_vocab=vocab_size,
+                tokenizer_origin=tokenizer_origin,
                 option=hf_option,
                 family_option=family_option,
                 max_seq_len=seq_len,

@@ -12,8 +12,9 @@ from titanium.checkpoint.manager import complete_steps
 from titanium.config.components import CONVERTERS
 from titanium.config.errors import ConfigError
 from titanium.config.sections import CheckpointSection, CompileSection, TrainingSection
-from titanium.model_builder import DTYPES, WeightSource
+from titanium.model_builder import DTYPES, WeightSource, config_folder, resolve_spec
 from titanium.models.converter import ConverterContext, ModelConverter
+from titanium.models.spec import ModelSpec
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.parallelize import PlanConfig
 from titanium.precision import compute_dtype
@@ -37,12 +38,25 @@ def job_plan(
     )
 
 
+def job_model_spec(cfg: Any) -> ModelSpec:
+    """The family or backend that builds the job's model, decided from its config.json where there is one (the
+    Hugging Face start folder's, or ``[model] hf_config``; ``titanium.model_builder.resolve_spec``)."""
+    ck = cfg.checkpoint
+    start = ck.initial_load_path if ck.initial_load_in_hf else None
+    return resolve_spec(cfg.model, config_folder(cfg.model, start))[0]
+
+
 def job_converters(cfg: Any, dims: ParallelDims, device_type: str | None) -> list[ModelConverter]:
     """The registered converters (titanium/config/components.py) that their own sections of ``cfg`` turn on, in
     registration order; each sees only its section. ``device_type``: where the run computes (None: a dry run, no
     hardware checks). A section left at its defaults is off, and its converter is not even imported (torchao is
     slow to import)."""
-    ctx = ConverterContext(shard_degree=dims.dp_shard * dims.cp, fsdp=dims.fsdp_enabled, device_type=device_type)
+    ctx = ConverterContext(
+        shard_degree=dims.dp_shard * dims.cp,
+        fsdp=dims.fsdp_enabled,
+        device_type=device_type,
+        hf_adapter=job_model_spec(cfg).hf_adapter,
+    )
     converters = []
     for component in CONVERTERS:
         assert component.section is not None, f"converter {component.name} has no config section"

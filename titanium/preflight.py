@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from titanium.checkpoint.hf import hf_model_args, require_hf_adapter
-from titanium.checkpoint.hub import check_push
-from titanium.config import ConfigError, JobConfig, load_config
+from titanium.config import ConfigError, JobConfig
 from titanium.config.components import OBJECTIVES
 from titanium.errors import UserError, report
+from titanium.inputs import load_job
 from titanium.model_builder import ModelSource, config_folder, resolve_spec
 from titanium.model_setup import StartingWeights, job_converters
 from titanium.models import build_model_args
@@ -35,7 +35,7 @@ from titanium.optim.in_backward import check_in_backward
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.pipeline import check_pipeline
 from titanium.peft.export import check_adapter_export
-from titanium.peft.lora import check_lora_config
+from titanium.peft.lora import check_lora_config, check_peft_targets
 
 
 def start_model(cfg: JobConfig) -> tuple[ModelSource, str]:
@@ -143,10 +143,14 @@ def check_job(cfg: JobConfig, world_size: int, device_type: str | None = None) -
     dims.check_model(start.args.decoder_args(), model=described, seq_len=cfg.training.seq_len)
     check_model(cfg, dims, start, described)
     check_lora_config(cfg.lora)
+    if cfg.lora.rank:
+        check_peft_targets(cfg.lora.target_modules, start.spec.hf_adapter, start.spec.name)
     check_model_build(cfg, dims, start)
     dims.grad_accum_steps(cfg.training.local_batch_size, cfg.training.global_batch_size)
     check_in_backward(cfg.optimizer, cfg.training, dp_degree=dims.dp_degree, pp_degree=dims.pp)
     if ck.push_to_hub:
+        from titanium.checkpoint.hub import check_push  # (the checkpoint package imports DCP: only when pushing)
+
         check_push(ck.push_to_hub, "--checkpoint.push_to_hub")
     if ck.initial_load_path and not ck.initial_load_in_hf:
         from titanium.checkpoint.manager import check_checkpoint  # (imports DCP: only when there is one to check)
@@ -164,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--help" in argv or "-h" in argv:
         return 0  # titanium.train prints the help
     try:
-        check_job(load_config(argv), int(os.environ.get("WORLD_SIZE", 1)))
+        check_job(load_job(argv), int(os.environ.get("WORLD_SIZE", 1)))
     except UserError as e:
         report(e)
         return 2

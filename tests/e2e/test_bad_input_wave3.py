@@ -80,8 +80,8 @@ CASES = [
     Case(
         "hf_start_of_another_family",
         (*DEBUG, "--model.name", "llama3", *hf_start("{qwen3}")),
-        "--checkpoint.initial_load_path: {qwen3}/config.json: model_type 'qwen3' is not a llama3 checkpoint ('llama'); "
-        "use --model.name qwen3",
+        "--model.name llama3 disagrees with {qwen3}/config.json (model_type 'qwen3': titanium's qwen3); leave "
+        "--model.name out (the folder says it)",
     ),
     Case(
         "hf_shape_against_tensor_parallel",

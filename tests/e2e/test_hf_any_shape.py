@@ -159,8 +159,8 @@ def test_other_family_or_unsupported_feature_fails_before_training(tmp_path: Pat
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert (
-        f"titanium: error: --checkpoint.initial_load_path: {source / 'config.json'}: model_type 'qwen3' is not a "
-        "llama3 checkpoint ('llama'); use --model.name qwen3"
+        f"titanium: config error: --model.name llama3 disagrees with {source / 'config.json'} (model_type 'qwen3': "
+        "titanium's qwen3); leave --model.name out (the folder says it)"
     ) in err
 
     config = json.loads((source / "config.json").read_text())

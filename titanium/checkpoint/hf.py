@@ -32,6 +32,7 @@ from torch import nn
 from titanium.checkpoint.full_blocks import full_blocks
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
+from titanium.data.tokenizer import has_tokenizer
 from titanium.errors import UserError
 from titanium.files import replace_folder
 from titanium.models import hf_family, list_models
@@ -171,6 +172,11 @@ def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
         )
 
 
+PADDING_ROWS = 1024
+"""How many more embedding rows than tokenizer ids padding explains: published models round their table up to a
+multiple of 64 to 1,024 (Qwen2.5: 151,665 ids, 151,936 rows). A tokenizer further short is another model's."""
+
+
 def hf_model_args(
     spec: Any,
     folder: str | os.PathLike,
@@ -178,18 +184,20 @@ def hf_model_args(
     tokenizer_vocab: int | None = None,
     option: str | None = None,
     family_option: str | None = None,
+    tokenizer_origin: str | os.PathLike | None = None,
     **overrides: Any,
 ) -> Any:
     """The family args that a Hugging Face folder's ``config.json`` describes: the one way the trainer, the dry
     run and every tool learn the architecture of an HF model (a flavor is a preset for fresh models, never a
     requirement, so a fine-tuned, pruned or unlisted size loads as it is).
 
-    ``overrides`` replace args (the trainer's ``max_seq_len``). With ``tokenizer_vocab`` the tokenizer must fit
-    the checkpoint's embedding table: it may have fewer ids (Qwen pads its table) but never more. Errors name
-    ``option`` (the setting that pointed at the folder) and the file and field: another family's checkpoint, a
-    feature the family does not implement, a shape its args refuse. For another family's checkpoint the fix is
-    ``family_option`` (the setting that picks this folder's family, e.g. ``--kd.teacher_model``), or, when none
-    does (a value model is the policy's family), another folder.
+    ``overrides`` replace args (the trainer's ``max_seq_len``). With ``tokenizer_vocab`` the tokenizer (read from
+    ``tokenizer_origin``, a file or folder) must fit the checkpoint's embedding table: never more ids, and fewer
+    only by padding (``PADDING_ROWS``) unless it is the folder's own. Errors name ``option`` (the setting that
+    pointed at the folder) and the file and field: another family's checkpoint, a feature the family does not
+    implement, a shape its args refuse. For another family's checkpoint the fix is ``family_option`` (the setting
+    that picks this folder's family, e.g. ``--kd.teacher_model``), or, when none does (a value model is the
+    policy's family), another folder.
     """
     source, by = Path(folder) / CONFIG_FILE, named_by(option)
     adapter = spec.hf_adapter
@@ -217,16 +225,39 @@ def hf_model_args(
         what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
         raise HFConfigError(f"{by}{source}: {what}") from None
     if tokenizer_vocab is not None:
-        vocab = args.vocab_size
-        if tokenizer_vocab > vocab:
-            raise HFCheckpointError(
-                f"{by}the tokenizer has {tokenizer_vocab} ids but {source} has vocab_size {vocab}: ids past the "
-                "embedding table cannot be trained; use the checkpoint's own tokenizer "
-                f"(--tokenizer.kind hf --tokenizer.path {Path(folder) / 'tokenizer.json'})"
-            )
-        if tokenizer_vocab < vocab:
-            logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
+        check_tokenizer_fits(tokenizer_vocab, args.vocab_size, folder, tokenizer_origin)
     return args
+
+
+def check_tokenizer_fits(
+    tokenizer_vocab: int, rows: int, folder: str | os.PathLike, origin: str | os.PathLike | None
+) -> None:
+    """A tokenizer of ``tokenizer_vocab`` ids (from ``origin``) fits the ``rows`` of the embedding of the model in
+    ``folder``: never more ids, and fewer only by padding unless it is the folder's own (a run that trains another
+    tokenizer's ids into a model is refused, not noted)."""
+    source = Path(folder) / CONFIG_FILE
+    named = f"the tokenizer {str(origin)!r}" if origin is not None else "the tokenizer"
+    own = origin is not None and Path(folder).resolve() in (Path(origin).resolve(), Path(origin).resolve().parent)
+    fix = (
+        f"use the folder's own tokenizer (leave the --tokenizer flags out, or --tokenizer.kind hf --tokenizer.path "
+        f"{folder})"
+        if has_tokenizer(folder)
+        else f"{folder} has no tokenizer files: point --tokenizer.kind hf --tokenizer.path at the tokenizer the "
+        "model was trained with (or save it into the folder)"
+    )
+    if tokenizer_vocab > rows:
+        raise HFCheckpointError(
+            f"{named} has {tokenizer_vocab} ids but {source} has vocab_size {rows}: ids past the embedding table "
+            f"cannot be trained; {fix}"
+        )
+    if tokenizer_vocab < rows - PADDING_ROWS + 1 and not own:
+        raise HFCheckpointError(
+            f"{named} has {tokenizer_vocab} ids but {source} has vocab_size {rows}: {rows - tokenizer_vocab} rows "
+            f"more than ids is not padding (published models pad by fewer than {PADDING_ROWS}), so it is not this "
+            f"model's tokenizer; {fix}"
+        )
+    if tokenizer_vocab < rows:
+        logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, rows)
 
 
 def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: Mapping[str, tuple[int, ...]]) -> None:

@@ -61,7 +61,7 @@ def _validate_objective_data(cfg: JobConfig) -> Iterator[str]:
     """The data the chosen objective reads, named before any other problem of the pair: the user picked the
     objective, so the data kind is what to fix (not the objective a data kind would suit)."""
     objective, kind = cfg.training.objective, cfg.data.kind
-    if objective in OBJECTIVE_DATA and kind not in OBJECTIVE_DATA[objective][0]:
+    if objective in OBJECTIVE_DATA and kind != "auto" and kind not in OBJECTIVE_DATA[objective][0]:
         yield f"--training.objective {objective} {OBJECTIVE_DATA[objective][1]}, not {kind}"
 
 
@@ -179,9 +179,12 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             f"--tokenizer.path: file not found: {cfg.tokenizer.path} "
             "(run from the repository root, or point it at a Llama 3 tokenizer.model / .tiktoken file)"
         )
-    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
-        yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind in ("text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
+    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).exists():
+        yield (
+            f"--tokenizer.path: not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a Hugging Face tokenizer "
+            "folder or its tokenizer.json)"
+        )
+    if cfg.data.kind in ("auto", "text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
@@ -525,7 +528,7 @@ def _validate_rl_job(cfg: JobConfig) -> Iterator[str]:
     """What an objective drawing from the rollout source needs of the rest of the config: prompts, room for prompt +
     response, and no fault tolerance with dynamic sampling."""
     rl, t, objective = cfg.rl, cfg.training, cfg.training.objective
-    if cfg.data.kind not in ("chat", "instruct", "text"):
+    if cfg.data.kind not in ("auto", "chat", "instruct", "text"):
         yield f"--training.objective {objective} reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if rl.max_prompt_len + rl.max_new_tokens > t.seq_len:
         yield (

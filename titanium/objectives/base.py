@@ -204,6 +204,8 @@ class ObjectiveContext:
     """The loop's divisor of a step's loss for these placed microbatches: their loss units added over the data- and
     context-parallel ranks, as the loop counts them before the forward (for a model an objective trains apart under
     the same loss rule). Every rank calls it together."""
+    total_steps: int = 0
+    """The optimizer steps the run trains for (training.steps; TRL's ``trainer_state.max_steps``)."""
 
 
 class Objective(ABC):

@@ -53,14 +53,25 @@ def group_advantages(
     by default that of ``rewards``), or not at all (``none``); ``eps`` keeps a group of equal rewards at 0.
     Standard deviations are unbiased (n - 1), as in the reference implementations."""
     grouped = rewards.float().view(-1, group_size)
-    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    advantages = grouped - grouped.nanmean(dim=1, keepdim=True)
     if scale == "group":
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + eps)
+        advantages = advantages / (nanstd(grouped, dim=1) + eps)
     elif scale == "batch":
-        advantages = advantages / ((grouped.std() if batch_std is None else batch_std) + eps)
+        advantages = advantages / ((nanstd(grouped) if batch_std is None else batch_std) + eps)
     elif scale != "none":
         raise ValueError(f"unknown reward scaling {scale!r}")
-    return advantages.flatten()
+    # A response no reward function applies to (NaN: each returned None) is left out of its group's numbers and gets
+    # no advantage, as in TRL.
+    return advantages.flatten().nan_to_num(0.0)
+
+
+def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The unbiased standard deviation of the values that are not NaN (over ``dim``, keeping it; None: all)."""
+    kept = ~values.isnan()
+    n = kept.sum(dim=dim, keepdim=dim is not None)
+    mean = values.nansum(dim=dim, keepdim=dim is not None) / n.clamp(min=1)
+    squares = torch.where(kept, (values - mean) ** 2, 0.0).sum(dim=dim, keepdim=dim is not None)
+    return (squares / (n - 1).clamp(min=1)).sqrt()
 
 
 def check_pipeline_rows(cfg: GRPOSection, local_batch_size: int, pipeline_microbatch_size: int | None) -> None:
@@ -79,7 +90,8 @@ def batch_reward_std(rewards: torch.Tensor, sum_over_data: Any) -> float:
     ``ObjectiveContext.sum_over_data``), so that ``scale_rewards = "batch"`` does not depend on how the batch is
     split over ranks. (Under fault tolerance: one replica group's batches.)"""
     r = rewards.double()
-    stats = sum_over_data(torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()]))
+    r, n = r.nan_to_num(0.0), (~r.isnan()).sum().double()  # (responses no reward applies to are left out)
+    stats = sum_over_data(torch.stack([n, r.sum(), (r * r).sum()]))
     n, total, squares = stats.tolist()
     return math.sqrt(max(squares - total * total / n, 0.0) / max(n - 1, 1))
 
@@ -227,7 +239,7 @@ class GRPOObjective(Objective):
         batch_std = batch_reward_std(rewards, self.sum_over_data) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
         self.source.keep(scored, {"reward": rewards, "advantage": advantages})
-        std = rewards.float().view(-1, cfg.group_size).std(dim=1).repeat_interleave(cfg.group_size)
+        std = nanstd(rewards.float().view(-1, cfg.group_size), dim=1).flatten().repeat_interleave(cfg.group_size)
         mask = rows["response_mask"]
         rows.update(
             {

@@ -146,7 +146,8 @@ class OnlineDPOObjective(Objective):
         """A batch's pairs at its first use: which response of each pair is chosen, and the reference's log-probs."""
         out, rows = scored.rollout, scored.rows
         truncated = (~out.finished.to(self.device)).float()
-        rewards = out.rewards.total.to(self.device, torch.float32) - self.cfg.missing_eos_penalty * truncated
+        total = out.rewards.total.to(self.device, torch.float32).nan_to_num(0.0)  # (no reward applies: 0, TRL's nansum)
+        rewards = total - self.cfg.missing_eos_penalty * truncated
         chosen = chosen_of_pairs(rewards)
         margin = (rewards.view(-1, 2)[:, 0] - rewards.view(-1, 2)[:, 1]).abs().repeat_interleave(2)
         self.source.keep(scored, {"reward": rewards, "chosen": chosen.float()})

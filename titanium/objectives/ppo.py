@@ -194,7 +194,8 @@ class PPOObjective(Objective):
         logprobs = self.source.policy_logprobs(rows)
         ref_logprobs = self.source.reference_logprobs(rows) if self.source.reference is not None else None
         finished = out.finished.to(self.device)
-        scores = out.rewards.total.to(self.device, torch.float32) - cfg.missing_eos_penalty * (~finished).float()
+        total = out.rewards.total.to(self.device, torch.float32).nan_to_num(0.0)  # (no reward applies: 0, as nansum)
+        scores = total - cfg.missing_eos_penalty * (~finished).float()
         values = self._values(rows)
         rewards, kl = kl_penalized_rewards(scores, logprobs * mask, ref_logprobs, mask, cfg.kl_coef)
         advantages, returns = generalized_advantages(rewards, values, mask, cfg.gamma, cfg.lam)

@@ -46,6 +46,8 @@ from titanium.checkpoint.hf import (
     shard_size_bytes,
 )
 from titanium.checkpoint.hub import check_push, upload
+from titanium.config.sections import CheckpointSection
+from titanium.data.export import save_tokenizer
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
@@ -136,6 +138,10 @@ def dcp_to_hf(
     )
 
 
+EXPORT_DTYPE = CheckpointSection().export_dtype
+"""One default for every Hugging Face export, a run's and this tool's."""
+
+
 def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, dtype: str) -> Path:
     """A LoRA run's checkpoint merged with the run's base: the run's own ``last_save_in_hf`` export, at that step."""
     run = load_lora_run(checkpoint, config)
@@ -151,6 +157,7 @@ def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, 
         flavor=run.cfg.model.flavor,
     )
     assert path is not None  # (one process: rank 0)
+    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.cfg.model.name)
     return path
 
 
@@ -164,6 +171,7 @@ def lora_to_peft(checkpoint: Path, out: Path, *, config: Path | None) -> Path:
         raise UserError(f"model {run.built.spec.name!r} has no Hugging Face adapter")
     path = export_peft_adapter(run.built.model, adapter, run.built.args, run.cfg.lora, out, run.base_model_name_or_path)
     assert path is not None  # (one process: rank 0)
+    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.cfg.model.name)
     return path
 
 
@@ -194,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     to_hf.add_argument("--model", required=True, choices=list_models())
     to_hf.add_argument("--flavor", help="architecture preset (when there is no --source)")
     to_hf.add_argument("--source", type=Path, help="HF folder the run started from: reuse its layout and files")
-    to_hf.add_argument("--dtype", default="bfloat16", choices=sorted(EXPORT_DTYPES))
+    to_hf.add_argument(
+        "--dtype",
+        default=EXPORT_DTYPE,
+        choices=sorted(EXPORT_DTYPES),
+        help=f"dtype of the weights written (default {EXPORT_DTYPE}, as a run's [checkpoint] export_dtype)",
+    )
     to_hf.add_argument("--max-shard-size", default="5GB", help="file size cap without --source (default 5GB)")
     to_peft = sub.add_parser("to-peft", help="a LoRA run's DCP checkpoint (step-N) -> PEFT adapter folder")
     to_peft.add_argument("checkpoint", type=Path, help="a LoRA run's checkpoint, e.g. outputs/x/checkpoint/step-100")

@@ -30,13 +30,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titanium.config import load_config
 from titanium.config.sections import DPOSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.preference import OnePass, PreferenceDataset
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
+from titanium.inputs import load_job
 from titanium.model_builder import ModelBuilder, WeightSource
 from titanium.objectives.dpo import dpo_loss, response_sums, token_logps
 from titanium.tools import requested_device
@@ -81,7 +81,7 @@ def evaluate(
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
-    cfg = load_config(overrides)
+    cfg = load_job(overrides)
     device = requested_device(args.device)
     tokenizer = build_tokenizer(cfg.tokenizer)
     template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)

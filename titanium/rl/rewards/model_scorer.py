@@ -96,7 +96,10 @@ class RewardModelScorer:
                     "token that is not padding); set pad_token_id in its config.json"
                 )
         spec = reward_spec(get_model_spec(family), pad_token_id=pad_id)
-        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, option=flag, max_seq_len=max_seq_len)
+        origin = folder if tokenizer == "own" else None
+        args = hf_model_args(
+            spec, folder, tokenizer_vocab=vocab_size, tokenizer_origin=origin, option=flag, max_seq_len=max_seq_len
+        )
         built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder, option=flag))
         model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
         return cls(model, pad_id, batch_size, name=Path(folder).name, reader=reader)
