@@ -5,9 +5,10 @@
 
 The data is titanium's tokenization (its chat template and tokenizer), written by ``peers.py`` as words ``t<id>``:
 the tokenizer here has one word per id (a whitespace-split word-level vocabulary), so TRL's own tokenization gives
-back exactly titanium's ids. Each optimizer step appends a JSON line: the step, the time it ended, the seconds it
-took and what the trainer logged for it (loss; GRPO: the completions' mean length). Generation is transformers'
-``generate`` inside the trainer (vLLM, TRL's fast path, is not among the GPU machine's wheels).
+back exactly titanium's ids, read in titanium's order. Each optimizer step appends a JSON line: the step, the time
+it ended, the seconds it took and what the trainer logged for it (loss; GRPO: the completions' mean length).
+Generation is transformers' ``generate`` inside the trainer (vLLM, TRL's fast path, is not among the GPU machine's
+wheels).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import time
 from pathlib import Path
 
 import torch
+from hf_comparison import in_order  # (the pairs in file order, as titanium reads them)
 
 
 def word_tokenizer(vocab: int, pad_id: int, eos_id: int):
@@ -105,7 +107,9 @@ def dpo(opts: argparse.Namespace, tokenizer, model) -> None:
     pairs = json.loads(Path(opts.data).read_text())
     columns = {key: [words(p[key]) for p in pairs] for key in ("prompt", "chosen", "rejected")}
     config = DPOConfig(**common(opts), beta=0.1, loss_type=["sigmoid"], max_length=opts.max_length)
-    trainer = DPOTrainer(model=model, args=config, processing_class=tokenizer, train_dataset=Dataset.from_dict(columns))
+    trainer = in_order(DPOTrainer)(
+        model=model, args=config, processing_class=tokenizer, train_dataset=Dataset.from_dict(columns)
+    )
     run(trainer, opts)
 
 

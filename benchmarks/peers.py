@@ -179,11 +179,7 @@ def pretrain(opts: argparse.Namespace, folder: Path) -> dict:
     flavor, layers = ("debugmodel", 2) if opts.smoke else ("8B", opts.layers)
     seq, batch = (64, 2) if opts.smoke else (8192, 2)
     tokenizer = vocab_tokenizer(folder, 2256 if opts.smoke else 128256)
-    shared_tt = [
-        "--training.seq_len", str(seq), "--training.local_batch_size", str(batch), "--training.steps", str(opts.steps),
-        "--optimizer.lr", "3e-4", "--lr_scheduler.warmup_steps", "2", "--activation_checkpoint.mode", "selective",
-        "--activation_checkpoint.selective_ac_option", "op",
-    ]  # fmt: skip
+    shared_tt = shared_pretrain_flags(seq, batch, opts.steps)
     results = {}
     for variant in opts.variants:
         parts = VARIANTS[variant]
@@ -201,11 +197,21 @@ def pretrain(opts: argparse.Namespace, folder: Path) -> dict:
             row["torchtitan"] = "not run: torchtitan 0.2.2 trains on CUDA only"
         else:
             argv = torchtitan_argv(flavor if opts.smoke else f"{flavor}-{layers}L", parts, shared_tt, tt_folder)
-            failed = launch(["torchrun", "--standalone", "--nproc_per_node", "1", "-m", "torchtitan.train", *argv],
+            torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+            failed = launch([*torchrun, "-m", "torchtitan.train", *argv],
                             tt_folder, opts.run_timeout, cpu=False)  # fmt: skip
             row["torchtitan"] = failed or summary(tb_scalars(tt_folder, TORCHTITAN_TAGS))
         results[variant] = row
         yield results
+
+
+def shared_pretrain_flags(seq: int, batch: int, steps: int) -> list[str]:
+    """The flags titanium's and torchtitan's pretraining runs share (the same names in both)."""
+    return [
+        "--training.seq_len", str(seq), "--training.local_batch_size", str(batch), "--training.steps", str(steps),
+        "--optimizer.lr", "3e-4", "--lr_scheduler.warmup_steps", "2", "--activation_checkpoint.mode", "selective",
+        "--activation_checkpoint.selective_ac_option", "op",
+    ]  # fmt: skip
 
 
 TORCHTITAN_TAGS = {"loss": "loss_metrics/global_avg_loss", "tps": "throughput(tps)", "mfu": "mfu(%)",
@@ -429,13 +435,16 @@ def losses(side) -> str:
     return ", ".join(f"{v:.4f}" for v in side["losses"]) if isinstance(side, dict) else ""
 
 
-def table(work: str, rows: dict) -> list[str]:
+def table(work: str, ran: dict) -> list[str]:
+    """A work's section: the command that ran it and one row per run, titanium beside the peer."""
     peer, key, name, others = COLUMNS[work]
+    rows = ran["rows"]
     head = [f"titanium {name}", f"{peer} {name}", "ratio"]
     for _, label, _ in others:
         head += [f"titanium {label}", f"{peer} {label}"]
     head += [f"titanium losses 1-{LOSS_STEPS}", f"{peer} losses 1-{LOSS_STEPS}"]
-    lines = [f"## {TITLES[work]}", "", "| run | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
+    lines = [f"## {TITLES[work]}", "", f"Command: `{ran['command']}`.", ""]
+    lines += ["| run | " + " | ".join(head) + " |", "|---" * (len(head) + 1) + "|"]
     for run, sides in rows.items():
         ti, pe = sides["titanium"], sides[peer]
         cell = lambda s, k, f: s if isinstance(s, str) else number(s.get(k, float("nan")), f)  # noqa: E731
@@ -451,7 +460,7 @@ def render(results: dict, opts: argparse.Namespace) -> str:
     lines = [
         "# titanium beside torchtitan, torchtune and TRL on one device" + (" (smoke run)" * opts.smoke),
         "",
-        f"Command: `{command_line()}`. {environment(torch.device(opts.device))}",
+        environment(torch.device(opts.device)),
         "",
         "Ratio: titanium's throughput over the peer's (above 1: titanium is faster). Means of the steps after "
         "the first. What each work runs and how the two sides are kept alike: `benchmarks/peers.py`'s docstring.",
@@ -488,7 +497,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for work in opts.work:
             for partial in works[work](opts, Path(tmp) / work):
-                results[work] = partial
+                results[work] = {"command": command_line(), "rows": partial}
                 write(json.dumps(results, indent=1), store, echo=False)
                 write(render(results, opts), opts.out, echo=False)
     print(render(results, opts))
