@@ -6,8 +6,8 @@
 # Part 6 is GRPO at Qwen3-1.7B's shape on one GPU (titanium's engine): generation tokens/s, sync, reference, train
 # and step seconds, with generation in the loop, on the generation thread (lag 1) and compiled. Part 7 is what part 1
 # and 6 left after the generation thread got a CUDA stream of its own: its three CUDA tests and the lag 1 row (with
-# lag 0 beside it, on the same card). Part "peers" is titanium beside torchtitan, torchtune and TRL on the same card
-# (benchmarks/peers.py: pretraining, SFT, GRPO, DPO).
+# lag 0 beside it, on the same card). Parts "peers" and "peers_post" are titanium beside torchtitan (pretraining),
+# torchtune (SFT) and TRL (DPO, GRPO) on the same card (benchmarks/peers.py), into one peers_<device>.md.
 #
 #   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands, in ORDER; runs nothing
 #   bash benchmarks/gpu_suite.sh --part 1 --out "$OUT"  # one part; its results and logs into that folder
@@ -59,13 +59,16 @@ STEPS=(
     "7|side_stream_tests|90|$PY -m pytest -m cuda -q -p no:cacheprovider tests/unit/test_side_stream.py"
     "7|grpo_lag1|300|$PY benchmarks/grpo_gpu.py --variants lag0 lag1 --steps 5 --run-timeout 140 --out \$R/grpo_lag1_\$TAG.md"
     "peers|install|30|$INSTALL"
-    "peers|peers_pretrain|240|$PY benchmarks/peers.py --work pretrain --layers 6 --steps 6 --run-timeout 60 --out \$R/peers_\$TAG.md"
-    "peers|peers_sft_dpo|100|$PY benchmarks/peers.py --work sft dpo --steps 4 --run-timeout 45 --out \$R/peers_\$TAG.md"
-    "peers|peers_grpo|110|$PY benchmarks/peers.py --work grpo --steps 4 --run-timeout 55 --out \$R/peers_\$TAG.md"
+    "peers|peers_pretrain|440|$PY benchmarks/peers.py --work pretrain --layers 6 --steps 8 --run-timeout 70 --out \$R/peers_\$TAG.md"
+    "peers_post|install|30|$INSTALL"
+    "peers_post|peers_sft|150|$PY benchmarks/peers.py --work sft --steps 5 --run-timeout 70 --out \$R/peers_\$TAG.md"
+    "peers_post|peers_dpo|100|$PY benchmarks/peers.py --work dpo --steps 5 --run-timeout 50 --out \$R/peers_\$TAG.md"
+    "peers_post|peers_grpo|190|$PY benchmarks/peers.py --work grpo --steps 4 --run-timeout 90 --out \$R/peers_\$TAG.md"
 )
 # The order to run the parts in (--list prints it, a run of every part follows it): the parts no GPU has run yet
-# first (7, 2, 4), then the peers, then the parts already run (their results are in benchmarks/results/*_h200.md).
-ORDER=(7 2 4 peers 1 3 5 6)
+# first (7, 2, 4), then the peers (pretraining; then SFT, DPO and GRPO: together they need more than one part's
+# 8 minutes), then the parts already run (their results are in benchmarks/results/*_h200.md).
+ORDER=(7 2 4 peers peers_post 1 3 5 6)
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 PART=all LIST=0 OUTDIR=

@@ -13,7 +13,7 @@ each row given as torchtune's packed samples are (``tokens``, ``labels`` unshift
 libraries see the same token ids in the same rows and order. The weights are the Hugging Face folder titanium loads,
 renamed to torchtune's keys. The metric logger writes each step's numbers as a JSON line with the time.
 
-torchtune 0.6.1 imports three things at start that torchao 0.18 no longer has where it looks: ``torchao.dtypes.nf4tensor``
+torchtune 0.6.1 imports things at start that torchao 0.18 no longer has where it looks: ``torchao.dtypes.nf4tensor``
 (moved to ``torchao.quantization.quantize_.workflows.nf4.nf4_tensor``: the launcher maps the old name to it), and
 ``TensorCoreTiledLayout``, ``int4_weight_only`` and ``int8_dynamic_activation_int4_weight`` (gone; only torchtune's
 int4 post-training quantizers use them, which a full fine-tune never builds: the launcher puts stand-ins there that

@@ -34,18 +34,18 @@ def suite_steps() -> list[Step]:
 
 
 def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
-    """``gpu_suite.sh --list``: parts 1..N and "peers", listed in the order to run them (the parts no GPU has run yet
-    first, then the peers, then the rest), each starting with the install and within 480 s of budgets; part 1 has
-    the CUDA tests and the headline; each benchmark's script has every flag the suite gives it and writes
-    ``$R/<step>_$TAG.md`` (its results folder and the device's name), once in the suite (the peers' steps add their
-    works to one ``$R/peers_$TAG.md``); a part returns at most 8 files (its results, its summary and one tar of
-    logs)."""
+    """``gpu_suite.sh --list``: parts 1..N, "peers" and "peers_post", listed in the order to run them (the parts no
+    GPU has run yet first, then the peers, then the rest), each starting with the install and within 480 s of
+    budgets; part 1 has the CUDA tests and the headline; each benchmark's script has every flag the suite gives it
+    and writes ``$R/<step>_$TAG.md`` (its results folder and the device's name), once in the suite (the peers'
+    steps add their works to one ``$R/peers_$TAG.md``); a part returns at most 8 files (its results, its summary
+    and one tar of logs)."""
     subprocess.run(["bash", "-n", str(SUITE)], check=True)
     steps = suite_steps()
     parts = list(dict.fromkeys(part for part, *_ in steps))
-    numbered = sorted(int(p) for p in parts if p != "peers")
-    assert numbered == list(range(1, len(numbered) + 1)) and "peers" in parts
-    assert parts[:4] == ["7", "2", "4", "peers"], parts
+    numbered = sorted(int(p) for p in parts if not p.startswith("peers"))
+    assert numbered == list(range(1, len(numbered) + 1))
+    assert parts[:5] == ["7", "2", "4", "peers", "peers_post"], parts
     for part in parts:
         names = [name for p, name, _, _ in steps if p == part]
         assert names[0] == "install" and names.count("install") == 1, names
@@ -67,7 +67,7 @@ def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
         for flag in (a for a in argv[2:] if a.startswith("--")):
             assert f'"{flag}"' in source, f"{script.name} has no {flag}"
         out = argv[argv.index("--out") + 1]
-        if part == "peers":
+        if part.startswith("peers"):
             assert out == "$R/peers_$TAG.md" and script.name == "peers.py", argv
             works += argv[argv.index("--work") + 1 : argv.index("--work") + 1 + sum(1 for a in argv if a in WORKS)]
         else:
