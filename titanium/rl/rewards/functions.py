@@ -237,7 +237,7 @@ class RewardSet:
         }
         self.batched = {name for name, fn in self.functions.items() if is_batched(name, fn)}
         self.weights = dict(zip(names, weights or [1.0] * len(names)))
-        self.tokens: dict[str, list[list[int]]] = {}
+        self.tokens: dict[str, list[Any]] = {}
 
     @classmethod
     def from_config(
@@ -272,15 +272,18 @@ class RewardSet:
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
         prompts: Sequence[str | list[dict[str, Any]]] | None = None,
+        **columns: Sequence[Any],
     ) -> RewardSet:
         """This set, scoring responses whose token ids (stop token included) and prompts' ids are given: batched
         functions get them as ``completion_ids`` (as in TRL) and ``prompt_ids``, and, when given, each response's
-        prompt as TRL passes it (``prompts``: the text, or the conversation as role/content dicts)."""
+        prompt as TRL passes it (``prompts``: the text, or the conversation as role/content dicts) and further
+        per-response ``columns`` by name (multi-turn episodes: ``completion_messages``)."""
         bound = copy.copy(self)
         bound.tokens = {
             "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [list(c) for c in completion_ids],
             **({"prompts": list(prompts)} if prompts is not None else {}),
+            **{name: list(values) for name, values in columns.items()},
         }
         return bound
 
