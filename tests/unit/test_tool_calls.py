@@ -56,9 +56,9 @@ def test_schemas_equal_transformers() -> None:
     pytest.importorskip("transformers")
     from transformers.utils import get_json_schema
 
-    from titanium.rl.env.calculator import calculate
+    from titanium.rl.tools.calculator import calculate
 
-    for fn in (tools.add, tools.fails, tools.hangs, calculate, _described):
+    for fn in (tools.add, tools.fails, tools.hangs, tools.binary, calculate, _described):
         assert json_schema(fn) == get_json_schema(fn), fn.__name__
 
 

@@ -48,9 +48,13 @@ def json_schema(fn: Callable[..., Any], option: str = "--environment.tools") -> 
         parameters["required"] = required
     function: dict[str, Any] = {"name": name, "description": description, "parameters": parameters}
     if "return" in hints and hints["return"] is not type(None):
-        function["return"] = _type_schema(hints["return"], name)
-        if returns:
-            function["return"]["description"] = returns
+        try:  # (a return type with no JSON type is left out, as transformers does: the model never writes it)
+            function["return"] = _type_schema(hints["return"], name)
+        except ConfigError:
+            pass
+        else:
+            if returns:
+                function["return"]["description"] = returns
     return {"type": "function", "function": function}
 
 

@@ -1,0 +1,89 @@
+"""GRPO with an environment in the real loop, one process: a policy that calls tools that raise, hang, print
+megabytes, return huge or non-text results, call tools that do not exist and never stop calling is answered,
+counted and capped while the run goes on (the tools run in their sandbox; the engine is scripted, so every
+failure happens on cue); the completions table shows whole episodes; and the bundled calculator task trains with
+titanium's own engine and a policy lag."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args
+from tests.objectives.scripted_engine import ScriptedEngine
+from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
+
+TOKENIZER = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
+EOT = TOKENIZER.special_tokens["<|eot_id|>"]
+TOOLS = ("fails", "hangs", "chatty", "huge", "binary")
+AGENTIC = (
+    "--training.objective", "grpo",
+    "--data.kind", "chat", "--data.path", "assets/tasks/calculator/train.jsonl", "--chat.chat_template", "llama3",
+    "--grpo.group_size", "4", "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
+    "--training.seq_len", "512", "--rl.max_prompt_len", "32", "--rl.max_new_tokens", "480",
+    "--rl.rewards", "tests.objectives.fixed_rollouts:characters",
+)  # fmt: skip
+
+
+TURNS = ['[fails(x="y")]', "[hangs()]", "[chatty(), huge(), binary()]", "[nope()]", '[fails("y")]']
+"""The scripted policy's turns: a tool that raises, one that hangs, three that misbehave at once, an unknown tool,
+a malformed call (arguments by position), and then that call again and again (it never stops calling)."""
+
+
+def scripted(ids: list[int]) -> list[int]:
+    turn = TOKENIZER.decode(ids).count("<|start_header_id|>assistant") - 1
+    return TOKENIZER.encode(TURNS[min(turn, len(TURNS) - 1)], bos=False, eos=False) + [EOT]
+
+
+def test_misbehaving_tools_and_a_policy_that_never_stops_are_counted_and_capped(make_trainer, monkeypatch, tmp_path):
+    monkeypatch.setattr(
+        "titanium.rl.source.build_engine", lambda *a, stop_ids, pad_id, **k: ScriptedEngine(scripted, stop_ids, pad_id)
+    )
+    tools = [f"tests.objectives.tools:{name}" for name in TOOLS]
+    args = (
+        *AGENTIC, "--training.steps", "1", "--environment.tools", *tools, "--environment.max_turns", "6",
+        "--environment.tool_parser", "pythonic",
+        "--environment.tool_timeout", "1", "--environment.tool_output_chars", "200", "--environment.workers", "8",
+        "--rl.log_completions", "1", "--rl.log_completions_count", "1", "--environment.no_describe_tools",
+    )  # fmt: skip
+    trainer = make_trainer(*tiny_args(tmp_path, *args))
+    tables: list[Any] = []
+    log_table = trainer.metrics.log_table
+    trainer.metrics.log_table = lambda step, name, table: (tables.append(table), log_table(step, name, table))
+    trainer.train()
+    metric = {name: scalars(tmp_path / "tb", f"grpo/env/{name}")[1] for name in ("turns", "tool_calls", "capped")}
+    metric.update({name: scalars(tmp_path / "tb", f"grpo/env/tool_{name}")[1] for name in ("ok", "error", "timeout")})
+    # each episode: 6 turns (capped), 5 of them answered: fails, hangs, chatty + huge + binary, nope, broken
+    assert metric == {"turns": 6, "tool_calls": 7, "capped": 1, "ok": 1, "error": 5, "timeout": 1}, metric
+    assert math.isfinite(scalars(tmp_path / "tb", LOSS_TAG)[1])
+    ((_, episode, *_),) = tables[0].rows
+    for seen in ("ValueError: no y", "timed out after 1 s", "done", "more than the limit of 200",
+                 "returned a bytes, not text", "unknown tool 'nope'", "passes arguments by position"):  # fmt: skip
+        assert seen in episode, seen
+    assert episode.count("<|start_header_id|>assistant") == 5  # (the 6th turn's call is not answered)
+
+
+def test_the_calculator_task_trains_with_titanium_engine(make_trainer, tmp_path) -> None:
+    """Two steps from random weights, the next batch generated while one trains (lag 1): the episodes are played
+    and scored, and the environment's metrics are logged."""
+    args = (
+        *AGENTIC, "--training.steps", "2", "--environment.name", "calculator", "--environment.tool_parser",
+        "pythonic", "--environment.no_describe_tools", "--environment.max_turn_tokens", "16",
+        "--rl.max_policy_lag", "1", "--rl.rewards", "exact_match",
+    )  # fmt: skip
+    trainer = make_trainer(*tiny_args(tmp_path, *args))
+    trainer.train()
+    assert sorted(scalars(tmp_path / "tb", "grpo/env/turns")) == [1, 2]
+    assert scalars(tmp_path / "tb", "grpo/policy_lag")[2] == 1
+    assert all(math.isfinite(v) for v in scalars(tmp_path / "tb", LOSS_TAG).values())
+
+
+@pytest.mark.parametrize("option", ["--environment.tools", "--environment.name"])
+def test_a_tool_or_environment_file_that_does_not_import_stops_the_run_before_it_starts(option, tmp_path) -> None:
+    from titanium.train import main
+
+    args = (*AGENTIC, option, "tests/objectives/broken_tools.py:tool", "--training.steps", "1")
+    assert main(tiny_args(tmp_path, *args)) == 2
+    assert not (tmp_path / "tb").exists()
