@@ -13,7 +13,7 @@ for any other column. TRL's batched form is taken too:
 called once per batch with the responses and, by column name, each column of their prompt rows as a list
 (TRL's ``**kwargs``), plus, where the caller bound them (``RewardSet.with_tokens``: GRPO does), TRL's
 ``completion_ids`` (each response's token ids, its stop token included) and ``prompt_ids``.
-``--rl.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``), yours as
+``--rl.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``, ``math_verify``), yours as
 ``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``, or the folder
 of a trained reward model (``titanium.rl.rewards.model_scorer``); ``register_reward`` adds a name from your own code.
 A function of neither form is refused at start-up, naming it. The total reward is the weighted sum
@@ -148,6 +148,9 @@ class SoftOverlongPunishment:
         if length <= start:
             return 0.0
         return (start - length) / self.buffer if length <= self.max_len else -1.0
+
+
+REWARDS.register("math_verify", "titanium.rl.rewards.math_verify:math_verify")  # (pip install math-verify)
 
 
 # ---------------------------------------------------------------------------------------- resolution
