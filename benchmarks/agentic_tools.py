@@ -4,7 +4,8 @@
 
 Chain (train_configs/debug_tools_grpo.toml says it too): the default job (pretraining), then
 train_configs/debug_tools_sft.toml (the calculator task's conversations; 60% call the tool), then GRPO with the
-calculator environment from that checkpoint, once per seed (``--debug.seed``), the seeds' runs at once. Each policy,
+calculator environment from that checkpoint, once per seed (``--debug.seed``), the seeds' runs at once (and the
+SFT policy's evaluation beside them). Each policy,
 the SFT one ("before") and each GRPO one ("after"), plays the first ``--prompts`` held-out questions
 (assets/tasks/calculator/test.jsonl) as GRPO's episodes are played (titanium's engine, the environment, up to 3
 turns), greedily and sampled at temperature 1 (seed 0). Reported: exact match of the final answer, tool calls per
@@ -85,37 +86,34 @@ def evaluate(checkpoint: str, prompts: int) -> dict[str, dict[str, float]]:
     return out
 
 
-def grpo(seeds: list[int], steps: int) -> dict[int, Path]:
-    """The GRPO runs of ``seeds``, at once (each a process); their folders."""
-    folders = {seed: Path(f"outputs/debug_tools_grpo_seed{seed}") for seed in seeds}
+def start_grpo(seeds: list[int], steps: int) -> dict[int, tuple[Path, subprocess.Popen]]:
+    """The GRPO runs of ``seeds``, started at once (a process each): their folders and processes."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    runs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "titanium.train",
-                "--job.config_file",
-                CONFIG,
-                "--debug.seed",
-                str(seed),
-                "--training.steps",
-                str(steps),
-                "--checkpoint.interval",
-                str(steps),
-                "--job.dump_folder",
-                str(folder),
-            ],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=open(folder.with_suffix(".log"), "w"),
-        )  # fmt: skip
-        for seed, folder in folders.items()
-    ]
-    for run in runs:
-        if run.wait():
-            raise SystemExit(f"a GRPO run failed; see {folders[seeds[runs.index(run)]].with_suffix('.log')}")
-    return folders
+    runs = {}
+    for seed in seeds:
+        folder = Path(f"outputs/debug_tools_grpo_seed{seed}")
+        folder.parent.mkdir(exist_ok=True)
+        options = {"--debug.seed": seed, "--training.steps": steps, "--checkpoint.interval": steps}
+        command = [
+            sys.executable,
+            "-m",
+            "titanium.train",
+            "--job.config_file",
+            CONFIG,
+            "--job.dump_folder",
+            str(folder),
+        ]
+        command += [str(part) for option in options.items() for part in option]
+        log = open(folder.with_suffix(".log"), "w")
+        runs[seed] = (folder, subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+    return runs
+
+
+def finish_grpo(runs: dict[int, tuple[Path, subprocess.Popen]]) -> dict[int, Path]:
+    for folder, process in runs.values():
+        if process.wait():
+            raise SystemExit(f"a GRPO run failed; see {folder.with_suffix('.log')}")
+    return {seed: folder for seed, (folder, _) in runs.items()}
 
 
 def logged(folder: Path, tag: str) -> dict[int, float]:
@@ -130,13 +128,14 @@ def logged(folder: Path, tag: str) -> dict[int, float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--prompts", type=int, default=100)
     p.add_argument("--out", default="benchmarks/results/agentic_tools_cpu.md")
     a = p.parse_args()
     start = time.time()
-    before = evaluate(SFT, a.prompts)
-    folders = grpo(a.seeds, a.steps)
+    runs = start_grpo(a.seeds, a.steps)
+    before = evaluate(SFT, a.prompts)  # (while they train)
+    folders = finish_grpo(runs)
     after = {
         seed: evaluate(str(folder / "checkpoint" / f"step-{a.steps}"), a.prompts) for seed, folder in folders.items()
     }

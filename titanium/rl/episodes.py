@@ -173,7 +173,12 @@ class EpisodeRunner:
     def _start(self, sample: PromptSample) -> Episode:
         try:
             env = self.spec.factory()
-            env.reset(sample)
+            opening = env.reset(sample)
+            if opening:  # (the environment's first observation joins the prompt)
+                messages = (*sample.messages, *opening)
+                sample = dataclasses.replace(sample, prompt=self.prompt_template.prompt(messages), messages=messages)
+                if len(sample.prompt) > self.room - self.max_new_tokens:
+                    raise ValueError(f"the prompt with the environment's opening has {len(sample.prompt)} tokens")
         except Exception:
             logger.warning("the environment failed to start an episode; it ends at once", exc_info=True)
             episode = Episode(sample, None, done=True)

@@ -67,8 +67,10 @@ class Environment(ABC):
     reward_terms: ClassVar[tuple[str, ...]] = ()
     """The reward terms ``step`` may return, each summed over the episode and added to its reward."""
 
-    def reset(self, sample: PromptSample) -> None:  # noqa: B027 (most environments read nothing of the row)
-        """Start an episode from ``sample`` (its prompt, reference answer and row)."""
+    def reset(self, sample: PromptSample) -> list[Message] | None:
+        """Start an episode from ``sample`` (its prompt, reference answer and row); messages returned (an opening
+        observation) join the conversation before the policy's first turn (the prompt is rendered again)."""
+        return None
 
     @abstractmethod
     def step(self, turn: PolicyTurn, run_tool: ToolRunner) -> EnvReply:
@@ -111,7 +113,7 @@ def environment_spec(cfg: EnvironmentSection) -> EnvironmentSpec | None:
     extra = tuple(load_function(spec) for spec in cfg.tools)
     name = cfg.name or "tools"
     kind, _, rest = name.partition(":")
-    if kind in ("verifiers", "openenv") and rest and not rest.endswith(".py"):
+    if kind in ("verifiers", "openenv"):
         from titanium.rl.env import adapters
 
         factory, tools, terms = adapters.build(kind, rest, args)
