@@ -18,13 +18,13 @@ from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 TOKENIZER = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
 EOT = TOKENIZER.special_tokens["<|eot_id|>"]
 TOOLS = ("fails", "hangs", "chatty", "huge", "binary")
-AGENTIC = (
-    "--training.objective", "grpo",
+EPISODES = (
     "--data.kind", "chat", "--data.path", "assets/tasks/calculator/train.jsonl", "--chat.chat_template", "llama3",
-    "--grpo.group_size", "4", "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
+    "--training.local_batch_size", "8", "--optimizer.lr", "1e-4",
     "--training.seq_len", "512", "--rl.max_prompt_len", "32", "--rl.max_new_tokens", "480",
     "--rl.rewards", "tests.objectives.fixed_rollouts:characters",
 )  # fmt: skip
+AGENTIC = ("--training.objective", "grpo", "--grpo.group_size", "4", *EPISODES)
 
 
 TURNS = ['[fails(x="y")]', "[hangs()]", "[chatty(), huge(), binary()]", "[nope()]", '[fails("y")]']
@@ -87,3 +87,15 @@ def test_a_tool_or_environment_file_that_does_not_import_stops_the_run_before_it
     args = (*AGENTIC, option, "tests/objectives/broken_tools.py:tool", "--training.steps", "1")
     assert main(tiny_args(tmp_path, *args)) == 2
     assert not (tmp_path / "tb").exists()
+
+
+def test_ppo_trains_on_episodes(make_trainer, tmp_path) -> None:
+    """PPO draws episodes from the same source: its value model and GAE run over the policy's tokens."""
+    args = (
+        "--training.objective", "ppo", *EPISODES, "--training.steps", "1", "--environment.name", "calculator",
+        "--environment.tool_parser", "pythonic", "--environment.no_describe_tools",
+        "--environment.max_turn_tokens", "16", "--ppo.ppo_epochs", "1", "--rl.rewards", "exact_match",
+    )  # fmt: skip
+    make_trainer(*tiny_args(tmp_path, *args)).train()
+    assert sorted(scalars(tmp_path / "tb", "ppo/env/turns")) == [1]
+    assert math.isfinite(scalars(tmp_path / "tb", "ppo/value_loss")[1])
