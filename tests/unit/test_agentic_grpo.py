@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args
+from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_save
 from tests.objectives.scripted_engine import ScriptedEngine
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 
@@ -99,3 +99,26 @@ def test_ppo_trains_on_episodes(make_trainer, tmp_path) -> None:
     make_trainer(*tiny_args(tmp_path, *args)).train()
     assert sorted(scalars(tmp_path / "tb", "ppo/env/turns")) == [1]
     assert math.isfinite(scalars(tmp_path / "tb", "ppo/value_loss")[1])
+
+
+def test_a_run_resumed_mid_batch_trains_on_the_same_episodes(make_trainer, tmp_path) -> None:
+    """The calculator task, a rollout batch every 2 steps (minibatches 2), killed after its step-1 checkpoint (in the
+    middle of a batch): the resumed run trains on the saved episodes, then plays the next batch from the same
+    prompts and seeds, and logs the uninterrupted run's losses and environment metrics."""
+    from titanium.parallel.distributed import shutdown_distributed
+
+    common = (
+        *AGENTIC, "--training.steps", "3", "--grpo.minibatches", "2", "--environment.name", "calculator",
+        "--environment.tool_parser", "pythonic", "--environment.no_describe_tools", "--environment.max_turn_tokens",
+        "12", "--rl.rewards", "exact_match", "--debug.deterministic", "--checkpoint.enable", "--checkpoint.interval",
+        "1",
+    )  # fmt: skip
+    make_trainer(*tiny_args(tmp_path / "straight", *common)).train()
+    shutdown_distributed()
+    train_until_first_save(make_trainer, *tiny_args(tmp_path / "resumed", *common), at_step=1)
+    resumed = make_trainer(*tiny_args(tmp_path / "resumed", *common))
+    assert resumed.train_state.step == 1
+    resumed.train()
+    for tag in (LOSS_TAG, "grpo/reward", "grpo/env/turns", "grpo/env/env_tokens"):
+        expected, got = scalars(tmp_path / "straight/tb", tag), scalars(tmp_path / "resumed/tb", tag)
+        assert [got[s] for s in (2, 3)] == [expected[s] for s in (2, 3)], tag

@@ -21,6 +21,7 @@ from titanium.generation.sampling import SamplingParams
 from titanium.generation.titanium_engine import TitaniumEngine
 from titanium.models import get_model_spec
 from titanium.models.llama3 import LLAMA3_FLAVORS
+from titanium.rl.dynamic import concat_rollouts, take_rows
 from titanium.rl.env.base import Environment, EnvReply, PolicyTurn, ToolRunner, environment_spec, tool_messages
 from titanium.rl.episodes import EpisodeRunner
 from titanium.rl.rewards.functions import RewardSet
@@ -98,6 +99,11 @@ def test_rows_are_the_engine_tokens_and_the_rendered_tool_turns() -> None:
         "tool_timeout": [0, 0, 0],
     }  # fmt: skip
     assert out.finished.all() and "<tool_response>" in out.transcripts[0]
+    again = concat_rollouts([out, take_rows(out, [2, 0])], TOKENIZER.pad_id)  # (as dynamic sampling refills)
+    assert again.transcripts == [*out.transcripts, out.transcripts[2], out.transcripts[0]]
+    assert again.stats["turns"].tolist() == [2, 2, 1, 1, 2] and torch.equal(
+        again.response_mask[3:], out.response_mask[[2, 0]]
+    )
     steps = torch.arange(1, width + 1)
     assert torch.equal(
         out.positions[:, out.prompt_width :], out.positions[:, out.prompt_width - 1 : out.prompt_width] + steps
