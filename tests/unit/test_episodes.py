@@ -204,6 +204,8 @@ def test_a_one_turn_environment_makes_the_single_turn_rows() -> None:
 def test_bad_environment_config_is_refused_before_start() -> None:
     with pytest.raises(ConfigError, match="does not import"):
         environment_spec(EnvironmentSection(tools=["tests/objectives/broken_tools.py:tool"]))
+    with pytest.raises(ConfigError, match="--environment.name .*does not import"):
+        environment_spec(EnvironmentSection(name="tests/objectives/broken_tools.py:Env"))
     with pytest.raises(ConfigError, match="not a known environment"):
         environment_spec(EnvironmentSection(name="no_such_environment"))
     with pytest.raises(ConfigError, match="not an Environment class"):
