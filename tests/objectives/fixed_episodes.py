@@ -17,7 +17,6 @@ import sys
 
 import torch
 
-from tests.objectives.fixed_rollouts import characters  # noqa: F401 (the jobs' reward)
 from titanium.data.prompts import PromptSample
 from titanium.rl.env.base import Environment, EnvReply, PolicyTurn, ToolRunner
 from titanium.rl.episodes import Episode
