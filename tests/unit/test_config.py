@@ -13,7 +13,7 @@ import pytest
 from titanium.config import ConfigError, JobConfig, load_config
 from titanium.config.components import OBJECTIVES
 from titanium.config.registry import SectionSpec
-from titanium.config.sections import RLSection, RolloutSection
+from titanium.config.sections import EnvironmentSection, RLSection, RolloutSection
 from titanium.objectives import build_objective
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,10 +159,11 @@ class _ReadsMoreSections:
 
 
 def test_further_sections_reach_their_objective_by_keyword(monkeypatch):
-    """[rl] and [rollout] belong to GRPO's registry entry (the loop never names them), and an objective by import
-    path declares the further sections it reads the same way; each arrives by keyword, with its CLI values."""
+    """[rl], [rollout] and [environment] belong to GRPO's registry entry (the loop never names them), and an objective
+    by import path declares the further sections it reads the same way; each arrives by keyword, with its CLI values."""
     monkeypatch.chdir(REPO)
-    assert OBJECTIVES.more_sections("grpo") == (SectionSpec("rl", RLSection), SectionSpec("rollout", RolloutSection))
+    rl = (SectionSpec("rl", RLSection), SectionSpec("rollout", RolloutSection))
+    assert OBJECTIVES.more_sections("grpo") == (*rl, SectionSpec("environment", EnvironmentSection))
     assert ".rollout" not in (REPO / "titanium" / "trainer.py").read_text()
     objective = f"{__name__}:_ReadsMoreSections"
     cfg = load_config(["--training.objective", objective, "--rollout.engine", "vllm", "--level_test.level", "3"])

@@ -11,6 +11,7 @@ from titanium.config.lm_eval_section import LMEvalSection
 from titanium.config.registry import Registry, SectionSpec, job_config_class
 from titanium.config.sections import (
     DPOSection,
+    EnvironmentSection,
     EvalSection,
     Float8Section,
     GRPOSection,
@@ -28,9 +29,14 @@ from titanium.config.sections import (
     ValidationSection,
 )
 
-RL_SECTIONS = (SectionSpec("rl", RLSection), SectionSpec("rollout", RolloutSection))
-"""What an RL objective reads besides its own section: the rollout source's prompts, sampling and rewards ([rl]) and
-the engine that generates them ([rollout]); handed over by keyword as ``rl=`` and ``rollout=``."""
+RL_SECTIONS = (
+    SectionSpec("rl", RLSection),
+    SectionSpec("rollout", RolloutSection),
+    SectionSpec("environment", EnvironmentSection),
+)
+"""What an RL objective reads besides its own section: the rollout source's prompts, sampling and rewards ([rl]), the
+engine that generates them ([rollout]) and the environment of multi-turn episodes ([environment]); handed over by
+keyword as ``rl=``, ``rollout=`` and ``environment=``."""
 
 OBJECTIVES = Registry("objective", "--training.objective")
 """What to optimize (titanium/objectives/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its

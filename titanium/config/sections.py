@@ -885,6 +885,50 @@ class RLSection:
 
 
 @dataclass
+class EnvironmentSection:
+    """Multi-turn episodes for the RL objectives (GRPO, PPO, online DPO): the policy speaks, an environment answers
+    (tool results, observations, a user turn) until it is done or a cap is hit, and [rl] rewards score the final
+    answer. The trained sequence is the engine's sampled tokens plus the environment's tokens as the chat template
+    renders them; environment tokens carry no loss. Off (name "" and no tools): one response per prompt, as always."""
+
+    name: str = ""
+    """The environment: "" (with tools: TRL's tool loop, as tools="tools"), tools (the policy calls tools until it
+    answers without one), calculator (the bundled arithmetic task with a calculate tool), guess_number (a
+    higher/lower game), "package.module:Class" / "path/to/file.py:Class" for your own (a
+    titanium.rl.env.base.Environment), "verifiers:<environment id>" (a verifiers environment's load_environment,
+    pip install verifiers) or "openenv:<package.module:Class>" (an OpenEnv environment, pip install openenv-core)."""
+    args: str = "{}"
+    """Keyword arguments of the environment (a JSON object), e.g. '{"low": 1, "high": 50}'."""
+    tools: list[str] = field(default_factory=list)
+    """Python functions the policy may call, "package.module:function" or "path/to/file.py:function", besides the
+    environment's own: type hints and a Google-style docstring give each its JSON schema (TRL's convention), shown to
+    the policy through the chat template's tools (a template that cannot render tools gets them in the system
+    message). They run in separate processes with tool_timeout and tool_memory_mb."""
+    tool_parser: str = "hermes"
+    """How tool calls are read from the policy's text: hermes (<tool_call>{"name", "arguments"}</tool_call>: Qwen
+    2.5/3, Hermes, and titanium's format for templates that cannot render tools), llama3_json (Llama 3.1's
+    {"name", "parameters"}) or pythonic (Llama 3.2/4's [name(argument=value)]); your own registered with
+    titanium.rl.tools.parsers.register_tool_parser."""
+    describe_tools: bool = True
+    """Show the tools' schemas in every prompt (the chat template's tools; the system message of a template that
+    cannot render them). false: a model already trained to its tools sees none (shorter prompts)."""
+    max_turns: int = 8
+    """Most policy turns per episode (TRL's max_tool_calling_iterations + 1); an episode still calling tools at
+    the cap ends there and is counted (<objective>/env/capped)."""
+    max_turn_tokens: int = 0
+    """Most tokens of one policy turn; 0: whatever the episode's budget (--rl.max_new_tokens, policy and
+    environment tokens together, TRL's max_completion_length) leaves."""
+    tool_timeout: float = 10.0
+    """Seconds a tool call may run; one that runs longer is killed and the policy reads a timeout error."""
+    tool_memory_mb: int = 2048
+    """Address space of each tool process, in MiB (a call that needs more fails with an error the policy reads)."""
+    tool_output_chars: int = 4096
+    """Longest tool result, in characters; a longer one is replaced by an error the policy reads."""
+    workers: int = 4
+    """Environment steps (and tool processes) running at once."""
+
+
+@dataclass
 class OnlineDPOSection:
     """Online DPO (TRL's OnlineDPOTrainer): two responses sampled per prompt from the rollout source ([rl]), ranked
     by their rewards, and a DPO loss on the pair against the frozen reference."""

@@ -22,7 +22,7 @@ from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
 from titanium.config.loader import ConfigError
-from titanium.config.sections import DataSection, GRPOSection, RLSection, RolloutSection
+from titanium.config.sections import DataSection, EnvironmentSection, GRPOSection, RLSection, RolloutSection
 from titanium.generation.sampling import masked_entropy_sum, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
@@ -202,16 +202,17 @@ class GRPOObjective(Objective):
         cfg: GRPOSection,
         rl: RLSection | None = None,
         rollout: RolloutSection | None = None,
+        environment: EnvironmentSection | None = None,
     ) -> None:
-        """``rl`` and ``rollout``: the rollout source's sections (``[rl]``, ``[rollout]``; defaults when not given),
-        registered with the objective (titanium/config/components.py)."""
+        """``rl``, ``rollout`` and ``environment``: the rollout source's sections (``[rl]``, ``[rollout]``,
+        ``[environment]``; defaults when not given), registered with the objective (titanium/config/components.py)."""
         assert ctx.local_batch_size % cfg.group_size == 0, "whole groups per microbatch (config validation)"
         self.cfg, self.rl, self.device = cfg, rl or RLSection(), ctx.device
         self.placement, self.sum_over_data = ctx.placement, ctx.sum_over_data
         self.loss_unit = LOSS_UNITS[cfg.loss_type]
         row_metrics = ("grpo/reward", "grpo/reward_std")
         draw = Draw("grpo", cfg.group_size, cfg.ppo_epochs, cfg.minibatches, cfg.beta > 0, row_metrics)
-        self.source = RolloutSource(ctx, data, self.rl, rollout or RolloutSection(), draw)
+        self.source = RolloutSource(ctx, data, self.rl, rollout or RolloutSection(), draw, environment)
         token_metrics = ("grpo/entropy", "grpo/clip_frac", *(("grpo/kl",) if cfg.beta > 0 else ()))
         mismatch = MISMATCH_METRICS if cfg.old_logprobs == "recompute" else ()
         if cfg.is_correction == "none":

@@ -19,7 +19,14 @@ from torch.distributed.tensor import DTensor
 from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
 from titanium.config.components import DPO_LOSSES
 from titanium.config.loader import ConfigError
-from titanium.config.sections import DataSection, DPOSection, OnlineDPOSection, RLSection, RolloutSection
+from titanium.config.sections import (
+    DataSection,
+    DPOSection,
+    EnvironmentSection,
+    OnlineDPOSection,
+    RLSection,
+    RolloutSection,
+)
 from titanium.generation.sampling import token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
@@ -107,6 +114,7 @@ class OnlineDPOObjective(Objective):
         cfg: OnlineDPOSection,
         rl: RLSection | None = None,
         rollout: RolloutSection | None = None,
+        environment: EnvironmentSection | None = None,
     ) -> None:
         assert ctx.local_batch_size % 2 == 0, "whole pairs per microbatch (config validation)"
         self.cfg, self.device, self.placement = cfg, ctx.device, ctx.placement
@@ -114,7 +122,7 @@ class OnlineDPOObjective(Objective):
         assert self.pair_loss.reference, "a loss on log-ratios to the reference (config validation)"
         self.params = DPOSection(beta=cfg.beta, loss_type=cfg.loss_type)
         draw = Draw("online_dpo", 2, reference=True, row_metrics=("online_dpo/score", "online_dpo/score_margin"))
-        self.source = RolloutSource(ctx, data, rl or RLSection(), rollout or RolloutSection(), draw)
+        self.source = RolloutSource(ctx, data, rl or RLSection(), rollout or RolloutSection(), draw, environment)
         self.metric_names = (*self.source.metric_names, *PAIR_METRICS, "online_dpo/kl")
 
     def close(self) -> None:

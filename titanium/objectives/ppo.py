@@ -35,7 +35,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
-from titanium.config.sections import DataSection, PPOSection, RLSection, RolloutSection
+from titanium.config.sections import DataSection, EnvironmentSection, PPOSection, RLSection, RolloutSection
 from titanium.generation.sampling import masked_entropy_sum, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
@@ -145,14 +145,15 @@ class PPOObjective(Objective):
         cfg: PPOSection,
         rl: RLSection | None = None,
         rollout: RolloutSection | None = None,
+        environment: EnvironmentSection | None = None,
     ) -> None:
-        """``rl`` and ``rollout``: the rollout source's sections (defaults when not given)."""
+        """``rl``, ``rollout`` and ``environment``: the rollout source's sections (defaults when not given)."""
         assert ctx.models is not None, "PPO trains a value model beside the policy: the loop must hand it ctx.models"
         self.cfg, self.rl, self.device = cfg, rl or RLSection(), ctx.device
         self.placement, self.sum_over_data, self.step_units = ctx.placement, ctx.sum_over_data, ctx.step_units
         self.local_batch_size = ctx.local_batch_size
         draw = Draw("ppo", 1, cfg.ppo_epochs, cfg.minibatches, cfg.kl_coef > 0, ROW_METRICS)
-        self.source = RolloutSource(ctx, data, self.rl, rollout or RolloutSection(), draw)
+        self.source = RolloutSource(ctx, data, self.rl, rollout or RolloutSection(), draw, environment)
         source = value_source(cfg, self.rl, self.source.policy, ctx.tokenizer.pad_id, ctx.vocab_size, ctx.seq_len)
         self.value = ctx.models.trainable(source, name="value", lr=cfg.value_lr, max_norm=cfg.value_max_norm)
         self.metric_names = (*self.source.metric_names, *TOKEN_METRICS, "ppo/entropy")

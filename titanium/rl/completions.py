@@ -22,14 +22,15 @@ def completions_table(
     """The first ``count`` responses of a rollout batch (``samples``: its prompts, each answered by as many
     contiguous responses as the group holds) with each reward function's value and ``numbers``, further columns of
     one value per response (GRPO: the total reward and the advantage). A prompt is shown as written (its text, or
-    its last message), not as the tokens the template made of it."""
+    its last message), not as the tokens the template made of it; a multi-turn episode whole, every turn."""
     shown = min(count, len(rollout.completions))
     group = len(rollout.completions) // len(samples)
     columns = {**rollout.rewards.per_function, **numbers}
     values = {name: column.tolist() for name, column in columns.items()}
     values.update({name: list(column) for name, column in rollout.rewards.extra.items()})  # (TRL's log_extra)
     prompts = [samples[i // group].as_written or tokenizer.decode(samples[i // group].prompt) for i in range(shown)]
-    rows = [(prompts[i], rollout.completions[i], *(v[i] for v in values.values())) for i in range(shown)]
+    texts = rollout.transcripts or rollout.completions  # (a multi-turn episode shown whole)
+    rows = [(prompts[i], texts[i], *(v[i] for v in values.values())) for i in range(shown)]
     return Table(("prompt", "completion", *values), rows, cut_from_start=("prompt",))
 
 

@@ -60,6 +60,8 @@ def take_rows(rollout: Rollout, rows: Sequence[int]) -> Rollout:
         old_logprobs=pick(rollout.old_logprobs),
         rewards=rewards,
         completions=[rollout.completions[i] for i in rows],
+        stats={k: pick(v) for k, v in rollout.stats.items()},
+        transcripts=None if rollout.transcripts is None else [rollout.transcripts[i] for i in rows],
     )
 
 
@@ -83,6 +85,8 @@ def _widen(rollout: Rollout, prompt_width: int, response_width: int, pad_id: int
         old_logprobs=F.pad(rollout.old_logprobs, (0, right), value=0.0),
         rewards=rollout.rewards,
         completions=rollout.completions,
+        stats=rollout.stats,
+        transcripts=rollout.transcripts,
     )
 
 
@@ -108,6 +112,8 @@ def concat_rollouts(parts: Sequence[Rollout], pad_id: int) -> Rollout:
         old_logprobs=torch.cat([p.old_logprobs for p in wide]),
         rewards=rewards,
         completions=[c for p in wide for c in p.completions],
+        stats={name: torch.cat([p.stats[name] for p in wide]) for name in wide[0].stats},
+        transcripts=None if wide[0].transcripts is None else [t for p in wide for t in p.transcripts or ()],
     )
 
 

@@ -15,7 +15,7 @@ causal attention hides from the tokens before them), so every kept log-prob is t
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -48,14 +48,19 @@ class Rollout:
     prompt_width: int
     """P: where the responses start."""
     response_mask: torch.Tensor
-    """``[B, T]`` True on generated tokens (a final stop id included)."""
+    """``[B, T]`` True on generated tokens (a final stop id included): the tokens that carry loss. In a multi-turn
+    episode the environment's tokens between the policy's turns are False (holes in the mask)."""
     finished: torch.Tensor
     """``[B]`` True where the response ended with a stop id; False: truncated at max_new_tokens."""
     old_logprobs: torch.Tensor
-    """``[B, T]`` log-probs of the response tokens under the policy that sampled them."""
+    """``[B, T]`` log-probs of the response tokens under the policy that sampled them (0 outside the mask)."""
     rewards: Rewards
     completions: list[str]
-    """The decoded responses, without their stop id."""
+    """The decoded responses, without their stop id (of a multi-turn episode: its last policy turn, the answer)."""
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Per-response ``[B]`` numbers of multi-turn episodes (turns, tool calls...: ``titanium.rl.episodes``)."""
+    transcripts: list[str] | None = None
+    """Multi-turn episodes: each whole episode after its prompt, decoded (policy and environment turns), for logs."""
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
         """Keyword arguments of the model's forward over prompt + response."""

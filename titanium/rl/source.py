@@ -34,7 +34,7 @@ import torch
 
 from titanium.batch import Batch, Fields, Metrics, Placement
 from titanium.config.errors import ConfigError
-from titanium.config.sections import ChatSection, DataSection, RLSection, RolloutSection
+from titanium.config.sections import ChatSection, DataSection, EnvironmentSection, RLSection, RolloutSection
 from titanium.data.chat import build_chat_template
 from titanium.data.kinds import first_columns
 from titanium.data.packing import row_width
@@ -48,6 +48,8 @@ from titanium.model_builder import ModelSource
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
+from titanium.rl.env.base import environment_spec
+from titanium.rl.episodes import STATS, EpisodeRunner
 from titanium.rl.rewards.functions import (
     Rewards,
     RewardSet,
@@ -191,8 +193,15 @@ class RolloutSource:
     """Prompts -> engine -> scored rollouts -> rows, served step by step (see the module docstring)."""
 
     def __init__(
-        self, ctx: SourceContext, data: DataSection, cfg: RLSection, engine: RolloutSection, draw: Draw
+        self,
+        ctx: SourceContext,
+        data: DataSection,
+        cfg: RLSection,
+        engine: RolloutSection,
+        draw: Draw,
+        environment: EnvironmentSection | None = None,
     ) -> None:
+        """``environment``: multi-turn episodes (``[environment]``; off by default: one response per prompt)."""
         if ctx.models is None:
             raise ValueError("an RL objective follows the live policy's weights: the loop must hand it (ctx.models)")
         self.cfg, self.draw, self.device = cfg, draw, ctx.device
@@ -210,6 +219,9 @@ class RolloutSource:
         if data.kind != "text":  # plain prompts for base models have no chat format
             template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
+        self.episodes = self._episode_runner(environment, template, ctx.tokenizer)
+        if self.episodes is not None:  # (the prompts show the environment's tools)
+            template = self.episodes.prompt_template
         self.prompts = PromptDataset(
             data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, name="rl"
         )
@@ -233,6 +245,8 @@ class RolloutSource:
         self.row_metrics = (
             *draw.row_metrics,
             *(f"{draw.name}/reward/{label}" for label in self.reward_labels.values()),
+            *(f"{draw.name}/reward/{name}" for name in (self.episodes.reward_terms if self.episodes else ())),
+            *(f"{draw.name}/env/{stat}" for stat in (STATS if self.episodes else ())),
             *((f"{draw.name}/accuracy",) if cfg.answer_column else ()),
             f"{draw.name}/response_len",
             f"{draw.name}/truncated",
@@ -286,9 +300,21 @@ class RolloutSource:
         self.version = step
         return stats
 
+    def _episode_runner(
+        self, cfg: EnvironmentSection | None, template: Any, tokenizer: Tokenizer
+    ) -> EpisodeRunner | None:
+        spec = environment_spec(cfg) if cfg is not None else None
+        if spec is None:
+            return None
+        if template is None:
+            raise ConfigError("[environment]: multi-turn episodes need a chat template (--data.kind chat or instruct)")
+        return EpisodeRunner(spec, cfg, template, tokenizer, self.cfg.max_new_tokens, self.cfg.max_prompt_len)
+
     def close(self) -> None:
         self.worker.close()
         self.engine.close()
+        if self.episodes is not None:
+            self.episodes.close()
 
     # ----- serving -----
 
@@ -349,8 +375,15 @@ class RolloutSource:
         ``index``-th generation call, and the policy version that made them (a layout test replaces it with
         responses fixed in advance: tests/objectives/fixed_rollouts.py)."""
         group = self.draw.group_size
+        seed = rollout_seed(self.seed, self.dp_rank, index)
+        if self.episodes is not None:  # (multi-turn: the engine and the environment take turns)
+            episodes, version = self.episodes.run(
+                self.engine, [s for s in samples for _ in range(group)], self.params, seed
+            )
+            state = TrainerState(global_step=version, max_steps=self.total_steps)
+            return self.episodes.rollout(episodes, self.rewards, state), version
         prompts = [s.prompt for s in samples for _ in range(group)]
-        out = self.engine.generate(prompts, self.params, seed=rollout_seed(self.seed, self.dp_rank, index))
+        out = self.engine.generate(prompts, self.params, seed=seed)
         generation = dataclasses.replace(
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
@@ -449,7 +482,9 @@ class RolloutSource:
         name, labels = self.draw.name, self.reward_labels
         for metric, values in out.rewards.logged.items():  # (TRL's log_metric)
             self._reward_logs.setdefault(metric, []).extend(values)
-        columns = {f"{name}/reward/{labels[fn]}": values for fn, values in out.rewards.per_function.items()}
+        columns = {  # (an environment's reward terms go by their own names)
+            f"{name}/reward/{labels.get(fn, fn)}": values for fn, values in out.rewards.per_function.items()
+        }
         if self.cfg.answer_column:
             answers = [s.answer for s in samples for _ in range(self.draw.group_size)]
             columns[f"{name}/accuracy"] = torch.tensor(
@@ -457,6 +492,7 @@ class RolloutSource:
             )
         columns[f"{name}/response_len"] = out.response_mask.sum(dim=1)
         columns[f"{name}/truncated"] = ~out.finished
+        columns.update({f"{name}/env/{stat}": values for stat, values in out.stats.items()})
         return columns
 
     def _scored(self, rows: Rows, out: Rollout) -> Rewards:

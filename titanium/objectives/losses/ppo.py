@@ -64,17 +64,21 @@ def kl_penalized_rewards(
 def generalized_advantages(
     rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(advantages, returns)`` ``[B, T]`` by GAE (Schulman et al. 2016), not whitened; values and rewards past a
-    response's end count as 0, so a response's last token bootstraps from nothing."""
+    """``(advantages, returns)`` ``[B, T]`` by GAE (Schulman et al. 2016), not whitened, over each response's masked
+    tokens: a token's successor is the next masked one (a multi-turn episode's environment tokens between the policy's
+    turns are skipped, as verl's multi-turn GAE does), and a response's last token bootstraps from nothing. Outside
+    the mask: 0 advantage and value."""
     weights = mask.to(values.dtype)
     values, rewards = values * weights, rewards * weights
     advantages = torch.zeros_like(values)
     running = torch.zeros_like(values[:, 0])
+    next_value = torch.zeros_like(running)
     for t in reversed(range(values.shape[1])):
-        next_value = values[:, t + 1] if t + 1 < values.shape[1] else torch.zeros_like(running)
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running
-        advantages[:, t] = running
+        here = mask[:, t]
+        running = torch.where(here, delta + gamma * lam * running, running)
+        next_value = torch.where(here, values[:, t], next_value)
+        advantages[:, t] = running * weights[:, t]
     return advantages, advantages + values
 
 

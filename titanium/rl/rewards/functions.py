@@ -13,7 +13,7 @@ for any other column. TRL's batched form is taken too:
 called once per batch with the responses and, by column name, each column of their prompt rows as a list
 (TRL's ``**kwargs``), plus, where the caller bound them (``RewardSet.with_tokens``: GRPO does), TRL's
 ``completion_ids`` (each response's token ids, its stop token included) and ``prompt_ids``.
-``--rl.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``), yours as
+``--rl.rewards`` names built-in functions (``exact_match``, ``format``, ``overlong``, ``math_verify``), yours as
 ``"package.module:function"`` (importable, e.g. on PYTHONPATH) or ``"path/to/file.py:function"``, or the folder
 of a trained reward model (``titanium.rl.rewards.model_scorer``); ``register_reward`` adds a name from your own code.
 A function of neither form is refused at start-up, naming it. The total reward is the weighted sum
@@ -149,6 +149,9 @@ class SoftOverlongPunishment:
         if length <= start:
             return 0.0
         return (start - length) / self.buffer if length <= self.max_len else -1.0
+
+
+REWARDS.register("math_verify", "titanium.rl.rewards.math_verify:math_verify")  # (pip install math-verify)
 
 
 # ---------------------------------------------------------------------------------------- resolution
@@ -372,17 +375,20 @@ class RewardSet:
         completion_ids: Sequence[Sequence[int]],
         prompts: Sequence[str | list[dict[str, Any]]] | None = None,
         state: TrainerState | None = None,
+        **columns: Sequence[Any],
     ) -> RewardSet:
         """This set, scoring responses whose token ids (stop token included) and prompts' ids are given: batched
         functions get them as ``completion_ids`` (as in TRL) and ``prompt_ids``, and, when given, each response's
         prompt as TRL passes it (``prompts``: the text, or the conversation as role/content dicts; a response to a
-        conversation is then passed as TRL passes it, ``[{"role": "assistant", "content": text}]``) and the
-        training's progress as ``trainer_state``."""
+        conversation is then passed as TRL passes it, ``[{"role": "assistant", "content": text}]``), the
+        training's progress as ``trainer_state`` and further per-response ``columns`` by name (multi-turn
+        episodes: ``completion_messages``)."""
         bound = copy.copy(self)
         bound.tokens = {
             "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [list(c) for c in completion_ids],
             **({"prompts": list(prompts)} if prompts is not None else {}),
+            **{name: list(values) for name, values in columns.items()},
         }
         bound.state = state or self.state
         return bound

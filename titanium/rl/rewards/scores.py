@@ -54,10 +54,11 @@ def scalar_head_source(
 
 
 def score_positions(rows: Rows, response_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, S]`` True at each row's response's last token (rows as ``split_ready`` leaves them: the responses
-    are the last ``T`` columns, T = ``response_mask``'s width)."""
+    """``[B, S]`` True at each row's response's last token, its last masked one (rows as ``split_ready`` leaves them:
+    the responses are the last ``T`` columns, T = ``response_mask``'s width)."""
     seq, width = rows["tokens"].shape[1], response_mask.shape[1]
-    last = seq - width + response_mask.sum(dim=1) - 1
+    positions = torch.arange(width, device=response_mask.device)
+    last = seq - width + torch.where(response_mask.any(dim=1), (positions * response_mask).argmax(dim=1), -1)
     score_at = torch.zeros_like(rows["tokens"], dtype=torch.bool)
     score_at[torch.arange(len(last), device=last.device), last] = True
     return score_at
