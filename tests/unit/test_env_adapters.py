@@ -10,7 +10,7 @@ from tests.unit.test_episodes import EOT, TEMPLATE, TOKENIZER, encode, sample
 from titanium.config.errors import ConfigError
 from titanium.config.sections import EnvironmentSection
 from titanium.generation.sampling import SamplingParams
-from titanium.rl.env.base import environment_spec
+from titanium.rl.env.registry import environment_spec
 from titanium.rl.episodes import EpisodeRunner
 from titanium.rl.rewards.functions import RewardSet
 

@@ -22,7 +22,8 @@ from titanium.generation.titanium_engine import TitaniumEngine
 from titanium.models import get_model_spec
 from titanium.models.llama3 import LLAMA3_FLAVORS
 from titanium.rl.dynamic import concat_rollouts, take_rows
-from titanium.rl.env.base import Environment, EnvReply, PolicyTurn, ToolRunner, environment_spec, tool_messages
+from titanium.rl.env.base import Environment, EnvReply, PolicyTurn, ToolRunner, tool_messages
+from titanium.rl.env.registry import environment_spec
 from titanium.rl.episodes import EpisodeRunner
 from titanium.rl.rewards.functions import RewardSet
 from titanium.rl.rollout import response_logprobs, to_rollout

@@ -33,7 +33,7 @@ from titanium.data.tokenizer import HFTokenizer
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.objectives.grpo import group_advantages
 from titanium.objectives.losses.grpo import grpo_loss
-from titanium.rl.env.base import environment_spec
+from titanium.rl.env.registry import environment_spec
 from titanium.rl.episodes import EpisodeRunner
 from titanium.rl.rewards.functions import RewardSet
 from titanium.rl.tools.calculator import calculate

@@ -260,7 +260,7 @@ class EpisodeRunner:
 
     # ----- the rollout -----
 
-    def rollout(self, episodes: Sequence[Episode], rewards: RewardSet, state: TrainerState) -> Rollout:
+    def rollout(self, episodes: Sequence[Episode], rewards: RewardSet, state: TrainerState | None = None) -> Rollout:
         """The training rows of ``episodes`` (prompts left-padded, then each episode), scored: ``rewards`` on the
         final answers (batched functions also get each episode's tokens and ``completion_messages``), plus the
         environment's reward terms. ``state``: the training's progress, as reward functions get it."""
@@ -290,7 +290,7 @@ class EpisodeRunner:
             transcripts=[self.tokenizer.decode(e.tokens) for e in episodes],
         )
 
-    def _score(self, episodes: Sequence[Episode], rewards: RewardSet, state: TrainerState) -> Rewards:
+    def _score(self, episodes: Sequence[Episode], rewards: RewardSet, state: TrainerState | None) -> Rewards:
         bound = rewards.with_tokens(
             [e.sample.prompt for e in episodes],
             [e.tokens for e in episodes],

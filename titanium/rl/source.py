@@ -48,7 +48,7 @@ from titanium.model_builder import ModelSource
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.rl.env.base import environment_spec
+from titanium.rl.env.registry import environment_spec
 from titanium.rl.episodes import STATS, EpisodeRunner
 from titanium.rl.rewards.functions import (
     Rewards,
