@@ -20,6 +20,7 @@ from typing import Any
 
 from titanium.config import ConfigError, load_config
 from titanium.config.components import OBJECTIVES
+from titanium.config.registry import Needs
 from titanium.config.sections import TokenizerSection
 from titanium.config.validate import looks_local
 from titanium.data.tokenizer import has_tokenizer
@@ -44,27 +45,23 @@ def resolve_inputs(cfg: Any, given: frozenset[str]) -> None:
     if ck.initial_load_in_hf and ck.initial_load_path and (Path(ck.initial_load_path) / "config.json").is_file():
         _from_hf_folder(cfg, Path(ck.initial_load_path), given)
     objective = cfg.training.objective
+    needs = OBJECTIVES.needs(objective) if OBJECTIVES.known(objective) else Needs()
     if cfg.data.kind == "synthetic" or (looks_local(cfg.data.path) and not glob(os.path.expanduser(cfg.data.path))):
         return  # (no rows to look at; the config check names missing data)
     if cfg.data.kind == "auto":
-        cfg.data.kind, why = detect_kind(cfg.data, objective)
-        if objective != "pretrain":  # (pretraining reads text whatever the columns)
+        cfg.data.kind, why = detect_kind(cfg.data, needs.rows)
+        if needs.rows != "documents":  # (documents are text whatever the columns)
             logger.info("--data.kind auto: %s (%s)", cfg.data.kind, why)
-        section = cfg.rl if _reads_rollouts(objective) else None
+        section = cfg.rl if OBJECTIVES.reads(objective, "rl") else None
         if section is not None and section.answer_column and "rl.answer_column" not in given:
             if not has_column(cfg.data, section.answer_column):
                 logger.info(
                     "no '%s' column: prompts have no reference answers (--rl.answer_column)", section.answer_column
                 )
                 section.answer_column = ""
-    rule = string_rule(cfg.data, objective, cfg.chat.chat_template)
+    rule = string_rule(cfg.data, needs.rows, cfg.chat.chat_template)
     if rule is not None:
         logger.info("strings in %s: %s", cfg.data.path, rule)
-
-
-def _reads_rollouts(objective: str) -> bool:
-    """Whether a registered objective draws prompts from the rollout source (its registry entry reads [rl])."""
-    return objective in OBJECTIVES and any(spec.name == "rl" for spec in OBJECTIVES.more_sections(objective))
 
 
 def _from_hf_folder(cfg: Any, folder: Path, given: frozenset[str]) -> None:

@@ -66,7 +66,8 @@ def check_model(cfg: JobConfig, dims: ParallelDims, start: ModelSource, describe
     dims.check_experts(args.decoder_args().moe, model=described)
     export = spec.hf_adapter if cfg.checkpoint.last_save_in_hf else None
     check_moe_config(cfg.moe, args, pipeline=dims.pp > 1, hf_export_adapter=export)
-    if args.decoder_args().moe is not None and cfg.training.objective == "grpo" and cfg.rollout.engine == "vllm":
+    reads_rollouts = OBJECTIVES.reads(cfg.training.objective, "rollout")
+    if args.decoder_args().moe is not None and reads_rollouts and cfg.rollout.engine == "vllm":
         reader = "--rollout.engine vllm (loaded through that format) could not take the trained weights"
         check_bias_reaches_hf(cfg.moe, spec.hf_adapter, reader=reader, fix="--rollout.engine titanium")
     if spec.refusals is not None:
@@ -78,19 +79,19 @@ def check_model(cfg: JobConfig, dims: ParallelDims, start: ModelSource, describe
 def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
     """How the job uses its model (``ModelUse``), from its layout and the sections of its objective."""
     objective = cfg.training.objective
-    packing = {"sft": "--sft.packing", "dpo": "--dpo.packing", "kto": "--kto.packing"}.get(objective, "")
-    section = getattr(cfg, objective, None)
-    rollouts = objective in ("grpo", "ppo") and cfg.rollout.engine == "titanium"
+    own = OBJECTIVES.section(objective)
+    section = getattr(cfg, own.name) if own is not None else None
+    rollouts = OBJECTIVES.reads(objective, "rollout") and cfg.rollout.engine == "titanium"
     return ModelUse(
         tensor_parallel=dims.tp,
         pipeline_parallel=dims.pp,
         context_parallel=dims.cp,
         expert_parallel=dims.ep,
         hf_checkpoint=cfg.checkpoint.initial_load_in_hf or cfg.checkpoint.last_save_in_hf,
-        packing=packing if getattr(section, "packing", False) else "",
-        shared_prompts=objective == "dpo" and cfg.dpo.share_prompt,
+        packing=f"--{own.name}.packing" if getattr(section, "packing", False) else "",
+        shared_prompts=getattr(section, "share_prompt", False),
         kv_cache_decoding=rollouts or cfg.eval.interval > 0,
-        score_head=objective in ("reward", "ppo"),
+        score_head=OBJECTIVES.needs(objective).score_head,
         split_decoding=cfg.rollout.tensor_parallel_size if rollouts else 1,
     )
 

@@ -263,7 +263,11 @@ class Trainer:
 
     def _build_metrics(self) -> None:
         self.metrics = MetricsLogger(
-            self.cfg.metrics, self.cfg.job.dump_folder, self.env.rank, run_config=asdict(self.cfg)
+            self.cfg.metrics,
+            self.cfg.job.dump_folder,
+            self.env.rank,
+            run_config=asdict(self.cfg),
+            aliases=self.objective.trl_metric_names,  # (logged under TRL's names too)
         )
         self.memory = MemoryMonitor(self.device)
         self.throughput = ThroughputTracker(

@@ -9,6 +9,7 @@ of its microbatch's rows.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,11 @@ class ReferenceSection:
 
     penalty: float = 10.0
     """Weight of the squared log-prob difference to the reference."""
+
+    def problems(self, job: Any) -> Iterator[str]:
+        """Checked at load, as the built-in sections' are, because the job's objective reads this section."""
+        if self.penalty < 0:
+            yield f"--reference.penalty must be >= 0, got {self.penalty}"
 
 
 @dataclass

@@ -137,6 +137,8 @@ def test_an_objective_given_by_import_path_brings_its_section(tmp_path, monkeypa
     assert load_config(["--job.config_file", path]).reference.penalty == 2.0  # from the TOML file
     cfg = load_config(["--training.objective", objective, "--reference.penalty", "3"])
     assert cfg.reference.penalty == 3.0  # from the command line
+    with pytest.raises(ConfigError, match="--reference.penalty must be >= 0, got -1.0"):  # (its section's problems)
+        load_config(["--training.objective", objective, "--reference.penalty", "-1"])
     with pytest.raises(ConfigError, match=r"unknown section \[reference\]"):
         load_config(["--job.config_file", write(tmp_path, "[reference]\npenalty = 2\n")])  # another objective
     with pytest.raises(ConfigError, match="cannot import tests.objectives.reference:Nope"):

@@ -231,7 +231,10 @@ def test_weight_fingerprint_changes_with_the_files(tmp_path):
 def test_dpo_needs_preference_data():
     cfg = JobConfig()
     cfg.training.objective, cfg.data.kind = "dpo", "text"  # (auto, the default, decides from the rows)
-    assert list(validate(cfg))[0] == "--training.objective dpo needs preference pairs: --data.kind preference, not text"
+    assert list(validate(cfg))[0] == (
+        "--training.objective dpo needs preference pairs: --data.kind preference, not text (read by pretrain, sft, "
+        "grpo, online_dpo, kd, ppo)"
+    )
     cfg.data.kind, cfg.training.loss_chunk_size = "preference", 1024
     assert any("--training.loss_chunk_size applies to token cross-entropy" in p for p in validate(cfg))
 

@@ -229,7 +229,6 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
         ([*GRPO_JOB, "--rollout.engine", "vllm", "--rollout.compile"], "vLLM compiles its own"),
         ([*GRPO_JOB, "--rollout.tensor_parallel_size", "2"], "set it to 1 (a whole copy per rank) or 1"),
         ([*GRPO_JOB, "--rollout.mode", "server"], "--rollout.mode server starts vLLM in processes of its own"),
-        (["--rollout.engine", "vllm"], "[rollout] is read by the RL objectives (grpo, ppo, online_dpo)"),
         (["--rollout.gpu_memory_utilization", "0"], "--rollout.gpu_memory_utilization must be in (0, 1]"),
         ([*GRPO_JOB, "--lora.rank", "4", "--lora.dropout", "0.1"], "set --lora.dropout 0"),
         (["--grpo.ppo_epochs", "0"], "--grpo.ppo_epochs must be >= 1"),
@@ -285,10 +284,25 @@ CP2, TP2 = ("--parallelism.context_parallel_degree", "2"), ("--parallelism.tenso
     ],
 )
 def test_bad_grpo_config_is_reported(args: list[str], message: str, monkeypatch) -> None:
+    """[grpo], [rl] and [rollout] are checked in a job that reads them (a GRPO job)."""
     monkeypatch.chdir(REPO)
     with pytest.raises(ConfigError) as err:
-        load_config(args)
+        load_config(args if "--training.objective" in args else [*GRPO_JOB, *args])
     assert message in str(err.value)
+
+
+def test_settings_no_part_of_the_job_reads_are_named(monkeypatch, caplog) -> None:
+    """A pretraining job with [rollout] / [grpo] settings runs without them: a warning names the first of each, and
+    the saved config.toml leaves the sections of other objectives out."""
+    from titanium.config import to_toml_dict
+
+    monkeypatch.chdir(REPO)
+    cfg = load_config(["--rollout.engine", "vllm", "--grpo.group_size", "1", "--dpo.beta", "0"])
+    assert "--rollout.engine is not read: [rollout] is read by --training.objective grpo, online_dpo" in caplog.text
+    assert "--grpo.group_size is not read" in caplog.text and "--dpo.beta is not read" in caplog.text
+    saved = to_toml_dict(cfg)
+    assert not {"rollout", "grpo", "dpo", "rl", "sft", "ppo"} & set(saved) and {"training", "lora"} <= set(saved)
+    assert {"grpo", "rl", "rollout", "environment"} <= set(to_toml_dict(load_config(GRPO_JOB)))
 
 
 def test_sharding_reward_models_needs_one_named() -> None:

@@ -96,8 +96,8 @@ def test_data_kind_from_columns(tmp_path, row, kind, why):
     from titanium.config.sections import DataSection
 
     data = DataSection(path=_jsonl(tmp_path / "d.jsonl", row))
-    assert detect_kind(data, "sft") == (kind, f"the {why} column{'s' * (' and ' in why)} of {data.path}")
-    assert detect_kind(data, "pretrain")[0] == "text"
+    assert detect_kind(data, "samples") == (kind, f"the {why} column{'s' * (' and ' in why)} of {data.path}")
+    assert detect_kind(data, "documents")[0] == "text"
 
 
 def test_data_kind_auto_refuses_unknown_columns(tmp_path):
@@ -105,7 +105,7 @@ def test_data_kind_auto_refuses_unknown_columns(tmp_path):
 
     data = DataSection(path=_jsonl(tmp_path / "d.jsonl", {"question": "q", "response": "r"}))
     with pytest.raises(DataError, match=r"cannot tell what .*d.jsonl holds from its columns \(question, response\)"):
-        detect_kind(data, "sft")
+        detect_kind(data, "samples")
 
 
 def test_grpo_prompts_without_answers(tmp_path):
@@ -128,10 +128,10 @@ def test_a_start_up_line_says_what_strings_mean(tmp_path, caplog):
     pairs = DataSection(
         kind="preference", path=_jsonl(tmp_path / "p.jsonl", {"prompt": "p", "chosen": "c", "rejected": "r"})
     )
-    assert "--chat.chat_template none does so here" in string_rule(pairs, "dpo", "auto")
-    assert string_rule(pairs, "dpo", "none") == "string rows are plain text, as in TRL"
+    assert "--chat.chat_template none does so here" in string_rule(pairs, "pairs", "auto")
+    assert string_rule(pairs, "pairs", "none") == "string rows are plain text, as in TRL"
     completions = DataSection(kind="chat", path=_jsonl(tmp_path / "c.jsonl", {"prompt": "p", "completion": "c"}))
-    assert string_rule(completions, "sft", "auto").startswith("string prompt/completion rows are plain text")
+    assert string_rule(completions, "samples", "auto").startswith("string prompt/completion rows are plain text")
     prompts = DataSection(kind="chat", path=_jsonl(tmp_path / "g.jsonl", {"prompt": "p"}))
-    assert "--data.kind text --data.text_column prompt" in string_rule(prompts, "grpo", "auto")
-    assert string_rule(DataSection(kind="chat", path=_jsonl(tmp_path / "m.jsonl", CHAT)), "sft", "auto") is None
+    assert "--data.kind text --data.text_column prompt" in string_rule(prompts, "prompts", "auto")
+    assert string_rule(DataSection(kind="chat", path=_jsonl(tmp_path / "m.jsonl", CHAT)), "samples", "auto") is None

@@ -270,10 +270,13 @@ def test_config_checks_name_the_key_and_the_fix():
     kto = {"objective": "kto", "local_batch_size": 4}
     assert not messages(training=kto, data={"kind": "unpaired"})
     assert messages(training=kto, data={"kind": "preference"})[0] == (
-        "--training.objective kto needs completions labelled true/false: --data.kind unpaired, not preference"
+        "--training.objective kto needs completions labelled true/false: --data.kind unpaired, not preference (read "
+        "by dpo, reward)"
     )
     (other,) = messages(data={"kind": "unpaired"})
-    assert other == "--data.kind unpaired (labelled completions) needs --training.objective kto, not pretrain"
+    assert other == (
+        "--training.objective pretrain reads text windows: --data.kind text or synthetic, not unpaired (read by kto)"
+    )
     (one,) = messages(training={**kto, "local_batch_size": 1}, data={"kind": "unpaired"})
     assert "--training.local_batch_size 1" in one and "at least 2" in one
     assert not messages(

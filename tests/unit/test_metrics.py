@@ -359,7 +359,12 @@ def test_run_name_names_the_wandb_run_and_a_tensorboard_folder(tmp_path, monkeyp
 
 
 def test_objective_metrics_are_also_logged_under_trls_names(tmp_path) -> None:
-    with MetricsLogger(MetricsSection(), str(tmp_path), rank=0) as ml:
+    """Each objective declares TRL's names for its metrics (``Objective.trl_metric_names``); the logger adds them."""
+    from titanium.objectives.dpo import DPOObjective
+    from titanium.objectives.grpo import GRPOObjective
+
+    aliases = {**DPOObjective.trl_metric_names, **GRPOObjective.trl_metric_names}
+    with MetricsLogger(MetricsSection(), str(tmp_path), rank=0, aliases=aliases) as ml:
         ml.log(1, {"dpo/margin": 0.5, "dpo/accuracy": 0.75, "grpo/clip_frac": 0.1, "grpo/reward/exact_match": 0.25})
     scalars = _read_scalars(str(tmp_path / "tb"))
     assert scalars["dpo/margin"] == scalars["rewards/margins"] == [(1, 0.5)]

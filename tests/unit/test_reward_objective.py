@@ -82,7 +82,10 @@ REWARD = ["--training.objective", "reward", "--data.kind", "preference"]
     "args, message",
     [
         ([*REWARD, "--reward.center_rewards_coefficient", "-1"], "--reward.center_rewards_coefficient must be >= 0"),
-        (["--training.objective", "reward"], "--training.objective reward needs preference pairs"),
+        (
+            ["--training.objective", "reward", "--data.kind", "text"],
+            "--training.objective reward needs preference pairs",
+        ),
     ],
 )
 def test_bad_reward_configs_are_refused(args, message):

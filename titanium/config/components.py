@@ -7,8 +7,13 @@ before the config is loaded), or needs no registration at all: an import path wo
 
 from __future__ import annotations
 
+import dataclasses
+
+from titanium.config.job import job_config_class
 from titanium.config.lm_eval_section import LMEvalSection
-from titanium.config.registry import Registry, SectionSpec, job_config_class
+from titanium.config.preference_sections import DPO_LOSSES as DPO_LOSSES  # (the [dpo] loss variants)
+from titanium.config.registry import Needs, Registry, SectionSpec
+from titanium.config.rl_sections import ENGINES as ENGINES  # (the [rollout] engines)
 from titanium.config.sections import (
     DPOSection,
     EnvironmentSection,
@@ -41,30 +46,61 @@ keyword as ``rl=``, ``rollout=`` and ``environment=``."""
 OBJECTIVES = Registry("objective", "--training.objective")
 """What to optimize (titanium/objectives/); the class takes ``(ObjectiveContext, DataSection, its section)`` and its
 further sections by keyword (GRPO: ``rl=`` and ``rollout=``, its rollout source and engine)."""
-OBJECTIVES.register("pretrain", "titanium.objectives.pretrain:PretrainObjective")
-OBJECTIVES.register("sft", "titanium.objectives.sft:SFTObjective", SectionSpec("sft", SFTSection))
-OBJECTIVES.register("dpo", "titanium.objectives.dpo:DPOObjective", SectionSpec("dpo", DPOSection))
+_SAMPLES = Needs(("chat", "instruct", "text"), "trains on samples: --data.kind chat, instruct or text", token_loss=True)
+_PAIRS = Needs(("preference",), "needs preference pairs: --data.kind preference", rows="pairs")
+_PROMPTS = Needs(
+    ("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text", "prompts", held_out_loss=False
+)
 OBJECTIVES.register(
-    "grpo",
-    "titanium.objectives.grpo:GRPOObjective",
-    SectionSpec("grpo", GRPOSection),
-    more_sections=RL_SECTIONS,
+    "pretrain",
+    "titanium.objectives.pretrain:PretrainObjective",
+    needs=Needs(("text", "synthetic"), "reads text windows: --data.kind text or synthetic", "documents", True),
+)
+OBJECTIVES.register("sft", "titanium.objectives.sft:SFTObjective", SectionSpec("sft", SFTSection), needs=_SAMPLES)
+OBJECTIVES.register("dpo", "titanium.objectives.dpo:DPOObjective", SectionSpec("dpo", DPOSection), needs=_PAIRS)
+OBJECTIVES.register(
+    "grpo", "titanium.objectives.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection), RL_SECTIONS, _PROMPTS
 )
 OBJECTIVES.register(
     "online_dpo",
     "titanium.objectives.online_dpo:OnlineDPOObjective",
     SectionSpec("online_dpo", OnlineDPOSection),
-    more_sections=RL_SECTIONS,
+    RL_SECTIONS,
+    _PROMPTS,
 )
-OBJECTIVES.register("kd", "titanium.objectives.kd:KDObjective", SectionSpec("kd", KDSection))
-OBJECTIVES.register("kto", "titanium.objectives.kto:KTOObjective", SectionSpec("kto", KTOSection))
-OBJECTIVES.register("reward", "titanium.objectives.reward:RewardObjective", SectionSpec("reward", RewardSection))
+OBJECTIVES.register(
+    "kd",
+    "titanium.objectives.kd:KDObjective",
+    SectionSpec("kd", KDSection),
+    needs=dataclasses.replace(_SAMPLES, token_loss=False),  # (its own --kd.chunk_size)
+)
+OBJECTIVES.register(
+    "kto",
+    "titanium.objectives.kto:KTOObjective",
+    SectionSpec("kto", KTOSection),
+    needs=Needs(("unpaired",), "needs completions labelled true/false: --data.kind unpaired", "pairs"),
+)
+OBJECTIVES.register(
+    "reward",
+    "titanium.objectives.reward:RewardObjective",
+    SectionSpec("reward", RewardSection),
+    needs=dataclasses.replace(_PAIRS, score_head=True),
+)
 OBJECTIVES.register(
     "ppo",
     "titanium.objectives.ppo:PPOObjective",
     SectionSpec("ppo", PPOSection),
-    more_sections=RL_SECTIONS,
+    RL_SECTIONS,
+    dataclasses.replace(_PROMPTS, score_head=True),
 )
+
+
+def unread_sections(objective: str) -> list[str]:
+    """The objectives' sections ``objective`` does not read: what a job of it leaves out of its saved config.toml,
+    and where a setting it changes would have no effect."""
+    names = {spec.name for c in OBJECTIVES for spec in (c.section, *c.more_sections) if spec is not None}
+    return sorted(name for name in names if not OBJECTIVES.reads(objective, name))
+
 
 CONVERTERS = Registry("model converter", "model converter")
 """Rewrites of the model's modules (titanium/models/converter.py), applied in this order: quantization before
@@ -87,23 +123,6 @@ TRAINING_HOOKS = Registry("training hook", "training hook")
 """Features that hook into the loop (titanium/hooks.py) without the loop knowing them; ``register(section,
 HookContext, TrainingHooks)`` registers what its section turns on (nothing for a model it does not apply to)."""
 TRAINING_HOOKS.register("moe", "titanium.moe_balance:register_load_balancing", SectionSpec("moe", MoESection))
-
-ENGINES = Registry("rollout engine", "--rollout.engine")
-"""What generates an RL objective's rollouts: a ``titanium.generation.engine.EngineKind`` (how to build the engine
-in a process, and its checks before start-up)."""
-ENGINES.register("titanium", "titanium.generation.titanium_engine:TITANIUM")
-ENGINES.register("vllm", "titanium.generation.vllm_modes:VLLM")
-
-DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
-"""Per-pair preference losses ``(chosen, rejected, DPOSection) -> losses``, or a ``PairLoss`` that says what else
-it needs (titanium/objectives/losses/dpo.py)."""
-DPO_LOSSES.register("sigmoid", "titanium.objectives.losses.dpo:sigmoid_loss")
-DPO_LOSSES.register("ipo", "titanium.objectives.losses.dpo:ipo_loss")
-DPO_LOSSES.register("hinge", "titanium.objectives.losses.dpo:hinge_loss")
-DPO_LOSSES.register("robust", "titanium.objectives.losses.dpo:robust_loss")
-DPO_LOSSES.register("bco_pair", "titanium.objectives.losses.dpo:bco_pair_loss")
-DPO_LOSSES.register("simpo", "titanium.objectives.losses.dpo:SIMPO")
-DPO_LOSSES.register("orpo", "titanium.objectives.losses.dpo:ORPO")
 
 JobConfig = job_config_class()
 """The job config with every built-in section (``load_config`` adds an import-path objective's)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 INSTALL_HINT = "pip install -e '.[eval]' (lm-eval 0.4.13)"
 """How to get lm-evaluation-harness, the optional dependency of [lm_eval] and titanium.tools.eval."""
@@ -33,6 +34,10 @@ class LMEvalSection:
     lm_eval --apply_chat_template does; for instruct models."""
     max_gen_toks: int = 256
     """Most tokens generated per answer where a task's generation_kwargs do not say (lm-eval's default)."""
+
+    def problems(self, job: Any) -> Iterator[str]:
+        """This section's checks (titanium/config/validate.py runs every registered section's ``problems``)."""
+        return check_lm_eval(self)
 
 
 def check_lm_eval(cfg: LMEvalSection) -> Iterator[str]:

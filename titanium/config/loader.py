@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import logging
 import sys
 import types
 import typing
@@ -17,12 +18,15 @@ from typing import Any, Literal, get_args, get_origin
 
 import tyro
 
-from titanium.config.components import OBJECTIVES
+from titanium.config.components import OBJECTIVES, unread_sections
 from titanium.config.errors import ConfigError
+from titanium.config.job import job_config_class
 from titanium.config.moved import move_flags, move_toml_keys, prepend_reward_model, take_ppo_reward_model
-from titanium.config.registry import SectionSpec, job_config_class
+from titanium.config.registry import SectionSpec
 from titanium.config.trl_names import check_trl_names
-from titanium.config.validate import validate
+from titanium.config.validate import unread_settings, validate
+
+logger = logging.getLogger("titanium")
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,6 +71,8 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
         resolve(cfg, given)
     for problem in validate(cfg):
         raise ConfigError(problem)
+    for setting in unread_settings(cfg):
+        logger.warning(setting)
     return cfg
 
 
@@ -173,7 +179,11 @@ def _type_problem(value: Any, hint: Any) -> str | None:
 
 
 def to_toml_dict(cfg: Any) -> dict[str, Any]:
-    """The resolved config as TOML-ready nested dicts (None values dropped: TOML has no null)."""
+    """The resolved config as TOML-ready nested dicts (None values dropped: TOML has no null), without the sections
+    of objectives the job does not train (``unread_sections``)."""
+    unread = set(unread_sections(cfg.training.objective)) if OBJECTIVES.known(cfg.training.objective) else set()
     return {
-        name: {k: v for k, v in section.items() if v is not None} for name, section in dataclasses.asdict(cfg).items()
+        name: {k: v for k, v in section.items() if v is not None}
+        for name, section in dataclasses.asdict(cfg).items()
+        if name not in unread
     }

@@ -12,14 +12,11 @@ attribute ``section`` (a ``SectionSpec``), and the others as ``more_sections``.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import importlib
 from dataclasses import dataclass
 from typing import Any
 
 from titanium.config.errors import ConfigError
-from titanium.config.sections import CoreConfig
 
 
 @dataclass(frozen=True)
@@ -30,6 +27,32 @@ class SectionSpec:
     cls: type
 
 
+DATA_KINDS = ("text", "synthetic", "chat", "instruct", "preference", "unpaired")
+"""The ``[data] kind`` values a dataset resolves to (``auto`` becomes one of them at start-up)."""
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What an objective needs of the rest of the job, declared where it is registered: the job-wide checks
+    (config/validate.py, preflight.py) and the data set-up read these instead of naming objectives. An objective
+    given by import path declares them as its class attribute ``needs`` (else: any data, no other limit)."""
+
+    data_kinds: tuple[str, ...] = DATA_KINDS
+    """The ``[data]`` kinds it reads."""
+    data_what: str = ""
+    """How an error names that data, e.g. "needs preference pairs: --data.kind preference"."""
+    rows: str = "samples"
+    """What one data row is to it: "documents" (text whatever the columns: --data.kind auto reads nothing),
+    "samples" (a prompt and its completion, trained on), "pairs" (preference or labelled rows), or "prompts" (what
+    the rollout source samples completions for). Says what a string row means in the start-up line."""
+    token_loss: bool = False
+    """Its loss is a token cross-entropy, which ``--training.loss_chunk_size`` computes chunk by chunk."""
+    held_out_loss: bool = True
+    """A held-out loss means something for it (``[validation]``); not for losses that need rollouts."""
+    score_head: bool = False
+    """Its model ends in a scalar score head (a reward model, PPO's value model)."""
+
+
 @dataclass(frozen=True)
 class Component:
     name: str
@@ -38,6 +61,8 @@ class Component:
     section: SectionSpec | None = None
     more_sections: tuple[SectionSpec, ...] = ()
     """Further sections it reads, handed to it by keyword under their names (GRPO's ``rollout=``)."""
+    needs: Needs = Needs()
+    """What it needs of the rest of the job (objectives)."""
 
 
 class Registry:
@@ -49,10 +74,15 @@ class Registry:
         self._components: dict[str, Component] = {}
 
     def register(
-        self, name: str, target: Any, section: SectionSpec | None = None, more_sections: tuple[SectionSpec, ...] = ()
+        self,
+        name: str,
+        target: Any,
+        section: SectionSpec | None = None,
+        more_sections: tuple[SectionSpec, ...] = (),
+        needs: Needs = Needs(),
     ) -> Component:
         """Add ``name``; registering a taken name with another target is an error (the same one again is not)."""
-        component = Component(name, target, section, more_sections)
+        component = Component(name, target, section, more_sections, needs)
         if self._components.get(name, component) != component:
             raise ValueError(f"{self.kind} {name!r} is already registered")
         specs = ((section,) if section is not None else ()) + more_sections
@@ -113,26 +143,20 @@ class Registry:
             return component.more_sections
         return tuple(getattr(self.load(name), "more_sections", ()))
 
+    def needs(self, name: str) -> Needs:
+        """What ``name`` needs of the job: registered with it, or (an import path) the class's ``needs``."""
+        component = self._components.get(name)
+        if component is not None:
+            return component.needs
+        return getattr(self.load(name), "needs", Needs()) if ":" in name else Needs()
+
+    def reads(self, name: str, section: str) -> bool:
+        """Whether ``name`` reads the config section ``[section]`` (its own or a further one)."""
+        if not self.known(name):
+            return False
+        own = self.section(name)
+        return any(spec.name == section for spec in ((own,) if own else ()) + self.more_sections(name))
+
 
 SECTIONS: dict[str, type] = {}
 """Component config sections by name, in registration order (the core ones are ``CoreConfig``'s fields)."""
-
-
-def job_config_class(extra: tuple[SectionSpec, ...] = ()) -> type:
-    """The job config: the core sections, every registered component's section and ``extra`` ones (an objective
-    given by import path), one dataclass field each."""
-    return _job_config_class(tuple(SECTIONS.items()), extra)
-
-
-@functools.cache
-def _job_config_class(registered: tuple[tuple[str, type], ...], extra: tuple[SectionSpec, ...]) -> type:
-    core = {f.name for f in dataclasses.fields(CoreConfig)}
-    sections = [*registered, *((s.name, s.cls) for s in extra)]
-    for name, _ in sections:
-        if name in core:
-            raise ConfigError(f"config section [{name}] is a core section; give the component another name")
-    fields = [(name, cls, dataclasses.field(default_factory=cls)) for name, cls in dict(sections).items()]
-    cls = dataclasses.make_dataclass("JobConfig", fields, bases=(CoreConfig,))
-    cls.__doc__ = CoreConfig.__doc__
-    cls.__module__ = CoreConfig.__module__
-    return cls

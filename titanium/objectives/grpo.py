@@ -178,6 +178,17 @@ class GRPOObjective(Objective):
     empty batches: the rows are made in ``prepare``.
     """
 
+    trl_metric_names = {
+        "grpo/reward": "reward",
+        "grpo/reward_std": "reward_std",
+        "grpo/response_len": "completions/mean_length",
+        "grpo/kl": "kl",
+        "grpo/entropy": "entropy",
+        "grpo/clip_frac": "clip_ratio",
+        "grpo/zero_std_frac": "frac_reward_zero_std",
+        "grpo/reward/": "rewards/{}/mean",
+    }
+
     loss_spikes = False  # (the loss sits near 0, of either sign: a ratio to its running mean is noise)
 
     @classmethod
@@ -192,7 +203,7 @@ class GRPOObjective(Objective):
         """Beyond the models it builds from folders: its rollout source (rewards, engine) and that a pipeline
         microbatch keeps what the loss averages over."""
         super().check_config(section, job, **more)
-        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
+        check_source(job, **more)
         check_pipeline_rows(section, job.local_batch_size, job.pipeline_microbatch_size)
 
     def __init__(

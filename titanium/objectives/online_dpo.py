@@ -104,7 +104,7 @@ class OnlineDPOObjective(Objective):
     @classmethod
     def check_config(cls, section: OnlineDPOSection, job: JobFacts, **more: Any) -> None:
         super().check_config(section, job, **more)
-        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
+        check_source(job, **more)
         check_pair_rows(job.pipeline_microbatch_size)
 
     def __init__(

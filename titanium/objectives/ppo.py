@@ -136,7 +136,7 @@ class PPOObjective(Objective):
     def check_config(cls, section: PPOSection, job: JobFacts, **more: Any) -> None:
         """Beyond the reward and value models it builds from folders: its rollout source (rewards, engine)."""
         super().check_config(section, job, **more)
-        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
+        check_source(job, **more)
 
     def __init__(
         self,

@@ -44,6 +44,7 @@ from titanium.generation.engine import RolloutEngine
 from titanium.generation.generate import PROMPT_DOCUMENT, left_pad
 from titanium.generation.sampling import SamplingParams
 from titanium.rl.env.base import Environment, EnvironmentSpec, EnvReply, PolicyTurn
+from titanium.rl.env.registry import environment_spec
 from titanium.rl.rewards.functions import Rewards, RewardSet, TrainerState
 from titanium.rl.rollout import Rollout
 from titanium.rl.tools.loading import reference
@@ -68,6 +69,27 @@ STATS = (
 """What each episode counts (``Rollout.stats``, logged as ``<objective>/env/<name>``, means per episode): its policy
 turns, its tool calls and their outcomes, the environment's tokens, and whether it ended at the turn cap, by an
 environment answer too long for its budget, or by an environment that raised."""
+
+
+def tool_schemas(spec: EnvironmentSpec) -> list[dict[str, Any]]:
+    """The JSON schemas the policy is shown of ``spec``'s tools; ConfigError for a tool without one, or a name two
+    tools share."""
+    schemas = [json_schema(fn) for fn in spec.tools]
+    names = [schema["function"]["name"] for schema in schemas]
+    if len(set(names)) < len(names):
+        raise ConfigError(f"--environment.tools: two tools have the same name ({sorted(names)})")
+    return schemas
+
+
+def check_environment(cfg: EnvironmentSection) -> None:
+    """What ``[environment]`` decides, checked before any process starts (titanium.preflight, through the RL
+    objectives' ``check_config``): the environment and its arguments, the tools' files and schemas, the parser."""
+    spec = environment_spec(cfg)
+    if spec is not None:
+        tool_schemas(spec)
+        for fn in spec.tools:
+            reference(fn)  # (a tool process must be able to import it)
+        TOOL_PARSERS.load(cfg.tool_parser)
 
 
 @dataclass
@@ -110,10 +132,7 @@ class EpisodeRunner:
     ) -> None:
         self.spec, self.cfg, self.tokenizer = spec, cfg, tokenizer
         self.max_new_tokens, self.room = max_new_tokens, max_prompt_len + max_new_tokens
-        self.schemas = [json_schema(fn) for fn in spec.tools]
-        names = [schema["function"]["name"] for schema in self.schemas]
-        if len(set(names)) < len(names):
-            raise ConfigError(f"--environment.tools: two tools have the same name ({sorted(names)})")
+        self.schemas = tool_schemas(spec)
         self.parse = TOOL_PARSERS.load(cfg.tool_parser)
         self.renderer = TurnRenderer(template)
         self.stop_ids = template.stop_ids
@@ -121,6 +140,7 @@ class EpisodeRunner:
         """The template prompts are made with: the tools shown to the policy."""
         self.sandbox = None
         if spec.tools:
+            names = [schema["function"]["name"] for schema in self.schemas]
             tools = {name: reference(fn) for name, fn in zip(names, spec.tools)}
             limits = (cfg.tool_timeout, cfg.tool_memory_mb, cfg.tool_output_chars, cfg.workers)
             self.sandbox = ToolSandbox(tools, *limits)

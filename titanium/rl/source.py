@@ -49,7 +49,7 @@ from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
 from titanium.rl.env.registry import environment_spec
-from titanium.rl.episodes import STATS, EpisodeRunner
+from titanium.rl.episodes import STATS, EpisodeRunner, check_environment
 from titanium.rl.rewards.functions import (
     Rewards,
     RewardSet,
@@ -114,12 +114,21 @@ def frozen_sources(cfg: RLSection, start: ModelSource, vocab_size: int, seq_len:
     return [*([start] if reference else []), *sharded_reward_models(cfg, start, None, vocab_size, seq_len).values()]
 
 
-def check_source(cfg: RLSection, engine: RolloutSection, job: Any) -> None:
+def check_source(
+    job: Any,
+    rl: RLSection | None = None,
+    rollout: RolloutSection | None = None,
+    environment: EnvironmentSection | None = None,
+) -> None:
     """What the config decides of a rollout source, checked before any process starts (an objective's
-    ``check_config``; ``job``: its ``JobFacts``): the rewards resolve (functions import and have a reward function's
-    signature, reward-model folders hold a titanium family's config.json) and the ``[rollout]`` engine can serve
-    this policy in this job."""
+    ``check_config``; ``job``: its ``JobFacts``, and the sections the objective gets, by keyword): the rewards
+    resolve (functions import and have a reward function's signature, reward-model folders hold a titanium family's
+    config.json), the ``[environment]`` of multi-turn episodes and its tools load, and the ``[rollout]`` engine can
+    serve this policy in this job."""
+    cfg, engine = rl or RLSection(), rollout or RolloutSection()
     check_rewards(cfg.rewards, ("overlong",), cfg.reward_model_tokenizer)
+    if environment is not None:
+        check_environment(environment)
     start, max_model_len = job.start, cfg.max_prompt_len + cfg.max_new_tokens
     check_engine(
         engine,

@@ -37,7 +37,7 @@ from torch import nn
 
 from titanium.checkpoint.hf import hf_model_args, read_hf_config
 from titanium.config.loader import ConfigError
-from titanium.config.validate_objectives import scalar_head_folder
+from titanium.config.rl_objective_sections import scalar_head_folder
 from titanium.data.chat import JinjaTemplate, Message
 from titanium.data.tokenizer import HFTokenizer, Tokenizer
 from titanium.errors import UserError
