@@ -106,9 +106,10 @@ class BuiltModel:
     def checkpoint_states(self) -> tuple[ModelState, ModelState | None]:
         """What a checkpoint holds of the model, and the part read from where the run started instead (the frozen
         base), if any."""
+        whole = self.pipeline is None  # (a pipeline rank's stages hold some of the layers)
         if self.frozen_base:
-            return ModelState(self.model, part="trainable"), ModelState(self.model, part="base")
-        return ModelState(self.model), None
+            return ModelState(self.model, "trainable", whole), ModelState(self.model, "base", whole)
+        return ModelState(self.model, whole=whole), None
 
     @property
     def pp_group(self) -> Any:

@@ -106,13 +106,14 @@ def check_checkpoint(path: Path, flag: str) -> Path:
     return path
 
 
-def model_mismatch(path: Path, model: dict[str, Any], part: ModelPart = "all") -> str | None:
+def model_mismatch(path: Path, model: dict[str, Any], part: ModelPart = "all", whole: bool = True) -> str | None:
     """Why the model weights of checkpoint ``path`` do not fit ``model`` (a model state dict, one-process names;
     sharded tensors count by their global shape; ``part``: which of the checkpoint's weights it loads, as
     ``ModelState``'s), or None: the tensors it lacks, those of another shape, and the checkpoint's tensors of that
     part the model has no place for (they would be dropped silently: DoRA's magnitudes read with a config without
     use_dora), read from ``.metadata`` before any loading, so a checkpoint of another architecture is named with its
-    differences instead of failing inside DCP."""
+    differences instead of failing inside DCP. ``whole`` False: ``model`` is a pipeline rank's stages, and the
+    checkpoint's other tensors are the other stages'."""
     prefix = MODEL_KEY + "."
     metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     saved = {
@@ -125,7 +126,7 @@ def model_mismatch(path: Path, model: dict[str, Any], part: ModelPart = "all") -
         if name in saved and tuple(saved[name]) != tuple(value.shape)
     ]
     ours = {"all": lambda name: True, "trainable": is_lora_param, "base": lambda name: not is_lora_param(name)}[part]
-    unexpected = [name for name in saved if name not in model and ours(name)]
+    unexpected = [name for name in saved if name not in model and ours(name)] if whole else []
     problems = [f"shape mismatch: {_few(wrong)}"] if wrong else []
     problems += [f"missing {_few(missing)}"] if missing else []
     problems += [f"tensors the model has no place for: {_few(unexpected)}"] if unexpected else []
@@ -142,11 +143,16 @@ CONFIGURED_MODEL = "point it at a checkpoint of the configured model (--model.na
 
 
 def check_model_fits(
-    path: Path, model: dict[str, Any], flag: str, part: ModelPart = "all", fix: str = CONFIGURED_MODEL
+    path: Path,
+    model: dict[str, Any],
+    flag: str,
+    part: ModelPart = "all",
+    fix: str = CONFIGURED_MODEL,
+    whole: bool = True,
 ) -> None:
     """CheckpointError naming ``flag``, the folder, the differences and ``fix`` unless its model weights (of
-    ``part``) fit ``model``."""
-    problem = model_mismatch(path, model, part)
+    ``part``) fit ``model`` (``whole`` False: a pipeline rank's stages)."""
+    problem = model_mismatch(path, model, part, whole)
     if problem is not None:
         raise CheckpointError(f"{flag}: checkpoint {path} holds a model of another architecture ({problem}); {fix}")
 
@@ -270,7 +276,8 @@ class CheckpointManager:
         keys = self._keys_in_checkpoint(path, keys)
         if MODEL_KEY in keys:
             flag = "--checkpoint.initial_load_path" if path.parent != self.folder else "resuming from --job.dump_folder"
-            check_model_fits(path, states[MODEL_KEY].state_dict(), flag, states[MODEL_KEY].part)
+            model = states[MODEL_KEY]
+            check_model_fits(path, model.state_dict(), flag, model.part, whole=model.whole)
         try:
             dcp.load({k: states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
         except (Exception, CheckpointException) as e:  # (DCP's CheckpointException is a BaseException)

@@ -26,11 +26,14 @@ class ModelState:
     ``part`` selects what is saved and loaded. When a converter freezes the base (LoRA) a run's
     checkpoints hold only the ``"trainable"`` parameters, and its frozen ``"base"`` is read from where
     the run started (every start, resumed or not); ``"all"`` is everything. Freeze before building this.
+    ``whole``: False for a pipeline rank's stages, which hold some of the checkpoint's tensors (the other stages'
+    are not this rank's to load).
     """
 
-    def __init__(self, model: nn.Module, part: ModelPart = "all") -> None:
+    def __init__(self, model: nn.Module, part: ModelPart = "all", whole: bool = True) -> None:
         self.model = model
         self.part = part
+        self.whole = whole
 
     def state_dict(self) -> dict[str, Any]:
         options = StateDictOptions(ignore_frozen_params=self.part == "trainable")
