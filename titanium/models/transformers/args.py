@@ -41,8 +41,13 @@ class TransformersArgs:
         if not self.max_seq_len:
             object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
         if not self.n_layers:  # (the config class knows the field under its other names: GPT-2's n_layer)
-            layers = self.config.get("num_hidden_layers") or self.hf_config.num_hidden_layers
-            object.__setattr__(self, "n_layers", int(layers))
+            layers = self.config.get("num_hidden_layers") or getattr(self.hf_config, "num_hidden_layers", None)
+            if not isinstance(layers, int):
+                raise BackendConfigError(
+                    f"{type(self.hf_config).__name__} names no decoder layer count (num_hidden_layers): not a causal "
+                    "language model the transformers backend can build"
+                )
+            object.__setattr__(self, "n_layers", layers)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:
@@ -130,6 +135,14 @@ def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) ->
             )
         )
     try:
-        return CONFIG_MAPPING[model_type].from_dict(values)
+        loaded = CONFIG_MAPPING[model_type].from_dict(values)
     except (TypeError, ValueError, KeyError) as e:
         raise BackendConfigError(f"transformers refuses it: {e}") from None
+    text = loaded.get_text_config()
+    if text is not loaded:
+        raise BackendConfigError(
+            f"model_type {model_type!r} is a composite model ({type(loaded).__name__}: its language model is the "
+            f"sub-config of model_type {text.model_type!r}); the transformers backend trains causal language models "
+            "alone: start from a text-only checkpoint of it"
+        )
+    return loaded

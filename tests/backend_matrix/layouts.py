@@ -1,0 +1,95 @@
+"""The layout cells of the compatibility matrix: FSDP 2, TP 2 and PP 2 trained by ``titanium.train`` against one
+process.
+
+Each architecture's tiny config (``configs.py``) is written as a ``config.json`` folder; ``titanium.train`` builds
+the model from it (``--model.hf_config``: seeded initialization, which is the same in every layout) and trains 2
+steps on synthetic data: once in one process, then under dp_shard 2, tensor parallel 2 and pipeline parallel 2.
+A layout cell is ``yes`` when its losses equal the one-process run's to 1e-5 relative, ``refused`` with the message
+titanium gives (before any process group for the model's own limits), ``no`` otherwise. Every architecture's
+one-process jobs run in one launch and every layout job in one launch of 2 processes
+(``layout_worker.py``), so the cost is two interpreter starts however many architectures there are.
+
+Adam with eps 0.1 as in tests/distributed/test_backend_parity.py: rounding-level gradient differences between
+layouts stay rounding-level.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from tests.backend_matrix.cells import NO, REFUSED, UNTESTED, YES, Cell
+from tests.backend_matrix.configs import tiny_config_dict
+from tests.helpers import REPO, env, scalars, tiny_args, train_cmd
+
+STEPS = 2
+COMMON = ("--data.kind", "synthetic", "--optimizer.eps", "0.1", "--training.steps", str(STEPS))
+LAYOUTS = {
+    "fsdp": ("--training.local_batch_size", "2"),  # (2 ranks x 2 rows: the one-process run's 4 rows)
+    "tp": ("--parallelism.tensor_parallel_degree", "2"),
+    "pp": ("--parallelism.pipeline_parallel_degree", "2"),
+}
+RTOL = 1e-5
+
+
+def write_config(folder: Path, model_type: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(tiny_config_dict(model_type)))
+    return folder
+
+
+def job(out: Path, config: Path, *extra: str) -> list[str]:
+    return tiny_args(out, *COMMON, "--model.backend", "transformers", "--model.hf_config", str(config), *extra)
+
+
+def launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) -> dict[str, list[str]]:
+    """Every job of ``jobs`` in one launch of ``nproc`` processes; name -> [outcome, detail] (``layout_worker``)."""
+    jobs_file, results_file = folder / f"jobs_{nproc}.json", folder / f"results_{nproc}.json"
+    jobs_file.write_text(json.dumps(jobs))
+    cmd = train_cmd([str(jobs_file), str(results_file)], nproc, module="tests.backend_matrix.layout_worker")
+    try:
+        result = subprocess.run(cmd, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout)
+        crash = "" if result.returncode == 0 else f"the launch failed ({result.returncode}): {result.stderr[-600:]}"
+    except subprocess.TimeoutExpired:
+        crash = f"the launch did not finish in {timeout} s"
+    results = json.loads(results_file.read_text()) if results_file.exists() else {}
+    for name in jobs:
+        results.setdefault(name, ["error", crash or "not run"])
+    return results
+
+
+def layout_cells(model_types: list[str], folder: Path, timeout: int = 3600) -> dict[str, dict[str, Cell]]:
+    """model_type -> the ``fsdp``, ``tp`` and ``pp`` cells, for every architecture whose one-process run trains."""
+    configs = {mt: write_config(folder / "configs" / mt, mt) for mt in model_types}
+    single = {mt: job(folder / "single" / mt, configs[mt]) for mt in model_types}
+    single_results = launch(single, 1, folder, timeout)
+    out: dict[str, dict[str, Cell]] = {}
+    parallel = {}
+    for mt in model_types:
+        outcome, detail = single_results[mt]
+        if outcome != "ok":
+            out[mt] = {name: Cell(UNTESTED, f"one process: {outcome}: {detail}") for name in LAYOUTS}
+            continue
+        for name, extra in LAYOUTS.items():
+            parallel[f"{mt}/{name}"] = job(folder / name / mt, configs[mt], *extra)
+    parallel_results = launch(parallel, 2, folder, timeout) if parallel else {}
+    for mt in model_types:
+        if mt in out:
+            continue
+        expected = scalars(folder / "single" / mt / "tb")
+        out[mt] = {name: _cell(parallel_results[f"{mt}/{name}"], folder / name / mt, expected) for name in LAYOUTS}
+    return out
+
+
+def _cell(result: list[str], out: Path, expected: dict[int, float]) -> Cell:
+    outcome, detail = result
+    if outcome == "refused":
+        return Cell(REFUSED, detail)
+    if outcome != "ok":
+        return Cell(NO, detail)
+    got = scalars(out / "tb")
+    if sorted(got) != sorted(expected):
+        return Cell(NO, f"logged steps {sorted(got)}, expected {sorted(expected)}")
+    worst = max(abs(got[s] - v) / max(abs(v), 1e-12) for s, v in expected.items())
+    return Cell(YES if worst <= RTOL else NO, f"losses max rel diff {worst:.1e} over {STEPS} steps")
