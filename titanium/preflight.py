@@ -74,6 +74,7 @@ def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
         kv_cache_decoding=rollouts or cfg.eval.interval > 0,
         score_head=objective in ("reward", "ppo"),
         split_decoding=cfg.rollout.tensor_parallel_size if rollouts else 1,
+        load_balance=cfg.moe.load_balance,
     )
 
 

@@ -82,6 +82,16 @@ def describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error)[:300]} ({Path(where.filename).name}:{where.lineno})"
 
 
+def randomize_routing_biases(model: torch.nn.Module, seed: int) -> None:
+    """DeepSeek-V3-style routing biases (buffers, which ``randomize_`` leaves at zero) random too, so they change which
+    experts the tokens choose."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(torch.rand(buffer.shape, generator=generator) * 0.2 - 0.1)
+
+
 def tokens(rows: int, seq: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, VOCAB, (rows, seq), generator=torch.Generator().manual_seed(seed))
 
@@ -107,6 +117,7 @@ class Architecture:
             torch.manual_seed(0)
             hf = AutoModelForCausalLM.from_config(tiny_config(self.model_type), dtype=torch.float32)
             randomize_(hf, 0)
+            randomize_routing_biases(hf, 0)
             self.hf = hf.eval()
             self.x = tokens(2, 24)
             with torch.no_grad():
@@ -135,7 +146,7 @@ class Architecture:
         model.init_weights(seed=0)
         weights = TRANSFORMERS_HF_ADAPTER.from_hf(self.hf.state_dict(), self.args)
         missing, unexpected = model.load_state_dict(weights, strict=False)
-        missing = [k for k in missing if "lora_" not in k]
+        missing = [k for k in missing if "lora_" not in k and not k.endswith("moe.expert_bias")]  # (no HF slot)
         if missing or unexpected:
             raise AssertionError(f"weights not mapped: missing {missing[:4]}, unexpected {unexpected[:4]}")
         return model

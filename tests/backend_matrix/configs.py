@@ -72,7 +72,6 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
     "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
     "gpt_oss": {"intermediate_size": 64, "layer_types": ["sliding_attention", "full_attention"]},
-    "deepseek_v3": {"n_group": 1, "topk_group": 1},
 }
 """Per ``model_type``: values the generic derivation cannot know (or that switch on what makes the architecture)."""
 

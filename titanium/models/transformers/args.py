@@ -86,7 +86,10 @@ class TransformersArgs:
         """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,
         sliding windows against context parallelism), in the shared decoder's terms. Not an architecture: the
         model is built from ``config.json`` by ``transformers``."""
+        from titanium.models.transformers.model import routed_moe  # (the model module imports this one)
+
         c = self.hf_config
+        moe, moe_layers = routed_moe(self)
         n_heads = int(c.num_attention_heads)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
         layer_types = list(getattr(c, "layer_types", None) or [])
@@ -110,7 +113,16 @@ class TransformersArgs:
             tie_word_embeddings=self.tie_word_embeddings,
             sliding_window=int(window) if window else None,
             global_layers=global_layers,
+            moe=moe,
+            moe_layers=moe_layers,
         )
+
+    @property
+    def router_aux_loss_coef(self) -> float | None:
+        """The weight of the auxiliary load-balancing loss the model was trained with (``[moe] aux_loss_coef``'s
+        default), where ``config.json`` states one."""
+        value = getattr(self.hf_config, "router_aux_loss_coef", None)
+        return None if value is None else float(value)
 
 
 def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) -> Any:

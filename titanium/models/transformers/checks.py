@@ -1,9 +1,10 @@
 """What a backend model cannot do of a job's use of it, said before any process group exists (``ModelSpec.refusals``).
 
-The layout needs the config's plans (``plans.py``); context and expert parallelism are not translated for backend
-models yet; and a model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and,
-where some of its layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart
-(its attention layers take titanium's document masks as explicit masks; a linear-attention layer would mix them).
+The layout needs the config's plans (``plans.py``); context parallelism is not translated for backend models yet;
+MoE blocks that titanium's MoE does not compute (``moe.py``) can neither be divided over ranks nor balanced; and a
+model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and, where some of its
+layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart (its attention layers
+take titanium's document masks as explicit masks; a linear-attention layer would mix them).
 """
 
 from __future__ import annotations
@@ -35,11 +36,21 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--parallelism.context_parallel_degree {use.context_parallel}: context parallelism is not implemented for "
             "the transformers backend yet"
         )
-    if use.expert_parallel > 1:
-        problems.append(
-            f"--parallelism.expert_parallel_degree {use.expert_parallel}: the transformers backend runs the model's "
-            "own MoE blocks, which expert parallelism does not split yet"
+    if model.own_moe_blocks:
+        own = (
+            f"{config.model_type}'s MoE blocks run as transformers wrote them (titanium's MoE has not their routing: "
+            "titanium/models/transformers/moe.py)"
         )
+        if use.expert_parallel > 1:
+            problems.append(
+                f"--parallelism.expert_parallel_degree {use.expert_parallel}: {own}, so their experts cannot be "
+                "divided over ranks; use 1"
+            )
+        if use.load_balance != "none":
+            problems.append(
+                f"--moe.load_balance {use.load_balance}: {own}, so titanium cannot balance their routing; set "
+                "--moe.load_balance none to train them without load balancing"
+            )
     conversions = checkpoint_conversions(config.model_type) if use.hf_checkpoint else []
     if conversions:
         problems.append(
