@@ -58,9 +58,17 @@ ROUTING: dict[str, Callable[[nn.Module], dict[str, Any]]] = {
     "qwen3_moe": _softmax,
     "olmoe": _softmax,
     "flex_olmo": _softmax,
+    "cohere2_moe": _softmax,
+    "mellum": _softmax,
     "mixtral": _softmax_normalized,
+    "minimax": _softmax_normalized,
     "deepseek_v3": _sigmoid_grouped,
+    "deepseek_v32": _sigmoid_grouped,
     "glm4_moe": _sigmoid_grouped,
+    "dots3_note_text": _sigmoid_grouped,
+    "mimo_v2_flash": _sigmoid_grouped,
+    "sarvam_mla": _sigmoid_grouped,
+    "solar_open": _sigmoid_grouped,
 }
 """``model_type`` -> how its MoE blocks' router computes, in ``MoEArgs`` terms, read from the router module. Each
 entry is checked by the compatibility matrix: the backend's logits equal ``transformers``' (tests/backend_matrix)."""
@@ -87,7 +95,7 @@ def routed_moe_args(model_type: str, block: nn.Module) -> MoEArgs | None:
     children = dict(block.named_children())
     if routing is None or not {ROUTER, EXPERTS} <= set(children) <= {ROUTER, EXPERTS, SHARED}:
         return None
-    if list(block.parameters(recurse=False)) or getattr(block, "jitter_noise", 0):
+    if list(block.parameters(recurse=False)) or list(block.buffers(recurse=False)) or getattr(block, "jitter_noise", 0):
         return None
     router, experts = children[ROUTER], children[EXPERTS]
     router_params = dict(router.named_parameters())
