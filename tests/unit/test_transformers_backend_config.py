@@ -113,8 +113,10 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     bias = ("--moe.load_balance", "bias")
     assert preflight([*JOB, "--model.hf_config", deepseek, *bias]) == 0  # (from its config.json alone: it trains)
     reward = ("--training.objective", "reward", "--data.kind", "preference")
-    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gemma, *reward)
-    assert "a score head on a transformers backend model (its *ForSequenceClassification) is not built yet" in err
+    granite = config_folder(tmp_path, "granite", tiny_config("granite").to_dict())
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", granite, *reward)
+    assert "transformers has no *ForSequenceClassification for granite" in err
+    assert preflight([*JOB, "--model.hf_config", gemma, *reward]) == 0
     split = ("--parallelism.tensor_parallel_degree", "2", "--rollout.tensor_parallel_size", "2")
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gemma, *grpo, *split)
     assert "--rollout.tensor_parallel_size 2: titanium's engine splits the native families' layers only" in err

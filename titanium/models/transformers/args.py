@@ -36,6 +36,9 @@ class TransformersArgs:
     n_layers: int = 0
     """Decoder layers: 0 means the config's ``num_hidden_layers``; fewer builds the model cut to its first
     ``n_layers`` (the memory estimate traces such a model)."""
+    score_head: bool = False
+    """The model ends in a scalar score head instead of its LM head (a reward or value model: ``use_score_head``),
+    never tied to the embedding."""
 
     def __post_init__(self) -> None:
         if not self.max_seq_len:
@@ -80,7 +83,7 @@ class TransformersArgs:
 
     @property
     def tie_word_embeddings(self) -> bool:
-        return bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        return not self.score_head and bool(getattr(self.hf_config, "tie_word_embeddings", False))
 
     def decoder_args(self) -> DecoderArgs:
         """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,

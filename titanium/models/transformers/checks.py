@@ -17,6 +17,13 @@ from titanium.models.transformers.hf import checkpoint_conversions
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
 
 
+def sequence_classifier(model_type: str) -> str | None:
+    """The ``*ForSequenceClassification`` class ``transformers`` has for ``model_type`` (a reward model's), if any."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+
+
 def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
     """Each thing of ``use`` the model of ``args`` cannot do, as a message naming the flag to change."""
     from titanium.models.transformers.model import TransformersModel
@@ -59,10 +66,10 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             "config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
             "--checkpoint.last_save_in_hf)"
         )
-    if use.score_head:
+    if use.score_head and not sequence_classifier(config.model_type):
         problems.append(
-            "--training.objective reward / ppo: a score head on a transformers backend model (its "
-            "*ForSequenceClassification) is not built yet; train reward and value models of a native family"
+            f"--training.objective reward / ppo: transformers has no *ForSequenceClassification for "
+            f"{config.model_type}, so a reward or value model of it could not be exported; use another architecture"
         )
     if use.split_decoding > 1:
         problems.append(

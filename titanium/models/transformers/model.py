@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import functools
 from collections.abc import Iterator
 from typing import Any
@@ -137,6 +138,17 @@ class TransformersModel(nn.Module):
         self._tie_weights()
 
     # ----- structure -----
+
+    def use_score_head(self) -> None:
+        """Become a reward or value model (``titanium/models/reward.py``): the LM head replaced by a scalar score
+        head ``[1, hidden]``, the architecture's ``*ForSequenceClassification`` ``score`` layer, which
+        ``transformers`` applies to the final hidden states as they are (no logit scaling or soft-capping) and never
+        ties to the embedding."""
+        from titanium.models.reward import ScoreHead
+
+        self.args = dataclasses.replace(self.args, score_head=True)
+        self.output = ScoreHead(int(self.args.hf_config.hidden_size))
+        self.logit_multiplier = 1.0
 
     def _tie_weights(self) -> None:
         if (

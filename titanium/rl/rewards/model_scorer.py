@@ -36,11 +36,11 @@ from torch import nn
 
 from titanium.checkpoint.hf import hf_model_args, read_hf_config
 from titanium.config.loader import ConfigError
+from titanium.config.sections import ModelSection
 from titanium.data.chat import JinjaTemplate, Message
 from titanium.data.tokenizer import HFTokenizer, Tokenizer
 from titanium.errors import UserError
-from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
-from titanium.models import get_model_spec, hf_family, list_models
+from titanium.model_builder import DTYPES, ModelBuilder, WeightSource, resolve_spec
 from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
 
 Reader = Callable[[str | list[dict[str, Any]], str], list[int]]
@@ -97,11 +97,10 @@ class RewardModelScorer:
                     f"{flag}: neither its config.json nor its tokenizer names a pad token (scores are read at the last "
                     "token that is not padding); set pad_token_id in its config.json"
                 )
-        model_type = config.get("model_type")
-        family = hf_family(model_type)
-        if family is None:
-            raise ConfigError(f"{flag}: model_type {model_type!r} has no titanium family; supported: {list_models()}")
-        spec = reward_spec(get_model_spec(family), pad_token_id=pad_id)
+        try:  # (the native family that reads its model_type, else the transformers backend)
+            spec = reward_spec(resolve_spec(ModelSection(), folder)[0], pad_token_id=pad_id)
+        except ConfigError as e:
+            raise ConfigError(f"{flag}: {e}") from None
         args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=max_seq_len)
         built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder))
         model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
