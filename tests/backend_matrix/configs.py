@@ -71,6 +71,7 @@ OVERRIDES: dict[str, dict[str, Any]] = {
     "qwen3_5_text": {"layer_types": ["linear_attention", "full_attention"]},
     "qwen3_5_moe_text": {"layer_types": ["linear_attention", "full_attention"]},
     "qwen3_next": {"layer_types": ["linear_attention", "full_attention"]},
+    "deepseek_v2": {"num_experts_per_tok": 2},  # (its class default is None)
     "gpt_oss": {"intermediate_size": 64, "layer_types": ["sliding_attention", "full_attention"]},
 }
 """Per ``model_type``: values the generic derivation cannot know (or that switch on what makes the architecture)."""

@@ -4,7 +4,8 @@ process.
 Each architecture's tiny config (``configs.py``) is written as a ``config.json`` folder; ``titanium.train`` builds
 the model from it (``--model.hf_config``: seeded initialization, which is the same in every layout) and trains 2
 steps on synthetic data: once in one process, then under dp_shard 2, tensor parallel 2 and pipeline parallel 2.
-A layout cell is ``yes`` when its losses equal the one-process run's to 1e-5 relative, ``refused`` with the message
+MoE models balance their routing with titanium's bias (``balancing``). A layout cell is ``yes`` when its losses
+equal the one-process run's to 1e-5 relative, ``refused`` with the message
 titanium gives (before any process group for the model's own limits), ``no`` otherwise. Every architecture's
 one-process jobs run in one launch and every layout job in one launch of 2 processes
 (``layout_worker.py``), so the cost is two interpreter starts however many architectures there are.
@@ -30,7 +31,26 @@ LAYOUTS = {
     "tp": ("--parallelism.tensor_parallel_degree", "2"),
     "pp": ("--parallelism.pipeline_parallel_degree", "2"),
 }
+EXPERT_PARALLEL = ("--parallelism.expert_parallel_degree", "2", "--training.local_batch_size", "2")
+"""Expert parallelism 2 (borrowed from dp_shard 2): each rank holds half of every MoE layer's experts."""
 RTOL = 1e-5
+JOBS_PER_LAUNCH = 30
+
+
+def balancing(config: Path) -> tuple[str, ...]:
+    """The ``[moe]`` setting an MoE model trains with in every layout: titanium's routing bias where titanium's MoE
+    computes its blocks (the auxiliary loss needs all layers in one backward: no pipeline stages), none where the
+    blocks are the model's own (titanium refuses to balance them); nothing for a dense model."""
+    import torch
+
+    from titanium.models.transformers import TransformersArgs, TransformersModel
+
+    args = TransformersArgs.from_config(json.loads((config / "config.json").read_text()))
+    with torch.device("meta"):
+        model = TransformersModel(args)
+    if model.moe_layers:
+        return ("--moe.load_balance", "bias")
+    return ("--moe.load_balance", "none") if model.own_moe_blocks else ()
 
 
 def write_config(folder: Path, model_type: str) -> Path:
@@ -40,12 +60,24 @@ def write_config(folder: Path, model_type: str) -> Path:
 
 
 def job(out: Path, config: Path, *extra: str) -> list[str]:
-    return tiny_args(out, *COMMON, "--model.backend", "transformers", "--model.hf_config", str(config), *extra)
+    model = ("--model.backend", "transformers", "--model.hf_config", str(config), *balancing(config))
+    return tiny_args(out, *COMMON, *model, *extra)
 
 
 def launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) -> dict[str, list[str]]:
-    """Every job of ``jobs`` in one launch of ``nproc`` processes; name -> [outcome, detail] (``layout_worker``)."""
-    jobs_file, results_file = folder / f"jobs_{nproc}.json", folder / f"results_{nproc}.json"
+    """Every job of ``jobs`` in launches of ``nproc`` processes, ``JOBS_PER_LAUNCH`` at a time (what a process
+    keeps of each job adds up); name -> [outcome, detail] (``layout_worker``)."""
+    names = list(jobs)
+    results: dict[str, list[str]] = {}
+    for start in range(0, len(names), JOBS_PER_LAUNCH):
+        part = {name: jobs[name] for name in names[start : start + JOBS_PER_LAUNCH]}
+        results.update(_launch(part, nproc, folder / f"launch_{nproc}_{start}", timeout))
+    return results
+
+
+def _launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) -> dict[str, list[str]]:
+    folder.mkdir(parents=True, exist_ok=True)
+    jobs_file, results_file = folder / "jobs.json", folder / "results.json"
     jobs_file.write_text(json.dumps(jobs))
     cmd = train_cmd([str(jobs_file), str(results_file)], nproc, module="tests.backend_matrix.layout_worker")
     try:
@@ -59,8 +91,15 @@ def launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) -
     return results
 
 
-def layout_cells(model_types: list[str], folder: Path, timeout: int = 3600) -> dict[str, dict[str, Cell]]:
-    """model_type -> the ``fsdp``, ``tp`` and ``pp`` cells, for every architecture whose one-process run trains."""
+def layout_cells(
+    model_types: list[str],
+    folder: Path,
+    timeout: int = 3600,
+    extra: dict[str, dict[str, tuple[str, ...]]] | None = None,
+) -> dict[str, dict[str, Cell]]:
+    """model_type -> the ``fsdp``, ``tp`` and ``pp`` cells, for every architecture whose one-process run trains, and
+    the cells of ``extra`` layouts (model_type -> cell name -> its arguments, on 2 processes: expert parallelism)."""
+    extra = extra or {}
     configs = {mt: write_config(folder / "configs" / mt, mt) for mt in model_types}
     single = {mt: job(folder / "single" / mt, configs[mt]) for mt in model_types}
     single_results = launch(single, 1, folder, timeout)
@@ -69,16 +108,19 @@ def layout_cells(model_types: list[str], folder: Path, timeout: int = 3600) -> d
     for mt in model_types:
         outcome, detail = single_results[mt]
         if outcome != "ok":
-            out[mt] = {name: Cell(UNTESTED, f"one process: {outcome}: {detail}") for name in LAYOUTS}
+            out[mt] = {
+                name: Cell(UNTESTED, f"one process: {outcome}: {detail}") for name in {**LAYOUTS, **extra.get(mt, {})}
+            }
             continue
-        for name, extra in LAYOUTS.items():
-            parallel[f"{mt}/{name}"] = job(folder / name / mt, configs[mt], *extra)
+        for name, arguments in {**LAYOUTS, **extra.get(mt, {})}.items():
+            parallel[f"{mt}/{name}"] = job(folder / name / mt, configs[mt], *arguments)
     parallel_results = launch(parallel, 2, folder, timeout) if parallel else {}
     for mt in model_types:
         if mt in out:
             continue
         expected = scalars(folder / "single" / mt / "tb")
-        out[mt] = {name: _cell(parallel_results[f"{mt}/{name}"], folder / name / mt, expected) for name in LAYOUTS}
+        names = {**LAYOUTS, **extra.get(mt, {})}
+        out[mt] = {name: _cell(parallel_results[f"{mt}/{name}"], folder / name / mt, expected) for name in names}
     return out
 
 

@@ -132,6 +132,7 @@ class TransformersModel(nn.Module):
         config = args.hf_config
         self.output.logit_softcap = getattr(config, "final_logit_softcapping", None)  # (read by chunked losses)
         self.logit_multiplier = float(getattr(hf, "logit_scale", 1.0)) / float(getattr(config, "logits_scaling", 1.0))
+        self.logit_multiplier /= float(getattr(config, "logits_mup_width_multiplier", 1.0))  # (Inkling)
         self.windows = sliding_windows(self.layers, config)
         self.attention_backend: AttentionBackend = "auto"
         """Kernel for masked attention ([model] attention; set by the model builder)."""
