@@ -74,7 +74,7 @@ def block(k: int, n: int, recipe: str | None, device: torch.device, emulate: boo
     """LayerNorm(K) -> Linear(K, N) -> Sigmoid in bf16; the linear layer in float8 by ``recipe`` (None: bf16)."""
     module = nn.Sequential(nn.LayerNorm(k), nn.Linear(k, n, bias=False), nn.Sigmoid()).to(device, torch.bfloat16)
     if recipe is not None:
-        cfg = Float8Section(enable=True, recipe=recipe, emulate=emulate)
+        cfg = Float8Section(enable=True, recipe=recipe, emulate=emulate, filter_fqns=[])  # (no output layer here)
         Float8Converter(cfg, fsdp=False, device_type=None).convert(module)
     return module
 

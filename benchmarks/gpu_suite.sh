@@ -4,11 +4,14 @@
 # compiled decoding, memory, MoE grouped GEMM) and the headline, a Llama-3-8B-shaped model's tokens/s and MFU beside
 # torchtitan's. Part 5 is Mixture of Experts: the experts' grouped GEMM three ways and a Qwen3-30B-A3B-shaped model.
 # Part 6 is GRPO at Qwen3-1.7B's shape on one GPU (titanium's engine): generation tokens/s, sync, reference, train
-# and step seconds, with generation in the loop, on the generation thread (lag 1) and compiled.
+# and step seconds, with generation in the loop, on the generation thread (lag 1) and compiled. Part 7 is what part 1
+# and 6 left after the generation thread got a CUDA stream of its own: its three CUDA tests and the lag 1 row (with
+# lag 0 beside it, on the same card). Parts "peers" and "peers_post" are titanium beside torchtitan (pretraining),
+# torchtune (SFT) and TRL (DPO, GRPO) on the same card (benchmarks/peers.py), into one peers_<device>.md.
 #
-#   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands; runs nothing
+#   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands, in ORDER; runs nothing
 #   bash benchmarks/gpu_suite.sh --part 1 --out "$OUT"  # one part; its results and logs into that folder
-#   bash benchmarks/gpu_suite.sh                        # every part, one after another (a machine without a lease)
+#   bash benchmarks/gpu_suite.sh                        # every part, in ORDER (a machine without a lease)
 #
 # Install: a GPU machine without registry access gets the wheels the project needs and its image lacks from
 # `.gpu_wheels/` in the working tree (made here by `bash scripts/gpu_wheels.sh`); each part installs them with
@@ -52,7 +55,20 @@ STEPS=(
     "5|pretrain_moe|250|$PY benchmarks/pretrain_speed.py --models 30B-A3B --variants eager compile --steps 10 --log-freq 3 --run-timeout 120 --out \$R/pretrain_moe_\$TAG.md"
     "6|install|20|$INSTALL"
     "6|grpo|450|$PY benchmarks/grpo_gpu.py --variants lag0 lag1 compiled --steps 5 --run-timeout 140 --out \$R/grpo_\$TAG.md"
+    "7|install|20|$INSTALL"
+    "7|side_stream_tests|90|$PY -m pytest -m cuda -q -p no:cacheprovider tests/unit/test_side_stream.py"
+    "7|grpo_lag1|300|$PY benchmarks/grpo_gpu.py --variants lag0 lag1 --steps 5 --run-timeout 140 --out \$R/grpo_lag1_\$TAG.md"
+    "peers|install|30|$INSTALL"
+    "peers|peers_pretrain|440|$PY benchmarks/peers.py --work pretrain --layers 6 --steps 8 --run-timeout 70 --out \$R/peers_\$TAG.md"
+    "peers_post|install|30|$INSTALL"
+    "peers_post|peers_sft|150|$PY benchmarks/peers.py --work sft --steps 5 --run-timeout 70 --out \$R/peers_\$TAG.md"
+    "peers_post|peers_dpo|100|$PY benchmarks/peers.py --work dpo --steps 5 --run-timeout 50 --out \$R/peers_\$TAG.md"
+    "peers_post|peers_grpo|190|$PY benchmarks/peers.py --work grpo --steps 4 --run-timeout 90 --out \$R/peers_\$TAG.md"
 )
+# The order to run the parts in (--list prints it, a run of every part follows it): the parts no GPU has run yet
+# first (7, 2, 4), then the peers (pretraining; then SFT, DPO and GRPO: together they need more than one part's
+# 8 minutes), then the parts already run (their results are in benchmarks/results/*_h200.md).
+ORDER=(7 2 4 peers peers_post 1 3 5 6)
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 PART=all LIST=0 OUTDIR=
@@ -67,10 +83,12 @@ while (( $# )); do
     shift
 done
 
-if (( LIST )); then  # part, step, budget, command (tab-separated)
-    for s in "${STEPS[@]}"; do
-        IFS='|' read -r part name budget cmd <<< "$s"
-        [[ $PART == all || $PART == "$part" ]] && printf '%s\t%s\t%s\t%s\n' "$part" "$name" "$budget" "$cmd"
+if (( LIST )); then  # part, step, budget, command (tab-separated), the parts in ORDER
+    for p in "${ORDER[@]}"; do
+        for s in "${STEPS[@]}"; do
+            IFS='|' read -r part name budget cmd <<< "$s"
+            [[ $part == "$p" && ($PART == all || $PART == "$part") ]] && printf '%s\t%s\t%s\t%s\n' "$part" "$name" "$budget" "$cmd"
+        done
     done
     exit 0
 fi
@@ -138,9 +156,9 @@ run_part() {  # one part's steps; its summary rewritten after each, so a part st
 }
 
 failed=0
-parts=$(printf '%s\n' "${STEPS[@]}" | cut -d'|' -f1 | uniq)
-[[ $PART == all ]] || parts=$PART
-for p in $parts; do
+parts=("${ORDER[@]}")
+[[ $PART == all ]] || parts=("$PART")
+for p in "${parts[@]}"; do
     run_part "$p" || failed=1
 done
 exit $failed

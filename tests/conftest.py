@@ -12,7 +12,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 def make_trainer(monkeypatch):
     """Build Trainers in this process (a one-process gloo group each); closed and torn down after the test."""
     from tests.helpers import REPO
-    from titanium.config import load_config
+    from titanium.inputs import load_job
     from titanium.parallel.dims import ParallelDims
     from titanium.parallel.distributed import shutdown_distributed
     from titanium.trainer import Trainer
@@ -21,7 +21,7 @@ def make_trainer(monkeypatch):
     made = []
 
     def make(*args: str) -> Trainer:
-        cfg = load_config(list(args))
+        cfg = load_job(list(args))
         trainer = Trainer(cfg, ParallelDims.from_config(cfg.parallelism, 1))
         made.append(trainer)
         return trainer

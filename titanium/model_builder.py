@@ -59,6 +59,8 @@ class WeightSource:
     """A Hugging Face safetensors folder."""
     dcp_folder: str | None = None
     """A titanium checkpoint folder (``step-N``); only its model weights are read."""
+    option: str = "--checkpoint.initial_load_path"
+    """The setting that named the folder (``--kd.teacher_path``, a tool's argument): errors name it."""
 
     def fingerprint(self) -> str:
         """The folder with the name, size and modification time of each of its files ("" for none): it
@@ -239,22 +241,37 @@ class ModelBuilder:
         vocab_size: int | None = None,
         checkpoint: CheckpointSection | None = None,
         hf_folder: str | os.PathLike | None = None,
+        hf_option: str | None = None,
+        family_option: str = "--model.name",
+        tokenizer_origin: str | os.PathLike | None = None,
     ) -> tuple[ModelSpec, Any]:
         """The family spec and args of ``[model]``, with ``seq_len`` as RoPE length.
 
-        When the model is built from a Hugging Face config.json (``hf_folder``, or the ``[checkpoint]`` start folder
-        with ``initial_load_in_hf``, or ``[model] hf_config``), that file gives the family or backend
-        (``resolve_spec``), the architecture and the vocabulary (which ``vocab_size``, the tokenizer's, must fit);
-        otherwise the flavor does, with ``vocab_size`` (None: the flavor's)."""
+        When the model is built from a Hugging Face config.json (``hf_folder``, named by the setting ``hf_option``, or
+        the ``[checkpoint]`` start folder with ``initial_load_in_hf``, or ``[model] hf_config``), that file gives the
+        family or backend (``resolve_spec``), the architecture and the vocabulary (which ``vocab_size``, the
+        tokenizer's, read from ``tokenizer_origin``, must fit); otherwise the flavor does, with ``vocab_size`` (None:
+        the flavor's). ``family_option``: the setting that picks the family (a tool's own flag), for the error on a
+        folder of another family."""
         if checkpoint is not None and hf_folder is None and checkpoint.initial_load_in_hf:
-            hf_folder = checkpoint.initial_load_path
+            hf_folder, hf_option = checkpoint.initial_load_path, "--checkpoint.initial_load_path"
         folder = config_folder(model, hf_folder)
+        if folder is not None and hf_folder is None:
+            hf_option = "--model.hf_config"
         spec, why = resolve_spec(model, folder)
         logger.info("model: %s (%s)", spec.name, why)
         if checkpoint is not None:
             require_hf_adapter(spec, checkpoint)
         if folder is not None:
-            args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=seq_len)
+            args = hf_model_args(
+                spec,
+                folder,
+                tokenizer_vocab=vocab_size,
+                tokenizer_origin=tokenizer_origin,
+                option=hf_option,
+                family_option=family_option,
+                max_seq_len=seq_len,
+            )
             self._note_flavor(spec, model.flavor, folder)
             described = f"{spec.name} from {Path(folder) / 'config.json'}"
         else:
@@ -321,11 +338,19 @@ class ModelBuilder:
         built.model.train()
         return built
 
-    def load_hf(self, spec: ModelSpec, folder: str | os.PathLike, **overrides: Any) -> BuiltModel:
+    def load_hf(
+        self,
+        spec: ModelSpec,
+        folder: str | os.PathLike,
+        *,
+        option: str | None = None,
+        family_option: str | None = None,
+        **overrides: Any,
+    ) -> BuiltModel:
         """A model with the architecture of a Hugging Face folder's config.json and its weights
-        (``overrides`` replace args, e.g. ``max_seq_len``)."""
-        args = hf_model_args(spec, folder, **overrides)
-        return self.build(spec, args, weights=WeightSource(hf_folder=str(folder)))
+        (``overrides`` replace args, e.g. ``max_seq_len``; ``option``, ``family_option``: as ``hf_model_args``'s)."""
+        args = hf_model_args(spec, folder, option=option, family_option=family_option, **overrides)
+        return self.build(spec, args, weights=WeightSource(hf_folder=str(folder), option=option or str(folder)))
 
     def frozen_copy(
         self,
@@ -423,9 +448,9 @@ class ModelBuilder:
             if built.pipeline is not None:  # this rank holds some stages: check the file against the whole model
                 with torch.device("meta"):
                     whole = {k: tuple(v.shape) for k, v in built.spec.model_cls(built.args).state_dict().items()}
-            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args, whole)
+            load_hf_weights(built.model, weights.hf_folder, built.spec.hf_adapter, built.args, whole, weights.option)
         elif weights.dcp_folder is not None:
-            load_model_weights(Path(weights.dcp_folder), built.model, "--checkpoint.initial_load_path")
+            load_model_weights(Path(weights.dcp_folder), built.model, weights.option)
             logger.info("loaded model weights from %s", weights.dcp_folder)
 
     def _after_materialize(self, built: BuiltModel) -> None:

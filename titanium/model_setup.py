@@ -10,9 +10,11 @@ from typing import Any
 
 from titanium.checkpoint.manager import complete_steps
 from titanium.config.components import CONVERTERS
-from titanium.config.sections import CheckpointSection, CompileSection
-from titanium.model_builder import DTYPES, WeightSource
+from titanium.config.errors import ConfigError
+from titanium.config.sections import CheckpointSection, CompileSection, TrainingSection
+from titanium.model_builder import DTYPES, WeightSource, config_folder, resolve_spec
 from titanium.models.converter import ConverterContext, ModelConverter
+from titanium.models.spec import ModelSpec
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.parallelize import PlanConfig
 from titanium.precision import compute_dtype
@@ -36,12 +38,25 @@ def job_plan(
     )
 
 
+def job_model_spec(cfg: Any) -> ModelSpec:
+    """The family or backend that builds the job's model, decided from its config.json where there is one (the
+    Hugging Face start folder's, or ``[model] hf_config``; ``titanium.model_builder.resolve_spec``)."""
+    ck = cfg.checkpoint
+    start = ck.initial_load_path if ck.initial_load_in_hf else None
+    return resolve_spec(cfg.model, config_folder(cfg.model, start))[0]
+
+
 def job_converters(cfg: Any, dims: ParallelDims, device_type: str | None) -> list[ModelConverter]:
     """The registered converters (titanium/config/components.py) that their own sections of ``cfg`` turn on, in
     registration order; each sees only its section. ``device_type``: where the run computes (None: a dry run, no
     hardware checks). A section left at its defaults is off, and its converter is not even imported (torchao is
     slow to import)."""
-    ctx = ConverterContext(shard_degree=dims.dp_shard * dims.cp, fsdp=dims.fsdp_enabled, device_type=device_type)
+    ctx = ConverterContext(
+        shard_degree=dims.dp_shard * dims.cp,
+        fsdp=dims.fsdp_enabled,
+        device_type=device_type,
+        hf_adapter=job_model_spec(cfg).hf_adapter,
+    )
     converters = []
     for component in CONVERTERS:
         assert component.section is not None, f"converter {component.name} has no config section"
@@ -74,6 +89,24 @@ class StartingWeights:
             logger.info("not loading %s: this run resumes from its own checkpoint", ck.initial_load_path)
             return WeightSource()
         return WeightSource(hf_folder=ck.initial_load_path)
+
+    def loads_nothing(self) -> bool:
+        """Whether the policy starts from its seeded initialization: no ``initial_load_path`` and no checkpoint of
+        this run to resume."""
+        ck = self.checkpoint
+        return not ck.initial_load_path and not (ck.enable and complete_steps(Path(self.dump_folder) / ck.folder))
+
+    def check_evaluate_only(self, training: TrainingSection) -> None:
+        """``--training.steps 0`` evaluates the weights as loaded: with none to load it would score an untrained
+        model and exit 0, so it is refused unless ``--training.evaluate_untrained`` asks for that baseline."""
+        if training.steps == 0 and not training.evaluate_untrained and self.loads_nothing():
+            enabled = f"; no checkpoint of this run in {Path(self.dump_folder) / self.checkpoint.folder}"
+            raise ConfigError(
+                "--training.steps 0 evaluates the weights as loaded, and this run loads none"
+                + (enabled if self.checkpoint.enable else " (--checkpoint.enable is off)")
+                + ": set --checkpoint.initial_load_path (a step-N folder, or a Hugging Face folder with "
+                "--checkpoint.initial_load_in_hf), or --training.evaluate_untrained to score the initialization"
+            )
 
     def start(self) -> WeightSource:
         """The starting policy's weights (also a frozen base's): a Hugging Face folder, a titanium checkpoint, or

@@ -10,16 +10,15 @@ import logging
 import os
 import sys
 
-from titanium.config import load_config
 from titanium.errors import UserError, report
-from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
-from titanium.preflight import check_job
 
 
 def _setup_logging() -> None:
+    """INFO on rank 0 (TITANIUM_LOG_LEVEL=DEBUG: more, e.g. the whole resolved config), WARNING on the others."""
     rank = int(os.environ.get("RANK", 0))
+    level = logging.getLevelName(os.environ.get("TITANIUM_LOG_LEVEL", "INFO").upper())
     logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
+        level=(level if isinstance(level, int) else logging.INFO) if rank == 0 else logging.WARNING,
         format=f"[titanium rank{rank}] %(asctime)s %(levelname)s %(message)s",
         datefmt="%H:%M:%S",
     )
@@ -27,9 +26,17 @@ def _setup_logging() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if "--help" in argv or "-h" in argv:  # the options need only the config classes: answer before torch loads
+        from titanium.config import load_config
+
+        load_config(argv)  # (prints them and exits)
     _setup_logging()
+    from titanium.inputs import load_job  # (torch and the models: after the help)
+    from titanium.parallel.distributed import shutdown_distributed, wait_for_all_ranks
+    from titanium.preflight import check_job
+
     try:
-        cfg = load_config(argv)
+        cfg = load_job(argv)
         dims = check_job(cfg, int(os.environ.get("WORLD_SIZE", 1)))  # before any process group exists
     except UserError as e:
         report(e)

@@ -36,7 +36,8 @@ from titanium.config import ConfigError, JobConfig, to_toml_dict
 from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
-from titanium.data.tokenizer import build_tokenizer
+from titanium.data.export import save_tokenizer
+from titanium.data.tokenizer import build_tokenizer, tokenizer_origin
 from titanium.debug.profiling import Profiler
 from titanium.evaluation.periodic import EvaluationContext, Periodic
 from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
@@ -107,8 +108,10 @@ class Trainer:
             warn_if_changed(folder / "config.toml", to_toml_dict(self.cfg))  # (before it is written over)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "config.toml").write_text(text)
-        if self.cfg.job.print_config:
-            logger.info("resolved config (saved to %s):\n%s", folder / "config.toml", text)
+        level = logging.INFO if self.cfg.job.print_config else logging.DEBUG
+        logger.log(level, "resolved config (saved to %s):\n%s", folder / "config.toml", text)
+        if level != logging.INFO:
+            logger.info("resolved config saved to %s", folder / "config.toml")
 
     def _build_model(self) -> None:
         """Through the one builder: meta model -> converters -> PP split -> plan -> weights; the
@@ -123,7 +126,11 @@ class Trainer:
             attention=cfg.model.attention,
         )
         self.model_spec, self.model_args = self.builder.resolve(
-            cfg.model, seq_len=t.seq_len, vocab_size=self.tokenizer.vocab_size, checkpoint=cfg.checkpoint
+            cfg.model,
+            seq_len=t.seq_len,
+            vocab_size=self.tokenizer.vocab_size,
+            checkpoint=cfg.checkpoint,
+            tokenizer_origin=tokenizer_origin(cfg.tokenizer),
         )
         hf_start = cfg.checkpoint.initial_load_path if cfg.checkpoint.initial_load_in_hf else None
         self.model_spec = OBJECTIVES.load(t.objective).policy_spec(self.model_spec, self.tokenizer, hf_start)
@@ -162,6 +169,7 @@ class Trainer:
         self._objective_ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.model_spec.name,
+            chat_format=self.model_spec.chat_template or "",
             vocab_size=self.model_args.vocab_size,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
@@ -179,6 +187,7 @@ class Trainer:
             ranks_per_row=self.dims.devices_sharing_batch,
             sum_over_data=lambda total: funcol.all_reduce(total, "sum", self.dp_group),
             step_units=self._step_units,
+            total_steps=t.steps,
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
@@ -198,6 +207,7 @@ class Trainer:
             chat=self.cfg.chat,
             tokenizer=self.tokenizer,
             model_name=self.model_spec.name,
+            chat_format=self.model_spec.chat_template or "",
             objective=self._new_objective,
             loss_sums=self._held_out_loss,
             policy=self.models.policy(),
@@ -430,6 +440,7 @@ class Trainer:
             base_model_name_or_path=ck.initial_load_path if ck.initial_load_in_hf else None,
             pp_group=self.built.pp_group,
             step=step,
+            save_tokenizer=self._save_tokenizer,
         )
         self.hooks.export(ctx)
         if not ck.last_save_in_hf:
@@ -443,8 +454,17 @@ class Trainer:
             flavor=self.cfg.model.flavor,
             pp_group=self.built.pp_group,
         )
+        if path is not None:
+            self._save_tokenizer(path)
         if step is None and ck.push_to_hub and path is not None:
             upload(path, ck.push_to_hub)
+
+    def _save_tokenizer(self, folder: Path) -> None:
+        """The run's tokenizer and chat template into an export folder, loadable by transformers' AutoTokenizer."""
+        family_format = self.model_spec.chat_template or ""
+        written = save_tokenizer(folder, self.tokenizer, self.cfg.chat.chat_template, family_format)
+        if written:
+            logger.info("wrote %s to %s", ", ".join(written), folder)
 
     def _log(self, step: int, result: StepResult, grad_norm: torch.Tensor) -> None:
         """The one place the loop syncs with the device: turn this step's tensors into numbers."""

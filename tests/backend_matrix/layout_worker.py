@@ -23,7 +23,8 @@ from titanium.parallel import distributed
 
 def run(jobs_path: str, results_path: str) -> None:
     titanium.trainer.init_distributed = join_or_init
-    titanium.train.shutdown_distributed = lambda: None
+    shutdown = distributed.shutdown_distributed
+    distributed.shutdown_distributed = lambda: None  # titanium.train imports it when main() runs
     reported: list[str] = []
     titanium.train.report = lambda error: reported.append(str(error))
     results: dict[str, list[str]] = {}
@@ -38,7 +39,7 @@ def run(jobs_path: str, results_path: str) -> None:
             if int(os.environ.get("RANK", 0)) == 0:
                 Path(results_path).write_text(json.dumps(results, indent=1))
     finally:
-        distributed.shutdown_distributed()
+        shutdown()
 
 
 if __name__ == "__main__":

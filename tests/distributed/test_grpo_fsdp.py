@@ -189,7 +189,9 @@ def test_grpo_with_a_sharded_reward_model_equals_one_process_with_it_whole(runs,
     metrics; the reward model's own metric is compared too, and it moves the total."""
     run, metrics = runs[f"rm_{layout}"]
     assert_grpo_matches(run, metrics, *runs["rm_single"], "sequence_masked_lag")  # (every metric: grpo/reward/*)
-    (model,) = [tag for tag in metrics if tag.startswith("grpo/reward/") and tag != "grpo/reward/" + FIXED[1]]
+    (model,) = [
+        tag for tag in metrics if tag.startswith("grpo/reward/") and tag != "grpo/reward/" + FIXED[1].rpartition(":")[2]
+    ]
     assert len(set(metrics[model].values())) > 1 and max(abs(v) for v in metrics[model].values()) > 1e-3
 
 

@@ -19,8 +19,10 @@ from titanium.config.loader import tomllib
 SUITE = REPO / "benchmarks/gpu_suite.sh"
 
 
-Step = tuple[int, str, int, list[str]]
+Step = tuple[str, str, int, list[str]]
 """(part, step, budget in seconds, command as argv)."""
+WORKS = ("pretrain", "sft", "grpo", "dpo")
+"""benchmarks/peers.py's works, each run by one step of the peers part."""
 LEASE_SECONDS = 480
 """What one part may take: 8 minutes of a 15-minute device lease, install included."""
 
@@ -28,47 +30,58 @@ LEASE_SECONDS = 480
 def suite_steps() -> list[Step]:
     result = subprocess.run(["bash", str(SUITE), "--list"], capture_output=True, text=True, check=True)
     rows = [line.split("\t") for line in result.stdout.strip().splitlines()]
-    return [(int(part), name, int(budget), shlex.split(cmd)) for part, name, budget, cmd in rows]
+    return [(part, name, int(budget), shlex.split(cmd)) for part, name, budget, cmd in rows]
 
 
 def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
-    """``gpu_suite.sh --list``: parts 1..N, each starting with the install and within 480 s of budgets; part 1 has
-    the CUDA tests and the headline; each benchmark's script has every flag the suite gives it and writes
-    ``$R/<step>_$TAG.md`` (its results folder and the device's name), once in the suite; a part returns at most 8
-    files (its results, its summary and one tar of logs)."""
+    """``gpu_suite.sh --list``: parts 1..N, "peers" and "peers_post", listed in the order to run them (the parts no
+    GPU has run yet first, then the peers, then the rest), each starting with the install and within 480 s of
+    budgets; part 1 has the CUDA tests and the headline; each benchmark's script has every flag the suite gives it
+    and writes ``$R/<step>_$TAG.md`` (its results folder and the device's name), once in the suite (the peers'
+    steps add their works to one ``$R/peers_$TAG.md``); a part returns at most 8 files (its results, its summary
+    and one tar of logs)."""
     subprocess.run(["bash", "-n", str(SUITE)], check=True)
     steps = suite_steps()
-    parts = sorted({part for part, *_ in steps})
-    assert parts == list(range(1, len(parts) + 1))
+    parts = list(dict.fromkeys(part for part, *_ in steps))
+    numbered = sorted(int(p) for p in parts if not p.startswith("peers"))
+    assert numbered == list(range(1, len(numbered) + 1))
+    assert parts[:5] == ["7", "2", "4", "peers", "peers_post"], parts
     for part in parts:
         names = [name for p, name, _, _ in steps if p == part]
         assert names[0] == "install" and names.count("install") == 1, names
         assert sum(budget for p, _, budget, _ in steps if p == part) <= LEASE_SECONDS, part
         assert len(names) - 1 + 2 <= 8, names  # (install writes no results file)
-    assert [name for p, name, _, _ in steps if p == 1][1:3] == ["cuda_tests", "pretrain_8b"]
+    assert [name for p, name, _, _ in steps if p == "1"][1:3] == ["cuda_tests", "pretrain_8b"]
     names = {name for _, name, _, _ in steps}
     assert {"sft_ladder", "float8_linear", "pretrain_1b", "generation", "chunked_ce", "dpo_memory"} <= names
-    assert {"moe_layer", "pretrain_moe", "grpo"} <= names
-    outs = []
-    for _, name, _, argv in steps:
+    assert {"moe_layer", "pretrain_moe", "grpo", "side_stream_tests", "grpo_lag1"} <= names
+    outs, works = [], []
+    for part, name, _, argv in steps:
         if name == "install":
             continue
-        if name == "cuda_tests":
-            assert argv[1:5] == ["-m", "pytest", "-m", "cuda"] and argv[-1] == "tests"
+        if name in ("cuda_tests", "side_stream_tests"):
+            assert argv[1:5] == ["-m", "pytest", "-m", "cuda"] and (REPO / argv[-1]).exists(), argv
             continue
         script = REPO / argv[1]
         source = script.read_text()
         for flag in (a for a in argv[2:] if a.startswith("--")):
             assert f'"{flag}"' in source, f"{script.name} has no {flag}"
-        outs.append(argv[argv.index("--out") + 1])
-        assert outs[-1] == f"$R/{name}_$TAG.md", outs[-1]
+        out = argv[argv.index("--out") + 1]
+        if part.startswith("peers"):
+            assert out == "$R/peers_$TAG.md" and script.name == "peers.py", argv
+            works += argv[argv.index("--work") + 1 : argv.index("--work") + 1 + sum(1 for a in argv if a in WORKS)]
+        else:
+            outs.append(out)
+            assert out == f"$R/{name}_$TAG.md", out
     assert len(outs) == len(set(outs))
+    assert sorted(works) == sorted(WORKS), works  # (each work once)
 
 
 def test_gpu_suite_installs_only_the_carried_wheels():
     """Every part's install step is pip without an index or dependencies, given nothing but the wheels of the
     folder that scripts/gpu_wheels.sh fills (and git ignores, so it travels only when carried): it cannot fetch or
-    pull in anything else. The wheels pinned there are the project's dependencies (or theirs)."""
+    pull in anything else. The wheels pinned there are the project's dependencies (or theirs), and the peers of
+    benchmarks/peers.py with what they import (each listed once, one version)."""
     wheels_script = (REPO / "scripts/gpu_wheels.sh").read_text()
     folder = re.search(r"-d (\S+) ", wheels_script).group(1)
     assert f"{folder}/" in (REPO / ".gitignore").read_text().splitlines()
@@ -89,6 +102,10 @@ def test_gpu_suite_installs_only_the_carried_wheels():
     wanted = {_name(r) for r in project}
     wanted |= {_name(r) for dep in wanted & {_name(p) for p in pinned} for r in requires(dep) or [] if ";" not in r}
     assert {_name(p) for p in pinned} <= wanted, pinned
+    peers = [_name(p) for p in re.findall(r"([\w.-]+)==", re.search(r"PEERS=\((.*?)\)", wheels_script, re.S).group(1))]
+    assert {"torchtitan", "torchtune", "trl", "datasets"} <= set(peers) and len(set(peers + pinned)) == len(
+        peers
+    ) + len(pinned)
 
 
 def _name(requirement: str) -> str:

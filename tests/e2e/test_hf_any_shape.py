@@ -159,8 +159,8 @@ def test_other_family_or_unsupported_feature_fails_before_training(tmp_path: Pat
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
     assert (
-        f"titanium: error: {source / 'config.json'}: model_type 'qwen3' is not a --model.name llama3 checkpoint "
-        "('llama'); use --model.name qwen3"
+        f"titanium: config error: --model.name llama3 disagrees with {source / 'config.json'} (model_type 'qwen3': "
+        "titanium's qwen3); leave --model.name out (the folder says it)"
     ) in err
 
     config = json.loads((source / "config.json").read_text())
@@ -168,7 +168,7 @@ def test_other_family_or_unsupported_feature_fails_before_training(tmp_path: Pat
     code = main(tiny_args(tmp_path / "run", "--model.name", "qwen3", *start))
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
-    assert f"titanium: error: {source / 'config.json'}: use_sliding_window = true is not supported" in err
+    assert f"error: --checkpoint.initial_load_path: {source / 'config.json'}: use_sliding_window = true is not" in err
     assert not (tmp_path / "run/hf").exists()
 
 
@@ -208,4 +208,4 @@ def test_unsupported_feature_exits_2_naming_the_field(tmp_path: Path, capsys, mo
     code = main(tiny_args(tmp_path / "run", "--model.name", family, *start))
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err, err
-    assert f"titanium: error: {source / 'config.json'}: {message}\n" in err, err
+    assert f"titanium: error: --checkpoint.initial_load_path: {source / 'config.json'}: {message}\n" in err, err

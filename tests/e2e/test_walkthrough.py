@@ -70,7 +70,22 @@ def test_walkthrough_runs_as_written(tmp_path: Path) -> None:
     losses = [float(loss) for _, loss in STEP_LOSS.findall(log_of("--training.objective sft"))]
     assert len(losses) >= 2 and losses[-1] < 0.5 * losses[0], losses
     grpo = log_of("--training.objective grpo")
-    assert len(re.findall(r"my_reward\.py:answer_reward [\d.]+ ", grpo)) == 5, grpo[-2000:]  # (one per step)
+    assert len(re.findall(r" answer_reward [\d.]+ ", grpo)) == 5, grpo[-2000:]  # (one per step, TRL's name)
+    for run in ("sft", "dpo", "grpo"):  # (nothing but the objective said what the folder and the data are)
+        said = log_of(f"--training.objective {run}")
+        assert "its tokenizer and chat template" in said and "--data.kind auto: " in said, said[-2000:]
+
+    # The LoRA adapter loads with peft onto the SFT export and computes the merged export (both carry the tokenizer).
+    peft = pytest.importorskip("peft")
+    dpo = tmp_path / "outputs/walkthrough/dpo"
+    probe = torch.tensor([[5, 17, 300, 42, 7, 99]])
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/walkthrough/sft/hf").float().eval()
+    adapted = peft.PeftModel.from_pretrained(base, dpo / "adapter").eval()
+    merged = transformers.AutoModelForCausalLM.from_pretrained(dpo / "hf").float().eval()
+    with torch.no_grad():
+        assert (adapted(input_ids=probe).logits - merged(input_ids=probe).logits).abs().max() <= 1e-5
+    for export in (dpo / "adapter", dpo / "hf"):
+        assert len(transformers.AutoTokenizer.from_pretrained(export)) == merged.config.vocab_size
 
     folder = tmp_path / "outputs/walkthrough/grpo/hf"
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder)

@@ -46,8 +46,8 @@ def test_training_checkpoint_to_hf(make_trainer, tmp_path: Path) -> None:
     model, args = built.model, built.args
     assert args.vocab_size == trainer.model_args.vocab_size
     trained = trainer.model.state_dict()
-    for key, value in model.state_dict().items():  # bf16 by default
-        assert torch.equal(value, trained[key].to(torch.bfloat16).float()), key
+    for key, value in model.state_dict().items():  # float32 by default, as a run's own export: exactly
+        assert torch.equal(value, trained[key]), key
 
 
 def test_errors_and_help(tmp_path: Path, capsys) -> None:
@@ -57,3 +57,5 @@ def test_errors_and_help(tmp_path: Path, capsys) -> None:
         [sys.executable, "-m", "titanium.tools.convert", "--help"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0 and "to-hf" in result.stdout and "from-hf" in result.stdout
+    # No library noise a user cannot act on (torchao's kernel libraries for other machines, torch's pytree notes).
+    assert "Failed to load" not in result.stderr and "Enum subclass" not in result.stderr, result.stderr

@@ -93,11 +93,14 @@ def test_args_come_from_config_json(tmp_path: Path) -> None:
     with pytest.raises(HFCheckpointError, match="tokenizer has 301 ids but .* vocab_size 300"):
         hf_model_args(spec, tmp_path, tokenizer_vocab=301)
     with pytest.raises(HFConfigError) as err:
-        hf_model_args(get_model_spec("qwen3"), tmp_path)
+        hf_model_args(get_model_spec("qwen3"), tmp_path, option="--kd.teacher_path", family_option="--kd.teacher_model")
     assert str(err.value) == (
-        f"{tmp_path / 'config.json'}: model_type 'llama' is not a --model.name qwen3 checkpoint ('qwen3'); "
-        "use --model.name llama3"
+        f"--kd.teacher_path: {tmp_path / 'config.json'}: model_type 'llama' is not a qwen3 checkpoint ('qwen3'); "
+        "use --kd.teacher_model llama3"
     )
+    with pytest.raises(HFConfigError) as err:  # (no setting picks the family: a value model is the policy's)
+        hf_model_args(get_model_spec("qwen3"), tmp_path, option="--ppo.value_model_path")
+    assert str(err.value).endswith("; point --ppo.value_model_path at a qwen3 checkpoint (this one is llama3)")
     (tmp_path / "config.json").write_text(json.dumps({**config, "attention_bias": True, "num_attention_heads": 5}))
     with pytest.raises(HFConfigError, match=f"^{tmp_path / 'config.json'}: attention_bias = true is not supported"):
         hf_model_args(spec, tmp_path)

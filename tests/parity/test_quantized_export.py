@@ -28,12 +28,12 @@ from torch import nn
 from tests.parity.harness import ParityCase, load_titanium, make_hf_checkpoint, random_tokens
 from tests.parity.test_parity import VOCAB, llama, qwen3
 from titanium.checkpoint.hf import export_hf
+from titanium.checkpoint.quantized_export import quantize_model
 from titanium.config.loader import ConfigError
 from titanium.config.sections import QATSection
 from titanium.models import get_model_spec
 from titanium.quantize.qat import QATConverter
 from titanium.quantize.schemes import SCHEMES, check_device, quantized_layers
-from titanium.quantize.serving import quantize_model
 from titanium.tools.convert import main
 
 transformers = pytest.importorskip("transformers")
@@ -163,7 +163,9 @@ def test_bad_scheme_input_is_one_message_and_exit_2(tmp_path: Path, capsys: pyte
     assert not (tmp_path / "q").exists() and not (tmp_path / ".q.partial").exists()
     assert _quantize(source, tmp_path / "q", "llama3", "int4_weight_only", "--filter-fqns") == 0  # output too
     assert _quantize(source, tmp_path / "q", "qwen3", "int8_weight_only") == 2
-    assert "model_type 'llama' != 'qwen3'" in capsys.readouterr().err
+    assert "config.json: model_type 'llama' is not a qwen3 checkpoint ('qwen3'); use --model llama3" in (
+        capsys.readouterr().err
+    )
     for scheme in CUDA_SCHEMES:  # what this CPU machine (and any without CUDA) is told
         with pytest.raises(ConfigError, match=f"--scheme {scheme} needs a CUDA GPU .* on CPU use one of int4_weight"):
             check_device(scheme, torch.device("cpu"))

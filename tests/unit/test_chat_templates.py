@@ -10,6 +10,9 @@ import pytest
 
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import (
+    CHATML_JINJA,
+    LLAMA3_JINJA,
+    QWEN3_JINJA,
     ChatMLTemplate,
     ChatTemplateError,
     JinjaTemplate,
@@ -24,18 +27,10 @@ from titanium.data.chat import (
 )
 from titanium.data.sft import SFTDataset
 from titanium.data.text import DataError
-from titanium.data.tokenizer import ByteTokenizer, HFTokenizer, TiktokenTokenizer
+from titanium.data.tokenizer import HFTokenizer, TiktokenTokenizer
+from titanium.models import default_chat_format
 
 REPO = Path(__file__).resolve().parents[2]
-CHATML_JINJA = (
-    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
-    "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
-)
-LLAMA3_JINJA = (
-    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
-    " + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
-)
 CONVERSATION = [
     Message("system", "Be brief."),
     Message("user", "What is 2+2?"),
@@ -147,38 +142,6 @@ def test_jinja_llama3_matches_llama3_template_and_bos_is_never_trained(tiktoken_
     assert jinja.stop_ids == llama3.stop_ids
 
 
-# Qwen3's published rule for chats without tools: the last user query's answer opens with a <think> block
-# (empty when there is no reasoning), earlier answers do not; enable_thinking=false puts an empty block in the
-# generation prompt. Written here from that rule (not copied), in the Jinja dialect of hub templates.
-QWEN3_STYLE_JINJA = """
-{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{% endif %}
-{%- set ns = namespace(last_query=messages|length - 1) %}
-{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}
-{%- for m in messages %}
-    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
-        {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
-    {%- elif m.role == 'assistant' %}
-        {%- set content = m.content %}
-        {%- set reasoning = '' %}
-        {%- if '</think>' in content %}
-            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
-            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
-        {%- endif %}
-        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
-            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
-        {%- else %}
-            {{- '<|im_start|>assistant\n' + content }}
-        {%- endif %}
-        {{- '<|im_end|>\n' }}
-    {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}
-    {{- '<|im_start|>assistant\n' }}
-    {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{% endif %}
-{%- endif %}
-"""
-
-
 @pytest.fixture(scope="module")
 def qwen3_tok(tmp_path_factory) -> HFTokenizer:
     """The ChatML test tokenizer plus Qwen3's <think> and </think> as added (non-special) tokens."""
@@ -208,13 +171,13 @@ QWEN3_CHATS = {
 def test_qwen3_template_renders_what_qwen3s_own_template_renders(qwen3_tok, name):
     chat = QWEN3_CHATS[name]
     qwen3 = build_chat_template("qwen3", qwen3_tok, "qwen3")
-    jinja = JinjaTemplate(qwen3_tok, QWEN3_STYLE_JINJA)  # for its renderer and its text -> ids
+    jinja = JinjaTemplate(qwen3_tok, QWEN3_JINJA)  # for its renderer and its text -> ids
     dicts = [m.__dict__ for m in chat]
     rendered = jinja._template.render(messages=dicts, add_generation_prompt=False)
     assert "<think>\n\n</think>\n\n" in rendered and rendered.count("<think>") == 1  # the last answer only
     tokens, trainable = qwen3.tokenize(chat, train_on_input=False)
     assert qwen3_tok.decode(tokens) == rendered
-    assert tokens == jinja._encode(rendered)
+    assert tokens == jinja._encode(rendered, at_start=True)
     assert qwen3_tok.special_tokens["<think>"] in tokens
     # The loss is on the assistant answers and their end of turn only, never on the empty thinking block
     # (Qwen3 strips the newlines that start the last answer).
@@ -225,7 +188,7 @@ def test_qwen3_template_renders_what_qwen3s_own_template_renders(qwen3_tok, name
     # Served without thinking (enable_thinking=False), the model continues exactly the trained prefix.
     prompt = qwen3.prompt(chat[:-1])
     served = jinja._template.render(messages=dicts[:-1], add_generation_prompt=True, enable_thinking=False)
-    assert qwen3_tok.decode(prompt) == served and prompt == jinja._encode(served)
+    assert qwen3_tok.decode(prompt) == served and prompt == jinja._encode(served, at_start=True)
     assert tokens[: len(prompt)] == prompt and qwen3.stop_ids == {qwen3_tok.special_tokens["<|im_end|>"]}
 
 
@@ -326,15 +289,14 @@ def test_missing_special_tokens_are_a_clear_error(tiktoken_tok, hf_tok):
 
 
 def test_build_chat_template_choices(tiktoken_tok, tmp_path):
-    assert isinstance(build_chat_template("auto", tiktoken_tok, "llama3"), Llama3Template)
+    assert isinstance(build_chat_template("auto", tiktoken_tok, default_chat_format("llama3")), Llama3Template)
     plain = make_hf_tokenizer(tmp_path / "plain", chat_template=None)
     assert plain.chat_template is None
-    assert type(build_chat_template("auto", plain, "qwen3")) is Qwen3Template
-    assert type(build_chat_template("auto", plain, "qwen2")) is ChatMLTemplate  # (the family's registered format)
-    with pytest.raises(ChatTemplateError, match="no default format; set --chat.chat_template"):
-        build_chat_template("auto", ByteTokenizer(), "mystery")
-    with pytest.raises(ChatTemplateError, match="model 'gemma2' has no default format"):  # its tokenizer's, or none
-        build_chat_template("auto", plain, "gemma2")
+    assert type(build_chat_template("auto", plain, default_chat_format("qwen3"))) is Qwen3Template
+    assert type(build_chat_template("auto", plain, default_chat_format("qwen2"))) is ChatMLTemplate  # (registered)
+    assert default_chat_format("mystery") == default_chat_format("gemma2") == ""  # (gemma2: its tokenizer's, or none)
+    with pytest.raises(ChatTemplateError, match="the model family has no default format; set --chat.chat_template"):
+        build_chat_template("auto", plain, default_chat_format("gemma2"))
     with pytest.raises(ChatTemplateError, match="has no chat_template"):
         build_chat_template("tokenizer", tiktoken_tok, "llama3")
     with pytest.raises(ChatTemplateError, match="unknown --chat.chat_template"):

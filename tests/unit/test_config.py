@@ -214,6 +214,9 @@ def test_grpo_and_ppo_sampling_and_reward_keys_moved_to_rl_still_read_with_a_war
         (["--num_train_epochs", "3"], "--training.steps (titanium counts optimizer steps, not epochs)"),
         (["--max_length", "512"], "titanium's is --training.seq_len"),
         (["--beta", "0.1"], "titanium's is --dpo.beta (DPO) or --grpo.beta (GRPO)"),
+        (["--use_peft"], "titanium's is --lora.rank R (a rank above 0 turns LoRA on)"),
+        (["--lora_r", "8"], "titanium's is --lora.rank (python -m titanium.train --help lists every option)"),
+        (["--lora_target_modules", "q_proj", "v_proj"], "--lora.target_modules (PEFT's names are accepted"),
     ],
 )
 def test_a_trl_option_name_gets_titaniums(flag, hint):
@@ -229,3 +232,9 @@ def test_every_trl_name_maps_to_an_existing_option():
     for name, target in TRL_NAMES.items():
         for option in re.findall(r"--(\w+)\.(\w+)", target):
             assert hasattr(getattr(cfg, option[0]), option[1]), (name, option)
+
+
+def test_unknown_options_point_at_help_as_users_type_it(capsys):
+    with pytest.raises(SystemExit):
+        load_config(["--training.stepz", "3"])
+    assert "python -m titanium.train --help" in capsys.readouterr().err.replace("\n", " ")

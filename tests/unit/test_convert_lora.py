@@ -147,3 +147,35 @@ def test_lora_checkpoint_errors_are_one_line(tmp_path: Path, capsys) -> None:
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_dora_checkpoint_with_a_config_without_use_dora_is_refused(tmp_path: Path, capsys) -> None:
+    """A DoRA run's adapters read with a run config that lacks use_dora: the magnitudes have no place in the model
+    so built, and were dropped silently (a wrong export, exit 0); now one message naming them and the fix."""
+    import tomli_w
+    import torch.distributed.checkpoint as dcp
+
+    from titanium.config import load_config, to_toml_dict
+    from titanium.model_setup import job_converters
+    from titanium.models import build_model_args, get_model_spec
+    from titanium.models.converter import apply_converters
+    from titanium.parallel.dims import ParallelDims
+    from titanium.peft.lora import is_lora_param
+
+    lora = ["--lora.rank", "4", "--lora.target_modules", "wq", "wv"]
+    dora = load_config([*lora, "--lora.use_dora"])
+    spec = get_model_spec("llama3")
+    with torch.device("meta"):
+        model = spec.model_cls(build_model_args(spec, "debugmodel"))
+    apply_converters(job_converters(dora, ParallelDims(dp_replicate=1, dp_shard=1, world_size=1), None), model)
+    adapters = {k: torch.zeros(v.shape) for k, v in model.state_dict().items() if is_lora_param(k)}
+    assert any(k.endswith("lora_magnitude") for k in adapters)
+    step = tmp_path / "run/checkpoint/step-2"
+    dcp.save({"model": adapters}, checkpoint_id=str(step), no_dist=True)
+    plain = load_config(tiny_args(tmp_path / "run", *lora))  # (the run's config, with use_dora lost)
+    (tmp_path / "run/config.toml").write_text(tomli_w.dumps(to_toml_dict(plain)))
+    assert main(["to-peft", str(step), str(tmp_path / "adapter")]) == 2
+    err = capsys.readouterr().err
+    assert "tensors the model has no place for: layers.0.attention.wq.lora_magnitude" in err, err
+    assert "[lora] rank, target_modules and use_dora give the adapters" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and not (tmp_path / "adapter").exists()

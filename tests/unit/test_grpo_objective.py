@@ -76,6 +76,7 @@ def _objective(
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
         model_name="llama3",
+        chat_format="llama3",
         vocab_size=tokenizer.vocab_size,
         seq_len=64,
         local_batch_size=local_batch_size,
@@ -187,7 +188,7 @@ def test_loss_and_metrics_of_the_first_step_equal_independent_values(tokenizer) 
     assert metrics["grpo/clip_frac"] == 0 and metrics["grpo/kl"] == pytest.approx(0, abs=1e-6)
     group_stds = [statistics.stdev(rewards[g : g + GROUP]) for g in range(0, len(rewards), GROUP)]
     assert metrics["grpo/reward_std"] == pytest.approx(statistics.fmean(group_stds), rel=1e-5)
-    assert metrics[f"grpo/reward/{__name__}:characters"] == pytest.approx(metrics["grpo/reward"])
+    assert metrics["grpo/reward/characters"] == pytest.approx(metrics["grpo/reward"])
     responses = [row[: int(n)] for row, n in zip(microbatch.tokens[:, -6:].tolist(), lengths)]
     truncated = [not any(t in objective.source.engine.stop_ids for t in response) for response in responses]
     assert metrics["grpo/truncated"] == pytest.approx(statistics.fmean(truncated))

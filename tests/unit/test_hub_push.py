@@ -5,6 +5,8 @@ before any work; a missing or bad one is one message and exit code 2."""
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
 from pathlib import Path
 
 import huggingface_hub
@@ -25,15 +27,15 @@ class RecordingApi:
     """What the upload asked of the hub API, with the token huggingface_hub resolved at that moment."""
 
     calls: list[tuple] = []
-    fail = False
+    fail: BaseException | None = None
 
     def create_repo(self, repo_id: str, *, private: bool, exist_ok: bool) -> str:
         self.calls.append(("create_repo", repo_id, private, exist_ok, huggingface_hub.get_token()))
         return f"https://huggingface.co/{repo_id}"
 
     def upload_folder(self, *, folder_path: str, repo_id: str, commit_message: str) -> None:
-        if self.fail:
-            raise OSError("connection refused")
+        if self.fail is not None:
+            raise self.fail
         files = sorted(p.name for p in Path(folder_path).iterdir())
         self.calls.append(("upload_folder", repo_id, folder_path, files))
 
@@ -67,13 +69,28 @@ def test_convert_pushes_the_folder_it_wrote(hub, tmp_path: Path, capsys) -> None
     ]
     assert "uploaded to https://huggingface.co/me/tiny-llama" in capsys.readouterr().out
 
-    hub.fail = True
-    try:
-        assert convert([*argv, "--push-to-hub", "me/tiny-llama"]) == 2
-    finally:
-        hub.fail = False
-    err = capsys.readouterr().err
-    assert "connection refused" in err and f"retry with `hf upload me/tiny-llama {out}`" in err
+    for failure in NETWORK_FAILURES:  # (the folder was written: the message says where, and how to upload it)
+        hub.fail = failure
+        try:
+            assert convert([*argv, "--push-to-hub", "me/tiny-llama"]) == 2
+        finally:
+            hub.fail = None
+        err = capsys.readouterr().err
+        assert str(failure) in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        assert f"the export is complete in {out.resolve()}; upload it later with `hf upload me/tiny-llama {out}`" in err
+
+
+def _network_failures() -> list[BaseException]:
+    """A refused connection, and what huggingface_hub's own HTTP client raises without a network (httpx2 in
+    huggingface_hub 2.x, httpx in 1.x: not OSErrors)."""
+    failures: list[BaseException] = [OSError("connection refused")]
+    for module in ("httpx2", "httpx"):
+        if importlib.util.find_spec(module) is not None:
+            failures.append(importlib.import_module(module).ConnectError("[Errno -2] Name or service not known"))
+    return failures
+
+
+NETWORK_FAILURES = _network_failures()
 
 
 @pytest.mark.parametrize(
@@ -107,5 +124,16 @@ def test_training_pushes_its_hf_export(hub, make_trainer, monkeypatch, tmp_path:
     make_trainer(*tiny_args(tmp_path / "run", *push)).train()
     assert hub.calls == [
         ("create_repo", "me/run", True, True, TOKEN),
-        ("upload_folder", "me/run", str(tmp_path / "run/hf"), ["config.json", "model.safetensors"]),
+        (
+            "upload_folder",
+            "me/run",
+            str(tmp_path / "run/hf"),
+            [
+                "chat_template.jinja",  # (the run's tokenizer and chat format go with every export)
+                "config.json",
+                "model.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+            ],
+        ),
     ]

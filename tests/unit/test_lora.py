@@ -14,6 +14,7 @@ from titanium.checkpoint.hf import export_hf, load_hf_weights, save_hf_weights
 from titanium.checkpoint.states import ModelState
 from titanium.config.sections import LoRASection, OptimizerSection
 from titanium.errors import UserError
+from titanium.models import get_model_spec
 from titanium.models.llama3 import LLAMA3_FLAVORS, Transformer
 from titanium.models.llama3.hf import LLAMA3_HF_ADAPTER
 from titanium.optim.optimizer import build_optimizer
@@ -140,17 +141,19 @@ def test_merge_matches_the_adapted_forward(kw: dict) -> None:
 
 
 def test_hugging_face_names_find_our_layers() -> None:
-    """``q_proj`` and ``down_proj`` name ``wq`` and ``w2`` (a model of the transformers backend keeps HF's names)."""
+    """``q_proj`` and ``down_proj`` name ``wq`` and ``w2``, matched as PEFT matches them through the family's
+    Hugging Face names (a model of the transformers backend keeps HF's names)."""
     with torch.device("meta"):
         model = Transformer(ARGS)
-    adapted = apply_lora(model, _lora(target_modules=["q_proj", "down_proj"]))
+    adapted = apply_lora(model, _lora(target_modules=["q_proj", "down_proj"]), get_model_spec("llama3").hf_adapter)
     assert {name.rsplit(".", 1)[-1] for name in adapted} == {"wq", "w2"}
 
 
 @pytest.mark.parametrize(
     ("kw", "message"),
     [
-        ({"target_modules": ["wz"]}, "valid: wq, wk, wv, wo, w1, w2, w3, output"),
+        ({"target_modules": ["q_proj"]}, "Hugging Face names need a family with a Hugging Face adapter"),
+        ({"target_modules": ["wz"]}, "use titanium's names (wq, wk, wv, wo, w1, w2, w3, output"),
         ({"target_modules": []}, "target_modules is empty"),
         ({"rank": -1}, "--lora.rank must be >= 0"),
         ({"alpha": 0.0}, "--lora.alpha must be > 0"),

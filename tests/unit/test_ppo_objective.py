@@ -11,6 +11,7 @@ from tests.helpers import LOSS_TAG, REPO, scalars, tiny_args, train_until_first_
 from tests.objectives.tiny_hf import debug_model_hf
 from titanium.config import load_config
 from titanium.config.loader import ConfigError
+from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
 from titanium.models.reward import reward_spec
@@ -63,8 +64,12 @@ def test_context_or_pipeline_parallelism_is_accepted(layout):
 
 
 def test_a_reward_model_without_a_scalar_head_is_refused(causal_lm_folder, tmp_path):
-    with pytest.raises(ConfigError, match="is not a one-label sequence classifier.*needs a scalar head"):
-        load_config([*PPO, "--ppo.reward_model_path", causal_lm_folder])
+    """Before any process starts: the reward model named in [rl] rewards by the preflight check (it resolves every
+    reward), the value model's folder when the config is read."""
+    from titanium.preflight import check_job
+
+    with pytest.raises(UserError, match="--rl.rewards: .* is not a sequence-classification .*no scalar score head"):
+        check_job(load_config([*PPO, "--rl.rewards", causal_lm_folder]), world_size=1, device_type="cpu")
     with pytest.raises(ConfigError, match="--ppo.value_model_path .*no readable config.json"):
         load_config([*PPO, *RULE, "--ppo.value_model_path", str(tmp_path)])
 

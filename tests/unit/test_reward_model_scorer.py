@@ -17,7 +17,7 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import RLSection
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, TiktokenTokenizer
 from titanium.errors import UserError
-from titanium.rl.rewards.functions import RewardSet
+from titanium.rl.rewards.functions import RewardSet, reward_labels
 from titanium.rl.rewards.model_scorer import RewardModelScorer
 
 SCORE_ATOL = 1e-5
@@ -122,7 +122,7 @@ def test_bad_reward_model_folders_are_refused(tokenizer, tmp_path: Path) -> None
         RewardSet.from_config(RLSection(rewards=[str(tmp_path / "nothing/")]), pad_id=tokenizer.pad_id)
     causal = tmp_path / "causal"
     transformers.LlamaForCausalLM(_config(tokenizer)).save_pretrained(causal)
-    with pytest.raises(UserError, match="not a sequence-classification"):
+    with pytest.raises(UserError, match="is not a one-label sequence classifier"):
         RewardSet.from_config(RLSection(rewards=[str(causal)]), pad_id=tokenizer.pad_id)
     with pytest.raises(UserError, match="pad_token_id"):
         RewardSet.from_config(RLSection(rewards=[str(_other_pad(tokenizer, tmp_path))]), pad_id=tokenizer.pad_id)
@@ -150,7 +150,8 @@ def test_grpo_trains_with_a_reward_model(make_trainer, tmp_path: Path, reward_fo
         *("--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
     )
     make_trainer(*args).train()
-    total, model = scalars(tmp_path / "tb", "grpo/reward"), scalars(tmp_path / "tb", f"grpo/reward/{name}")
+    label = reward_labels([name])[name]
+    total, model = scalars(tmp_path / "tb", "grpo/reward"), scalars(tmp_path / "tb", f"grpo/reward/{label}")
     overlong, rounds = (
         scalars(tmp_path / "tb", "grpo/reward/overlong"),
         scalars(tmp_path / "tb", "grpo/generation_rounds"),
@@ -246,5 +247,5 @@ def test_grpo_trains_with_a_reward_model_of_another_tokenizer(make_trainer, tmp_
         *("--rl.answer_column", "", "--optimizer.lr", "1e-4", "--metrics.enable_tensorboard"),
     )
     make_trainer(*args).train()
-    model = scalars(tmp_path / "tb", f"grpo/reward/{name}")
+    model = scalars(tmp_path / "tb", f"grpo/reward/{reward_labels([name])[name]}")
     assert sorted(model) == [1, 2] and statistics.pstdev(model.values()) > 0

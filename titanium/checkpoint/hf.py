@@ -32,6 +32,7 @@ from torch import nn
 from titanium.checkpoint.full_blocks import full_blocks
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
+from titanium.data.tokenizer import has_tokenizer
 from titanium.errors import UserError
 from titanium.files import replace_folder
 from titanium.models import hf_family, list_models
@@ -60,19 +61,26 @@ def _names(keys: list[str] | set[str], limit: int = 8) -> str:
     return shown + (f", ... ({len(keys)} in all)" if len(keys) > limit else "")
 
 
-def read_hf_config(folder: str | os.PathLike) -> dict[str, Any]:
-    """The ``config.json`` of an HF checkpoint folder, with a clear error if absent or malformed."""
-    path = Path(folder) / CONFIG_FILE
+def named_by(option: str | None) -> str:
+    """How an error starts when ``option`` (a flag, ``"--kd.teacher_path"``, or a tool's argument) named the folder:
+    the user fixes that option, not whichever other one would fix another folder."""
+    return f"{option}: " if option else ""
+
+
+def read_hf_config(folder: str | os.PathLike, option: str | None = None) -> dict[str, Any]:
+    """The ``config.json`` of an HF checkpoint folder, with a clear error if absent or malformed (naming
+    ``option``, the setting that pointed at the folder)."""
+    path, by = Path(folder) / CONFIG_FILE, named_by(option)
     if not Path(folder).is_dir():
-        raise HFCheckpointError(f"Hugging Face checkpoint folder not found: {folder}")
+        raise HFCheckpointError(f"{by}Hugging Face checkpoint folder not found: {folder}")
     if not path.is_file():
-        raise HFCheckpointError(f"{path} not found; a Hugging Face checkpoint folder needs its config.json")
+        raise HFCheckpointError(f"{by}{path} not found; a Hugging Face checkpoint folder needs its config.json")
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise HFCheckpointError(f"cannot read {path}: {e}") from e
+        raise HFCheckpointError(f"{by}cannot read {path}: {e}") from e
     if not isinstance(config, dict):
-        raise HFCheckpointError(f"{path} is not a JSON object")
+        raise HFCheckpointError(f"{by}{path} is not a JSON object")
     return config
 
 
@@ -95,9 +103,17 @@ class HFCheckpoint:
         return sorted(set(self.weight_map.values()))
 
     @classmethod
-    def open(cls, folder: str | os.PathLike) -> HFCheckpoint:
-        folder = Path(folder)
-        config = read_hf_config(folder)
+    def open(cls, folder: str | os.PathLike, option: str | None = None) -> HFCheckpoint:
+        """The folder's config and file headers; errors name ``option``, the setting that pointed at it."""
+        try:
+            return cls._open(Path(folder), option)
+        except HFCheckpointError as e:
+            by = named_by(option)
+            raise HFCheckpointError(str(e) if str(e).startswith(by) else f"{by}{e}") from None
+
+    @classmethod
+    def _open(cls, folder: Path, option: str | None) -> HFCheckpoint:
+        config = read_hf_config(folder, option)
         index_path = folder / INDEX_FILE
         if index_path.is_file():
             try:
@@ -156,50 +172,92 @@ def require_hf_adapter(spec: Any, cfg: CheckpointSection) -> None:
         )
 
 
-def hf_model_args(spec: Any, folder: str | os.PathLike, *, tokenizer_vocab: int | None = None, **overrides: Any) -> Any:
+PADDING_ROWS = 1024
+"""How many more embedding rows than tokenizer ids padding explains: published models round their table up to a
+multiple of 64 to 1,024 (Qwen2.5: 151,665 ids, 151,936 rows). A tokenizer further short is another model's."""
+
+
+def hf_model_args(
+    spec: Any,
+    folder: str | os.PathLike,
+    *,
+    tokenizer_vocab: int | None = None,
+    option: str | None = None,
+    family_option: str | None = None,
+    tokenizer_origin: str | os.PathLike | None = None,
+    **overrides: Any,
+) -> Any:
     """The family args that a Hugging Face folder's ``config.json`` describes: the one way the trainer, the dry
     run and every tool learn the architecture of an HF model (a flavor is a preset for fresh models, never a
     requirement, so a fine-tuned, pruned or unlisted size loads as it is).
 
-    ``overrides`` replace args (the trainer's ``max_seq_len``). With ``tokenizer_vocab`` the tokenizer must fit
-    the checkpoint's embedding table: it may have fewer ids (Qwen pads its table) but never more. Errors name
-    the file and the field: another family's checkpoint, a feature the family does not implement, a shape its
-    args refuse.
+    ``overrides`` replace args (the trainer's ``max_seq_len``). With ``tokenizer_vocab`` the tokenizer (read from
+    ``tokenizer_origin``, a file or folder) must fit the checkpoint's embedding table: never more ids, and fewer
+    only by padding (``PADDING_ROWS``) unless it is the folder's own. Errors name ``option`` (the setting that
+    pointed at the folder) and the file and field: another family's checkpoint, a feature the family does not
+    implement, a shape its args refuse. For another family's checkpoint the fix is ``family_option`` (the setting
+    that picks this folder's family, e.g. ``--kd.teacher_model``), or, when none does (a value model is the
+    policy's family), another folder.
     """
-    source = Path(folder) / CONFIG_FILE
+    source, by = Path(folder) / CONFIG_FILE, named_by(option)
     adapter = spec.hf_adapter
     if adapter is None:
-        raise HFCheckpointError(f"model {spec.name!r} has no Hugging Face adapter")
-    config = read_hf_config(folder)
+        raise HFCheckpointError(f"{by}model {spec.name!r} has no Hugging Face adapter")
+    config = read_hf_config(folder, option)
     model_type = config.get("model_type")
     if not adapter.reads(model_type):
         hint = hf_family(model_type)
-        raise HFConfigError(
-            f"{source}: model_type {model_type!r} is not a --model.name {spec.name} checkpoint "
-            f"({adapter.model_type!r}); "
-            + (
-                f"use --model.name {hint}"
-                if hint
-                else f"no native family reads it (families: {', '.join(list_models())}); leave --model.name out "
-                "(auto) or use --model.backend transformers to build it with transformers' own code"
+        if hint is None:
+            fix = (
+                f"no native family reads it (families: {', '.join(list_models())}); leave --model.name out (auto) or "
+                "use --model.backend transformers to build it with transformers' own code"
             )
+        elif family_option is not None:
+            fix = f"use {family_option} {hint}"
+        else:
+            fix = f"point {option or 'it'} at a {spec.name} checkpoint (this one is {hint})"
+        raise HFConfigError(
+            f"{by}{source}: model_type {model_type!r} is not a {spec.name} checkpoint ({adapter.model_type!r}); {fix}"
         )
     try:
         args = adapter.from_hf_config(config, **overrides)
     except (ValueError, KeyError) as e:  # (HFConfigError is a ValueError)
         what = f"missing field {e}" if isinstance(e, KeyError) else str(e)
-        raise HFConfigError(f"{source}: {what}") from None
+        raise HFConfigError(f"{by}{source}: {what}") from None
     if tokenizer_vocab is not None:
-        vocab = args.vocab_size
-        if tokenizer_vocab > vocab:
-            raise HFCheckpointError(
-                f"the tokenizer has {tokenizer_vocab} ids but {source} has vocab_size {vocab}: ids past the "
-                "embedding table cannot be trained; use the checkpoint's own tokenizer "
-                f"(--tokenizer.kind hf --tokenizer.path {Path(folder) / 'tokenizer.json'})"
-            )
-        if tokenizer_vocab < vocab:
-            logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, vocab)
+        check_tokenizer_fits(tokenizer_vocab, args.vocab_size, folder, tokenizer_origin)
     return args
+
+
+def check_tokenizer_fits(
+    tokenizer_vocab: int, rows: int, folder: str | os.PathLike, origin: str | os.PathLike | None
+) -> None:
+    """A tokenizer of ``tokenizer_vocab`` ids (from ``origin``) fits the ``rows`` of the embedding of the model in
+    ``folder``: never more ids, and fewer only by padding unless it is the folder's own (a run that trains another
+    tokenizer's ids into a model is refused, not noted)."""
+    source = Path(folder) / CONFIG_FILE
+    named = f"the tokenizer {str(origin)!r}" if origin is not None else "the tokenizer"
+    own = origin is not None and Path(folder).resolve() in (Path(origin).resolve(), Path(origin).resolve().parent)
+    fix = (
+        f"use the folder's own tokenizer (leave the --tokenizer flags out, or --tokenizer.kind hf --tokenizer.path "
+        f"{folder})"
+        if has_tokenizer(folder)
+        else f"{folder} has no tokenizer files: point --tokenizer.kind hf --tokenizer.path at the tokenizer the "
+        "model was trained with (or save it into the folder)"
+    )
+    if tokenizer_vocab > rows:
+        raise HFCheckpointError(
+            f"{named} has {tokenizer_vocab} ids but {source} has vocab_size {rows}: ids past the embedding table "
+            f"cannot be trained; {fix}"
+        )
+    if tokenizer_vocab < rows - PADDING_ROWS + 1 and not own:
+        raise HFCheckpointError(
+            f"{named} has {tokenizer_vocab} ids but {source} has vocab_size {rows}: {rows - tokenizer_vocab} rows "
+            f"more than ids is not padding (published models pad by fewer than {PADDING_ROWS}), so it is not this "
+            f"model's tokenizer; {fix}"
+        )
+    if tokenizer_vocab < rows:
+        logger.info("tokenizer has %d ids, the checkpoint's embedding %d rows (padding)", tokenizer_vocab, rows)
 
 
 def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: Mapping[str, tuple[int, ...]]) -> None:
@@ -237,6 +295,7 @@ def load_hf_weights(
     adapter: HFAdapter,
     args: Any,
     whole: Mapping[str, tuple[int, ...]] | None = None,
+    option: str | None = None,
 ) -> HFCheckpoint:
     """Load an HF checkpoint folder into ``model`` (plain or DTensor-sharded, any layout); returns its description.
 
@@ -246,18 +305,24 @@ def load_hf_weights(
     slot for (an MoE's routing bias).
 
     ``whole`` (ours -> shape): the whole model's weights, when ``model`` holds only some of them (this rank's
-    pipeline stages). The checkpoint is checked against the whole model.
+    pipeline stages). The checkpoint is checked against the whole model. Errors name ``option``, the setting that
+    pointed at the folder.
     """
-    ckpt = HFCheckpoint.open(folder)
+    ckpt = HFCheckpoint.open(folder, option)
     base = {k: v for k, v in model.state_dict().items() if not is_lora_param(k) and adapter.has_hf_slot(k)}
     if whole is not None:
         whole = {k: shape for k, shape in whole.items() if adapter.has_hf_slot(k)}
-    check_hf_keys(ckpt, adapter, args, {k: tuple(v.shape) for k, v in base.items()} if whole is None else whole)
+    try:
+        check_hf_keys(ckpt, adapter, args, {k: tuple(v.shape) for k, v in base.items()} if whole is None else whole)
+    except HFCheckpointError as e:
+        raise HFCheckpointError(f"{named_by(option)}{e}") from None
     try:
         with SliceReader(ckpt.folder, ckpt.weight_map) as reader:
             stream_into(base, reader, adapter, args)
     except OSError as e:
-        raise HFCheckpointError(f"cannot read tensors (truncated or corrupt?): {e}") from e
+        raise HFCheckpointError(
+            f"{named_by(option)}cannot read tensors of {folder} (truncated or corrupt?): {e}"
+        ) from e
     logger.info(
         "loaded Hugging Face weights from %s (%d tensors, %d file(s); this rank read %.1f MiB of them)",
         folder,

@@ -8,6 +8,8 @@ does the conversion tool's ``--push-to-hub``, both checked (``check_push``) befo
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -53,21 +55,33 @@ def check_push(repo_id: str, flag: str) -> None:
         )
 
 
+def network_errors() -> tuple[type[BaseException], ...]:
+    """What ``huggingface_hub`` raises when the hub cannot be reached or refuses a request: its HTTP error, OS-level
+    connection errors, and its HTTP client's transport errors (httpx2 from huggingface_hub 2.x, httpx in 1.x,
+    requests before), none of which is an ``OSError``."""
+    from huggingface_hub.utils import HfHubHTTPError
+
+    errors: list[type[BaseException]] = [HfHubHTTPError, OSError]
+    for module, name in (("httpx2", "HTTPError"), ("httpx", "HTTPError"), ("requests", "RequestException")):
+        if importlib.util.find_spec(module) is not None:
+            errors.append(getattr(importlib.import_module(module), name))
+    return tuple(errors)
+
+
 def upload(folder: str | Path, repo_id: str, *, private: bool = True, message: str = "Upload titanium export") -> str:
     """Create ``repo_id`` if needed (private by default) and upload an exported folder with ``upload_folder``;
-    returns the repository's URL. A failed upload raises ``UserError`` with the command that retries it (the folder
-    itself is complete)."""
+    returns the repository's URL. A failed upload (no network, no permission) raises ``UserError`` saying where the
+    complete folder is and the command that uploads it later."""
     from huggingface_hub import HfApi
-    from huggingface_hub.utils import HfHubHTTPError
 
     api = HfApi()
     try:
         repo = api.create_repo(repo_id, private=private, exist_ok=True)
         api.upload_folder(folder_path=str(folder), repo_id=repo_id, commit_message=message)
-    except (HfHubHTTPError, OSError) as e:
+    except network_errors() as e:
         raise UserError(
-            f"uploading {folder} to the hub repository {repo_id} failed: {e}; the folder is complete, retry with "
-            f"`hf upload {repo_id} {folder}`"
+            f"uploading to the hub repository {repo_id} failed ({type(e).__name__}: {e}); nothing is lost: the "
+            f"export is complete in {Path(folder).resolve()}; upload it later with `hf upload {repo_id} {folder}`"
         ) from None
     logger.info("uploaded %s to %s", folder, repo)
     return str(repo)

@@ -17,7 +17,7 @@ import shutil
 import time
 from concurrent.futures import Future
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,9 +28,10 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict_saver import AsyncCheckpointerType
 
-from titanium.checkpoint.states import ModelState
+from titanium.checkpoint.states import ModelPart, ModelState
 from titanium.config.sections import CheckpointSection
 from titanium.errors import UserError
+from titanium.peft.lora import is_lora_param
 
 logger = logging.getLogger(__name__)
 
@@ -105,11 +106,13 @@ def check_checkpoint(path: Path, flag: str) -> Path:
     return path
 
 
-def model_mismatch(path: Path, model: dict[str, Any]) -> str | None:
+def model_mismatch(path: Path, model: dict[str, Any], part: ModelPart = "all") -> str | None:
     """Why the model weights of checkpoint ``path`` do not fit ``model`` (a model state dict, one-process names;
-    sharded tensors count by their global shape), or None: the tensors it lacks and those of another shape, read
-    from ``.metadata`` before any loading, so a checkpoint of another architecture is named with its differences
-    instead of failing inside DCP."""
+    sharded tensors count by their global shape; ``part``: which of the checkpoint's weights it loads, as
+    ``ModelState``'s), or None: the tensors it lacks, those of another shape, and the checkpoint's tensors of that
+    part the model has no place for (they would be dropped silently: DoRA's magnitudes read with a config without
+    use_dora), read from ``.metadata`` before any loading, so a checkpoint of another architecture is named with its
+    differences instead of failing inside DCP."""
     prefix = MODEL_KEY + "."
     metadata = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     saved = {
@@ -121,8 +124,11 @@ def model_mismatch(path: Path, model: dict[str, Any]) -> str | None:
         for name, value in model.items()
         if name in saved and tuple(saved[name]) != tuple(value.shape)
     ]
+    ours = {"all": lambda name: True, "trainable": is_lora_param, "base": lambda name: not is_lora_param(name)}[part]
+    unexpected = [name for name in saved if name not in model and ours(name)]
     problems = [f"shape mismatch: {_few(wrong)}"] if wrong else []
     problems += [f"missing {_few(missing)}"] if missing else []
+    problems += [f"tensors the model has no place for: {_few(unexpected)}"] if unexpected else []
     return "; ".join(problems) or None
 
 
@@ -131,18 +137,22 @@ def _few(items: list[str], shown: int = 4) -> str:
     return "; ".join(items[:shown]) + more
 
 
-def check_model_fits(path: Path, model: dict[str, Any], flag: str) -> None:
-    """CheckpointError naming ``flag``, the folder and the differences unless its model weights fit ``model``."""
-    problem = model_mismatch(path, model)
+CONFIGURED_MODEL = "point it at a checkpoint of the configured model (--model.name, --model.flavor), or change those"
+"""The usual fix of a checkpoint that does not fit the model: the model is the job config's."""
+
+
+def check_model_fits(
+    path: Path, model: dict[str, Any], flag: str, part: ModelPart = "all", fix: str = CONFIGURED_MODEL
+) -> None:
+    """CheckpointError naming ``flag``, the folder, the differences and ``fix`` unless its model weights (of
+    ``part``) fit ``model``."""
+    problem = model_mismatch(path, model, part)
     if problem is not None:
-        raise CheckpointError(
-            f"{flag}: checkpoint {path} holds a model of another architecture ({problem}); point it at a checkpoint "
-            "of the configured model (--model.name, --model.flavor), or change those to the checkpoint's"
-        )
+        raise CheckpointError(f"{flag}: checkpoint {path} holds a model of another architecture ({problem}); {fix}")
 
 
 def load_model_weights(
-    path: Path, model: nn.Module, flag: str, part: Literal["all", "trainable", "base"] = "all"
+    path: Path, model: nn.Module, flag: str, part: ModelPart = "all", fix: str = CONFIGURED_MODEL
 ) -> None:
     """Load only the model weights of the titanium checkpoint ``path`` into ``model`` (a frozen copy: a reference,
     a teacher), through the same checks as a resumed policy: whole files, the same architecture. For a model
@@ -150,7 +160,7 @@ def load_model_weights(
     adapters) and "base" the frozen weights (from a full checkpoint)."""
     check_checkpoint(path, flag)
     state = ModelState(model, part=part)
-    check_model_fits(path, state.state_dict(), flag)
+    check_model_fits(path, state.state_dict(), flag, part, fix)
     try:
         dcp.load({MODEL_KEY: state}, checkpoint_id=str(path), planner=SafeLoadPlanner())
     except (Exception, CheckpointException) as e:  # (DCP's CheckpointException is a BaseException)
@@ -260,7 +270,7 @@ class CheckpointManager:
         keys = self._keys_in_checkpoint(path, keys)
         if MODEL_KEY in keys:
             flag = "--checkpoint.initial_load_path" if path.parent != self.folder else "resuming from --job.dump_folder"
-            check_model_fits(path, states[MODEL_KEY].state_dict(), flag)
+            check_model_fits(path, states[MODEL_KEY].state_dict(), flag, states[MODEL_KEY].part)
         try:
             dcp.load({k: states[k] for k in keys}, checkpoint_id=str(path), planner=SafeLoadPlanner())
         except (Exception, CheckpointException) as e:  # (DCP's CheckpointException is a BaseException)

@@ -16,6 +16,9 @@ from torch.distributed.checkpoint.state_dict import (
 
 from titanium.parallel.params import clean_fqn
 
+ModelPart = Literal["all", "trainable", "base"]
+"""Which of a model's weights a checkpoint holds or a load reads (``ModelState``)."""
+
 
 class ModelState:
     """Model weights by fully-qualified name; sharded tensors stay sharded (DCP reshards on load).
@@ -25,7 +28,7 @@ class ModelState:
     the run started (every start, resumed or not); ``"all"`` is everything. Freeze before building this.
     """
 
-    def __init__(self, model: nn.Module, part: Literal["all", "trainable", "base"] = "all") -> None:
+    def __init__(self, model: nn.Module, part: ModelPart = "all") -> None:
         self.model = model
         self.part = part
 

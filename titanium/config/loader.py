@@ -11,6 +11,7 @@ import difflib
 import sys
 import types
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
@@ -29,9 +30,22 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
-def load_config(argv: list[str]) -> Any:
+PROG = "python -m titanium.train"
+"""How --help and the unknown-option message name the program: as users type it (not the path of train.py)."""
+DESCRIPTION = (
+    "Train or post-train a model with titanium. Every key of a TOML job config is a flag (--section.key value); "
+    "dataclass defaults < --job.config_file < flags. Started from a Hugging Face folder "
+    "(--checkpoint.initial_load_path X --checkpoint.initial_load_in_hf), the family, tokenizer and chat template "
+    "are the folder's, and --data.kind auto reads the data's columns."
+)
+Resolver = Callable[[Any, frozenset[str]], None]
+"""Fills in what a job's inputs say (titanium.inputs): called with the config and the keys ("section.key") the TOML
+file or the command line set, before validation."""
+
+
+def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     """Parse `argv` (without the program name) into a validated job config (titanium.config.JobConfig, plus the
-    section of an objective given by import path)."""
+    section of an objective given by import path); ``resolve`` completes it from its inputs before validation."""
     argv, reward_model = take_ppo_reward_model(move_flags(argv))
     check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
@@ -45,11 +59,12 @@ def load_config(argv: list[str]) -> Any:
     if config_file is not None:
         _apply_toml(base, data, config_file)
         base.job.config_file = config_file
-    cfg = tyro.cli(job_config, args=argv, default=base, use_underscores=True)
+    cfg = tyro.cli(job_config, prog=PROG, description=DESCRIPTION, args=argv, default=base, use_underscores=True)
+    given = _given_keys(argv, data)
     if reward_model is not None:
-        toml_rl = data.get("rl") if isinstance(data.get("rl"), dict) else {}
-        given = {key: key in toml_rl or _flag_given(argv, f"--rl.{key}") for key in ("rewards", "reward_model_layout")}
-        prepend_reward_model(cfg.rl, reward_model, given["rewards"], given["reward_model_layout"])
+        prepend_reward_model(cfg.rl, reward_model, "rl.rewards" in given, "rl.reward_model_layout" in given)
+    if resolve is not None:
+        resolve(cfg, given)
     for problem in validate(cfg):
         raise ConfigError(problem)
     return cfg
@@ -77,9 +92,15 @@ def _flag(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _flag_given(argv: list[str], name: str) -> bool:
-    names = (name, name.replace("_", "-"))
-    return any(arg.split("=", 1)[0] in names for arg in argv)
+def _given_keys(argv: list[str], data: dict[str, Any]) -> frozenset[str]:
+    """The "section.key" names the TOML file and the command line set (a boolean's --section.no_key too)."""
+    keys = {f"{section}.{key}" for section, values in data.items() if isinstance(values, dict) for key in values}
+    for arg in argv:
+        name = arg[2:].split("=", 1)[0].replace("-", "_") if arg.startswith("--") else ""
+        section, dot, key = name.partition(".")
+        if dot:
+            keys |= {f"{section}.{key}", f"{section}.{key.removeprefix('no_')}"}
+    return frozenset(keys)
 
 
 def _read_toml(path: str) -> dict[str, Any]:

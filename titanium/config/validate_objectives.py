@@ -32,8 +32,6 @@ def validate_kd(cfg: Any) -> Iterator[str]:
 
 def validate_kto(cfg: Any) -> Iterator[str]:
     kto, objective = cfg.kto, cfg.training.objective
-    if objective == "kto" and cfg.data.kind != "unpaired":
-        yield "--training.objective kto needs completions labelled true/false: --data.kind unpaired"
     if cfg.data.kind == "unpaired" and objective != "kto":
         yield f"--data.kind unpaired (labelled completions) needs --training.objective kto, not {objective}"
     if kto.beta <= 0:

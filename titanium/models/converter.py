@@ -8,7 +8,7 @@ calls their hooks; the trainer never names a converter. Every hook has a default
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ class ConverterContext:
     """The weights are FSDP-sharded."""
     device_type: str | None = None
     """Where the run computes; None: a dry run (no hardware checks)."""
+    hf_adapter: Any = None
+    """The family's Hugging Face adapter (its names: LoRA targets spelled as PEFT spells them); None: none."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class ExportContext:
     """The pipeline group when stages are spread over ranks (exports gather over it)."""
     step: int | None = None
     """None at the end of training; the step of a checkpoint save that exports too ([checkpoint] export_at_saves)."""
+    save_tokenizer: Callable[[Path], object] | None = None
+    """Writes the run's tokenizer and chat template into an export folder (every export carries them)."""
 
     def folder(self, name: str) -> str:
         """Where an export configured to go to ``name`` (relative to dump_folder) writes: ``name`` at the end of

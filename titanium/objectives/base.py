@@ -39,6 +39,24 @@ IGNORE_INDEX = -100
 """Label value that carries no loss (padding, prompt tokens)."""
 
 
+@dataclass(frozen=True)
+class JobFacts:
+    """What an objective's pre-flight check (``Objective.check_config``) may know of the job besides its own
+    sections, before any process group exists."""
+
+    start: ModelSource
+    """The policy as it starts: its family and shape (the Hugging Face start folder's, or the flavor's with the
+    flavor's vocabulary: the tokenizer is not read yet)."""
+    seq_len: int
+    local_batch_size: int
+    world_size: int
+    """The job's processes."""
+    pipeline_microbatch_size: int | None
+    """Rows per pipeline microbatch; None without pipeline parallelism."""
+    device_type: str
+    """Where the job computes: cuda where torch sees a GPU, else cpu."""
+
+
 @dataclass
 class ModelOutput:
     """What the loss sees of the forward pass.
@@ -150,7 +168,10 @@ class ObjectiveContext:
 
     tokenizer: Tokenizer
     model_name: str
-    """Model family (registry key), e.g. for choosing its chat format."""
+    """Model family (registry key)."""
+    chat_format: str
+    """The chat format the family registers for its instruct models ("" if none): ``--chat.chat_template auto``'s
+    choice when the tokenizer has no template of its own."""
     vocab_size: int
     seq_len: int
     local_batch_size: int
@@ -186,6 +207,8 @@ class ObjectiveContext:
     """The loop's divisor of a step's loss for these placed microbatches: their loss units added over the data- and
     context-parallel ranks, as the loop counts them before the forward (for a model an objective trains apart under
     the same loss rule). Every rank calls it together."""
+    total_steps: int = 0
+    """The optimizer steps the run trains for (training.steps; TRL's ``trainer_state.max_steps``)."""
 
 
 class Objective(ABC):
@@ -210,30 +233,44 @@ class Objective(ABC):
     they show on the console line and in TensorBoard/W&B."""
 
     @classmethod
-    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer | None, hf_start: str | None) -> ModelSpec:
         """The spec the trained model is built (and exported) from, given the family's and the Hugging Face folder
         the run starts from (None: another start). The family's by default; a reward model's swaps the
-        language-model head for a scalar one (titanium/objectives/reward.py). Called before the objective exists."""
+        language-model head for a scalar one (titanium/objectives/reward.py). Called before the objective exists;
+        ``tokenizer`` None before start-up (titanium.preflight builds the model on meta: its modules must not
+        depend on the tokenizer)."""
         return spec
 
     @classmethod
     def frozen_sources(
-        cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: Any, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         """The frozen models an instance configured by ``section`` (its config section; its further sections by
         keyword, as the constructor gets them) will ask ``ctx.models`` for: ``start`` (the policy as it started) for
         a reference, another source for a teacher. Known without data, before the objective exists: the dry run adds
-        their parameters to its memory estimate. None by default."""
+        their parameters to its memory estimate, the pre-flight check resolves them (``vocab_size`` None: the
+        tokenizer's is not known yet, so vocabularies are not compared). None by default."""
         return []
 
     @classmethod
     def trainable_sources(
-        cls, section: Any, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: Any, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         """The models an instance trains beside the policy with its own AdamW (``ctx.models.trainable``: PPO's
         value model), as ``frozen_sources``: the dry run adds their parameters, gradients and AdamW states to its
         memory estimate. None by default."""
         return []
+
+    @classmethod
+    def check_config(cls, section: Any, job: JobFacts, **more_sections: Any) -> None:
+        """Raise ``ConfigError`` (a ``UserError``) for what an instance configured by ``section`` and its further
+        sections (by name: GRPO's ``rl`` and ``rollout``) cannot run with, as far as the config decides it: run by
+        ``titanium.preflight`` before any process group exists, so a mistake costs a second, not a start-up. By
+        default: the models it would build from folders (``frozen_sources``, ``trainable_sources``) resolve (the
+        folders exist and hold a model of the right family and shape). Beyond it, what needs data or the built
+        model is checked when the objective is built."""
+        cls.frozen_sources(section, job.start, None, job.seq_len, **more_sections)
+        cls.trainable_sources(section, job.start, None, job.seq_len, **more_sections)
 
     @abstractmethod
     def next_microbatch(self) -> Batch:

@@ -26,11 +26,19 @@ from titanium.config.sections import DataSection, GRPOSection, RLSection, Rollou
 from titanium.generation.sampling import masked_entropy_sum, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
-from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import (
+    JobFacts,
+    LossResult,
+    Metrics,
+    ModelOutput,
+    Objective,
+    ObjectiveContext,
+    Prepared,
+)
 from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
 from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss_units
 from titanium.rl.rollout import ResponseTargets, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
+from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
 
 
 def group_advantages(
@@ -45,14 +53,36 @@ def group_advantages(
     by default that of ``rewards``), or not at all (``none``); ``eps`` keeps a group of equal rewards at 0.
     Standard deviations are unbiased (n - 1), as in the reference implementations."""
     grouped = rewards.float().view(-1, group_size)
-    advantages = grouped - grouped.mean(dim=1, keepdim=True)
+    advantages = grouped - grouped.nanmean(dim=1, keepdim=True)
     if scale == "group":
-        advantages = advantages / (grouped.std(dim=1, keepdim=True) + eps)
+        advantages = advantages / (nanstd(grouped, dim=1) + eps)
     elif scale == "batch":
-        advantages = advantages / ((grouped.std() if batch_std is None else batch_std) + eps)
+        advantages = advantages / ((nanstd(grouped) if batch_std is None else batch_std) + eps)
     elif scale != "none":
         raise ValueError(f"unknown reward scaling {scale!r}")
-    return advantages.flatten()
+    # A response no reward function applies to (NaN: each returned None) is left out of its group's numbers and gets
+    # no advantage, as in TRL.
+    return advantages.flatten().nan_to_num(0.0)
+
+
+def nanstd(values: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """The unbiased standard deviation of the values that are not NaN (over ``dim``, keeping it; None: all)."""
+    kept = ~values.isnan()
+    n = kept.sum(dim=dim, keepdim=dim is not None)
+    mean = values.nansum(dim=dim, keepdim=dim is not None) / n.clamp(min=1)
+    squares = torch.where(kept, (values - mean) ** 2, 0.0).sum(dim=dim, keepdim=dim is not None)
+    return (squares / (n - 1).clamp(min=1)).sqrt()
+
+
+def check_pipeline_rows(cfg: GRPOSection, local_batch_size: int, pipeline_microbatch_size: int | None) -> None:
+    """bnpo averages each microbatch's token mean: a pipeline microbatch (``pipeline_microbatch_size`` rows; None
+    without pipeline parallelism) must not split it."""
+    if cfg.loss_type == "bnpo" and pipeline_microbatch_size is not None and pipeline_microbatch_size < local_batch_size:
+        raise ConfigError(
+            "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
+            f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
+            f"{local_batch_size} or use another loss_type (dapo weighs every token the same)"
+        )
 
 
 def batch_reward_std(rewards: torch.Tensor, sum_over_data: Any) -> float:
@@ -60,7 +90,8 @@ def batch_reward_std(rewards: torch.Tensor, sum_over_data: Any) -> float:
     ``ObjectiveContext.sum_over_data``), so that ``scale_rewards = "batch"`` does not depend on how the batch is
     split over ranks. (Under fault tolerance: one replica group's batches.)"""
     r = rewards.double()
-    stats = sum_over_data(torch.stack([torch.tensor(float(r.numel()), dtype=torch.float64), r.sum(), (r * r).sum()]))
+    r, n = r.nan_to_num(0.0), (~r.isnan()).sum().double()  # (responses no reward applies to are left out)
+    stats = sum_over_data(torch.stack([n, r.sum(), (r * r).sum()]))
     n, total, squares = stats.tolist()
     return math.sqrt(max(squares - total * total / n, 0.0) / max(n - 1, 1))
 
@@ -151,10 +182,18 @@ class GRPOObjective(Objective):
 
     @classmethod
     def frozen_sources(
-        cls, section: GRPOSection, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: GRPOSection, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         rl = more.get("rl") or RLSection()
         return frozen_sources(rl, start, vocab_size, seq_len, reference=section.beta > 0)
+
+    @classmethod
+    def check_config(cls, section: GRPOSection, job: JobFacts, **more: Any) -> None:
+        """Beyond the models it builds from folders: its rollout source (rewards, engine) and that a pipeline
+        microbatch keeps what the loss averages over."""
+        super().check_config(section, job, **more)
+        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
+        check_pipeline_rows(section, job.local_batch_size, job.pipeline_microbatch_size)
 
     def __init__(
         self,
@@ -200,7 +239,7 @@ class GRPOObjective(Objective):
         batch_std = batch_reward_std(rewards, self.sum_over_data) if cfg.scale_rewards == "batch" else None
         advantages = group_advantages(rewards, cfg.group_size, cfg.scale_rewards, batch_std=batch_std)
         self.source.keep(scored, {"reward": rewards, "advantage": advantages})
-        std = rewards.float().view(-1, cfg.group_size).std(dim=1).repeat_interleave(cfg.group_size)
+        std = nanstd(rewards.float().view(-1, cfg.group_size), dim=1).flatten().repeat_interleave(cfg.group_size)
         mask = rows["response_mask"]
         rows.update(
             {
@@ -276,13 +315,7 @@ class GRPOObjective(Objective):
         return LossResult(loss_sum, metrics)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        batch = self.source.local_batch_size
-        if self.cfg.loss_type == "bnpo" and pipeline_microbatch_size is not None and pipeline_microbatch_size < batch:
-            raise ConfigError(
-                "--grpo.loss_type bnpo averages each microbatch's token mean, and a pipeline microbatch "
-                f"({pipeline_microbatch_size} rows) splits it: set --parallelism.pipeline_parallel_microbatch_size "
-                f"{batch} or use another loss_type (dapo weighs every token the same)"
-            )
+        check_pipeline_rows(self.cfg, self.source.local_batch_size, pipeline_microbatch_size)
 
     # ----- log and checkpoint: the source's -----
 

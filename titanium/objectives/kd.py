@@ -31,7 +31,7 @@ from titanium.checkpoint.hf import hf_model_args
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, KDSection, SFTSection
 from titanium.model_builder import ModelSource, WeightSource
-from titanium.models import build_model_args, get_model_spec
+from titanium.models import build_model_args, get_model_spec, list_models
 from titanium.objectives.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.objectives.losses.cross_entropy import (
     TokenFields,
@@ -57,24 +57,38 @@ class KDFields(TokenFields):
     """Pipeline parallelism: ``[rows, seq, vocab]`` on the ranks of the last stage, None on the others."""
 
 
-def teacher_source(kd: KDSection, student_model: str, vocab_size: int, seq_len: int) -> ModelSource:
-    """The teacher of ``[kd]``: its family, shape and weights; a teacher with another vocabulary is refused."""
+def teacher_source(kd: KDSection, student_model: str, vocab_size: int | None, seq_len: int) -> ModelSource:
+    """The teacher of ``[kd]``: its family, shape and weights; a teacher with another vocabulary than ``vocab_size``
+    (the student's; None: not known yet, the pre-flight check) is refused."""
     folder = Path(kd.teacher_path)
     if not folder.is_dir():
-        raise ConfigError(f"--kd.teacher_path {folder}: no such folder")
-    spec = get_model_spec(kd.teacher_model or student_model)
+        raise ConfigError(
+            f"--kd.teacher_path {folder}: no such folder (a Hugging Face folder, or a titanium checkpoint's step-N)"
+        )
+    family = kd.teacher_model or student_model
+    if family not in list_models():
+        raise ConfigError(
+            f"--kd.teacher_model {family!r} is not a known model; known models: {', '.join(list_models())}"
+        )
+    spec = get_model_spec(family)
     if (folder / "config.json").is_file():
-        args = hf_model_args(spec, folder, max_seq_len=seq_len)
-        weights = WeightSource(hf_folder=str(folder))
+        option = "--kd.teacher_path"
+        args = hf_model_args(spec, folder, option=option, family_option="--kd.teacher_model", max_seq_len=seq_len)
+        weights = WeightSource(hf_folder=str(folder), option=option)
     else:
         if not kd.teacher_flavor:
             raise ConfigError(
                 f"--kd.teacher_path {folder} is a titanium checkpoint (no config.json): give its shape with "
                 "--kd.teacher_flavor (and --kd.teacher_model if it is another family than the student's)"
             )
+        if kd.teacher_flavor not in spec.flavors:
+            raise ConfigError(
+                f"--kd.teacher_flavor {kd.teacher_flavor!r} is not a flavor of {family}; valid flavors: "
+                f"{', '.join(spec.flavors)} (or set --kd.teacher_model to the teacher's family)"
+            )
         args = build_model_args(spec, kd.teacher_flavor, max_seq_len=seq_len)
-        weights = WeightSource(dcp_folder=str(folder))
-    if args.vocab_size != vocab_size:
+        weights = WeightSource(dcp_folder=str(folder), option="--kd.teacher_path")
+    if vocab_size is not None and args.vocab_size != vocab_size:
         raise ConfigError(
             f"--kd.teacher_path {folder}: the teacher's vocabulary has {args.vocab_size} entries, the student's "
             f"{vocab_size}; distillation compares next-token distributions, so both need the same tokenizer and "
@@ -90,7 +104,9 @@ class KDObjective(Objective):
     metric_names = ("kd/ce", "kd/divergence")
 
     @classmethod
-    def frozen_sources(cls, section: KDSection, start: ModelSource, vocab_size: int, seq_len: int) -> list[ModelSource]:
+    def frozen_sources(
+        cls, section: KDSection, start: ModelSource, vocab_size: int | None, seq_len: int
+    ) -> list[ModelSource]:
         return [teacher_source(section, start.spec.name, vocab_size, seq_len)]
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, kd: KDSection) -> None:

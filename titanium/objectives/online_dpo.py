@@ -23,10 +23,10 @@ from titanium.config.sections import DataSection, DPOSection, OnlineDPOSection, 
 from titanium.generation.sampling import token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
-from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import JobFacts, LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.objectives.losses.dpo import PairLoss, as_pair_loss
 from titanium.rl.rollout import ResponseTargets, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
+from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
 
 PAIR_METRICS = ("online_dpo/rewards/chosen", "online_dpo/rewards/rejected", "online_dpo/rewards/accuracies")
 """TRL's names: beta x the chosen and rejected responses' log-ratios, and how often the chosen one's is larger."""
@@ -57,6 +57,16 @@ def pair_losses(
     return losses, chosen_ratios, rejected_ratios
 
 
+def check_pair_rows(pipeline_microbatch_size: int | None) -> None:
+    """A pipeline microbatch (``pipeline_microbatch_size`` rows; None without pipeline parallelism) holds whole
+    pairs."""
+    if pipeline_microbatch_size is not None and pipeline_microbatch_size % 2:
+        raise ConfigError(
+            f"--parallelism.pipeline_parallel_microbatch_size {pipeline_microbatch_size}: a pipeline microbatch "
+            "must hold whole pairs (an even number of rows)"
+        )
+
+
 @dataclass
 class PairFields(Fields):
     """A microbatch of pairs: per response, the reference's log-probs, which tokens count and whether it is the
@@ -80,9 +90,15 @@ class OnlineDPOObjective(Objective):
 
     @classmethod
     def frozen_sources(
-        cls, section: OnlineDPOSection, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: OnlineDPOSection, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         return frozen_sources(more.get("rl") or RLSection(), start, vocab_size, seq_len, reference=True)
+
+    @classmethod
+    def check_config(cls, section: OnlineDPOSection, job: JobFacts, **more: Any) -> None:
+        super().check_config(section, job, **more)
+        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
+        check_pair_rows(job.pipeline_microbatch_size)
 
     def __init__(
         self,
@@ -92,12 +108,10 @@ class OnlineDPOObjective(Objective):
         rl: RLSection | None = None,
         rollout: RolloutSection | None = None,
     ) -> None:
-        if ctx.local_batch_size % 2:
-            raise ConfigError(f"--training.local_batch_size {ctx.local_batch_size}: online DPO needs whole pairs")
+        assert ctx.local_batch_size % 2 == 0, "whole pairs per microbatch (config validation)"
         self.cfg, self.device, self.placement = cfg, ctx.device, ctx.placement
         self.pair_loss = as_pair_loss(DPO_LOSSES.load(cfg.loss_type))
-        if not self.pair_loss.reference:
-            raise ConfigError(f"--online_dpo.loss_type {cfg.loss_type} needs no reference; online DPO compares to one")
+        assert self.pair_loss.reference, "a loss on log-ratios to the reference (config validation)"
         self.params = DPOSection(beta=cfg.beta, loss_type=cfg.loss_type)
         draw = Draw("online_dpo", 2, reference=True, row_metrics=("online_dpo/score", "online_dpo/score_margin"))
         self.source = RolloutSource(ctx, data, rl or RLSection(), rollout or RolloutSection(), draw)
@@ -132,7 +146,8 @@ class OnlineDPOObjective(Objective):
         """A batch's pairs at its first use: which response of each pair is chosen, and the reference's log-probs."""
         out, rows = scored.rollout, scored.rows
         truncated = (~out.finished.to(self.device)).float()
-        rewards = out.rewards.total.to(self.device, torch.float32) - self.cfg.missing_eos_penalty * truncated
+        total = out.rewards.total.to(self.device, torch.float32).nan_to_num(0.0)  # (no reward applies: 0, TRL's nansum)
+        rewards = total - self.cfg.missing_eos_penalty * truncated
         chosen = chosen_of_pairs(rewards)
         margin = (rewards.view(-1, 2)[:, 0] - rewards.view(-1, 2)[:, 1]).abs().repeat_interleave(2)
         self.source.keep(scored, {"reward": rewards, "chosen": chosen.float()})
@@ -165,11 +180,7 @@ class OnlineDPOObjective(Objective):
         return LossResult(losses.sum(), metrics)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        if pipeline_microbatch_size is not None and pipeline_microbatch_size % 2:
-            raise ConfigError(
-                f"--parallelism.pipeline_parallel_microbatch_size {pipeline_microbatch_size}: a pipeline microbatch "
-                "must hold whole pairs (an even number of rows)"
-            )
+        check_pair_rows(pipeline_microbatch_size)
 
     def log_metrics(self) -> dict[str, float]:
         return self.source.log_metrics()

@@ -40,7 +40,7 @@ from titanium.generation.sampling import masked_entropy_sum, token_logprobs
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
 from titanium.models.reward import reward_spec
-from titanium.objectives.base import LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import JobFacts, LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.objectives.losses.ppo import (
     ValueSums,
     generalized_advantages,
@@ -52,7 +52,7 @@ from titanium.objectives.losses.ppo import (
 from titanium.rl.rewards.functions import names_reward_model
 from titanium.rl.rewards.scores import ScoreFields, placed_chunks, scalar_head_source, score_positions
 from titanium.rl.rollout import ResponseTargets, from_last_stage, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
+from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
 
 Rows = dict[str, torch.Tensor]
 
@@ -94,7 +94,9 @@ skipped or stale sync shows as 0.1-1) (means over the step's responses)."""
 TOKEN_METRICS = ("ppo/policy_loss", "ppo/value_loss", "ppo/clip_frac", "ppo/value_clip_frac", "ppo/approx_kl")
 
 
-def value_source(cfg: PPOSection, rl: RLSection, policy: Any, pad_id: int | None, vocab: int, seq: int) -> ModelSource:
+def value_source(
+    cfg: PPOSection, rl: RLSection, policy: Any, pad_id: int | None, vocab: int | None, seq: int
+) -> ModelSource:
     """Where the value model starts: ``value_model_path``, else the reward model when ``--rl.rewards`` names exactly
     one, else seeded (the policy's shape)."""
     reward_models = [name for name in rl.rewards if names_reward_model(name)]
@@ -116,7 +118,7 @@ class PPOObjective(Objective):
 
     @classmethod
     def frozen_sources(
-        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: PPOSection, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         """The reference (with ``kl_coef > 0``) and sharded reward models (the value model trains:
         ``trainable_sources``)."""
@@ -125,10 +127,16 @@ class PPOObjective(Objective):
 
     @classmethod
     def trainable_sources(
-        cls, section: PPOSection, start: ModelSource, vocab_size: int, seq_len: int, **more: Any
+        cls, section: PPOSection, start: ModelSource, vocab_size: int | None, seq_len: int, **more: Any
     ) -> list[ModelSource]:
         """The value model (trained beside the policy, with its own AdamW)."""
         return [value_source(section, more.get("rl") or RLSection(), start, None, vocab_size, seq_len)]
+
+    @classmethod
+    def check_config(cls, section: PPOSection, job: JobFacts, **more: Any) -> None:
+        """Beyond the reward and value models it builds from folders: its rollout source (rewards, engine)."""
+        super().check_config(section, job, **more)
+        check_source(more.get("rl") or RLSection(), more.get("rollout") or RolloutSection(), job)
 
     def __init__(
         self,
@@ -186,7 +194,8 @@ class PPOObjective(Objective):
         logprobs = self.source.policy_logprobs(rows)
         ref_logprobs = self.source.reference_logprobs(rows) if self.source.reference is not None else None
         finished = out.finished.to(self.device)
-        scores = out.rewards.total.to(self.device, torch.float32) - cfg.missing_eos_penalty * (~finished).float()
+        total = out.rewards.total.to(self.device, torch.float32).nan_to_num(0.0)  # (no reward applies: 0, as nansum)
+        scores = total - cfg.missing_eos_penalty * (~finished).float()
         values = self._values(rows)
         rewards, kl = kl_penalized_rewards(scores, logprobs * mask, ref_logprobs, mask, cfg.kl_coef)
         advantages, returns = generalized_advantages(rewards, values, mask, cfg.gamma, cfg.lam)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -35,7 +36,14 @@ from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import Tokenizer
 from titanium.models.reward import last_non_pad_index, reward_spec
 from titanium.models.spec import ModelSpec
-from titanium.objectives.base import IGNORE_INDEX, LoaderObjective, LossResult, ModelOutput, ObjectiveContext
+from titanium.objectives.base import (
+    IGNORE_INDEX,
+    JobFacts,
+    LoaderObjective,
+    LossResult,
+    ModelOutput,
+    ObjectiveContext,
+)
 from titanium.objectives.losses.reward import METRICS, reward_loss
 
 
@@ -93,6 +101,15 @@ def starts_from_causal_lm(hf_start: str | None) -> bool:
     return not any(str(a).endswith("ForSequenceClassification") for a in architectures)
 
 
+def check_pair_rows(pipeline_microbatch_size: int | None) -> None:
+    """A pipeline microbatch (None: no pipeline parallelism) must hold whole pairs: an even number of rows."""
+    if pipeline_microbatch_size is not None and pipeline_microbatch_size % 2:
+        raise ConfigError(
+            f"--parallelism.pipeline_parallel_microbatch_size {pipeline_microbatch_size}: the reward objective "
+            "keeps each pair's two rows together; use an even number of rows"
+        )
+
+
 class RewardObjective(LoaderObjective):
     """A reward model on preference pairs (``[data] kind = "preference"``), configured by ``[reward]``.
 
@@ -105,14 +122,21 @@ class RewardObjective(LoaderObjective):
     loss_unit = "pairs"
 
     @classmethod
-    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer, hf_start: str | None) -> ModelSpec:
-        return reward_spec(spec, pad_token_id=tokenizer.pad_id, from_causal_lm=starts_from_causal_lm(hf_start))
+    def policy_spec(cls, spec: ModelSpec, tokenizer: Tokenizer | None, hf_start: str | None) -> ModelSpec:
+        pad_id = tokenizer.pad_id if tokenizer is not None else None
+        return reward_spec(spec, pad_token_id=pad_id, from_causal_lm=starts_from_causal_lm(hf_start))
+
+    @classmethod
+    def check_config(cls, section: RewardSection, job: JobFacts, **more: Any) -> None:
+        """Rows hold at least a prompt token, a response token and the appended last token; a pipeline microbatch
+        keeps each pair's two rows together."""
+        if job.seq_len < 3:
+            raise ConfigError(f"--training.seq_len {job.seq_len}: a reward model needs at least 3")
+        check_pair_rows(job.pipeline_microbatch_size)
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, reward: RewardSection) -> None:
-        if ctx.seq_len < 3:
-            raise ConfigError(f"--training.seq_len {ctx.seq_len}: a reward model needs at least 3")
         self.cfg, self.pad_id, self.placement = reward, ctx.tokenizer.pad_id, ctx.placement
-        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         # One token short of seq_len: the appended last token must fit the row.
         self.pairs = PreferenceDataset(
             data,
@@ -128,11 +152,7 @@ class RewardObjective(LoaderObjective):
         self.meter = DataMeter(self.pairs)
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
-        if pipeline_microbatch_size is not None and pipeline_microbatch_size % 2:
-            raise ConfigError(
-                f"--parallelism.pipeline_parallel_microbatch_size {pipeline_microbatch_size}: the reward objective "
-                "keeps each pair's two rows together; use an even number of rows"
-            )
+        check_pair_rows(pipeline_microbatch_size)
 
     def next_microbatch(self) -> Batch[RewardFields]:
         rows = next(self.loader)

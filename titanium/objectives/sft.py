@@ -25,7 +25,7 @@ from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, token_ba
 class SFTObjective(LoaderObjective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
         chat = ctx.chat
-        template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
+        template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.chat_format)
         self.samples = SFTDataset(
             data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
         )

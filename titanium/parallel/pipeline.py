@@ -151,11 +151,7 @@ class Pipeline:
         the loss to backpropagate. None: a forward-only pipeline (``forward``), e.g. a frozen reference.
         """
         mbs = cfg.pipeline_parallel_microbatch_size
-        if local_batch_size % mbs:
-            raise ConfigError(
-                f"--training.local_batch_size {local_batch_size} must be a multiple of "
-                f"--parallelism.pipeline_parallel_microbatch_size {mbs}"
-            )
+        check_microbatches(cfg, local_batch_size)
         stages = [
             _Stage(part, sid, self.n_stages, device, group=self.pp_group)
             for part, sid in zip(self.parts, self.stage_ids)
@@ -205,6 +201,34 @@ class Pipeline:
         return out if self.has_last_stage else None
 
 
+def check_untied(args: Any) -> None:
+    """The input embedding and the output projection live on different stages: they cannot be one weight."""
+    if args.tie_word_embeddings:
+        raise ConfigError(
+            "--parallelism.pipeline_parallel_degree > 1 with tied embeddings (input embedding = output "
+            "projection on different stages) is not supported; use 1"
+        )
+
+
+def check_microbatches(cfg: ParallelismSection, local_batch_size: int) -> None:
+    """A pipeline microbatch divides the batch."""
+    mbs = cfg.pipeline_parallel_microbatch_size
+    if local_batch_size % mbs:
+        raise ConfigError(
+            f"--training.local_batch_size {local_batch_size} must be a multiple of "
+            f"--parallelism.pipeline_parallel_microbatch_size {mbs}"
+        )
+
+
+def check_pipeline(model: nn.Module, pp_size: int, cfg: ParallelismSection, local_batch_size: int) -> None:
+    """What ``build_pipeline`` and ``build_schedule`` refuse of the (meta) ``model`` and the config, before any
+    process starts (titanium.preflight): tied embeddings, a split that does not fit the schedule, a microbatch
+    size that does not divide the batch."""
+    check_untied(model.args)
+    split_layers(list(model.layers), pp_size, cfg)
+    check_microbatches(cfg, local_batch_size)
+
+
 def build_pipeline(
     model: nn.Module,
     pp_mesh: DeviceMesh,
@@ -213,11 +237,7 @@ def build_pipeline(
 ) -> Pipeline:
     """Cut ``model`` (meta) into stages, keep this rank's, and parallelize each with ``parallelize``."""
     pp_rank, pp_size = pp_mesh.get_local_rank(), pp_mesh.size()
-    if model.args.tie_word_embeddings:
-        raise ConfigError(
-            "--parallelism.pipeline_parallel_degree > 1 with tied embeddings (input embedding = output "
-            "projection on different stages) is not supported; use 1"
-        )
+    check_untied(model.args)
     stages = split_layers(list(model.layers), pp_size, cfg)
     ids = stage_ids_of_rank(cfg.pipeline_parallel_schedule, pp_rank, pp_size, len(stages))
     parts = [keep_only(model, stages[i], i == 0, i == len(stages) - 1) for i in ids]

@@ -10,10 +10,10 @@ from torch import nn
 
 from titanium.config.sections import LoRASection
 from titanium.models.converter import ConverterContext, ExportContext, ModelConverter
+from titanium.models.hf_adapter import HFAdapter
 from titanium.peft.expert_lora import expert_lora_modules
 from titanium.peft.export import export_peft_adapter
-from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale
-from titanium.peft.nf4 import quantize_lora_base_nf4
+from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale, quantize_lora_base_nf4
 
 logger = logging.getLogger("titanium")
 
@@ -28,17 +28,18 @@ class LoRAConverter(ModelConverter):
     name = "lora"
     freezes_base = True
 
-    def __init__(self, cfg: LoRASection, shard_degree: int = 1) -> None:
+    def __init__(self, cfg: LoRASection, shard_degree: int = 1, hf_adapter: HFAdapter | None = None) -> None:
         self.cfg = cfg
         self.shard_degree = shard_degree
+        self.hf_adapter = hf_adapter  # (for target_modules spelled as PEFT spells them)
         self.materialize_before_parallelize = cfg.quantize_base == "nf4"
 
     @classmethod
     def from_config(cls, section: LoRASection, ctx: ConverterContext) -> LoRAConverter | None:
-        return cls(section, shard_degree=ctx.shard_degree) if section.rank > 0 else None
+        return cls(section, ctx.shard_degree, ctx.hf_adapter) if section.rank > 0 else None
 
     def convert(self, model: nn.Module) -> None:
-        adapted = apply_lora(model, self.cfg)
+        adapted = apply_lora(model, self.cfg, self.hf_adapter)
         logger.info(
             "%s rank %d on %d layers (%s), scale %g",
             "DoRA" if self.cfg.use_dora else "LoRA",
@@ -78,7 +79,7 @@ class LoRAConverter(ModelConverter):
         if ctx.spec.hf_adapter is None:
             logger.warning("not saving the LoRA adapter: model %s has no Hugging Face adapter", ctx.spec.name)
             return
-        export_peft_adapter(
+        path = export_peft_adapter(
             model,
             ctx.spec.hf_adapter,
             ctx.args,
@@ -87,6 +88,8 @@ class LoRAConverter(ModelConverter):
             base_model_name_or_path=ctx.base_model_name_or_path,
             pp_group=ctx.pp_group,
         )
+        if path is not None and ctx.save_tokenizer is not None:  # (as TRL's adapter folders carry it)
+            ctx.save_tokenizer(path)
 
     def describe(self) -> str:
         kind = "DoRA" if self.cfg.use_dora else "LoRA"

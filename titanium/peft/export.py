@@ -209,6 +209,12 @@ def _check_matches(model: nn.Module, cfg: LoRASection) -> list[str]:
     return layers
 
 
+def check_adapter_export(model: nn.Module, adapter: HFAdapter, cfg: LoRASection) -> None:
+    """What ``export_peft_adapter`` would refuse at the end of training, checked on the model as built (on the meta
+    device too: titanium.preflight, before the run starts)."""
+    check_peft_loads(_check_matches(model, cfg), adapter)
+
+
 def check_peft_loads(layers: list[str], adapter: HFAdapter) -> None:
     """Refuse adapters that ``peft`` would put elsewhere. On transformers 5 PEFT reads the per-expert names of a
     family with stacked experts (Qwen3-MoE's ``gate_proj``/``up_proj``/``down_proj``) as the experts' stacked

@@ -15,6 +15,7 @@ DoRA (``use_dora``) adds a trainable magnitude per output row, ``lora_magnitude`
 from __future__ import annotations
 
 import math
+import re
 import zlib
 from collections.abc import Iterator
 
@@ -25,8 +26,11 @@ from torch.distributed.tensor import DTensor
 from titanium.config.loader import ConfigError
 from titanium.config.sections import LoRASection
 from titanium.models.common.moe import GroupedExperts
+from titanium.models.hf_adapter import HFAdapter
 from titanium.parallel.params import clean_fqn, copy_full_into
+from titanium.peft.dora import dora_output, weight_norm
 from titanium.peft.expert_lora import add_expert_adapters, expert_lora_modules, init_expert_lora
+from titanium.peft.nf4 import linear_nf4, to_nf4
 
 LATENT_ATTENTION = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 """The latent-attention projections of DeepSeek-V2/V3 models (built by the transformers backend)."""
@@ -44,6 +48,7 @@ _HF_NAMES = {
     "up_proj": "w3",
     "lm_head": "output",
 }
+"""Hugging Face leaf names of the layers a model built by the transformers backend keeps, -> titanium's."""
 LORA_PARTS = ("lora_a", "lora_b", "lora_magnitude")
 
 
@@ -69,8 +74,6 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.base_nf4:
-            from titanium.peft.nf4 import linear_nf4
-
             base = linear_nf4(x, self.weight)
             if self.bias is not None:
                 base = base + self.bias
@@ -82,8 +85,6 @@ class LoRALinear(nn.Linear):
         update = self.lora_b(self.lora_a(dropped)) * self.lora_scale
         if self.lora_magnitude is None:
             return base + update
-        from titanium.peft.dora import dora_output
-
         return dora_output(self, x, dropped, base, update)
 
     def extra_repr(self) -> str:
@@ -125,24 +126,54 @@ def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
             yield clean_fqn(name), module
 
 
+@torch.no_grad()
+def quantize_lora_base_nf4(model: nn.Module, shard_degree: int = 1) -> int:
+    """Replace the base weight of every adapted layer by its NF4 quantization (frozen); returns the count.
+
+    Call once the base weights hold their final values (after initialisation and the Hugging Face
+    load) and before ``fully_shard``: the weights must be plain tensors here. Every rank quantizes the
+    full weight (one set of statistics per tensor) and FSDP2 then shards the NF4 tensor with torchao's
+    all-gather hooks; ``shard_degree`` is the FSDP shard degree it will be split into.
+    """
+    count = 0
+    for name, module in lora_modules(model):
+        if module.base_nf4:
+            continue
+        weight = module.weight
+        if isinstance(weight, DTensor) or weight.is_meta:
+            where = "sharded (a DTensor)" if isinstance(weight, DTensor) else "on the meta device"
+            raise RuntimeError(
+                f"quantize_lora_base_nf4: {name}.weight is {where}; quantize materialized, unsharded weights "
+                "(after loading, before fully_shard)"
+            )
+        module.weight = nn.Parameter(to_nf4(weight, f"{name}.weight", shard_degree), requires_grad=False)
+        module.base_nf4 = True
+        count += 1
+    return count
+
+
 def has_lora(model: nn.Module) -> bool:
     return next(lora_modules(model), None) is not None or bool(expert_lora_modules(model))
 
 
+ALL_LINEAR = "all-linear"
+"""PEFT's shorthand: every linear layer of the blocks (attention and MLP), not the output projection."""
+_REGEX_CHARACTERS = frozenset("*+?|()[]{}^$\\")
+
+
 def resolve_targets(names: list[str]) -> frozenset[str]:
-    """``[lora] target_modules`` (names, their Hugging Face names, and groups) -> the set of layer names (ours);
-    unknown names fail."""
+    """``[lora] target_modules`` -> the set of titanium layer names it names (its names and groups, and
+    ``all-linear``); the other entries are PEFT's (``peft_targets``), matched against Hugging Face names. A model
+    built by the transformers backend keeps Hugging Face names inside its blocks (``q_proj``): ``layer_role`` gives
+    their titanium names, so titanium's names and groups find its layers too."""
     out: set[str] = set()
     for name in names:
         if name in TARGET_GROUPS:
             out.update(TARGET_GROUPS[name])
-        elif name in TARGETS or name in _HF_NAMES:
-            out.add(layer_role(name))
-        else:
-            raise LoRAConfigError(
-                f"--lora.target_modules: unknown layer {name!r}; valid: {', '.join(TARGETS)} (or their Hugging Face "
-                f"names {', '.join(_HF_NAMES)}), or the groups {', '.join(TARGET_GROUPS)}"
-            )
+        elif name in TARGETS:
+            out.add(name)
+        elif name == ALL_LINEAR:
+            out.update(TARGET_GROUPS["attention"] + TARGET_GROUPS["mlp"])
     return frozenset(out)
 
 
@@ -155,6 +186,71 @@ def layer_role(leaf: str) -> str:
     """A layer's name (its last name component) as ``target_modules`` names it: ours (``wq``) for ours and for the
     Hugging Face name of the same layer (``q_proj``: a model built by the transformers backend keeps HF's names)."""
     return _HF_NAMES.get(leaf, leaf)
+
+
+def peft_targets(names: list[str]) -> list[str]:
+    """The entries of ``[lora] target_modules`` spelled as PEFT spells them: Hugging Face module names (``q_proj``,
+    ``self_attn.o_proj``) or regular expressions; a bad expression fails."""
+    targets = [name for name in names if name not in TARGET_GROUPS and name not in TARGETS and name != ALL_LINEAR]
+    for name in targets:
+        if _is_regex(name):
+            try:
+                re.compile(name)
+            except re.error as e:
+                raise LoRAConfigError(f"--lora.target_modules: {name!r} is not a regular expression ({e})") from None
+    return targets
+
+
+def _is_regex(target: str) -> bool:
+    return bool(_REGEX_CHARACTERS & set(target))
+
+
+def peft_matches(target: str, hf_module: str) -> bool:
+    """PEFT's rule for a ``target_modules`` entry and a module's Hugging Face name
+    (``model.layers.0.self_attn.q_proj``): a regular expression matches the whole name (PEFT's single-string form),
+    a name matches itself or a suffix after a dot."""
+    if _is_regex(target):
+        return re.fullmatch(target, hf_module) is not None
+    return hf_module == target or hf_module.endswith(f".{target}")
+
+
+def hf_module_name(name: str, hf_adapter: HFAdapter | None) -> str | None:
+    """A linear layer's Hugging Face module name (``layers.0.attention.wq`` -> ``model.layers.0.self_attn.q_proj``),
+    through the family's adapter; None where it has none."""
+    if hf_adapter is None:
+        return None
+    try:
+        return hf_adapter.hf_key(f"{name}.weight").removesuffix(".weight")
+    except KeyError:
+        return None
+
+
+def _hf_layer_names(hf_adapter: HFAdapter) -> list[str]:
+    """The Hugging Face names of a family's adaptable linear layers, as in its first block (for checks and hints)."""
+    blocks = [f"layers.0.attention.{leaf}" for leaf in TARGET_GROUPS["attention"]]
+    blocks += [f"layers.0.feed_forward.{leaf}" for leaf in TARGET_GROUPS["mlp"]]
+    return [n for name in [*blocks, "output"] if (n := hf_module_name(name, hf_adapter)) is not None]
+
+
+def check_peft_targets(names: list[str], hf_adapter: HFAdapter | None, family: str) -> None:
+    """Each PEFT-spelled entry of ``[lora] target_modules`` names a linear layer of the family (by its Hugging Face
+    name), as PEFT would find it in the family's transformers model."""
+    targets = peft_targets(names)
+    if not targets:
+        return
+    if hf_adapter is None:
+        raise LoRAConfigError(
+            f"--lora.target_modules {', '.join(targets)}: Hugging Face names need a family with a Hugging Face "
+            f"adapter, and {family} has none; use titanium's names ({', '.join(TARGETS)}, attention, mlp)"
+        )
+    known = _hf_layer_names(hf_adapter)
+    for target in targets:
+        if not any(peft_matches(target, name) for name in known):
+            leaves = sorted({name.rsplit(".", 1)[-1] for name in known})
+            raise LoRAConfigError(
+                f"--lora.target_modules: {target!r} matches no linear layer of {family} (its Hugging Face names: "
+                f"{', '.join(leaves)}; titanium's: {', '.join(TARGETS)}, attention, mlp, all-linear)"
+            )
 
 
 def check_lora_config(cfg: LoRASection) -> None:
@@ -176,7 +272,7 @@ def check_lora_config(cfg: LoRASection) -> None:
         raise LoRAConfigError(f"--lora.alpha must be > 0 (the update is scaled by alpha / rank), got {cfg.alpha}")
     if not cfg.target_modules:
         raise LoRAConfigError("--lora.target_modules is empty; name layers to adapt, e.g. attention or wq,wv")
-    resolve_targets(cfg.target_modules)
+    peft_targets(cfg.target_modules)
 
 
 def _shared_weights(model: nn.Module) -> set[int]:
@@ -186,8 +282,10 @@ def _shared_weights(model: nn.Module) -> set[int]:
     return {key for key, count in seen.items() if count > 1}
 
 
-def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
-    """Add adapters to the layers named by ``cfg.target_modules``; returns the adapted layer names.
+def apply_lora(model: nn.Module, cfg: LoRASection, hf_adapter: HFAdapter | None = None) -> list[str]:
+    """Add adapters to the layers named by ``cfg.target_modules``; returns the adapted layer names. Entries spelled
+    as PEFT spells them (``q_proj``, regular expressions) are matched against each layer's Hugging Face name through
+    ``hf_adapter``, the family's, as PEFT matches them on the transformers model.
 
     Call on the meta model, before pipeline splitting and parallelism (the adapters are created on the
     base weight's device and dtype). ``rank == 0`` leaves the model untouched.
@@ -195,13 +293,17 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
     check_lora_config(cfg)
     if cfg.rank == 0:
         return []
-    targets = resolve_targets(cfg.target_modules)
+    targets, hf_targets = resolve_targets(cfg.target_modules), peft_targets(cfg.target_modules)
     shared = _shared_weights(model)
     chosen: list[tuple[str, nn.Linear]] = []
     experts: list[tuple[str, GroupedExperts]] = []
+    matched: set[str] = set()
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
-        if layer_role(leaf) not in targets:
+        hf_name = hf_module_name(clean_fqn(name), hf_adapter) if hf_targets and isinstance(module, nn.Linear) else None
+        by_hf = {target for target in hf_targets if hf_name is not None and peft_matches(target, hf_name)}
+        matched |= by_hf
+        if layer_role(leaf) not in targets and not by_hf:
             continue
         if isinstance(module, LoRALinear) or (isinstance(module, GroupedExperts) and module.weight_update):
             raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")
@@ -226,8 +328,15 @@ def apply_lora(model: nn.Module, cfg: LoRASection) -> list[str]:
                 f"remove {leaf!r} from --lora.target_modules"
             )
         chosen.append((name, module))
+    if set(hf_targets) - matched:
+        check_peft_targets(hf_targets, hf_adapter, hf_adapter.model_type if hf_adapter else "this model")
+        unmatched = sorted(set(hf_targets) - matched)
+        raise LoRAConfigError(f"--lora.target_modules: no layer of the model matches {', '.join(unmatched)}")
     found = {layer_role(name.rsplit(".", 1)[-1]) for name, _ in [*chosen, *experts]}
-    missing = set().union(*(names for names in required_targets(cfg.target_modules) if not names & found))
+    named = [
+        name for name in cfg.target_modules if name in TARGETS or name in TARGET_GROUPS
+    ]  # (all-linear: what it has)
+    missing = set().union(*(names for names in required_targets(named) if not names & found))
     if missing:
         names = ", ".join(sorted(missing))
         what = "MoE experts" if missing == {"experts"} else "linear layer"
@@ -281,8 +390,6 @@ def init_lora(model: nn.Module, seed: int | None = None) -> None:
         copy_full_into(module.lora_a.weight, a)
         copy_full_into(module.lora_b.weight, torch.zeros(tuple(module.lora_b.weight.shape)))
         if module.lora_magnitude is not None:
-            from titanium.peft.dora import weight_norm
-
             copy_full_into(module.lora_magnitude, weight_norm(module, full=True))
 
 

@@ -31,7 +31,7 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import Float8Section
 from titanium.models.converter import ConverterContext, ModelConverter
 from titanium.parallel.params import clean_fqn
-from titanium.quantize import filtered_by_name
+from titanium.quantize import check_filters_match, filtered_by_name
 
 logger = logging.getLogger("titanium")
 
@@ -103,6 +103,7 @@ class Float8Converter(ModelConverter):
         )
         module_filter = float8_module_filter(self.cfg)
         linears = [clean_fqn(name) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+        check_filters_match(self.cfg.filter_fqns, linears, "--float8.filter_fqns")
         convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
         if self.all_gather:
             for module in model.modules():

@@ -1,7 +1,7 @@
 """Quantization schemes by name: each is one torchao post-training config plus what it needs from the model and
 the machine. QAT (qat.py: it fake-quantizes with a scheme's config and converts to it at the end) and the serving
-export (serving.py) read the same table, so a QAT-trained model exported with its scheme is quantized exactly as
-it was trained.
+export (titanium/checkpoint/quantized_export.py) read the same table, so a QAT-trained model exported with its
+scheme is quantized exactly as it was trained.
 
 What runs where (torchao 0.18, checked on CPU): the int8 schemes and the int4 codes stored one per byte
 (``IntxUnpackedToInt8Tensor``) quantize, run and load in ``transformers`` on CPU. Float8 dynamic quantization
@@ -30,7 +30,7 @@ from torchao.quantization.granularity import PerGroup, PerRow
 
 from titanium.config.loader import ConfigError
 from titanium.parallel.params import clean_fqn
-from titanium.quantize import filtered_by_name
+from titanium.quantize import check_filters_match, filtered_by_name
 
 
 @dataclass(frozen=True)
@@ -126,10 +126,14 @@ def quantized_layers(
     ``filter_fqns``. A layer whose sizes the scheme cannot take, or whose weight is the embedding's (tied), is a
     config error naming ``flags`` (the group size and filter options of the caller: CLI or config keys)."""
     scheme, (group_flag, filter_flag) = SCHEMES[name], flags
+    if scheme.grouped and group_size < 1:
+        raise ConfigError(f"{group_flag} must be >= 1 (inputs per weight scale; e.g. 32), got {group_size}")
     if scheme.grouped and scheme.group_sizes and group_size not in scheme.group_sizes:
         sizes = ", ".join(map(str, scheme.group_sizes))
         raise ConfigError(f"{group_flag} {group_size}: scheme {name} takes group sizes {sizes}")
     embedding = getattr(model, "tok_embeddings", None)
+    linear = [clean_fqn(fqn) for fqn, module in model.named_modules() if isinstance(module, nn.Linear)]
+    check_filters_match(filter_fqns, linear, filter_flag)
     layers = []
     for fqn, module in model.named_modules():
         layer = clean_fqn(fqn)

@@ -27,6 +27,7 @@ def completions_table(
     group = len(rollout.completions) // len(samples)
     columns = {**rollout.rewards.per_function, **numbers}
     values = {name: column.tolist() for name, column in columns.items()}
+    values.update({name: list(column) for name, column in rollout.rewards.extra.items()})  # (TRL's log_extra)
     prompts = [samples[i // group].as_written or tokenizer.decode(samples[i // group].prompt) for i in range(shown)]
     rows = [(prompts[i], rollout.completions[i], *(v[i] for v in values.values())) for i in range(shown)]
     return Table(("prompt", "completion", *values), rows, cut_from_start=("prompt",))

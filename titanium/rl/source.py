@@ -36,18 +36,27 @@ from titanium.batch import Batch, Fields, Metrics, Placement
 from titanium.config.errors import ConfigError
 from titanium.config.sections import ChatSection, DataSection, RLSection, RolloutSection
 from titanium.data.chat import build_chat_template
+from titanium.data.kinds import first_columns
 from titanium.data.packing import row_width
 from titanium.data.prompts import PromptDataset, PromptSample
 from titanium.data.tokenizer import Tokenizer
 from titanium.generation.background import GenerationWorker
-from titanium.generation.engine import SyncStats, build_engine
+from titanium.generation.engine import SyncStats, build_engine, check_engine
 from titanium.generation.sampling import SamplingParams
 from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
 from titanium.rl.buffer import PendingBatch, RolloutBatch, RolloutQueue
 from titanium.rl.completions import CompletionsLog
 from titanium.rl.dynamic import DYNAMIC_METRICS, SampledBatch, sample_batch
-from titanium.rl.rewards.functions import Rewards, RewardSet, exact_match, names_reward_model
+from titanium.rl.rewards.functions import (
+    Rewards,
+    RewardSet,
+    TrainerState,
+    check_rewards,
+    exact_match,
+    names_reward_model,
+    reward_labels,
+)
 from titanium.rl.rewards.scores import placed_chunks, reward_model_scores, scalar_head_source, score_positions
 from titanium.rl.rollout import (
     Rollout,
@@ -103,11 +112,29 @@ def frozen_sources(cfg: RLSection, start: ModelSource, vocab_size: int, seq_len:
     return [*([start] if reference else []), *sharded_reward_models(cfg, start, None, vocab_size, seq_len).values()]
 
 
+def check_source(cfg: RLSection, engine: RolloutSection, job: Any) -> None:
+    """What the config decides of a rollout source, checked before any process starts (an objective's
+    ``check_config``; ``job``: its ``JobFacts``): the rewards resolve (functions import and have a reward function's
+    signature, reward-model folders hold a titanium family's config.json) and the ``[rollout]`` engine can serve
+    this policy in this job."""
+    check_rewards(cfg.rewards, ("overlong",), cfg.reward_model_tokenizer)
+    start, max_model_len = job.start, cfg.max_prompt_len + cfg.max_new_tokens
+    check_engine(
+        engine,
+        start.spec,
+        start.args,
+        max_model_len=max_model_len,
+        world_size=job.world_size,
+        device_type=job.device_type,
+    )
+
+
 class SourceContext(Protocol):
     """What the source reads of the objective's context (``titanium.objectives.base.ObjectiveContext``)."""
 
     tokenizer: Tokenizer
     model_name: str
+    chat_format: str
     vocab_size: int
     seq_len: int
     local_batch_size: int
@@ -121,6 +148,7 @@ class SourceContext(Protocol):
     fixed_shapes: bool
     sequence_multiple: int
     ranks_per_row: int
+    total_steps: int
 
 
 @dataclass(frozen=True)
@@ -180,21 +208,31 @@ class RolloutSource:
         batch's width, as with pad_to seq_len)."""
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
-            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
         self.prompts = PromptDataset(
             data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, name="rl"
         )
         self._prompt_stream: Iterator[PromptSample] | None = None
         pad_id = ctx.tokenizer.pad_id
-        self.rewards = RewardSet.from_config(cfg, device=ctx.device, pad_id=pad_id, vocab_size=ctx.tokenizer.vocab_size)
+        self.rewards = RewardSet.from_config(
+            cfg,
+            device=ctx.device,
+            pad_id=pad_id,
+            vocab_size=ctx.tokenizer.vocab_size,
+            columns=first_columns(data)[0],  # (TRL's signature check of the reward functions, at start-up)
+        )
+        self.reward_labels = reward_labels(cfg.rewards)
+        """Each reward's name in metrics (``<name>/reward/<label>``), as TRL names them."""
+        self.total_steps = ctx.total_steps
+        self._reward_logs: dict[str, list[float]] = {}  # (TRL's log_metric, until the next log line)
         sharded = sharded_reward_models(cfg, self.policy, pad_id, ctx.vocab_size, ctx.seq_len)
         self.reward_models = {name: ctx.models.frozen(source=source) for name, source in sharded.items()}
         self.reference = ctx.models.frozen() if draw.reference else None
         self.params = SamplingParams(cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.top_k)
         self.row_metrics = (
             *draw.row_metrics,
-            *(f"{draw.name}/reward/{name}" for name in cfg.rewards),
+            *(f"{draw.name}/reward/{label}" for label in self.reward_labels.values()),
             *((f"{draw.name}/accuracy",) if cfg.answer_column else ()),
             f"{draw.name}/response_len",
             f"{draw.name}/truncated",
@@ -279,7 +317,15 @@ class RolloutSource:
     def _metrics(self, parts: list[Rows], lag: int, made: list[RolloutBatch]) -> Metrics:
         name = self.draw.name
         responses = torch.tensor(float(sum(part["tokens"].shape[0] for part in parts)), device=self.device)
-        metrics = {metric: (sum(part[metric].sum() for part in parts), responses) for metric in self.row_metrics}
+        per_reward = {f"{name}/reward/{label}" for label in self.reward_labels.values()}
+        metrics = {  # (a response no reward function applies to has NaN rewards: left out of the sums)
+            metric: (sum(part[metric].nansum() for part in parts), responses)
+            for metric in self.row_metrics
+            if metric not in per_reward
+        }
+        for metric in per_reward:  # (a reward function's mean where it applies: where it returned no None)
+            values = [part[metric] for part in parts]
+            metrics[metric] = (sum(v.nansum() for v in values), sum((~v.isnan()).sum() for v in values))
         metrics[f"{name}/policy_lag"] = (lag * responses, responses)
         if made:
             generated = torch.tensor(float(sum(b.generated_tokens for b in made)), device=self.device)
@@ -309,7 +355,8 @@ class RolloutSource:
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
         trl_prompts = [s.trl_prompt for s in samples for _ in range(group)]
-        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts)
+        state = TrainerState(global_step=out.version, max_steps=self.total_steps)
+        rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts, state)
         return to_rollout(samples, group, generation, rewards, self.tokenizer), out.version
 
     def _prompts_per_batch(self, microbatches: int) -> int:
@@ -399,8 +446,10 @@ class RolloutSource:
     def _response_metrics(self, samples: list[PromptSample], out: Rollout) -> dict[str, torch.Tensor]:
         """The source's per-response metric columns: each reward function's value, exact match of the answer (with
         an answer column), the response length and whether it was cut at max_new_tokens."""
-        name = self.draw.name
-        columns = {f"{name}/reward/{fn}": values for fn, values in out.rewards.per_function.items()}
+        name, labels = self.draw.name, self.reward_labels
+        for metric, values in out.rewards.logged.items():  # (TRL's log_metric)
+            self._reward_logs.setdefault(metric, []).extend(values)
+        columns = {f"{name}/reward/{labels[fn]}": values for fn, values in out.rewards.per_function.items()}
         if self.cfg.answer_column:
             answers = [s.answer for s in samples for _ in range(self.draw.group_size)]
             columns[f"{name}/accuracy"] = torch.tensor(
@@ -457,12 +506,17 @@ class RolloutSource:
     # ----- log and checkpoint -----
 
     def log_metrics(self) -> dict[str, float]:
+        """Host-side counters, and the numbers reward functions logged with TRL's ``log_metric`` (this rank's mean
+        since the last log line)."""
+        name = self.draw.name
         counters = {
             "data/skipped_rows": self.prompts.bad_rows,
-            f"{self.draw.name}/long_prompts_skipped": self.prompts.too_long,
-            f"{self.draw.name}/stale_rollouts_dropped": self.queue.dropped,
+            f"{name}/long_prompts_skipped": self.prompts.too_long,
+            f"{name}/stale_rollouts_dropped": self.queue.dropped,
         }
-        return {k: float(v) for k, v in counters.items() if v}
+        logged = {f"{name}/{metric}": sum(values) / len(values) for metric, values in self._reward_logs.items()}
+        self._reward_logs = {}
+        return {**{k: float(v) for k, v in counters.items() if v}, **logged}
 
     def tables(self, step: int) -> dict[str, Table]:
         """Every ``log_completions`` steps: the first responses of the batch trained on, with the objective's

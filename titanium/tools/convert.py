@@ -46,13 +46,15 @@ from titanium.checkpoint.hf import (
     shard_size_bytes,
 )
 from titanium.checkpoint.hub import check_push, upload
+from titanium.checkpoint.quantized_export import export_quantized_hf
+from titanium.config.sections import CheckpointSection
+from titanium.data.export import save_tokenizer
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec, list_models
 from titanium.peft.export import export_peft_adapter
 from titanium.peft.lora import is_lora_param
 from titanium.quantize.schemes import SCHEMES
-from titanium.quantize.serving import export_quantized_hf
 from titanium.tools.lora_checkpoint import load_lora_run
 
 MODEL_KEY = "model"
@@ -97,10 +99,10 @@ def dcp_to_hf(
             )
         return lora_to_hf(checkpoint, out, model, config=config, dtype=dtype)
     if source is not None:
-        args = hf_model_args(spec, source)
+        args = hf_model_args(spec, source, option="--source", family_option="--model")
     elif flavor is not None:
         if flavor not in spec.flavors:
-            raise UserError(f"unknown flavor {flavor!r} for {model}; valid: {', '.join(spec.flavors)}")
+            raise UserError(f"--flavor {flavor!r} is not a flavor of {model}; valid: {', '.join(spec.flavors)}")
         vocab = shapes.get(spec.hf_adapter.embedding_key, (spec.flavors[flavor].vocab_size,))[0]
         args = dataclasses.replace(spec.flavors[flavor], vocab_size=vocab)
     else:
@@ -111,16 +113,20 @@ def dcp_to_hf(
     state = net.state_dict()
     wanted = {k: v for k, v in state.items() if k in shapes}
     missing = sorted(set(state) - set(shapes) - ({spec.hf_adapter.output_key} if args.tie_word_embeddings else set()))
+    unexpected = sorted(set(shapes) - set(state))  # (dropped silently otherwise)
     wrong = [f"{k} {list(shapes[k])} != {list(v.shape)}" for k, v in wanted.items() if tuple(v.shape) != shapes[k]]
-    if missing or wrong:
+    if missing or unexpected or wrong:
+        problems = [f"missing {', '.join(missing[:8])}" if missing else "", *wrong[:8]]
+        problems.append(f"tensors the model has no place for: {', '.join(unexpected[:8])}" if unexpected else "")
         raise UserError(
-            f"{checkpoint} does not hold a {model} model of this architecture: "
-            + "; ".join(filter(None, [f"missing {', '.join(missing[:8])}" if missing else "", *wrong[:8]]))
+            f"CHECKPOINT {checkpoint} does not hold a {model} model of this architecture: "
+            + "; ".join(filter(None, problems))
+            + " (check --model and --flavor or --source)"
         )
     dcp.load({MODEL_KEY: wanted}, checkpoint_id=str(checkpoint), no_dist=True)
     if args.tie_word_embeddings:
         state[spec.hf_adapter.output_key] = state[spec.hf_adapter.embedding_key]
-    ckpt = HFCheckpoint.open(source) if source is not None else None
+    ckpt = HFCheckpoint.open(source, "--source") if source is not None else None
     return save_hf_weights(
         state,
         out,
@@ -132,11 +138,15 @@ def dcp_to_hf(
     )
 
 
+EXPORT_DTYPE = CheckpointSection().export_dtype
+"""One default for every Hugging Face export, a run's and this tool's."""
+
+
 def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, dtype: str) -> Path:
     """A LoRA run's checkpoint merged with the run's base: the run's own ``last_save_in_hf`` export, at that step."""
     run = load_lora_run(checkpoint, config)
-    if run.cfg.model.name != model:
-        raise UserError(f"--model {model}: the run that wrote {checkpoint} trained a {run.cfg.model.name} model")
+    if run.built.spec.name != model:  # (the family the run resolved, --model.name auto included)
+        raise UserError(f"--model {model}: the run that wrote {checkpoint} trained a {run.built.spec.name} model")
     export = dataclasses.replace(run.cfg.checkpoint, hf_folder=str(out.resolve()), export_dtype=dtype)
     path = export_final_hf(
         run.built.model,
@@ -147,6 +157,7 @@ def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, 
         flavor=run.cfg.model.flavor,
     )
     assert path is not None  # (one process: rank 0)
+    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.built.spec.chat_template or "")
     return path
 
 
@@ -160,12 +171,14 @@ def lora_to_peft(checkpoint: Path, out: Path, *, config: Path | None) -> Path:
         raise UserError(f"model {run.built.spec.name!r} has no Hugging Face adapter")
     path = export_peft_adapter(run.built.model, adapter, run.built.args, run.cfg.lora, out, run.base_model_name_or_path)
     assert path is not None  # (one process: rank 0)
+    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.built.spec.chat_template or "")
     return path
 
 
 def hf_to_dcp(folder: Path, out: Path, model: str) -> Path:
     """Write the HF folder's weights as ``out/step-0`` (model only): a seed checkpoint for titanium."""
-    net = ModelBuilder(torch.device("cpu")).load_hf(get_model_spec(model), folder).model
+    builder = ModelBuilder(torch.device("cpu"))
+    net = builder.load_hf(get_model_spec(model), folder, option="FOLDER", family_option="--model").model
     target = out / "step-0"
     if target.exists():
         raise UserError(f"{target} exists; refusing to overwrite it")
@@ -189,7 +202,12 @@ def main(argv: list[str] | None = None) -> int:
     to_hf.add_argument("--model", required=True, choices=list_models())
     to_hf.add_argument("--flavor", help="architecture preset (when there is no --source)")
     to_hf.add_argument("--source", type=Path, help="HF folder the run started from: reuse its layout and files")
-    to_hf.add_argument("--dtype", default="bfloat16", choices=sorted(EXPORT_DTYPES))
+    to_hf.add_argument(
+        "--dtype",
+        default=EXPORT_DTYPE,
+        choices=sorted(EXPORT_DTYPES),
+        help=f"dtype of the weights written (default {EXPORT_DTYPE}, as a run's [checkpoint] export_dtype)",
+    )
     to_hf.add_argument("--max-shard-size", default="5GB", help="file size cap without --source (default 5GB)")
     to_peft = sub.add_parser("to-peft", help="a LoRA run's DCP checkpoint (step-N) -> PEFT adapter folder")
     to_peft.add_argument("checkpoint", type=Path, help="a LoRA run's checkpoint, e.g. outputs/x/checkpoint/step-100")

@@ -48,6 +48,7 @@ from titanium.config.sections import CompileSection
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
 from titanium.generation.tp_plan import shard_for_decoding
+from titanium.inputs import resolve_inputs
 from titanium.model_builder import DTYPES, BuiltModel, ModelBuilder, ModelSource
 from titanium.model_handles import is_the_policy
 from titanium.model_setup import job_converters, job_plan
@@ -176,9 +177,12 @@ def dry_run(
     checks on ``device_type``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    # The dry run never reads the tokenizer (the flavor or config.json gives the vocabulary), so it may be absent.
-    cfg = load_config([*argv, "--tokenizer.kind", "byte"])
-    dims = check_job(cfg, world_size)
+    # The dry run never reads the tokenizer (the flavor or config.json gives the vocabulary), so it may be absent;
+    # a Hugging Face start folder's own is used as in training.
+    cfg = load_config(
+        [*argv, "--tokenizer.kind", "byte"], resolve=lambda cfg, given: resolve_inputs(cfg, given - {"tokenizer.kind"})
+    )
+    dims = check_job(cfg, world_size, device_type)
     check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
     # DTensor caches each op's output spec, mesh included, by its input specs, and meshes compare by ranks and dim
     # names, not by process groups: after an earlier dry run in this process (its fake group destroyed), this run's

@@ -113,9 +113,8 @@ def build_model(cfg: Any, kind: str, model: Path, dims: Any) -> tuple[Any, Any, 
     the job's FSDP plan."""
     from titanium.config.sections import CompileSection
     from titanium.data.tokenizer import build_tokenizer
-    from titanium.model_builder import ModelBuilder, WeightSource
+    from titanium.model_builder import ModelBuilder, WeightSource, resolve_spec
     from titanium.model_setup import job_plan
-    from titanium.models import get_model_spec
     from titanium.parallel.distributed import init_distributed
     from titanium.tools.lora_checkpoint import build_checkpoint_model
 
@@ -129,7 +128,7 @@ def build_model(cfg: Any, kind: str, model: Path, dims: Any) -> tuple[Any, Any, 
     else:
         from titanium.checkpoint.hf import hf_model_args
 
-        spec = get_model_spec(cfg.model.name)
+        spec, _ = resolve_spec(cfg.model, model)  # (the family, or the transformers backend)
         args = hf_model_args(spec, model, tokenizer_vocab=tokenizer.vocab_size)
         built = builder.build(spec, args, weights=WeightSource(hf_folder=str(model)))
     built.model.eval()
@@ -153,7 +152,9 @@ def evaluate(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any] |
 
     built, tokenizer, env, dp_group = build_model(cfg, kind, args.model, dims)
     template = (
-        build_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name) if args.apply_chat_template else None
+        build_chat_template(cfg.chat.chat_template, tokenizer, built.spec.chat_template or "")
+        if args.apply_chat_template
+        else None
     )
     lm = TitaniumLM(
         built.model,

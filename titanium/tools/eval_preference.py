@@ -30,23 +30,27 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from titanium.config import load_config
 from titanium.config.sections import DPOSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.preference import OnePass, PreferenceDataset
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
+from titanium.inputs import load_job
 from titanium.model_builder import ModelBuilder, WeightSource
 from titanium.objectives.dpo import dpo_loss, response_sums, token_logps
+from titanium.tools import requested_device
 
 
-def weights_of(folder: Path) -> WeightSource:
+def weights_of(folder: Path, option: str) -> WeightSource:
+    """The weights in ``folder``, which the argument ``option`` (POLICY, REFERENCE) named."""
     if (folder / "config.json").is_file():
-        return WeightSource(hf_folder=str(folder))
+        return WeightSource(hf_folder=str(folder), option=option)
     if (folder / ".metadata").is_file():
-        return WeightSource(dcp_folder=str(folder))
-    raise UserError(f"{folder}: neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder")
+        return WeightSource(dcp_folder=str(folder), option=option)
+    raise UserError(
+        f"{option} {folder}: neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder"
+    )
 
 
 @torch.no_grad()
@@ -77,11 +81,23 @@ def evaluate(
 
 
 def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
-    cfg = load_config(overrides)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    cfg = load_job(overrides)
+    device = requested_device(args.device)
     tokenizer = build_tokenizer(cfg.tokenizer)
-    template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)
     seq_len = cfg.training.seq_len
+    builder = ModelBuilder(device, cfg.debug.seed)
+    weights = [weights_of(args.policy, "POLICY"), weights_of(args.reference, "REFERENCE")]
+    # The architecture of a Hugging Face folder is its config.json's (else the job's: flavor or start folder).
+    hf = next((w for w in weights if w.hf_folder is not None), None)
+    spec, model_args = builder.resolve(
+        cfg.model,
+        seq_len=seq_len,
+        vocab_size=tokenizer.vocab_size,
+        checkpoint=cfg.checkpoint,
+        hf_folder=hf.hf_folder if hf is not None else None,
+        hf_option=hf.option if hf is not None else None,
+    )
+    template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, spec.chat_template or "")
     data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
     chat, dpo = cfg.chat, cfg.dpo
     pairs = PreferenceDataset(
@@ -95,13 +111,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
         max_prompt_length=dpo.max_prompt_length,
     )
     loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
-    builder = ModelBuilder(device, cfg.debug.seed)
-    weights = [weights_of(folder) for folder in (args.policy, args.reference)]
-    # The architecture of a Hugging Face folder is its config.json's (else the job's: flavor or start folder).
-    hf_folder = next((w.hf_folder for w in weights if w.hf_folder is not None), None)
-    spec, model_args = builder.resolve(
-        cfg.model, seq_len=seq_len, vocab_size=tokenizer.vocab_size, checkpoint=cfg.checkpoint, hf_folder=hf_folder
-    )
     policy, reference = (builder.build(spec, model_args, weights=w).model.eval() for w in weights)
     return evaluate(policy, reference, loader, cfg.dpo)
 

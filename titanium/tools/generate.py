@@ -54,6 +54,7 @@ from titanium.generation.generate import check_room, generate
 from titanium.generation.sampling import SamplingParams
 from titanium.model_builder import ModelBuilder, resolve_spec
 from titanium.models import list_models
+from titanium.tools import requested_device
 
 
 @dataclass(frozen=True)
@@ -153,11 +154,12 @@ def load(args: argparse.Namespace) -> Generator:
         params = SamplingParams(args.max_new_tokens, args.temperature, args.top_p, args.top_k)
     except ValueError:
         raise UserError("--max-new-tokens must be >= 0, --temperature >= 0, --top-p in (0, 1], --top-k >= 0") from None
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = requested_device(args.device)
     spec, _ = resolve_spec(ModelSection(name=args.model or "auto"), args.folder)  # (the family, or the backend)
     tokenizer = _tokenizer(args)
-    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, spec.name)
-    model = ModelBuilder(device).load_hf(spec, args.folder).model
+    fmt = spec.chat_template or ""
+    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, fmt)
+    model = ModelBuilder(device).load_hf(spec, args.folder, option="FOLDER", family_option="--model").model
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     model = model.to(getattr(torch, dtype)).eval()
     rng = torch.Generator(device).manual_seed(args.seed)

@@ -19,7 +19,7 @@ import torch
 from titanium.checkpoint.manager import load_model_weights
 from titanium.config import load_config
 from titanium.config.components import OBJECTIVES
-from titanium.data.tokenizer import build_tokenizer
+from titanium.data.tokenizer import build_tokenizer, tokenizer_origin
 from titanium.errors import UserError
 from titanium.model_builder import BuiltModel, ModelBuilder, WeightSource
 from titanium.model_setup import StartingWeights, job_converters
@@ -35,6 +35,8 @@ class LoRARun:
     """The run's job config, as saved beside its checkpoints."""
     built: BuiltModel
     """The model with the run's base and the checkpoint's adapters, on CPU."""
+    tokenizer: Any
+    """The run's tokenizer (exports carry it)."""
 
     @property
     def base_model_name_or_path(self) -> str | None:
@@ -64,7 +66,7 @@ def load_lora_run(checkpoint: Path, config: Path | None = None) -> LoRARun:
     builder = ModelBuilder(torch.device("cpu"), cfg.debug.seed)
     built = build_checkpoint_model(checkpoint, cfg, builder, ParallelDims(dp_replicate=1, dp_shard=1, world_size=1))
     built.model.eval()
-    return LoRARun(cfg, built)
+    return LoRARun(cfg, built, build_tokenizer(cfg.tokenizer))
 
 
 def build_checkpoint_model(checkpoint: Path, cfg: Any, builder: ModelBuilder, dims: ParallelDims) -> BuiltModel:
@@ -73,7 +75,11 @@ def build_checkpoint_model(checkpoint: Path, cfg: Any, builder: ModelBuilder, di
     only the adapters), the base from where the run started, then the checkpoint's weights."""
     tokenizer = build_tokenizer(cfg.tokenizer)
     spec, args = builder.resolve(
-        cfg.model, seq_len=cfg.training.seq_len, vocab_size=tokenizer.vocab_size, checkpoint=cfg.checkpoint
+        cfg.model,
+        seq_len=cfg.training.seq_len,
+        vocab_size=tokenizer.vocab_size,
+        checkpoint=cfg.checkpoint,
+        tokenizer_origin=tokenizer_origin(cfg.tokenizer),
     )
     ck = cfg.checkpoint
     spec = OBJECTIVES.load(cfg.training.objective).policy_spec(
@@ -86,5 +92,9 @@ def build_checkpoint_model(checkpoint: Path, cfg: Any, builder: ModelBuilder, di
     built = builder.build(spec, args, converters=converters, weights=WeightSource(hf_folder=start.hf_folder))
     if start.dcp_folder is not None:  # a titanium base: its frozen part, as the trainer's checkpoint manager reads it
         load_model_weights(Path(start.dcp_folder), built.model, "--checkpoint.initial_load_path", part="base")
-    load_model_weights(checkpoint, built.model, "checkpoint", part="trainable")
+    fix = (
+        "the run config that builds the model must be the one of the run that wrote the checkpoint: its [lora] rank, "
+        "target_modules and use_dora give the adapters (pass that run's --config)"
+    )
+    load_model_weights(checkpoint, built.model, "CHECKPOINT", part="trainable", fix=fix)
     return built

@@ -13,8 +13,8 @@
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.flops import count_params, decoder_flops_per_token
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.checks import backend_refusals

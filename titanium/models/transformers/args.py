@@ -8,13 +8,18 @@ architecture's defaults. ``transformers`` is imported only when a config is firs
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
+import torch
+
 from titanium.models.common.decoder import DecoderArgs
+from titanium.models.common.moe import MoEArgs
 
 
 class BackendConfigError(ValueError):
@@ -89,8 +94,6 @@ class TransformersArgs:
         """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,
         sliding windows against context parallelism), in the shared decoder's terms. Not an architecture: the
         model is built from ``config.json`` by ``transformers``."""
-        from titanium.models.transformers.model import routed_moe  # (the model module imports this one)
-
         c = self.hf_config
         moe, moe_layers = routed_moe(self)
         n_heads = int(c.num_attention_heads)
@@ -161,3 +164,22 @@ def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) ->
             "alone: start from a text-only checkpoint of it"
         )
     return loaded
+
+
+@functools.lru_cache(maxsize=16)
+def routed_moe(args: TransformersArgs) -> tuple[MoEArgs | None, frozenset[int]]:
+    """The ``MoEArgs`` of the blocks titanium's MoE computes in the model of ``args`` and their layers (``moe.py``),
+    from ``transformers``' model of it built on meta (cached): what the layout checks, the dry run and the
+    checkpoint mapping know of its MoE before the model exists (``TransformersModel`` swaps the same blocks)."""
+    from transformers import AutoModelForCausalLM
+
+    from titanium.models.transformers.moe import swap_moe_blocks
+
+    trust = args.code_folder is not None
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(
+            copy.deepcopy(args.hf_config), dtype=torch.float32, trust_remote_code=trust
+        )
+    if not isinstance(getattr(hf.base_model, "layers", None), torch.nn.ModuleList):
+        return None, frozenset()  # (a layout the backend refuses when it builds the model: ``check_structure``)
+    return swap_moe_blocks(hf, args.model_type)

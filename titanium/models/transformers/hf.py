@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from titanium.models.hf_adapter import HFAdapter, HFConfigError, HFExportError, split_layer_key
-from titanium.models.transformers.args import BackendConfigError, TransformersArgs
+from titanium.models.transformers.args import BackendConfigError, TransformersArgs, routed_moe
 
 BASE_PREFIX = "model."
 _OURS_TO_HF = {"tok_embeddings.": "model.embed_tokens.", "norm.": "model.norm.", "output.": "lm_head."}
@@ -98,8 +98,6 @@ class TransformersHFAdapter(HFAdapter):
         return {**super().to_hf(rest, args), **out}
 
     def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
-        from titanium.models.transformers.model import routed_moe
-
         swapped = routed_moe(args)[1]
         to_ours = {hf: ours for ours, hf in MOE_TO_HF.items()}
         rest, out = {}, {}
@@ -149,8 +147,6 @@ def checkpoint_conversions(model_type: str) -> list[str]:
 
 def _correction_bias(args: TransformersArgs) -> bool:
     """Whether the routers of the blocks titanium's MoE computes hold a routing bias (DeepSeek-V3's sigmoid routers)."""
-    from titanium.models.transformers.model import routed_moe
-
     moe = routed_moe(args)[0]
     return moe is not None and moe.score_func == "sigmoid"
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -89,15 +88,6 @@ def build_hf_model(args: TransformersArgs) -> tuple[nn.Module, list[str]]:
     reasons = fallback_reasons(model, config)
     model.set_attn_implementation(own_attention(model) if reasons else ATTENTION)
     return model, reasons
-
-
-@functools.lru_cache(maxsize=16)
-def routed_moe(args: TransformersArgs) -> tuple[Any, frozenset[int]]:
-    """The ``MoEArgs`` of the blocks titanium's MoE computes in the model of ``args`` and their layers (``moe.py``),
-    from the model built on meta (cached)."""
-    with torch.device("meta"):
-        model = TransformersModel(args)
-    return model.moe_args, model.moe_layers
 
 
 class TransformersModel(nn.Module):

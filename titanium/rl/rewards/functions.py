@@ -22,6 +22,7 @@ A function of neither form is refused at start-up, naming it. The total reward i
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import importlib.util
 import inspect
@@ -29,7 +30,7 @@ import math
 import numbers
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,28 @@ def names_reward_model(spec: str) -> bool:
     return ":" not in spec and spec not in REWARDS.names() and ("/" in spec or Path(spec).is_dir())
 
 
+_EXPORT_NAME = re.compile(r"(hf|adapter|model|export)(-step-\d+)?")
+"""Folder names an export gets by default: they say nothing about which reward model it is."""
+
+
+def reward_labels(names: Sequence[str]) -> dict[str, str]:
+    """Each ``--rl.rewards`` entry as metrics name it (``grpo/reward/<label>``), as TRL names them after the
+    function: a function's name, a reward model's folder name, with the run's folder before an export's default
+    name (``rm_run/hf`` -> ``rm_run-hf``, not ``hf``). An entry whose label another entry has keeps its spelling."""
+    labels = {}
+    for name in names:
+        if ":" in name:
+            labels[name] = name.rpartition(":")[2]
+        elif names_reward_model(name):
+            folder = Path(name).resolve()
+            generic = _EXPORT_NAME.fullmatch(folder.name) and folder.parent.name
+            labels[name] = f"{folder.parent.name}-{folder.name}" if generic else folder.name
+        else:
+            labels[name] = name
+    taken = [label for label in labels.values()]
+    return {name: label if taken.count(label) == 1 else name for name, label in labels.items()}
+
+
 def resolve_reward(spec: str) -> RewardFn:
     """A registered name, ``"package.module:function"`` imported, or ``"path/to/file.py:function"``; errors name
     ``--rl.rewards``."""
@@ -182,33 +205,98 @@ def _from_file(spec: str, path: Path, attribute: str) -> Any:
     return getattr(module, attribute)
 
 
-def is_batched(name: str, fn: Callable[..., Any]) -> bool:
-    """Whether ``fn`` is TRL's batched form ``fn(completions, **columns) -> list[float]`` (else it scores one
-    response, ``fn(completion, answer, row) -> float``). ConfigError, naming it, for a function of neither form:
-    at start-up, not after the first rollout."""
+TRL_KEYWORDS = ("prompts", "completions", "completion_ids", "trainer_state", "log_extra", "log_metric")
+"""What TRL 1.16's GRPOTrainer passes every reward function, by keyword, besides the rows' columns."""
+TITANIUM_KEYWORDS = ("prompt_ids",)
+"""What titanium passes besides, to functions that take it (by name or ``**kwargs``)."""
+_NOT_COLUMNS = ("prompt", "completion", "completion_ids")
+"""Row columns TRL does not pass as columns (the prompt arrives as ``prompts``)."""
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """What TRL passes reward functions as ``trainer_state`` (the fields of transformers' ``TrainerState`` they
+    read): the optimizer steps done when the responses were sampled, of ``max_steps``."""
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+def is_batched(name: str, fn: Callable[..., Any], columns: Collection[str] | None = None) -> bool:
+    """Whether ``fn`` is TRL's form, called once per batch with keyword arguments (``fn(completions, **kwargs) ->
+    list[float | None]``, sync or ``async``), else titanium's ``fn(completion, answer, row) -> float`` for one
+    response. TRL's form is checked by TRL's rule at start-up, not after the first rollout: every parameter
+    without a default must be one of the names TRL passes (``TRL_KEYWORDS``, the rows' ``columns`` when known),
+    and a function without ``**kwargs`` must take all of TRL's names (TRL passes them all). ConfigError, naming
+    the function and the name, otherwise."""
     try:
-        parameters = inspect.signature(fn).parameters
+        signature = inspect.signature(fn)
     except (TypeError, ValueError):
         return False  # (a builtin without a signature: called as one response's scorer)
-    if "completions" in parameters and any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
-        return True
-    try:
-        inspect.signature(fn).bind("completion", "answer", {})
-    except TypeError as e:
-        raise ConfigError(
-            f"--rl.rewards {name!r}: {getattr(fn, '__name__', fn)}{inspect.signature(fn)} cannot be called as a "
-            f"reward function ({e}); write it as fn(completion, answer, row) -> float, or as TRL's batched "
-            "fn(completions, **kwargs) -> list[float]"
-        ) from None
-    return False
+    parameters = signature.parameters
+    described = f"--rl.rewards {name!r}: {getattr(fn, '__name__', fn)}{signature}"
+    if "completions" not in parameters and not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        try:
+            signature.bind("completion", "answer", {})
+        except TypeError as e:
+            raise ConfigError(
+                f"{described} cannot be called as a reward function ({e}); write it as fn(completion, answer, row) "
+                "-> float, or as TRL's batched fn(completions, **kwargs) -> list[float]"
+            ) from None
+        return False
+    offered = {*TRL_KEYWORDS, *TITANIUM_KEYWORDS, *(columns or ())}
+    for parameter in parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            continue
+        if parameter.kind is parameter.POSITIONAL_ONLY or (
+            parameter.default is parameter.empty and parameter.name not in offered and columns is not None
+        ):
+            raise ConfigError(
+                f"{described}: TRL passes reward functions only keyword arguments ({', '.join(TRL_KEYWORDS)} and "
+                f"the rows' columns: {', '.join(sorted(columns or ())) or 'none'}), and none is "
+                f"{parameter.name!r}; rename it or give it a default"
+            )
+    if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+        missing = [keyword for keyword in TRL_KEYWORDS if keyword not in parameters]
+        if missing:
+            raise ConfigError(
+                f"{described}: TRL calls it with {', '.join(TRL_KEYWORDS)} and every column of the rows, and it "
+                f"takes no {', '.join(missing)}; add **kwargs to its parameters"
+            )
+    return True
+
+
+def check_rewards(
+    names: Sequence[str], configured: Collection[str] = (), reward_model_tokenizer: str = "policy"
+) -> None:
+    """Resolve every reward name as the objective will, without building a model (titanium.preflight, before any
+    process starts): functions import and have a reward function's signature, reward model folders hold a
+    config.json of a titanium family (``reward_model_tokenizer`` own: and a tokenizer.json). ``configured``: names
+    the objective builds from its own settings (GRPO's ``overlong``)."""
+    for name in names:
+        if name in configured:
+            continue
+        if names_reward_model(name):
+            from titanium.rl.rewards.model_scorer import reward_model_config  # (imports the model builder)
+
+            reward_model_config(name, "own" if reward_model_tokenizer == "own" else "policy")
+        else:
+            is_batched(name, resolve_reward(name))
 
 
 @dataclass(frozen=True)
 class Rewards:
     total: torch.Tensor
-    """``[N]`` float32: the weighted sum of the functions' values."""
+    """``[N]`` float32: the weighted sum of the functions' values that apply (TRL's NaN-skipping sum); NaN where
+    none applies (every function returned None), which the advantages then leave at 0."""
     per_function: dict[str, torch.Tensor]
-    """Each function's own ``[N]`` values (unweighted), by its name in ``--rl.rewards``."""
+    """Each function's own ``[N]`` values (unweighted), by its name in ``--rl.rewards``; NaN where it returned
+    None (does not apply)."""
+    extra: dict[str, list[Any]] = field(default_factory=dict)
+    """Columns the functions logged with TRL's ``log_extra`` (one value per response): shown in the completions
+    table."""
+    logged: dict[str, list[float]] = field(default_factory=dict)
+    """Numbers the functions logged with TRL's ``log_metric``, by name."""
 
 
 class RewardSet:
@@ -225,6 +313,7 @@ class RewardSet:
         weights: Sequence[float] = (),
         configured: Mapping[str, Callable] | None = None,
         elsewhere: Collection[str] = (),
+        columns: Collection[str] | None = None,
     ) -> None:
         if weights and len(weights) != len(names):
             raise ValueError(f"{len(weights)} weights for {len(names)} reward functions")
@@ -235,17 +324,27 @@ class RewardSet:
             for name in names
             if name not in elsewhere
         }
-        self.batched = {name for name, fn in self.functions.items() if is_batched(name, fn)}
+        self.internal = set(configured)  # (titanium's own, built from the config: they read responses as text)
+        columns = None if columns is None else [c for c in columns if c not in _NOT_COLUMNS]
+        self.batched = {name for name, fn in self.functions.items() if is_batched(name, fn, columns)}
         self.weights = dict(zip(names, weights or [1.0] * len(names)))
-        self.tokens: dict[str, list[list[int]]] = {}
+        self.tokens: dict[str, list[Any]] = {}
+        self.state = TrainerState()
 
     @classmethod
     def from_config(
-        cls, cfg: RLSection, *, device: torch.device | None = None, pad_id: int = 0, vocab_size: int | None = None
+        cls,
+        cfg: RLSection,
+        *,
+        device: torch.device | None = None,
+        pad_id: int = 0,
+        vocab_size: int | None = None,
+        columns: Collection[str] | None = None,
     ) -> RewardSet:
         """The rewards of ``[rl]``; reward models named there are loaded onto ``device`` (scoring sequences
         padded with ``pad_id``, the job's tokenizer's, whose ``vocab_size`` ids they must cover), or, with
-        ``reward_model_layout = "sharded"``, left to the caller (``elsewhere``)."""
+        ``reward_model_layout = "sharded"``, left to the caller (``elsewhere``). ``columns``: the prompt rows'
+        columns, when known, for TRL's signature check."""
         configured: dict[str, Callable] = {}
         sharded = [n for n in cfg.rewards if names_reward_model(n)] if cfg.reward_model_layout == "sharded" else []
         for name in cfg.rewards:
@@ -265,40 +364,101 @@ class RewardSet:
                     dtype=cfg.reward_model_dtype,
                     tokenizer=cfg.reward_model_tokenizer,
                 )
-        return cls(cfg.rewards, cfg.reward_weights, configured, elsewhere=sharded)
+        return cls(cfg.rewards, cfg.reward_weights, configured, elsewhere=sharded, columns=columns)
 
     def with_tokens(
         self,
         prompt_ids: Sequence[Sequence[int]],
         completion_ids: Sequence[Sequence[int]],
         prompts: Sequence[str | list[dict[str, Any]]] | None = None,
+        state: TrainerState | None = None,
     ) -> RewardSet:
         """This set, scoring responses whose token ids (stop token included) and prompts' ids are given: batched
         functions get them as ``completion_ids`` (as in TRL) and ``prompt_ids``, and, when given, each response's
-        prompt as TRL passes it (``prompts``: the text, or the conversation as role/content dicts)."""
+        prompt as TRL passes it (``prompts``: the text, or the conversation as role/content dicts; a response to a
+        conversation is then passed as TRL passes it, ``[{"role": "assistant", "content": text}]``) and the
+        training's progress as ``trainer_state``."""
         bound = copy.copy(self)
         bound.tokens = {
             "prompt_ids": [list(p) for p in prompt_ids],
             "completion_ids": [list(c) for c in completion_ids],
             **({"prompts": list(prompts)} if prompts is not None else {}),
         }
+        bound.state = state or self.state
         return bound
 
     def __call__(
         self, completions: Sequence[str], answers: Sequence[str | None], rows: Sequence[Mapping[str, Any]]
     ) -> Rewards:
-        per_function = {
-            name: torch.tensor(
-                self._batch(name, fn, completions, rows)
-                if name in self.batched
-                else [self._score(name, fn, *args) for args in zip(completions, answers, rows)]
+        extra: dict[str, list[Any]] = {}
+        logged: dict[str, list[float]] = {}
+        kwargs = self._trl_kwargs(completions, rows, extra, logged)
+        values: dict[str, Any] = {}
+        pending = {}  # TRL's async functions: run together, as TRL gathers them
+        for name, fn in self.functions.items():
+            if name not in self.batched:
+                values[name] = [self._score(name, fn, *args) for args in zip(completions, answers, rows)]
+                continue
+            result = self._batch(
+                name, fn, {**kwargs, "completions": list(completions)} if name in self.internal else kwargs
             )
-            for name, fn in self.functions.items()
-        }
-        total = torch.zeros(len(completions))
+            if inspect.isawaitable(result):
+                pending[name] = result
+            else:
+                values[name] = self._checked(name, result, len(completions))
+        if pending:
+            results = asyncio.run(_gather(list(pending.values())))
+            for (name, _), result in zip(pending.items(), results):
+                values[name] = self._checked(name, result, len(completions))
+        per_function = {name: torch.tensor(values[name], dtype=torch.float32) for name in self.functions}
+        return Rewards(self._total(per_function, len(completions)), per_function, extra, logged)
+
+    def _total(self, per_function: Mapping[str, torch.Tensor], n: int) -> torch.Tensor:
+        """The weighted sum of the values that apply; NaN where none does (TRL's ``nansum``, then NaN for rows no
+        function scored)."""
+        total, scored = torch.zeros(n), torch.zeros(n, dtype=torch.bool)
         for name, values in per_function.items():
-            total += self.weights[name] * values
-        return Rewards(total, per_function)
+            applies = ~values.isnan()
+            total += torch.where(applies, self.weights[name] * values, 0.0)
+            scored |= applies
+        return torch.where(scored, total, torch.nan) if per_function else total
+
+    def _trl_kwargs(
+        self,
+        completions: Sequence[str],
+        rows: Sequence[Mapping[str, Any]],
+        extra: dict[str, list[Any]],
+        logged: dict[str, list[float]],
+    ) -> dict[str, Any]:
+        """What TRL's GRPOTrainer passes its reward functions: the responses (as messages after a conversation), the
+        prompts, the ids, each column of the rows as a list (not ``prompt``), ``trainer_state``, ``log_extra`` and
+        ``log_metric``."""
+        columns = {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)}
+        for key in (*_NOT_COLUMNS, "completions"):
+            columns.pop(key, None)
+        prompts = self.tokens.get("prompts")
+        if prompts is not None:
+            shown = [
+                [{"role": "assistant", "content": c}] if isinstance(p, list) else c
+                for p, c in zip(prompts, completions)
+            ]
+        else:
+            shown = list(completions)
+
+        def log_extra(column: str, values: Sequence[Any]) -> None:
+            extra.setdefault(column, []).extend(values)
+
+        def log_metric(name: str, value: float) -> None:
+            logged.setdefault(name, []).append(float(value))
+
+        return {
+            **columns,
+            **self.tokens,
+            "completions": shown,
+            "trainer_state": self.state,
+            "log_extra": log_extra,
+            "log_metric": log_metric,
+        }
 
     def complete(self, rewards: Rewards, scores: Mapping[str, torch.Tensor]) -> Rewards:
         """``rewards`` (of ``__call__``) with the ``elsewhere`` rewards' ``scores`` added to the total by their
@@ -320,28 +480,43 @@ class RewardSet:
             raise RuntimeError(f"reward function {name!r} failed on the response {completion[:80]!r}: {e}") from e
         return _finite(name, value)
 
-    def _batch(
-        self, name: str, fn: Callable[..., Any], completions: Sequence[str], rows: Sequence[Mapping[str, Any]]
-    ) -> list[float]:
-        """TRL's batched call: the responses, each column of their rows as a list, by name, and the bound ids."""
-        columns = {key: [row.get(key) for row in rows] for key in dict.fromkeys(k for row in rows for k in row)}
-        columns.pop("completions", None)
-        columns.update(self.tokens)
+    @staticmethod
+    def _batch(name: str, fn: Callable[..., Any], kwargs: Mapping[str, Any]) -> Any:
+        """TRL's call, with the keywords ``fn`` takes (all of them with ``**kwargs``); an ``async`` function's
+        coroutine is returned to be awaited with the others."""
+        parameters = inspect.signature(fn).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            kwargs = {key: value for key, value in kwargs.items() if key in parameters}
         try:
-            values = fn(completions=list(completions), **columns)
+            return fn(**kwargs)
         except UserError:
             raise
         except Exception as e:  # the user's function: say which one, keep its traceback
-            raise RuntimeError(f"reward function {name!r} failed on a batch of {len(completions)}: {e}") from e
-        if not isinstance(values, Sequence) or len(values) != len(completions):
+            raise RuntimeError(
+                f"reward function {name!r} failed on a batch of {len(kwargs['completions'])}: {e}"
+            ) from e
+
+    @staticmethod
+    def _checked(name: str, values: Any, n: int) -> list[float]:
+        if not isinstance(values, Sequence) or len(values) != n:
             raise UserError(
-                f"reward function {name!r} returned {type(values).__name__} for {len(completions)} completions; a "
-                "batched reward function returns a list of one number per completion"
+                f"reward function {name!r} returned {type(values).__name__} for {n} completions; a "
+                "batched reward function returns a list of one number (or None) per completion"
             )
         return [_finite(name, value) for value in values]
 
 
+async def _gather(coroutines: list[Any]) -> list[Any]:
+    return list(await asyncio.gather(*coroutines))
+
+
 def _finite(name: str, value: Any) -> float:
+    """A reward value as a float; None (the function does not apply to this response, as TRL allows) is NaN."""
+    if value is None:
+        return math.nan
     if not isinstance(value, numbers.Real) or not math.isfinite(value):
-        raise UserError(f"reward function {name!r} returned {value!r}; it must return a finite number")
+        raise UserError(
+            f"reward function {name!r} returned {value!r}; it must return a finite number, or None where it does "
+            "not apply"
+        )
     return float(value)

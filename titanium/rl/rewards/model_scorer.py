@@ -5,9 +5,10 @@ reward`` exports, or any such checkpoint of a family titanium has an adapter for
 with one process's plan (titanium's reward model: the family's decoder with a scalar head, read through the
 family's adapter, ``titanium.models.reward``), so every training process holds its own unsharded copy and scores
 its own responses alone: no collective, whatever the training layout or the number of generation rounds. Under
-context parallelism too it scores whole sequences: GRPO takes rewards on the whole rollouts before their rows are
-split over the context-parallel ranks, so each of those ranks computes the same scores itself. (PPO's
-``--ppo.reward_model_path`` is another path: a frozen model under the training plan, titanium/objectives/ppo.py.)
+context parallelism too it scores whole sequences: the rollout source takes rewards on the whole rollouts before
+their rows are split over the context-parallel ranks, so each of those ranks computes the same scores itself.
+(``--rl.reward_model_layout sharded`` is the other way: a frozen model under the training plan,
+titanium/rl/rewards/scores.py.)
 
 What it reads (``--rl.reward_model_tokenizer``):
 
@@ -37,11 +38,14 @@ from torch import nn
 from titanium.checkpoint.hf import hf_model_args, read_hf_config
 from titanium.config.loader import ConfigError
 from titanium.config.sections import ModelSection
+from titanium.config.validate_objectives import scalar_head_folder
 from titanium.data.chat import JinjaTemplate, Message
 from titanium.data.tokenizer import HFTokenizer, Tokenizer
 from titanium.errors import UserError
 from titanium.model_builder import DTYPES, ModelBuilder, WeightSource, resolve_spec
 from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
+from titanium.models.spec import ModelSpec, ModelUse
+from titanium.models.transformers import TransformersArgs
 
 Reader = Callable[[str | list[dict[str, Any]], str], list[int]]
 """(the prompt as TRL passes it, the response's text) -> the ids a reward model with its own tokenizer reads."""
@@ -81,12 +85,8 @@ class RewardModelScorer:
         tokenizer.json, a family without an adapter, a causal LM instead of a classifier, another pad id or a
         smaller vocabulary than the tokenizer's."""
         flag = f"--rl.rewards {folder}"
-        if not (Path(folder) / "config.json").is_file():
-            raise ConfigError(
-                f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
-                "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
-            )
-        config, reader = read_hf_config(folder), None
+        config, spec = reward_model_config(folder, tokenizer)
+        reader = None
         if tokenizer == "own":
             reader, own = _own_reader(folder, flag)
             pad_id, vocab_size = config.get("pad_token_id", own.pad_id), own.vocab_size
@@ -97,12 +97,12 @@ class RewardModelScorer:
                     f"{flag}: neither its config.json nor its tokenizer names a pad token (scores are read at the last "
                     "token that is not padding); set pad_token_id in its config.json"
                 )
-        try:  # (the native family that reads its model_type, else the transformers backend)
-            spec = reward_spec(resolve_spec(ModelSection(), folder)[0], pad_token_id=pad_id)
-        except ConfigError as e:
-            raise ConfigError(f"{flag}: {e}") from None
-        args = hf_model_args(spec, folder, tokenizer_vocab=vocab_size, max_seq_len=max_seq_len)
-        built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder))
+        spec = reward_spec(spec, pad_token_id=pad_id)
+        origin = folder if tokenizer == "own" else None
+        args = hf_model_args(
+            spec, folder, tokenizer_vocab=vocab_size, tokenizer_origin=origin, option=flag, max_seq_len=max_seq_len
+        )
+        built = ModelBuilder(device).build(spec, args, weights=WeightSource(hf_folder=folder, option=flag))
         model = built.model.to(DTYPES[dtype]).eval().requires_grad_(False)
         return cls(model, pad_id, batch_size, name=Path(folder).name, reader=reader)
 
@@ -135,16 +135,50 @@ class RewardModelScorer:
         return torch.cat(scores)
 
 
-def _own_reader(folder: str, flag: str) -> tuple[Reader, Tokenizer]:
-    """What a reward model with its own tokenizer reads of a prompt and a response, and that tokenizer: the folder's
-    tokenizer.json (its tokenizer_config.json beside it: special tokens, chat template)."""
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
+def reward_model_config(
+    folder: str, tokenizer: Literal["policy", "own"] = "policy"
+) -> tuple[dict[str, Any], ModelSpec]:
+    """The config.json of the reward model ``folder`` names in ``--rl.rewards`` and the spec that builds it (the
+    native family that reads its model_type, else the transformers backend), read without building it (also before
+    any process starts: titanium.preflight): a missing folder, config.json or (own) tokenizer.json, or a model_type
+    neither a family nor the backend can build as a classifier, is a ``ConfigError`` naming ``--rl.rewards``."""
+    flag = f"--rl.rewards {folder}"
+    if not (Path(folder) / "config.json").is_file():
+        raise ConfigError(
+            f"{flag}: no reward model there ({Path(folder) / 'config.json'} is missing); name a Hugging Face "
+            "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
+        )
+    config = read_hf_config(folder, flag)
+    try:
+        spec, _ = resolve_spec(ModelSection(), folder)
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    if spec.refusals is not None:  # (the transformers backend: can it read and run this classifier?)
+        try:
+            problems = spec.refusals(
+                TransformersArgs.from_config(config), ModelUse(hf_checkpoint=True, score_head=True)
+            )
+        except UserError as e:
+            problems = [str(e)]
+        if problems:
+            raise ConfigError(
+                f"{flag}: model_type {config.get('model_type')!r} has no titanium family, and {problems[0]}"
+            )
+    for problem in scalar_head_folder("--rl.rewards", folder):
+        raise ConfigError(problem)
+    if tokenizer == "own" and not (Path(folder) / "tokenizer.json").is_file():
         raise ConfigError(
             f"{flag} with --rl.reward_model_tokenizer own: no tokenizer.json in {folder}; save the reward "
             "model's tokenizer there (tokenizer.save_pretrained), or read the policy's ids (own -> policy)"
         )
-    tokenizer = HFTokenizer(str(path))
+    return config, spec
+
+
+def _own_reader(folder: str, flag: str) -> tuple[Reader, Tokenizer]:
+    """What a reward model with its own tokenizer reads of a prompt and a response, and that tokenizer: the folder's
+    tokenizer.json (its tokenizer_config.json beside it: special tokens, chat template; ``reward_model_config``
+    checked that it is there)."""
+    tokenizer = HFTokenizer(str(Path(folder) / "tokenizer.json"))
     template = JinjaTemplate(tokenizer, tokenizer.chat_template) if tokenizer.chat_template else None
 
     def read(prompt: str | list[dict[str, Any]], completion: str) -> list[int]:

@@ -37,17 +37,20 @@ class ScoreFields(Fields):
     slots: torch.Tensor | None = per_token(default=None)
 
 
-def scalar_head_source(spec: Any, folder: str, option: str, pad_id: int | None, vocab_size: int, seq_len: int):
+def scalar_head_source(
+    spec: Any, folder: str, option: str, pad_id: int | None, vocab_size: int | None, seq_len: int
+) -> ModelSource:
     """A reward or value model from a Hugging Face sequence-classification ``folder`` of the policy's family
-    (``option``: the config key that named it, for the error)."""
+    (``option``: the config key that named it, for the errors; ``vocab_size``: the policy's, None where not known
+    yet: the pre-flight check)."""
     scalar = reward_spec(spec, pad_token_id=pad_id)
-    args = hf_model_args(scalar, folder, max_seq_len=seq_len)
-    if args.vocab_size != vocab_size:
+    args = hf_model_args(scalar, folder, option=option, max_seq_len=seq_len)
+    if vocab_size is not None and args.vocab_size != vocab_size:
         raise ConfigError(
             f"{option} {folder}: its vocabulary has {args.vocab_size} entries, the policy's {vocab_size}; it reads "
             "the policy's tokens, so it needs the same tokenizer"
         )
-    return ModelSource(scalar, args, WeightSource(hf_folder=folder))
+    return ModelSource(scalar, args, WeightSource(hf_folder=folder, option=option))
 
 
 def score_positions(rows: Rows, response_mask: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,7 @@ from titanium.checkpoint.hf import (
     check_hf_keys,
     config_with_dtype,
     copy_side_files,
+    hf_model_args,
 )
 from titanium.config.loader import ConfigError
 from titanium.files import replace_folder
@@ -98,8 +99,8 @@ def export_quantized_hf(
     adapter = spec.hf_adapter
     if adapter is None:
         raise ConfigError(f"model {model!r} has no Hugging Face adapter")
-    source = HFCheckpoint.open(folder)
-    args = adapter.from_hf_config(source.config)
+    args = hf_model_args(spec, folder, option="FOLDER", family_option="--model")
+    source = HFCheckpoint.open(folder, "FOLDER")
     with torch.device("meta"):
         net = spec.model_cls(args)
     check_hf_keys(source, adapter, args, {k: tuple(v.shape) for k, v in net.state_dict().items()})
