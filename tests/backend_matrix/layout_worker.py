@@ -4,7 +4,9 @@ torchrun (every rank runs every job; rank 0 writes the results).
 
 JOBS.json maps a job name to its ``titanium.train`` arguments. RESULTS.json maps it to ``["ok", ""]``,
 ``["refused", message]`` (a ``UserError``: what the user would see, exit code 2) or ``["error", what]`` (any
-other exception). The jobs share the launch's process group as in ``tests/distributed/jobs_worker.py``.
+other exception). The jobs share the launch's process group as in ``tests/distributed/jobs_worker.py``; after an
+error the launch stops (one rank may have failed inside a collective its peer still waits in, and every later job
+would fail on the broken group), and ``layouts.launch`` runs the jobs not answered in a new one.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def run(jobs_path: str, results_path: str) -> None:
                 results[name] = ["error", describe(e)]
             if int(os.environ.get("RANK", 0)) == 0:
                 Path(results_path).write_text(json.dumps(results, indent=1))
+            if results[name][0] == "error":
+                break  # (a job that failed on one rank leaves the group unusable: the launcher starts the rest anew)
     finally:
         shutdown()
 

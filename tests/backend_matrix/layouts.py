@@ -7,8 +7,8 @@ steps on synthetic data: once in one process, then under dp_shard 2, tensor para
 MoE models balance their routing with titanium's bias (``balancing``). A layout cell is ``yes`` when its losses
 equal the one-process run's to 1e-5 relative, ``refused`` with the message
 titanium gives (before any process group for the model's own limits), ``no`` otherwise. Every architecture's
-one-process jobs run in one launch and every layout job in one launch of 2 processes
-(``layout_worker.py``), so the cost is two interpreter starts however many architectures there are.
+one-process jobs run in launches of one process and the layout jobs in launches of 2 (``layout_worker.py``),
+``JOBS_PER_LAUNCH`` jobs each, a launch ending early at a job that fails (its group may be broken).
 
 Adam with eps 0.1 as in tests/distributed/test_backend_parity.py: rounding-level gradient differences between
 layouts stay rounding-level.
@@ -66,16 +66,20 @@ def job(out: Path, config: Path, *extra: str) -> list[str]:
 
 def launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) -> dict[str, list[str]]:
     """Every job of ``jobs`` in launches of ``nproc`` processes, ``JOBS_PER_LAUNCH`` at a time (what a process
-    keeps of each job adds up); name -> [outcome, detail] (``layout_worker``)."""
-    names = list(jobs)
+    keeps of each job adds up), a launch stopping at its first failed job (``layout_worker``) and the jobs after it
+    going to the next; name -> [outcome, detail]."""
+    pending = list(jobs)
     results: dict[str, list[str]] = {}
-    for start in range(0, len(names), JOBS_PER_LAUNCH):
-        part = {name: jobs[name] for name in names[start : start + JOBS_PER_LAUNCH]}
-        results.update(_launch(part, nproc, folder / f"launch_{nproc}_{start}", timeout))
+    while pending:
+        part = {name: jobs[name] for name in pending[:JOBS_PER_LAUNCH]}
+        results.update(_launch(part, nproc, folder / f"launch_{nproc}_{len(results)}", timeout))
+        pending = [name for name in pending if name not in results]
     return results
 
 
 def _launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) -> dict[str, list[str]]:
+    """The answered jobs of one launch; where the launch itself failed, its first unanswered job carries why (so each
+    launch answers at least one job)."""
     folder.mkdir(parents=True, exist_ok=True)
     jobs_file, results_file = folder / "jobs.json", folder / "results.json"
     jobs_file.write_text(json.dumps(jobs))
@@ -86,8 +90,9 @@ def _launch(jobs: dict[str, list[str]], nproc: int, folder: Path, timeout: int) 
     except subprocess.TimeoutExpired:
         crash = f"the launch did not finish in {timeout} s"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
-    for name in jobs:
-        results.setdefault(name, ["error", crash or "not run"])
+    unanswered = [name for name in jobs if name not in results]
+    if unanswered and (crash or not results):
+        results[unanswered[0]] = ["error", crash or "the launch answered no job"]
     return results
 
 
