@@ -40,7 +40,7 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import ModelSection
 from titanium.config.validate_objectives import scalar_head_folder
 from titanium.data.chat import JinjaTemplate, Message
-from titanium.data.tokenizer import HFTokenizer, Tokenizer
+from titanium.data.tokenizer import HFTokenizer, Tokenizer, quietly
 from titanium.errors import UserError
 from titanium.model_builder import DTYPES, ModelBuilder, WeightSource, resolve_spec
 from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
@@ -155,9 +155,8 @@ def reward_model_config(
         raise ConfigError(f"{flag}: {e}") from None
     if spec.refusals is not None:  # (the transformers backend: can it read and run this classifier?)
         try:
-            problems = spec.refusals(
-                TransformersArgs.from_config(config), ModelUse(hf_checkpoint=True, score_head=True)
-            )
+            use = ModelUse(hf_checkpoint=True, score_head=True)
+            problems = quietly(lambda: spec.refusals(TransformersArgs.from_config(config), use))
         except UserError as e:
             problems = [str(e)]
         if problems:
