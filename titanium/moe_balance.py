@@ -126,7 +126,10 @@ def check_moe_config(cfg: MoESection, args: FamilyArgs, *, pipeline: bool, hf_ex
             "stages cannot; use --moe.load_balance bias (or none) with --parallelism.pipeline_parallel_degree > 1"
         )
     if cfg.load_balance == "aux_loss" and cfg.aux_loss_coef is None and _model_aux_coef(args) is None:
-        raise ConfigError("--moe.aux_loss_coef: this model family has no default; set it (e.g. 0.001)")
+        raise ConfigError(
+            "--moe.aux_loss_coef: this model has no default (its config states no router_aux_loss_coef); set it "
+            "(e.g. 0.001), or balance with --moe.load_balance bias"
+        )
     export = "--checkpoint.last_save_in_hf could not export the model"
     check_bias_reaches_hf(cfg, hf_export_adapter, reader=export, fix="unset --checkpoint.last_save_in_hf")
 

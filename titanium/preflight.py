@@ -93,6 +93,7 @@ def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
         kv_cache_decoding=rollouts or cfg.eval.interval > 0,
         score_head=OBJECTIVES.needs(objective).score_head,
         split_decoding=cfg.rollout.tensor_parallel_size if rollouts else 1,
+        load_balance=cfg.moe.load_balance,
     )
 
 

@@ -66,7 +66,8 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
     assert "names modeling code of its own (auto_map): to run that code, set --model.trust_remote_code" in err
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", stablelm, "--parallelism.tensor_parallel_degree", "2")
     assert "--parallelism.tensor_parallel_degree 2: stablelm has no tensor-parallel plan (base_model_tp_plan)" in err
-    err = _refused(capsys, 2, monkeypatch, "--model.hf_config", olmoe, "--parallelism.pipeline_parallel_degree", "2")
+    pp = ("--parallelism.pipeline_parallel_degree", "2", "--moe.load_balance", "bias")
+    err = _refused(capsys, 2, monkeypatch, "--model.hf_config", olmoe, *pp)
     assert "--parallelism.pipeline_parallel_degree 2: olmoe has no pipeline plan (base_model_pp_plan)" in err
     err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gpt2)
     assert "GPT2LMHeadModel is not laid out as the backend needs" in err
@@ -97,15 +98,25 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     assert "set --sft.no_packing" in err
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert preflight([*JOB, "--model.hf_config", qwen, *sft, "--sft.no_packing"]) == 0
-    assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft]) == 0  # (packed: its own attention, our masks)
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gpt_oss, *sft)
+    assert "--moe.load_balance aux_loss: gpt_oss's MoE blocks run as transformers wrote them" in err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    unbalanced = ("--moe.load_balance", "none")
+    assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft, *unbalanced]) == 0  # (packed: its own attention)
     deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())
     start = ("--checkpoint.initial_load_path", deepseek, "--checkpoint.initial_load_in_hf")
-    err = _refused(capsys, 1, monkeypatch, *start)
+    err = _refused(capsys, 1, monkeypatch, *start, "--moe.load_balance", "bias")
     assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
-    assert preflight([*JOB, "--model.hf_config", deepseek]) == 0  # (from its config.json alone: it trains)
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", deepseek)  # (no router_aux_loss_coef)
+    assert "--moe.aux_loss_coef: this model has no default" in err and "--moe.load_balance bias" in err
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    bias = ("--moe.load_balance", "bias")
+    assert preflight([*JOB, "--model.hf_config", deepseek, *bias]) == 0  # (from its config.json alone: it trains)
     reward = ("--training.objective", "reward", "--data.kind", "preference")
-    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gemma, *reward)
-    assert "a score head on a transformers backend model (its *ForSequenceClassification) is not built yet" in err
+    granite = config_folder(tmp_path, "granite", tiny_config("granite").to_dict())
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", granite, *reward)
+    assert "transformers has no *ForSequenceClassification for granite" in err
+    assert preflight([*JOB, "--model.hf_config", gemma, *reward]) == 0
     split = ("--parallelism.tensor_parallel_degree", "2", "--rollout.tensor_parallel_size", "2")
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gemma, *grpo, *split)
     assert "--rollout.tensor_parallel_size 2: titanium's engine splits the native families' layers only" in err

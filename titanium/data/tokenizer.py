@@ -486,7 +486,7 @@ def _ecosystem_backend(folder: Path, file: Path) -> Any:
             "(pip install transformers)"
         ) from None
     try:
-        auto = _quietly(lambda: AutoTokenizer.from_pretrained(str(folder)))
+        auto = quietly(lambda: AutoTokenizer.from_pretrained(str(folder)))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise TokenizerError(f"{folder}: transformers' AutoTokenizer cannot load this tokenizer ({e})") from None
     backend = getattr(auto, "backend_tokenizer", None)
@@ -514,9 +514,9 @@ def _needs_transformers(folder: Path) -> bool:
     return name is not None and name.removesuffix("Fast") not in [c.removesuffix("Fast") for c in GENERIC_CLASSES]
 
 
-def _quietly(load: Any) -> Any:
-    """``load()`` with transformers' logging held to errors: its notes on how a tokenizer was assembled tell a
-    titanium user nothing."""
+def quietly(load: Any) -> Any:
+    """``load()`` with transformers' logging held to errors: its notes on how a tokenizer was assembled (or a model
+    built only to be checked) tell a titanium user nothing."""
     from transformers.utils import logging as hf_logging
 
     level = hf_logging.get_verbosity()

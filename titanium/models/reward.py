@@ -36,13 +36,17 @@ class ScoreHead(nn.Linear):
         self.logit_softcap = None  # (read by losses that apply the projection themselves)
 
 
-def as_reward_model(model: Decoder) -> Decoder:
+def as_reward_model(model: nn.Module) -> nn.Module:
     """Turn ``model`` (any family's decoder, typically on meta) into a reward model, in place.
 
     The output projection becomes a ``ScoreHead``; the model's own ``DecoderArgs`` lose tied embeddings and the
     final soft-cap, which belong to the language-model head (the family's args, those ``config.json`` states,
-    are not touched). ``init_weights`` then draws the head from the run seed like any output projection.
+    are not touched). ``init_weights`` then draws the head from the run seed like any output projection. A model
+    of another backend (the transformers backend's) swaps its head itself (``use_score_head``).
     """
+    if not isinstance(model, Decoder):
+        model.use_score_head()
+        return model
     model.args = dataclasses.replace(model.args, tie_word_embeddings=False, final_logit_softcap=None)
     model.output = ScoreHead(model.args.dim)
     return model
@@ -57,9 +61,7 @@ def reward_model_cls(model_cls: Callable[[Any], nn.Module]) -> Callable[[Any], n
     """A ``ModelSpec.model_cls`` that builds the family's decoder and turns it into a reward model."""
 
     def build(args: Any) -> nn.Module:
-        model = model_cls(args)
-        assert isinstance(model, Decoder), f"{type(model).__name__} is not a titanium Decoder"
-        return as_reward_model(model)
+        return as_reward_model(model_cls(args))
 
     return build
 

@@ -48,6 +48,9 @@ class SequenceClassificationAdapter(HFAdapter):
         assert self.base is not None, "SequenceClassificationAdapter needs its family's adapter"
         return self.base
 
+    def reads(self, model_type: object) -> bool:
+        return self.family.reads(model_type)
+
     # ----- names -----
 
     def hf_key(self, key: str) -> str:
@@ -140,13 +143,23 @@ class SequenceClassificationAdapter(HFAdapter):
         return reward_config(config, self.pad_token_id)
 
 
+def sequence_classification_class(config: Mapping[str, Any]) -> str:
+    """The ``*ForSequenceClassification`` class of a ``config.json``: the one ``transformers`` maps its ``model_type``
+    to, else its causal-LM architecture's name with the suffix changed."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    mapped = MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(config.get("model_type"))
+    if mapped is not None:
+        return mapped
+    architecture = str(config["architectures"][0])
+    return architecture.removesuffix("ForCausalLM").removesuffix(SEQUENCE_CLASSIFICATION) + SEQUENCE_CLASSIFICATION
+
+
 def reward_config(config: Mapping[str, Any], pad_token_id: int | None) -> dict[str, Any]:
     """A causal LM's (or reward model's) ``config.json`` as a one-label sequence classifier's."""
-    architecture = str(config["architectures"][0])
-    family = architecture.removesuffix("ForCausalLM").removesuffix(SEQUENCE_CLASSIFICATION)
     out = {k: v for k, v in config.items() if k != "num_labels"}
     out.update(
-        architectures=[family + SEQUENCE_CLASSIFICATION],
+        architectures=[sequence_classification_class(config)],
         id2label={"0": "LABEL_0"},
         label2id={"LABEL_0": 0},
         pad_token_id=pad_token_id,

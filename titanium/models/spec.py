@@ -35,6 +35,8 @@ class ModelUse:
     """The job builds the model with a scalar score head instead of its LM head (a reward model, PPO's value model)."""
     split_decoding: int = 1
     """Ranks titanium's rollout engine splits its decoding copy over (``--rollout.tensor_parallel_size``)."""
+    load_balance: str = "none"
+    """How an MoE model's routing is balanced while it trains (``--moe.load_balance``)."""
 
 
 TensorParallelPlan = Callable[[nn.Module, Any, bool], None]

@@ -7,6 +7,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
+from titanium.models.common.moe import MoE
+
 
 def apply_fsdp(
     model: nn.Module,
@@ -41,8 +43,9 @@ def apply_fsdp(
     if embedding is not None and not tied:
         fully_shard(embedding, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     for block in model.layers.values():
-        if expert_mesh is not None and getattr(block, "moe", None) is not None:
-            fully_shard(block.moe.experts, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
+        experts = [m.experts for m in block.modules() if isinstance(m, MoE)] if expert_mesh is not None else []
+        for unit in experts:  # (a native block's MoE, or one inside a backend model's block)
+            fully_shard(unit, mesh=expert_mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
         fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=reshard_after_forward)
     if tail and not tied:
         fully_shard(tail, mesh=mesh, mp_policy=mp, reshard_after_forward=False)

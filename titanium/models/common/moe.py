@@ -53,12 +53,27 @@ class MoEArgs:
     """Multiplies the gate weights (after normalization)."""
     shared_expert_dim: int = 0
     """Hidden width of a SwiGLU every token goes through, added to the routed output; 0: none."""
+    n_groups: int = 1
+    """Group-limited routing (DeepSeek-V3): the experts form ``n_groups`` equal groups, each scored by the sum of its
+    two best (biased) scores, and a token chooses its experts among those of its ``topk_groups`` best groups only;
+    1: no groups."""
+    topk_groups: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) must be between 1 and num_experts ({self.num_experts})")
         if self.expert_dim <= 0 or self.shared_expert_dim < 0:
             raise ValueError(f"expert_dim must be positive ({self.expert_dim}), shared_expert_dim >= 0")
+        if self.n_groups > 1:
+            per_group = self.num_experts // self.n_groups
+            if self.num_experts % self.n_groups or per_group < 2 or not 1 <= self.topk_groups <= self.n_groups:
+                raise ValueError(
+                    f"group-limited routing needs n_groups ({self.n_groups}) dividing num_experts "
+                    f"({self.num_experts}) into groups of at least 2 and 1 <= topk_groups ({self.topk_groups}) <= "
+                    "n_groups"
+                )
+            if self.top_k > self.topk_groups * per_group:
+                raise ValueError(f"top_k ({self.top_k}) is more than the experts of topk_groups ({self.topk_groups})")
 
 
 @dataclass
@@ -174,13 +189,26 @@ class Router(nn.Module):
         """``x`` ``[T, D]`` -> (gate weights ``[T, k]`` float32, chosen experts ``[T, k]``, scores ``[T, E]``)."""
         logits = self.gate(x).float()
         scores = logits.softmax(dim=-1) if self.args.score_func == "softmax" else logits.sigmoid()
-        chosen = (scores + expert_bias).topk(self.args.top_k, dim=-1).indices
+        choice = scores + expert_bias
+        if self.args.n_groups > 1:
+            choice = best_groups_only(choice, self.args.n_groups, self.args.topk_groups)
+        chosen = choice.topk(self.args.top_k, dim=-1).indices
         weights = scores.gather(-1, chosen)
         if self.args.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         if self.args.route_scale != 1.0:
             weights = weights * self.args.route_scale
         return weights, chosen, scores
+
+
+def best_groups_only(choice: torch.Tensor, n_groups: int, topk_groups: int) -> torch.Tensor:
+    """``choice`` ``[T, E]`` with the experts outside each token's ``topk_groups`` best groups at -inf (a group's
+    score: the sum of its two best values), as DeepSeek-V3 routes."""
+    grouped = choice.view(choice.shape[0], n_groups, -1)
+    group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)
+    kept = group_scores.topk(topk_groups, dim=-1).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
+    return grouped.masked_fill(~keep.unsqueeze(-1), float("-inf")).view_as(choice)
 
 
 class MoE(nn.Module):

@@ -26,13 +26,14 @@ BACKEND = "transformers"
 
 
 def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:
-    """Training FLOPs per token (``decoder_flops_per_token``), from the parameters of the model built on meta."""
+    """Training FLOPs per token (``decoder_flops_per_token``), from the parameters of the model built on meta that a
+    token computes with."""
     import torch
 
     with torch.device("meta"):
         model = TransformersModel(args)
     d = args.decoder_args()
-    params = count_params(model, exclude_embedding=True)
+    params = count_params(model, exclude_embedding=True, active_only=True)  # (titanium's MoE blocks: top_k of E)
     return decoder_flops_per_token(params, d.n_layers, d.n_heads, d.head_dim, seq_len)
 
 

@@ -8,13 +8,18 @@ architecture's defaults. ``transformers`` is imported only when a config is firs
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from functools import cached_property
 from typing import Any
 
+import torch
+
 from titanium.models.common.decoder import DecoderArgs
+from titanium.models.common.moe import MoEArgs
 
 
 class BackendConfigError(ValueError):
@@ -36,13 +41,21 @@ class TransformersArgs:
     n_layers: int = 0
     """Decoder layers: 0 means the config's ``num_hidden_layers``; fewer builds the model cut to its first
     ``n_layers`` (the memory estimate traces such a model)."""
+    score_head: bool = False
+    """The model ends in a scalar score head instead of its LM head (a reward or value model: ``use_score_head``),
+    never tied to the embedding."""
 
     def __post_init__(self) -> None:
         if not self.max_seq_len:
             object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
         if not self.n_layers:  # (the config class knows the field under its other names: GPT-2's n_layer)
-            layers = self.config.get("num_hidden_layers") or self.hf_config.num_hidden_layers
-            object.__setattr__(self, "n_layers", int(layers))
+            layers = self.config.get("num_hidden_layers") or getattr(self.hf_config, "num_hidden_layers", None)
+            if not isinstance(layers, int):
+                raise BackendConfigError(
+                    f"{type(self.hf_config).__name__} names no decoder layer count (num_hidden_layers): not a causal "
+                    "language model the transformers backend can build"
+                )
+            object.__setattr__(self, "n_layers", layers)
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:
@@ -75,13 +88,14 @@ class TransformersArgs:
 
     @property
     def tie_word_embeddings(self) -> bool:
-        return bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        return not self.score_head and bool(getattr(self.hf_config, "tie_word_embeddings", False))
 
     def decoder_args(self) -> DecoderArgs:
         """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,
         sliding windows against context parallelism), in the shared decoder's terms. Not an architecture: the
         model is built from ``config.json`` by ``transformers``."""
         c = self.hf_config
+        moe, moe_layers = routed_moe(self)
         n_heads = int(c.num_attention_heads)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
         layer_types = list(getattr(c, "layer_types", None) or [])
@@ -105,7 +119,16 @@ class TransformersArgs:
             tie_word_embeddings=self.tie_word_embeddings,
             sliding_window=int(window) if window else None,
             global_layers=global_layers,
+            moe=moe,
+            moe_layers=moe_layers,
         )
+
+    @property
+    def router_aux_loss_coef(self) -> float | None:
+        """The weight of the auxiliary load-balancing loss the model was trained with (``[moe] aux_loss_coef``'s
+        default), where ``config.json`` states one."""
+        value = getattr(self.hf_config, "router_aux_loss_coef", None)
+        return None if value is None else float(value)
 
 
 def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) -> Any:
@@ -130,6 +153,33 @@ def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) ->
             )
         )
     try:
-        return CONFIG_MAPPING[model_type].from_dict(values)
+        loaded = CONFIG_MAPPING[model_type].from_dict(values)
     except (TypeError, ValueError, KeyError) as e:
         raise BackendConfigError(f"transformers refuses it: {e}") from None
+    text = loaded.get_text_config()
+    if text is not loaded:
+        raise BackendConfigError(
+            f"model_type {model_type!r} is a composite model ({type(loaded).__name__}: its language model is the "
+            f"sub-config of model_type {text.model_type!r}); the transformers backend trains causal language models "
+            "alone: start from a text-only checkpoint of it"
+        )
+    return loaded
+
+
+@functools.lru_cache(maxsize=16)
+def routed_moe(args: TransformersArgs) -> tuple[MoEArgs | None, frozenset[int]]:
+    """The ``MoEArgs`` of the blocks titanium's MoE computes in the model of ``args`` and their layers (``moe.py``),
+    from ``transformers``' model of it built on meta (cached): what the layout checks, the dry run and the
+    checkpoint mapping know of its MoE before the model exists (``TransformersModel`` swaps the same blocks)."""
+    from transformers import AutoModelForCausalLM
+
+    from titanium.models.transformers.moe import swap_moe_blocks
+
+    trust = args.code_folder is not None
+    with torch.device("meta"):
+        hf = AutoModelForCausalLM.from_config(
+            copy.deepcopy(args.hf_config), dtype=torch.float32, trust_remote_code=trust
+        )
+    if not isinstance(getattr(hf.base_model, "layers", None), torch.nn.ModuleList):
+        return None, frozenset()  # (a layout the backend refuses when it builds the model: ``check_structure``)
+    return swap_moe_blocks(hf, args.model_type)

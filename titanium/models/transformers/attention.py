@@ -104,7 +104,15 @@ def titanium_attention(
     context); sinks and dropout are features the backend's checks send to the model's own attention instead."""
     context = kwargs.get(CONTEXT_KWARG)
     if context is None:
-        raise RuntimeError("titanium attention runs only inside titanium's model (no AttentionContext was passed)")
+        raise RuntimeError(
+            f"titanium attention was called without its AttentionContext: {type(module).__name__}'s layer does not "
+            "pass it on (support.code_reasons should have sent the model to its own attention)"
+        )
+    if attention_mask is not None:
+        raise RuntimeError(
+            f"{type(module).__name__} attends with a mask of its own, which titanium's attention would ignore "
+            "(support.code_reasons should have sent the model to its own attention)"
+        )
     if kwargs.get("s_aux") is not None or dropout:
         raise RuntimeError(f"{type(module).__name__} uses attention sinks or dropout, which titanium attention lacks")
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)

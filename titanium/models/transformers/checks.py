@@ -1,9 +1,10 @@
 """What a backend model cannot do of a job's use of it, said before any process group exists (``ModelSpec.refusals``).
 
-The layout needs the config's plans (``plans.py``); context and expert parallelism are not translated for backend
-models yet; and a model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and,
-where some of its layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart
-(its attention layers take titanium's document masks as explicit masks; a linear-attention layer would mix them).
+The layout needs the config's plans (``plans.py``); context parallelism is not translated for backend models yet;
+MoE blocks that titanium's MoE does not compute (``moe.py``) can neither be divided over ranks nor balanced; and a
+model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and, where some of its
+layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart (its attention layers
+take titanium's document masks as explicit masks; a linear-attention layer would mix them).
 """
 
 from __future__ import annotations
@@ -14,6 +15,13 @@ from titanium.models.spec import ModelUse
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.hf import checkpoint_conversions
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
+
+
+def sequence_classifier(model_type: str) -> str | None:
+    """The ``*ForSequenceClassification`` class ``transformers`` has for ``model_type`` (a reward model's), if any."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
 
 
 def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
@@ -35,11 +43,21 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--parallelism.context_parallel_degree {use.context_parallel}: context parallelism is not implemented for "
             "the transformers backend yet"
         )
-    if use.expert_parallel > 1:
-        problems.append(
-            f"--parallelism.expert_parallel_degree {use.expert_parallel}: the transformers backend runs the model's "
-            "own MoE blocks, which expert parallelism does not split yet"
+    if model.own_moe_blocks:
+        own = (
+            f"{config.model_type}'s MoE blocks run as transformers wrote them (titanium's MoE has not their routing: "
+            "titanium/models/transformers/moe.py)"
         )
+        if use.expert_parallel > 1:
+            problems.append(
+                f"--parallelism.expert_parallel_degree {use.expert_parallel}: {own}, so their experts cannot be "
+                "divided over ranks; use 1"
+            )
+        if use.load_balance != "none":
+            problems.append(
+                f"--moe.load_balance {use.load_balance}: {own}, so titanium cannot balance their routing; set "
+                "--moe.load_balance none to train them without load balancing"
+            )
     conversions = checkpoint_conversions(config.model_type) if use.hf_checkpoint else []
     if conversions:
         problems.append(
@@ -48,10 +66,10 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             "config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
             "--checkpoint.last_save_in_hf)"
         )
-    if use.score_head:
+    if use.score_head and not sequence_classifier(config.model_type):
         problems.append(
-            "--training.objective reward / ppo: a score head on a transformers backend model (its "
-            "*ForSequenceClassification) is not built yet; train reward and value models of a native family"
+            f"--training.objective reward / ppo: transformers has no *ForSequenceClassification for "
+            f"{config.model_type}, so a reward or value model of it could not be exported; use another architecture"
         )
     if use.split_decoding > 1:
         problems.append(

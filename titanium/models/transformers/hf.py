@@ -10,14 +10,26 @@ it. ``config.json`` goes through untouched, so an export writes the file the run
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping
 from typing import Any
 
-from titanium.models.hf_adapter import HFAdapter, HFConfigError
-from titanium.models.transformers.args import BackendConfigError, TransformersArgs
+import torch
+
+from titanium.models.hf_adapter import HFAdapter, HFConfigError, HFExportError, split_layer_key
+from titanium.models.transformers.args import BackendConfigError, TransformersArgs, routed_moe
 
 BASE_PREFIX = "model."
 _OURS_TO_HF = {"tok_embeddings.": "model.embed_tokens.", "norm.": "model.norm.", "output.": "lm_head."}
+MOE_TO_HF = {
+    "mlp.moe.router.gate.weight": "mlp.gate.weight",
+    "mlp.moe.experts.w2": "mlp.experts.down_proj",
+    "mlp.moe.expert_bias": "mlp.gate.e_score_correction_bias",
+}
+"""Inside a layer whose MoE block titanium computes (``moe.py``): our name -> ``transformers``' in-memory name."""
+GATE_UP = "mlp.experts.gate_up_proj"
+FUSED_EXPERTS = {"mlp.moe.experts.w1": 0, "mlp.moe.experts.w3": 1}
+"""Our stacked expert weights that are halves of ``gate_up_proj`` ``[E, 2I, H]`` (gate rows first), by half."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +50,18 @@ class TransformersHFAdapter(HFAdapter):
         for ours, hf in _OURS_TO_HF.items():
             if key.startswith(ours):
                 return hf + key.removeprefix(ours)
+        part = split_layer_key(key)
+        if part is not None and part[1] in FUSED_EXPERTS:
+            return f"{BASE_PREFIX}layers.{part[0]}.{GATE_UP}"
+        if part is not None and part[1] in MOE_TO_HF:
+            return f"{BASE_PREFIX}layers.{part[0]}.{MOE_TO_HF[part[1]]}"
         return BASE_PREFIX + key
+
+    def has_hf_slot(self, key: str) -> bool:
+        # The routing bias has one (e_score_correction_bias) only in DeepSeek-V3's routers, which this adapter cannot
+        # tell without the model's args: none, unless ``to_hf`` finds one (a non-zero bias elsewhere is refused there).
+        part = split_layer_key(key)
+        return part is None or part[1] != "mlp.moe.expert_bias"
 
     def _our_key_and_expert(self, hf_key: str) -> tuple[str, int | None] | None:
         for ours, hf in _OURS_TO_HF.items():
@@ -47,6 +70,49 @@ class TransformersHFAdapter(HFAdapter):
         if hf_key.startswith(BASE_PREFIX):
             return hf_key.removeprefix(BASE_PREFIX), None
         return None
+
+    # ----- tensors: titanium's MoE in swapped blocks -----
+
+    def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        halves: dict[str, dict[int, torch.Tensor]] = {}
+        rest, out = {}, {}
+        for key, value in state_dict.items():
+            part = split_layer_key(key)
+            if part is not None and part[1] in FUSED_EXPERTS:
+                halves.setdefault(self.hf_key(key), {})[FUSED_EXPERTS[part[1]]] = value
+            elif part is not None and part[1] == "mlp.moe.expert_bias":
+                if _correction_bias(args):
+                    out[self.hf_key(key)] = value
+                elif value.count_nonzero():
+                    raise HFExportError(
+                        f"{key} is not zero, and {args.model_type}'s router has no routing bias: exporting without it "
+                        "would change which experts the model routes tokens to; train with --moe.load_balance aux_loss "
+                        "(or none) to export it"
+                    )
+            else:
+                rest[key] = value
+        for hf_key, parts in halves.items():
+            if sorted(parts) != [0, 1]:
+                raise KeyError(f"{hf_key} needs both w1 and w3 of its layer")
+            out[hf_key] = torch.cat([parts[0], parts[1]], dim=1)
+        return {**super().to_hf(rest, args), **out}
+
+    def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        swapped = routed_moe(args)[1]
+        to_ours = {hf: ours for ours, hf in MOE_TO_HF.items()}
+        rest, out = {}, {}
+        for hf_key, value in hf_state_dict.items():
+            match = re.match(r"^model\.layers\.(\d+)\.(.+)$", hf_key)
+            inside = match is not None and int(match.group(1)) in swapped
+            if inside and match.group(2) == GATE_UP:
+                w1, w3 = value.chunk(2, dim=1)
+                out[f"layers.{match.group(1)}.mlp.moe.experts.w1"] = w1
+                out[f"layers.{match.group(1)}.mlp.moe.experts.w3"] = w3
+            elif inside and match.group(2) in to_ours:
+                out[f"layers.{match.group(1)}.{to_ours[match.group(2)]}"] = value
+            else:
+                rest[hf_key] = value
+        return {**super().from_hf(rest, args), **out}
 
     # ----- config.json -----
 
@@ -77,6 +143,12 @@ def checkpoint_conversions(model_type: str) -> list[str]:
 
     converters = [c for c in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(c, WeightConverter)]
     return sorted({pattern for c in converters for pattern in c.source_patterns})
+
+
+def _correction_bias(args: TransformersArgs) -> bool:
+    """Whether the routers of the blocks titanium's MoE computes hold a routing bias (DeepSeek-V3's sigmoid routers)."""
+    moe = routed_moe(args)[0]
+    return moe is not None and moe.score_func == "sigmoid"
 
 
 TRANSFORMERS_HF_ADAPTER = TransformersHFAdapter(model_type="", layer_keys={}, top_keys={})

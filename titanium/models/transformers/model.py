@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from collections.abc import Iterator
 from typing import Any
 
@@ -33,6 +34,7 @@ from torch import nn
 from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import unit_generator
 from titanium.models.common.kv_cache import KVCache
+from titanium.models.common.moe import MoE
 from titanium.models.hf_adapter import HFConfigError
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.attention import (
@@ -42,6 +44,7 @@ from titanium.models.transformers.attention import (
     own_attention_masks,
     register_titanium_attention,
 )
+from titanium.models.transformers.moe import own_moe_blocks, swap_moe_blocks
 from titanium.models.transformers.support import fallback_reasons, non_attention_layers, own_attention
 
 BASE_PARTS = {"tok_embeddings": "embed_tokens", "layers": "layers", "norm": "norm"}
@@ -96,6 +99,8 @@ class TransformersModel(nn.Module):
         self.args = args
         hf, self.fallback_reasons = build_hf_model(args)
         check_structure(hf)
+        self.moe_args, self.moe_layers = swap_moe_blocks(hf, args.model_type)
+        """titanium's MoE in the blocks of ``moe_layers`` (``moe.py``); None: no block titanium computes."""
         self.attention: str = hf.config._attn_implementation
         """``titanium`` (``attention.py``), or the model's own where titanium's cannot serve it (``support.py``)."""
         self.mixes_documents = bool(non_attention_layers(hf, args.hf_config))
@@ -105,6 +110,8 @@ class TransformersModel(nn.Module):
         self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(base.layers)})
         self.norm: nn.Module | None = base.norm
         self.output: nn.Module | None = getattr(hf, HEAD)
+        self.own_moe_blocks = own_moe_blocks(self.layers, prefix="layers")
+        """The MoE blocks that run as ``transformers`` wrote them (no expert parallelism, no load balancing)."""
         self._extra = [name for name in base._modules if name not in BASE_PARTS.values()]
         for name in self._extra:
             setattr(self, name, base._modules[name])
@@ -115,12 +122,24 @@ class TransformersModel(nn.Module):
         config = args.hf_config
         self.output.logit_softcap = getattr(config, "final_logit_softcapping", None)  # (read by chunked losses)
         self.logit_multiplier = float(getattr(hf, "logit_scale", 1.0)) / float(getattr(config, "logits_scaling", 1.0))
+        self.logit_multiplier /= float(getattr(config, "logits_mup_width_multiplier", 1.0))  # (Inkling)
         self.windows = sliding_windows(self.layers, config)
         self.attention_backend: AttentionBackend = "auto"
         """Kernel for masked attention ([model] attention; set by the model builder)."""
         self._tie_weights()
 
     # ----- structure -----
+
+    def use_score_head(self) -> None:
+        """Become a reward or value model (``titanium/models/reward.py``): the LM head replaced by a scalar score
+        head ``[1, hidden]``, the architecture's ``*ForSequenceClassification`` ``score`` layer, which
+        ``transformers`` applies to the final hidden states as they are (no logit scaling or soft-capping) and never
+        ties to the embedding."""
+        from titanium.models.reward import ScoreHead
+
+        self.args = dataclasses.replace(self.args, score_head=True)
+        self.output = ScoreHead(int(self.args.hf_config.hidden_size))
+        self.logit_multiplier = 1.0
 
     def _tie_weights(self) -> None:
         if (
@@ -226,6 +245,8 @@ class TransformersModel(nn.Module):
                     module._buffers[name] = torch.empty_like(buffer, device=device)
             with _parameters_aside(module):
                 self._hf._init_weights(module)
+            if isinstance(module, MoE):
+                module.tokens_per_expert.zero_()  # (its routing bias is persistent: a cast must not reset it)
 
     @torch.no_grad()
     def init_weights(self, buffer_device: torch.device | str | None = None, seed: int = 0) -> None:
@@ -247,9 +268,12 @@ class TransformersModel(nn.Module):
         """``_init_weights`` on ``unit``'s modules, children first (as ``transformers`` orders them), under the
         global generator seeded for ``name`` (``_init_weights`` draws from it)."""
         generator = unit_generator(seed, name, device)
+        std = float(getattr(self.args.hf_config, "initializer_range", 0.02))
         with _seeded(generator, device):
             for module in _children_first(unit):
                 self._hf._init_weights(module)
+                if isinstance(module, MoE):  # (titanium's, in a swapped block: transformers does not know it)
+                    module.init_weights(std, std)
 
 
 _PASS = _PassThrough()

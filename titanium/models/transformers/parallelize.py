@@ -68,7 +68,7 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     root_plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
         root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate())
-    if model.output is not None:
+    if model.output is not None and not model.args.score_head:  # (a score head: one row, replicated below)
         root_plan["output"] = ColwiseParallel(
             input_layouts=Replicate(),
             output_layouts=Shard(-1) if loss_parallel else Replicate(),

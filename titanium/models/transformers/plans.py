@@ -50,6 +50,11 @@ def tensor_parallel_problems(config: Any, model: nn.Module | None = None) -> lis
         problems.append(f"its plan names modules outside the layers: {', '.join(outside)}")
     if not any(p.startswith("layers.") for p in plan):
         problems.append(f"its plan splits no layer ({', '.join(sorted(plan))} only)")
+    if model is not None and getattr(model, "moe_layers", None):
+        problems.append(
+            "titanium's MoE feed-forward in its MoE blocks is not split by tensor parallelism; divide the experts "
+            "with --parallelism.expert_parallel_degree instead"
+        )
     if model is not None:
         mixed = sorted(
             {

@@ -11,6 +11,7 @@ packed documents, shared-prompt rows, context parallelism and decoding with tita
 
 from __future__ import annotations
 
+import inspect
 import re
 from typing import Any
 
@@ -35,7 +36,53 @@ def fallback_reasons(model: nn.Module, config: Any) -> list[str]:
         reasons.append(f"attention_dropout {config.attention_dropout} (titanium's attention has none)")
     if getattr(config, "use_bidirectional_attention", False):
         reasons.append("use_bidirectional_attention")
+    return reasons + code_reasons(model)
+
+
+def code_reasons(model: nn.Module) -> list[str]:
+    """What the model's code (read, not run: it is on meta) does that titanium's attention cannot follow: a decoder
+    layer that does not pass its keyword arguments on to its attention (titanium's masks and KV cache travel as one:
+    StableLM, Nemotron), or an attention that computes a mask or bias of its own to attend with (Doge's dynamic
+    mask). titanium's attention also refuses, at run time, to be called without its masks or with another mask."""
+    layers = getattr(model.base_model, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not len(layers):
+        return []
+    reasons = []
+    layer = layers[0]
+    attentions = [(n, m) for n, m in layer.named_children() if type(m).__name__.endswith("Attention")]
+    source = _source(type(layer).forward)
+    for name, attention in attentions:
+        call = _call_arguments(source, f"self.{name}(")
+        if call is not None and "**kwargs" not in call:
+            reasons.append(f"its {type(layer).__name__} does not pass titanium's attention context to its {name}")
+        if _OWN_MASK.search(_source(type(attention).forward)):
+            reasons.append(f"its {type(attention).__name__} builds an attention mask of its own")
     return reasons
+
+
+_OWN_MASK = re.compile(r"^\s*(attn_mask|attention_mask)\s+=\s", re.MULTILINE)
+"""An assignment to the mask inside an attention's forward (formatted code: ``x = y``; a keyword argument is
+``x=y``)."""
+
+
+def _source(function: Any) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
+
+
+def _call_arguments(source: str, call: str) -> str | None:
+    """The text between the parentheses of the first ``call`` in ``source``; None when there is none."""
+    start = source.find(call)
+    if start < 0:
+        return None
+    depth, begin = 0, start + len(call) - 1
+    for i in range(begin, len(source)):
+        depth += {"(": 1, ")": -1}.get(source[i], 0)
+        if depth == 0:
+            return source[begin + 1 : i]
+    return None
 
 
 def non_attention_layers(model: nn.Module, config: Any) -> list[str]:

@@ -38,12 +38,14 @@ from torch import nn
 from titanium.checkpoint.hf import hf_model_args, read_hf_config
 from titanium.config.loader import ConfigError
 from titanium.config.rl_objective_sections import scalar_head_folder
+from titanium.config.sections import ModelSection
 from titanium.data.chat import JinjaTemplate, Message
-from titanium.data.tokenizer import HFTokenizer, Tokenizer
+from titanium.data.tokenizer import HFTokenizer, Tokenizer, quietly
 from titanium.errors import UserError
-from titanium.model_builder import DTYPES, ModelBuilder, WeightSource
-from titanium.models import get_model_spec, hf_family, list_models
+from titanium.model_builder import DTYPES, ModelBuilder, WeightSource, resolve_spec
 from titanium.models.reward import last_non_pad_index, reward_spec, sequence_scores
+from titanium.models.spec import ModelSpec, ModelUse
+from titanium.models.transformers import TransformersArgs
 
 Reader = Callable[[str | list[dict[str, Any]], str], list[int]]
 """(the prompt as TRL passes it, the response's text) -> the ids a reward model with its own tokenizer reads."""
@@ -83,7 +85,7 @@ class RewardModelScorer:
         tokenizer.json, a family without an adapter, a causal LM instead of a classifier, another pad id or a
         smaller vocabulary than the tokenizer's."""
         flag = f"--rl.rewards {folder}"
-        config, family = reward_model_config(folder, tokenizer)
+        config, spec = reward_model_config(folder, tokenizer)
         reader = None
         if tokenizer == "own":
             reader, own = _own_reader(folder, flag)
@@ -95,7 +97,7 @@ class RewardModelScorer:
                     f"{flag}: neither its config.json nor its tokenizer names a pad token (scores are read at the last "
                     "token that is not padding); set pad_token_id in its config.json"
                 )
-        spec = reward_spec(get_model_spec(family), pad_token_id=pad_id)
+        spec = reward_spec(spec, pad_token_id=pad_id)
         origin = folder if tokenizer == "own" else None
         args = hf_model_args(
             spec, folder, tokenizer_vocab=vocab_size, tokenizer_origin=origin, option=flag, max_seq_len=max_seq_len
@@ -133,10 +135,13 @@ class RewardModelScorer:
         return torch.cat(scores)
 
 
-def reward_model_config(folder: str, tokenizer: Literal["policy", "own"] = "policy") -> tuple[dict[str, Any], str]:
-    """The config.json of the reward model ``folder`` names in ``--rl.rewards`` and its titanium family, read
-    without building it (also before any process starts: titanium.preflight): a missing folder, config.json or
-    (own) tokenizer.json, or a family titanium lacks, is a ``ConfigError`` naming ``--rl.rewards``."""
+def reward_model_config(
+    folder: str, tokenizer: Literal["policy", "own"] = "policy"
+) -> tuple[dict[str, Any], ModelSpec]:
+    """The config.json of the reward model ``folder`` names in ``--rl.rewards`` and the spec that builds it (the
+    native family that reads its model_type, else the transformers backend), read without building it (also before
+    any process starts: titanium.preflight): a missing folder, config.json or (own) tokenizer.json, or a model_type
+    neither a family nor the backend can build as a classifier, is a ``ConfigError`` naming ``--rl.rewards``."""
     flag = f"--rl.rewards {folder}"
     if not (Path(folder) / "config.json").is_file():
         raise ConfigError(
@@ -144,10 +149,20 @@ def reward_model_config(folder: str, tokenizer: Literal["policy", "own"] = "poli
             "sequence-classification folder, e.g. the reward objective's export (checkpoint last_save_in_hf)"
         )
     config = read_hf_config(folder, flag)
-    model_type = config.get("model_type")
-    family = hf_family(model_type)
-    if family is None:
-        raise ConfigError(f"{flag}: model_type {model_type!r} has no titanium family; supported: {list_models()}")
+    try:
+        spec, _ = resolve_spec(ModelSection(), folder)
+    except ConfigError as e:
+        raise ConfigError(f"{flag}: {e}") from None
+    if spec.refusals is not None:  # (the transformers backend: can it read and run this classifier?)
+        try:
+            use = ModelUse(hf_checkpoint=True, score_head=True)
+            problems = quietly(lambda: spec.refusals(TransformersArgs.from_config(config), use))
+        except UserError as e:
+            problems = [str(e)]
+        if problems:
+            raise ConfigError(
+                f"{flag}: model_type {config.get('model_type')!r} has no titanium family, and {problems[0]}"
+            )
     for problem in scalar_head_folder("--rl.rewards", folder):
         raise ConfigError(problem)
     if tokenizer == "own" and not (Path(folder) / "tokenizer.json").is_file():
@@ -155,7 +170,7 @@ def reward_model_config(folder: str, tokenizer: Literal["policy", "own"] = "poli
             f"{flag} with --rl.reward_model_tokenizer own: no tokenizer.json in {folder}; save the reward "
             "model's tokenizer there (tokenizer.save_pretrained), or read the policy's ids (own -> policy)"
         )
-    return config, family
+    return config, spec
 
 
 def _own_reader(folder: str, flag: str) -> tuple[Reader, Tokenizer]:
