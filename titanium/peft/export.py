@@ -65,7 +65,7 @@ def peft_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapter, arg
             if list(converted) != [hf_key]:
                 raise ValueError(f"{layer}.weight has no Hugging Face tensor of its own (tied embeddings?)")
             columns.append(converted[hf_key])
-        prefix = f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}"
+        prefix = f"{_PEFT_PREFIX}{adapter.module_key(hf_key).removesuffix('.weight')}"
         out[f"{prefix}.lora_A.weight"] = a.contiguous()
         out[f"{prefix}.lora_B.weight"] = torch.cat(columns, dim=1).contiguous()  # (zero outside each part's rows)
         if f"{layers[0]}.lora_magnitude" in tensors:  # each part's magnitudes in its rows, zeros elsewhere: sum

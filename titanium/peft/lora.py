@@ -274,7 +274,10 @@ def apply_lora(model: nn.Module, cfg: LoRASection, hf_adapter: HFAdapter | None 
     chosen: list[tuple[str, nn.Linear]] = []
     experts: list[tuple[str, GroupedExperts]] = []
     matched: set[str] = set()
+    vision = () if cfg.vision_modules else tuple(getattr(model, "vision_names", ()))
     for name, module in model.named_modules():
+        if name.split(".", 1)[0] in vision:  # (an image-text model's vision tower and projector)
+            continue
         leaf = name.rsplit(".", 1)[-1]
         hf_name = hf_module_name(clean_fqn(name), hf_adapter) if hf_targets and isinstance(module, nn.Linear) else None
         by_hf = {target for target in hf_targets if hf_name is not None and peft_matches(target, hf_name)}

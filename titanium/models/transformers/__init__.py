@@ -4,6 +4,8 @@
 
 - ``args.py``: the model's ``config.json`` and what titanium reads of it;
 - ``model.py``: ``TransformersModel``, the ``transformers`` model behind the shared decoder's interface;
+- ``vision.py``: ``ImageTextModel``, an image-text-to-text model (its vision tower beside the language model), and
+  ``image_feeds.py``: how each such architecture reads a batch's images;
 - ``attention.py``: titanium's attention registered with ``transformers`` (documents, windows, KV cache);
 - ``support.py``: which models run titanium's attention, which their own, and why; ``checks.py``: what a
   job may not ask of them (the preflight checks);
@@ -25,12 +27,22 @@ from titanium.models.transformers.parallelize import apply_tensor_parallel
 BACKEND = "transformers"
 
 
+def build_transformers_model(args: TransformersArgs) -> TransformersModel:
+    """The backend's model of ``args``: an ``ImageTextModel`` for an image-text-to-text config, else a
+    ``TransformersModel``."""
+    if args.reads_images:
+        from titanium.models.transformers.vision import ImageTextModel
+
+        return ImageTextModel(args)
+    return TransformersModel(args)
+
+
 def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:
     """Training FLOPs per token (``decoder_flops_per_token``), from the parameters of the model built on meta."""
     import torch
 
     with torch.device("meta"):
-        model = TransformersModel(args)
+        model = build_transformers_model(args)
     d = args.decoder_args()
     params = count_params(model, exclude_embedding=True)
     return decoder_flops_per_token(params, d.n_layers, d.n_heads, d.head_dim, seq_len)
@@ -39,7 +51,7 @@ def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:
 TRANSFORMERS_SPEC = register_model(
     ModelSpec(
         name=BACKEND,
-        model_cls=TransformersModel,
+        model_cls=build_transformers_model,
         flavors={},
         flops_per_token=transformers_flops_per_token,
         tp_plan=apply_tensor_parallel,
@@ -48,4 +60,4 @@ TRANSFORMERS_SPEC = register_model(
     )
 )
 
-__all__ = ["BACKEND", "TRANSFORMERS_SPEC", "TransformersArgs", "TransformersModel"]
+__all__ = ["BACKEND", "TRANSFORMERS_SPEC", "TransformersArgs", "TransformersModel", "build_transformers_model"]

@@ -41,7 +41,7 @@ class TransformersArgs:
         if not self.max_seq_len:
             object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
         if not self.n_layers:  # (the config class knows the field under its other names: GPT-2's n_layer)
-            layers = self.config.get("num_hidden_layers") or self.hf_config.num_hidden_layers
+            layers = self.config.get("num_hidden_layers") or self.text_config.num_hidden_layers
             object.__setattr__(self, "n_layers", int(layers))
 
     @classmethod
@@ -63,25 +63,39 @@ class TransformersArgs:
         ``BackendConfigError`` for a ``model_type`` the installed ``transformers`` does not know (unless its own
         code may run) or values the config class refuses."""
         config = load_hf_config(self.config, self.code_folder)
-        if self.n_layers and self.n_layers != config.num_hidden_layers:
-            config.num_hidden_layers = self.n_layers
-            if isinstance(getattr(config, "layer_types", None), list):
-                config.layer_types = config.layer_types[: self.n_layers]
+        text = config.get_text_config()
+        if self.n_layers and self.n_layers != text.num_hidden_layers:
+            text.num_hidden_layers = self.n_layers
+            if isinstance(getattr(text, "layer_types", None), list):
+                text.layer_types = text.layer_types[: self.n_layers]
         return config
 
     @property
+    def text_config(self) -> Any:
+        """The language model's config: ``hf_config`` itself, or its ``text_config`` for an image-text model."""
+        return self.hf_config.get_text_config()
+
+    @property
+    def reads_images(self) -> bool:
+        """An image-text-to-text model (a vision tower beside the language model: Qwen2.5-VL, Llama 3.2 Vision,
+        Gemma 3, Llama 4), built by ``vision.py``; its batches may carry images."""
+        from titanium.models.transformers.vision import is_image_text
+
+        return is_image_text(self.config)
+
+    @property
     def vocab_size(self) -> int:
-        return int(self.hf_config.vocab_size)
+        return int(self.text_config.vocab_size)
 
     @property
     def tie_word_embeddings(self) -> bool:
-        return bool(getattr(self.hf_config, "tie_word_embeddings", False))
+        return bool(getattr(self.hf_config, "tie_word_embeddings", False))  # (transformers ties by the outer config)
 
     def decoder_args(self) -> DecoderArgs:
         """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,
         sliding windows against context parallelism), in the shared decoder's terms. Not an architecture: the
         model is built from ``config.json`` by ``transformers``."""
-        c = self.hf_config
+        c = self.text_config
         n_heads = int(c.num_attention_heads)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
         layer_types = list(getattr(c, "layer_types", None) or [])

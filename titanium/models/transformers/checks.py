@@ -14,15 +14,16 @@ from titanium.models.spec import ModelUse
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.hf import checkpoint_conversions
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
+from titanium.models.transformers.vision import image_text_refusals
 
 
 def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
     """Each thing of ``use`` the model of ``args`` cannot do, as a message naming the flag to change."""
-    from titanium.models.transformers.model import TransformersModel
+    from titanium.models.transformers import build_transformers_model
 
-    config = args.hf_config
+    config = args.text_config
     with torch.device("meta"):
-        model = TransformersModel(args)
+        model = build_transformers_model(args)
     problems = []
     if use.tensor_parallel > 1:
         flag = f"--parallelism.tensor_parallel_degree {use.tensor_parallel}"
@@ -40,7 +41,7 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--parallelism.expert_parallel_degree {use.expert_parallel}: the transformers backend runs the model's "
             "own MoE blocks, which expert parallelism does not split yet"
         )
-    conversions = checkpoint_conversions(config.model_type) if use.hf_checkpoint else []
+    conversions = checkpoint_conversions(args.model_type) if use.hf_checkpoint else []
     if conversions:
         problems.append(
             f"its Hugging Face checkpoints hold tensors that transformers converts on loading ({', '.join(conversions)}"
@@ -58,6 +59,8 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--rollout.tensor_parallel_size {use.split_decoding}: titanium's engine splits the native families' "
             "layers only; use 1 (a whole decoding copy per rank) or --rollout.engine vllm"
         )
+    if args.reads_images:
+        problems += image_text_refusals(args, model, use)
     if model.fallback_reasons:
         own = f"{config.model_type} runs its own attention ({'; '.join(model.fallback_reasons)})"
         if use.kv_cache_decoding:

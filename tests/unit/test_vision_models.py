@@ -1,0 +1,120 @@
+"""Image-text models through the transformers backend (``titanium/models/transformers/vision.py``): a tiny random
+Qwen2.5-VL, Qwen3-VL, Llama 3.2 Vision, Gemma 3 and Llama 4, loaded from their Hugging Face folders, give
+``transformers``' own logits and gradients on the same images and text (fp32, 1e-5 / 1e-6), for a batch of rows made
+by titanium's data path (the processor, per-row image tensors, padding); the export keeps the source's names and
+reloads in ``transformers`` with the trained logits. Llama 4's image processor needs torchvision: it is fed
+preprocessed pixel values."""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, token_id, vlm_folder
+from titanium.batch import ImageInputs
+from titanium.checkpoint.hf import HFCheckpoint, export_hf
+from titanium.config.sections import ModelSection
+from titanium.config.vision_section import VisionSection
+from titanium.data.packing import padded_rows
+from titanium.data.vision import ImageData, images_of, padded_image_rows, place_images
+from titanium.model_builder import ModelBuilder, resolve_spec
+
+pytest.importorskip("transformers")
+
+WITH_PROCESSOR = ["qwen2_5_vl", "qwen3_vl", "mllama", "gemma3"]
+CONVERSATIONS = [
+    ([28, 56], [{"role": "user", "content": "w5 w6"}, {"role": "assistant", "content": "w7 w8 w9"}]),
+    ([56], [{"role": "user", "content": "w1"}, {"role": "assistant", "content": "w2 w3 w4 w5 w6"}]),
+]
+"""Two rows of different lengths, with two images and one (widths of 28-pixel-high images)."""
+
+
+def load(folder: Path):
+    spec, _ = resolve_spec(ModelSection(), str(folder))
+    return spec, ModelBuilder(torch.device("cpu")).load_hf(spec, folder, max_seq_len=256)
+
+
+def titanium_rows(model_type: str):
+    """The two conversations as titanium's SFT data makes them (every token learned), and the processor's texts
+    and images of the same rows."""
+    data = ImageData(tiny_processor(model_type), VisionSection())
+    samples, texts, images = [], [], []
+    for i, (widths, messages) in enumerate(CONVERSATIONS):
+        pictures = [random_image(10 * i + k, w, 28) for k, w in enumerate(widths)]
+        pieces = data.pieces(place_images([dict(m) for m in messages], len(pictures)))
+        ids, kinds, fields = data.tokens(pieces, pictures)
+        samples.append({"tokens": ids, "labels": ids[1:] + [-100], "images": fields})
+        texts.append("".join(p for p, _ in pieces))
+        images.append(pictures)
+    pad = partial(padded_rows, seq_len=256, pad_id=0, pad_to="longest", pad_multiple=1)
+    return padded_image_rows(pad, samples, data.layout), data.processor, texts, images
+
+
+def grads_by_hf_name(model, adapter) -> dict[str, torch.Tensor]:
+    return {adapter.module_key(adapter.hf_key(n)): p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("model_type", WITH_PROCESSOR)
+def test_logits_and_gradients_equal_transformers(model_type: str, tmp_path: Path) -> None:
+    folder = vlm_folder(model_type, tmp_path / model_type, seed=3)
+    spec, built = load(folder)
+    model = built.model
+    hf = tiny_vlm(model_type, seed=3).train()
+    rows, processor, texts, images = titanium_rows(model_type)
+    reference = processor(text=texts, images=images, return_tensors="pt", padding=True, add_special_tokens=False)
+    real = reference["attention_mask"].bool()
+    width = real.shape[1]
+    assert torch.equal(rows["input"][:, :width][real], reference["input_ids"][real])
+    ours = model(rows["input"], rows["positions"], rows["document_ids"], images=images_of(rows))[:, :width]
+    theirs = hf(**reference).logits
+    assert (ours[real] - theirs[real]).abs().max() < 1e-5
+    labels = rows["label"][:, :width]
+    torch.nn.functional.cross_entropy(ours[real], labels[real], ignore_index=-100, reduction="sum").backward()
+    torch.nn.functional.cross_entropy(theirs[real], labels[real], ignore_index=-100, reduction="sum").backward()
+    ours_grads = grads_by_hf_name(model, spec.hf_adapter)
+    theirs_grads = {n: p.grad for n, p in hf.named_parameters() if p.grad is not None}
+    assert set(ours_grads) == set(theirs_grads)
+    worst = max((ours_grads[n] - theirs_grads[n]).abs().max().item() for n in theirs_grads)
+    assert worst < 1e-6, worst
+    tower = spec.hf_adapter.module_key(spec.hf_adapter.hf_key(f"{model.vision_names[0]}.weight")).removesuffix("weight")
+    assert any(name.startswith(tower) for name in ours_grads)  # (the vision tower has gradients)
+
+
+def test_llama4_from_preprocessed_pixels(tmp_path: Path) -> None:
+    """Llama 4 (MoE, pixel shuffle; its image processor needs torchvision): pixel values made here, two tiles."""
+    hf = tiny_vlm("llama4", seed=4)
+    hf.save_pretrained(tmp_path)
+    _, built = load(tmp_path)
+    pixels = torch.randn(2, 3, 28, 28)
+    patch = token_id("llama4", "<|patch|>")
+    with torch.no_grad():
+        features = hf.get_image_features(pixels, return_dict=True).pooler_output.reshape(-1, 32).shape[0]
+    ids = torch.tensor([[1, token_id("llama4", "<|image_start|>"), *[patch] * features, 20, 21, 22, 23]])
+    images = ImageInputs({"pixel_values": pixels[None]}, {"pixel_values": torch.tensor([2])})
+    with torch.no_grad():
+        assert (built.model(ids, images=images) - hf(input_ids=ids, pixel_values=pixels).logits).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "gemma3"])
+def test_export_keeps_the_source_names_and_reloads_in_transformers(model_type: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForImageTextToText
+
+    folder = vlm_folder(model_type, tmp_path / "source", seed=5)
+    spec, built = load(folder)
+    with torch.no_grad():
+        for p in built.model.parameters():  # (as if trained)
+            p.add_(0.01 * torch.randn_like(p))
+    export_hf(built.model, tmp_path / "export", spec.hf_adapter, built.args)
+    assert set(HFCheckpoint.open(tmp_path / "export").shapes) == set(HFCheckpoint.open(folder).shapes)
+    reloaded = AutoModelForImageTextToText.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    rows, processor, texts, pictures = titanium_rows(model_type)
+    first = {k: v[:1] for k, v in rows.items()}
+    inputs = processor(text=texts[:1], images=pictures[:1], return_tensors="pt", add_special_tokens=False)
+    length = inputs["input_ids"].shape[1]
+    with torch.no_grad():
+        ours = built.model.eval()(first["input"], first["positions"], first["document_ids"], images=images_of(first))
+        theirs = reloaded(**inputs).logits
+    assert (ours[:, :length] - theirs).abs().max() < 1e-5
