@@ -16,11 +16,16 @@ import torch
 from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, token_id, vlm_folder
 from titanium.batch import ImageInputs
 from titanium.checkpoint.hf import HFCheckpoint, export_hf
-from titanium.config.sections import ModelSection
+from titanium.config.sections import LoRASection, ModelSection, OptimizerSection
 from titanium.config.vision_section import VisionSection
 from titanium.data.packing import padded_rows
 from titanium.data.vision import ImageData, images_of, padded_image_rows, place_images
 from titanium.model_builder import ModelBuilder, resolve_spec
+from titanium.models.converter import set_trainable
+from titanium.optim.optimizer import build_optimizer
+from titanium.peft.export import export_peft_adapter
+from titanium.peft.lora import apply_lora, init_lora, is_lora_param
+from titanium.peft.vision_freeze import VisionFreezeConverter, is_projector
 
 pytest.importorskip("transformers")
 
@@ -118,3 +123,82 @@ def test_export_keeps_the_source_names_and_reloads_in_transformers(model_type: s
         ours = built.model.eval()(first["input"], first["positions"], first["document_ids"], images=images_of(first))
         theirs = reloaded(**inputs).logits
     assert (ours[:, :length] - theirs).abs().max() < 1e-5
+
+
+def loss_and_grads(model, rows) -> dict[str, torch.Tensor]:
+    """Backward of the summed cross-entropy on ``rows``; the gradients by parameter name (None: no gradient)."""
+    logits = model(rows["input"], rows["positions"], rows["document_ids"], images=images_of(rows))
+    flat = logits.flatten(0, 1)
+    torch.nn.functional.cross_entropy(flat, rows["label"].flatten(), ignore_index=-100, reduction="sum").backward()
+    return {name: p.grad for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize(("tower", "projector"), [(True, False), (False, True)])
+def test_frozen_vision_parts_get_no_gradient_and_no_optimizer_state(tower: bool, projector: bool, tmp_path) -> None:
+    """[vision] freeze_vision_tower / freeze_projector: the frozen parameters get no gradient, no optimizer state and
+    keep their values over a step; every other parameter's gradient equals the unfrozen model's (1e-6)."""
+    folder = vlm_folder("qwen2_5_vl", tmp_path, seed=3)
+    rows = titanium_rows("qwen2_5_vl")[0]
+    full = loss_and_grads(load(folder)[1].model, rows)
+    model = load(folder)[1].model
+    converter = VisionFreezeConverter(VisionSection(freeze_vision_tower=tower, freeze_projector=projector))
+    converter.convert(model)
+    set_trainable([converter], model)
+    frozen = {
+        name
+        for name, _ in model.named_parameters()
+        if name.split(".", 1)[0] in model.vision_names and (projector if is_projector(name) else tower)
+    }
+    assert frozen and any(is_projector(name) for name in frozen) == projector
+    before = {name: p.detach().clone() for name, p in model.named_parameters() if name in frozen}
+    grads = loss_and_grads(model, rows)
+    assert all(grads[name] is None for name in frozen)
+    trained = set(grads) - frozen
+    assert all(grads[name] is not None for name in trained)
+    assert max((grads[n] - full[n]).abs().max().item() for n in trained) < 1e-6
+    optimizer = build_optimizer(model, OptimizerSection(lr=1e-2))
+    optimizer.step()
+    with_state = {name for name, p in model.named_parameters() if optimizer.state.get(p)}
+    assert with_state == trained
+    assert all(torch.equal(p, before[name]) for name, p in model.named_parameters() if name in frozen)
+
+
+def test_lora_on_vision_modules_equals_peft(tmp_path) -> None:
+    """--lora.vision_modules with all-linear adapts the layers PEFT's all-linear adapts on the transformers model
+    (vision tower and projector included); the exported adapter loads with ``peft`` and gives titanium's logits
+    (1e-5). Without vision_modules only the language model's layers are adapted, in titanium and in the PEFT model
+    its exported adapter makes."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    folder = vlm_folder("qwen2_5_vl", tmp_path / "base", seed=3)
+    spec, built = load(folder)
+    model, adapter = built.model, spec.hf_adapter
+    text_model, text_cfg = load(folder)[1].model, LoRASection(rank=2, target_modules=["all-linear"])
+    language_only = apply_lora(text_model, text_cfg, adapter)
+    export_peft_adapter(text_model, adapter, built.args, text_cfg, tmp_path / "text_adapter")
+    text_peft = PeftModel.from_pretrained(tiny_vlm("qwen2_5_vl", seed=3), tmp_path / "text_adapter")
+    assert {n.removeprefix("base_model.model.") for n, m in text_peft.named_modules() if hasattr(m, "lora_A")} == {
+        adapter.module_key(adapter.hf_key(f"{name}.weight")).removesuffix(".weight") for name in language_only
+    }  # (the vision tower's gate_proj/up_proj/down_proj too were adapted by a list of leaf names)
+    cfg = LoRASection(rank=2, alpha=4.0, target_modules=["all-linear"], vision_modules=True)
+    adapted = apply_lora(model, cfg, spec.hf_adapter)
+    wrapped = get_peft_model(tiny_vlm("qwen2_5_vl", seed=3), LoraConfig(r=2, target_modules="all-linear"))
+    peft_layers = {n.removeprefix("base_model.model.") for n, m in wrapped.named_modules() if hasattr(m, "lora_A")}
+    hf_layers = {adapter.module_key(adapter.hf_key(f"{name}.weight")).removesuffix(".weight") for name in adapted}
+    assert hf_layers == peft_layers  # (by the transformers model's module names)
+    assert not any(name.split(".", 1)[0] in model.vision_names for name in language_only)
+    assert set(language_only) < set(adapted) and any(name.split(".", 1)[0] in model.vision_names for name in adapted)
+    init_lora(model, seed=0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if is_lora_param(name):  # (lora_b starts at zero: give the adapters an update to compare)
+                p.copy_(0.1 * torch.randn_like(p))
+    export_peft_adapter(model, spec.hf_adapter, built.args, cfg, tmp_path / "adapter")
+    reloaded = PeftModel.from_pretrained(tiny_vlm("qwen2_5_vl", seed=3), tmp_path / "adapter").eval()
+    rows, processor, texts, pictures = titanium_rows("qwen2_5_vl")
+    inputs = processor(text=texts, images=pictures, return_tensors="pt", padding=True, add_special_tokens=False)
+    real = inputs["attention_mask"].bool()
+    with torch.no_grad():
+        ours = model.eval()(rows["input"], rows["positions"], rows["document_ids"], images=images_of(rows))
+        theirs = reloaded(**inputs).logits
+    assert (ours[:, : real.shape[1]][real] - theirs[real]).abs().max() < 1e-5

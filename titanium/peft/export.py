@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -111,6 +112,14 @@ def hf_target_modules(layers: list[str], adapter: HFAdapter) -> list[str]:
     return sorted({_hf_leaf(layer, adapter) for layer in layers if _memory_expert(layer, adapter) is None})
 
 
+def exact_target_pattern(layers: list[str], adapter: HFAdapter) -> str:
+    """PEFT's ``target_modules`` as one regular expression naming each adapted layer by its whole name in
+    ``transformers``' model. An image-text model's vision tower reuses its language model's leaf names (``q_proj``,
+    ``down_proj``; a Sequential's ``0``), so leaf names would make PEFT adapt layers titanium did not."""
+    names = {adapter.module_key(adapter.hf_key(f"{layer}.weight")).removesuffix(".weight") for layer in layers}
+    return "|".join(re.escape(name) for name in sorted(names))
+
+
 def hf_target_parameters(layers: list[str], adapter: HFAdapter) -> list[str]:
     """Our adapted stacked expert weights -> PEFT's ``target_parameters`` (``mlp.experts.gate_up_proj``), in the
     order the HF module declares them, which is the order PEFT wraps them in: the first innermost."""
@@ -157,7 +166,7 @@ def peft_expert_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapt
 
 def adapter_config(
     cfg: LoRASection,
-    target_modules: list[str],
+    target_modules: list[str] | str,
     base_model_name_or_path: str | None,
     fused: Mapping[str, int] | None = None,
     target_parameters: list[str] | None = None,
@@ -277,7 +286,9 @@ def export_peft_adapter(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         save_file(peft_state_dict(tensors, hf_adapter, model_args), str(partial / WEIGHTS_FILE), {"format": "pt"})
-        targets, fused = hf_target_modules(layers, hf_adapter), fused_ranks(layers, hf_adapter)
+        exact = bool(getattr(model, "vision_names", ()))  # (an image-text model: see exact_target_pattern)
+        targets = exact_target_pattern(layers, hf_adapter) if exact else hf_target_modules(layers, hf_adapter)
+        fused = fused_ranks(layers, hf_adapter)
         parameters = hf_target_parameters(layers, hf_adapter)
         config = adapter_config(cfg, targets, base_model_name_or_path, fused, parameters)
         (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
