@@ -216,6 +216,7 @@ def titanium_side(folder: Path, pairs: list[PreferencePair], args: argparse.Name
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
         model_name="llama3",
+        chat_format="llama3",
         vocab_size=tokenizer.vocab_size,
         seq_len=args.seq_len,
         local_batch_size=args.pairs_per_batch,

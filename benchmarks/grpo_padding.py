@@ -76,7 +76,7 @@ def one_step(model: Transformer, tokenizer: TiktokenTokenizer, pad_to: str, args
     models = LocalModels(lambda: reference, policy=model, policy_args=model.args)
     chat = ChatSection("llama3")
     ctx = ObjectiveContext(
-        tokenizer, "llama3", tokenizer.vocab_size, args.seq_len, args.group, 0, 1, 0, models=models, chat=chat
+        tokenizer, "llama3", "llama3", tokenizer.vocab_size, args.seq_len, args.group, 0, 1, 0, models=models, chat=chat
     )
     cfg = GRPOSection(group_size=args.group, beta=0.05, old_logprobs="recompute")
     rl = RLSection(max_new_tokens=args.max_new_tokens, max_prompt_len=args.seq_len - args.max_new_tokens, pad_to=pad_to)

@@ -150,10 +150,12 @@ def titanium_job(flags: list[str]):
     from titanium.config import load_config
     from titanium.data.chat import build_optional_chat_template
     from titanium.data.tokenizer import build_tokenizer
+    from titanium.models import default_chat_format
 
     cfg = load_config(flags)
     tokenizer = build_tokenizer(cfg.tokenizer)
-    return cfg, tokenizer, build_optional_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)
+    template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, default_chat_format(cfg.model.name))
+    return cfg, tokenizer, template
 
 
 def qwen3_flags(opts: argparse.Namespace, config: str, tokenizer: Path, hf: Path, flavor: str) -> list[str]:

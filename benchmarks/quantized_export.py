@@ -32,13 +32,13 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]  # this checkout's titanium
 from bench_common import command_line, environment, write  # noqa: E402
 
 from titanium.checkpoint.hf import EXPORT_DTYPES, SINGLE_FILE, HFCheckpoint, save_hf_weights  # noqa: E402
+from titanium.checkpoint.quantized_export import export_quantized_hf  # noqa: E402
 from titanium.config.sections import DataSection, EvalSection, TokenizerSection  # noqa: E402
 from titanium.data.chat import build_chat_template  # noqa: E402
 from titanium.data.tokenizer import build_tokenizer  # noqa: E402
 from titanium.evaluation.exact_match import EvalSample, load_eval_samples  # noqa: E402
-from titanium.models import get_model_spec  # noqa: E402
+from titanium.models import default_chat_format, get_model_spec  # noqa: E402
 from titanium.quantize.schemes import SCHEMES  # noqa: E402
-from titanium.quantize.serving import export_quantized_hf  # noqa: E402
 
 
 def dense_copy(source: Path, out: Path, model: str, dtype: str) -> Path:
@@ -102,7 +102,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, help="results file (markdown)")
     args = parser.parse_args()
     tokenizer = build_tokenizer(TokenizerSection(kind="tiktoken", path=args.tokenizer))
-    template = build_chat_template(args.chat_template, tokenizer, args.model)
+    template = build_chat_template(args.chat_template, tokenizer, default_chat_format(args.model))
     cfg = EvalSection(path=args.eval_path, max_samples=args.max_samples)
     samples = load_eval_samples(cfg, DataSection(kind="chat"), template, tokenizer)
     answers = [tokenizer.encode(s.reference, bos=False, eos=False) for s in samples]

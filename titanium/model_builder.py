@@ -218,7 +218,8 @@ def image_text_names(spec: ModelSpec, folder: str | os.PathLike) -> ModelSpec:
     the folder's checkpoint does (``titanium.models.transformers.vision.checkpoint_prefixes``); unchanged for a text
     model."""
     from titanium.models.transformers import TransformersArgs
-    from titanium.models.transformers.vision import checkpoint_prefixes, is_image_text, module_prefixes
+    from titanium.models.transformers.args import is_image_text
+    from titanium.models.transformers.vision import checkpoint_prefixes, module_prefixes
 
     config = read_hf_config(folder)
     if not is_image_text(config):

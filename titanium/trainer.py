@@ -170,6 +170,7 @@ class Trainer:
         self._objective_ctx = ObjectiveContext(
             tokenizer=self.tokenizer,
             model_name=self.model_spec.name,
+            chat_format=self.model_spec.chat_template or "",
             vocab_size=self.model_args.vocab_size,
             seq_len=t.seq_len,
             local_batch_size=t.local_batch_size,
@@ -218,6 +219,7 @@ class Trainer:
             chat=self.cfg.chat,
             tokenizer=self.tokenizer,
             model_name=self.model_spec.name,
+            chat_format=self.model_spec.chat_template or "",
             objective=self._new_objective,
             loss_sums=self._held_out_loss,
             policy=self.models.policy(),
@@ -471,7 +473,8 @@ class Trainer:
 
     def _save_tokenizer(self, folder: Path) -> None:
         """The run's tokenizer and chat template into an export folder, loadable by transformers' AutoTokenizer."""
-        written = save_tokenizer(folder, self.tokenizer, self.cfg.chat.chat_template, self.cfg.model.name)
+        family_format = self.model_spec.chat_template or ""
+        written = save_tokenizer(folder, self.tokenizer, self.cfg.chat.chat_template, family_format)
         if written:
             logger.info("wrote %s to %s", ", ".join(written), folder)
 

@@ -35,14 +35,15 @@ def join_or_init(comm: CommSection) -> distributed.DistEnv:
 def run_jobs_file(path: str) -> None:
     """Every job of the JSON list at ``path``, in this launch (a test's wrapper module may patch first)."""
     titanium.trainer.init_distributed = join_or_init
-    titanium.train.shutdown_distributed = lambda: None
+    shutdown = distributed.shutdown_distributed
+    distributed.shutdown_distributed = lambda: None  # titanium.train imports it when main() runs
     try:
         for argv in json.loads(Path(path).read_text()):
             code = titanium.train.main(argv)
             if code:
                 sys.exit(code)
     finally:
-        distributed.shutdown_distributed()
+        shutdown()
 
 
 if __name__ == "__main__":

@@ -28,12 +28,12 @@ from torch import nn
 from tests.parity.harness import ParityCase, load_titanium, make_hf_checkpoint, random_tokens
 from tests.parity.test_parity import VOCAB, llama, qwen3
 from titanium.checkpoint.hf import export_hf
+from titanium.checkpoint.quantized_export import quantize_model
 from titanium.config.loader import ConfigError
 from titanium.config.sections import QATSection
 from titanium.models import get_model_spec
 from titanium.quantize.qat import QATConverter
 from titanium.quantize.schemes import SCHEMES, check_device, quantized_layers
-from titanium.quantize.serving import quantize_model
 from titanium.tools.convert import main
 
 transformers = pytest.importorskip("transformers")

@@ -27,7 +27,8 @@ from titanium.data.chat import (
 )
 from titanium.data.sft import SFTDataset
 from titanium.data.text import DataError
-from titanium.data.tokenizer import ByteTokenizer, HFTokenizer, TiktokenTokenizer
+from titanium.data.tokenizer import HFTokenizer, TiktokenTokenizer
+from titanium.models import default_chat_format
 
 REPO = Path(__file__).resolve().parents[2]
 CONVERSATION = [
@@ -288,15 +289,14 @@ def test_missing_special_tokens_are_a_clear_error(tiktoken_tok, hf_tok):
 
 
 def test_build_chat_template_choices(tiktoken_tok, tmp_path):
-    assert isinstance(build_chat_template("auto", tiktoken_tok, "llama3"), Llama3Template)
+    assert isinstance(build_chat_template("auto", tiktoken_tok, default_chat_format("llama3")), Llama3Template)
     plain = make_hf_tokenizer(tmp_path / "plain", chat_template=None)
     assert plain.chat_template is None
-    assert type(build_chat_template("auto", plain, "qwen3")) is Qwen3Template
-    assert type(build_chat_template("auto", plain, "qwen2")) is ChatMLTemplate  # (the family's registered format)
-    with pytest.raises(ChatTemplateError, match="no default format; set --chat.chat_template"):
-        build_chat_template("auto", ByteTokenizer(), "mystery")
-    with pytest.raises(ChatTemplateError, match="model 'gemma2' has no default format"):  # its tokenizer's, or none
-        build_chat_template("auto", plain, "gemma2")
+    assert type(build_chat_template("auto", plain, default_chat_format("qwen3"))) is Qwen3Template
+    assert type(build_chat_template("auto", plain, default_chat_format("qwen2"))) is ChatMLTemplate  # (registered)
+    assert default_chat_format("mystery") == default_chat_format("gemma2") == ""  # (gemma2: its tokenizer's, or none)
+    with pytest.raises(ChatTemplateError, match="the model family has no default format; set --chat.chat_template"):
+        build_chat_template("auto", plain, default_chat_format("gemma2"))
     with pytest.raises(ChatTemplateError, match="has no chat_template"):
         build_chat_template("tokenizer", tiktoken_tok, "llama3")
     with pytest.raises(ChatTemplateError, match="unknown --chat.chat_template"):

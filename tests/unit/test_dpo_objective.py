@@ -102,6 +102,7 @@ def objective(tmp_path: Path, path: Path, cfg: DPOSection, models=None, **ctx) -
     context = dict(
         tokenizer=TOKENIZER,
         model_name="llama3",
+        chat_format="llama3",
         vocab_size=TOKENIZER.vocab_size,
         seq_len=SEQ_LEN,
         local_batch_size=PAIRS,
@@ -229,7 +230,7 @@ def test_weight_fingerprint_changes_with_the_files(tmp_path):
 
 def test_dpo_needs_preference_data():
     cfg = JobConfig()
-    cfg.training.objective = "dpo"
+    cfg.training.objective, cfg.data.kind = "dpo", "text"  # (auto, the default, decides from the rows)
     assert list(validate(cfg))[0] == "--training.objective dpo needs preference pairs: --data.kind preference, not text"
     cfg.data.kind, cfg.training.loss_chunk_size = "preference", 1024
     assert any("--training.loss_chunk_size applies to token cross-entropy" in p for p in validate(cfg))

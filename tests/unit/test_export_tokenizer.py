@@ -12,6 +12,7 @@ from tests.tokenizer_families import family_tokenizer
 from titanium.data.chat import Message, build_chat_template
 from titanium.data.export import save_tokenizer
 from titanium.data.tokenizer import DEFAULT_TOKENIZER_PATH, HFTokenizer, TiktokenTokenizer
+from titanium.models import default_chat_format
 from titanium.rl.rewards.functions import reward_labels
 
 transformers = pytest.importorskip("transformers")
@@ -20,12 +21,12 @@ TEXTS = ["Hello, world! 2024 and 19", "naïve café 中文 🚀", "  spaces\tand
 CHAT = [Message("system", "Be brief."), Message("user", "What is 12 + 7?"), Message("assistant", "It is 19.")]
 
 
-def _same_as_autotokenizer(out: Path, tokenizer, template_name: str, model_name: str) -> None:
+def _same_as_autotokenizer(out: Path, tokenizer, template_name: str, family: str) -> None:
     auto = transformers.AutoTokenizer.from_pretrained(out)
     for text in TEXTS:
         assert auto.encode(text, add_special_tokens=False) == tokenizer.encode(text, bos=False, eos=False), text
     assert (auto.bos_token_id, auto.eos_token_id) == (tokenizer.bos_id, tokenizer.eos_id)
-    template = build_chat_template(template_name, tokenizer, model_name)
+    template = build_chat_template(template_name, tokenizer, default_chat_format(family))
     dicts = [m.as_dict() for m in CHAT]
     tokens, _ = template.tokenize(CHAT, train_on_input=False)
     assert auto.apply_chat_template(dicts, tokenize=True, return_dict=False) == tokens
@@ -35,7 +36,7 @@ def _same_as_autotokenizer(out: Path, tokenizer, template_name: str, model_name:
 
 def test_the_debug_tokenizer_is_exported_as_a_hugging_face_one(tmp_path):
     tokenizer = TiktokenTokenizer(str(REPO / DEFAULT_TOKENIZER_PATH))
-    written = save_tokenizer(tmp_path, tokenizer, "auto", "llama3")
+    written = save_tokenizer(tmp_path, tokenizer, "auto", default_chat_format("llama3"))
     assert written == ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"]
     _same_as_autotokenizer(tmp_path, tokenizer, "auto", "llama3")
 
@@ -46,7 +47,7 @@ def test_a_folders_tokenizer_and_the_format_trained_on(tmp_path, family, templat
     out = tmp_path / "export"
     out.mkdir()
     (out / "config.json").write_text((tmp_path / "source/config.json").read_text())  # (an export has its config)
-    written = save_tokenizer(out, tokenizer, template, family)
+    written = save_tokenizer(out, tokenizer, template, default_chat_format(family))
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(written)
     assert ("chat_template.jinja" in written) == (template != "auto")  # (a built-in format, not the tokenizer's)
     _same_as_autotokenizer(out, tokenizer, template, family)

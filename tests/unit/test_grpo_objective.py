@@ -76,6 +76,7 @@ def _objective(
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
         model_name="llama3",
+        chat_format="llama3",
         vocab_size=tokenizer.vocab_size,
         seq_len=64,
         local_batch_size=local_batch_size,

@@ -124,5 +124,16 @@ def test_training_pushes_its_hf_export(hub, make_trainer, monkeypatch, tmp_path:
     make_trainer(*tiny_args(tmp_path / "run", *push)).train()
     assert hub.calls == [
         ("create_repo", "me/run", True, True, TOKEN),
-        ("upload_folder", "me/run", str(tmp_path / "run/hf"), ["config.json", "model.safetensors"]),
+        (
+            "upload_folder",
+            "me/run",
+            str(tmp_path / "run/hf"),
+            [
+                "chat_template.jinja",  # (the run's tokenizer and chat format go with every export)
+                "config.json",
+                "model.safetensors",
+                "tokenizer.json",
+                "tokenizer_config.json",
+            ],
+        ),
     ]

@@ -48,6 +48,7 @@ def objective(cfg: KTOSection, policy: torch.nn.Module, reference: torch.nn.Modu
     ctx = ObjectiveContext(
         tokenizer=TOKENIZER,
         model_name="llama3",
+        chat_format="llama3",
         vocab_size=TOKENIZER.vocab_size,
         seq_len=32,
         local_batch_size=batch,
@@ -284,6 +285,6 @@ def test_config_checks_name_the_key_and_the_fix():
 
 
 def test_kto_without_a_reference_model_is_a_config_error():
-    ctx = ObjectiveContext(TOKENIZER, "llama3", TOKENIZER.vocab_size, 32, 2, 0, 1, 0, models=None)
+    ctx = ObjectiveContext(TOKENIZER, "llama3", "llama3", TOKENIZER.vocab_size, 32, 2, 0, 1, 0, models=None)
     with pytest.raises(ConfigError, match="needs a frozen reference model"):
         KTOObjective(ctx, DATA, KTOSection())

@@ -74,7 +74,7 @@ def test_register_new_model() -> None:
         assert get_model_spec("_test_only_model") is spec
         assert "_test_only_model" in list_models()
     finally:
-        from titanium.models import _REGISTRY
+        from titanium.models.registry import _REGISTRY
 
         _REGISTRY.pop("_test_only_model", None)
 

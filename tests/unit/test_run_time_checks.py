@@ -167,7 +167,9 @@ RUN_TIME_CHECKS = {
         "what torch's schedule class refuses when it is made from the built stages (e.g. too few microbatches)"
     ),
     "titanium.peft.nf4:to_nf4": "quantizes the materialized weights (the shard split of each weight as FSDP makes it)",
-    "titanium.quantize.serving:export_quantized_hf": TOOL + " (convert quantize: --model, --scheme, --dtype)",
+    "titanium.checkpoint.quantized_export:export_quantized_hf": (
+        TOOL + " (convert quantize: --model, --scheme, --dtype)"
+    ),
     "titanium.models.hf_adapter:HFAdapter.to_hf": "names the weights of a built model (a weight sync or an export)",
     "titanium.objectives.losses.cross_entropy:TokenCrossEntropy.__init__": (
         "the objective's loss, made when the objective is built (the config validation refuses the same range)"

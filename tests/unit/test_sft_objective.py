@@ -78,7 +78,7 @@ def test_rows_padded_to_the_longest_give_the_seq_len_loss_and_gradients(tmp_path
     model.init_weights()
     results = {}
     for pad_to in ("seq_len", "longest"):
-        ctx = ObjectiveContext(TOKENIZER, "llama3", TOKENIZER.vocab_size, seq_len, 4, dp_rank=0, dp_world=1, seed=0)
+        ctx = ObjectiveContext(TOKENIZER, "llama3", "llama3", TOKENIZER.vocab_size, seq_len, 4, 0, 1, seed=0)
         sft = SFTSection(packing=False, pad_to=pad_to)
         objective = SFTObjective(ctx, DataSection(kind="chat", path=str(path)), sft)
         batches = objective.prepare([objective.next_microbatch() for _ in range(3)]).batches
@@ -111,7 +111,7 @@ def test_padding_share_counts_padding_not_eos_standing_in_for_pad(tmp_path: Path
     path = tmp_path / "docs.jsonl"
     path.write_text("".join(json.dumps({"text": t}) + "\n" for t in ["abc", "xyz"]))  # BOS a b c EOS: 5 tokens
     seq_len = 8 if not packing else 10  # padded: 5 real + 3 padding; packed: two samples fill the row
-    ctx = ObjectiveContext(tokenizer, "llama3", tokenizer.vocab_size, seq_len, 2, dp_rank=0, dp_world=1, seed=0)
+    ctx = ObjectiveContext(tokenizer, "llama3", "llama3", tokenizer.vocab_size, seq_len, 2, 0, 1, seed=0)
     objective = SFTObjective(ctx, DataSection(kind="text", path=str(path)), SFTSection(packing=packing))
     batch = objective.next_microbatch()
     assert int((batch.tokens == tokenizer.eos_id).sum()) > (0 if packing else 6)  # EOS is everywhere

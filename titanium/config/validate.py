@@ -434,7 +434,7 @@ def _validate_rollout(cfg: JobConfig) -> Iterator[str]:
     if not ENGINES.known(r.engine):
         yield (
             f"--rollout.engine {r.engine!r} is not a rollout engine; valid: {', '.join(ENGINES.names())}, or your own "
-            "builder as 'package.module:function'"
+            "EngineKind as 'package.module:NAME'"
         )
     if r.tensor_parallel_size < 1:
         yield f"--rollout.tensor_parallel_size must be >= 1, got {r.tensor_parallel_size}"

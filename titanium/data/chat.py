@@ -22,7 +22,6 @@ from typing import Any, Literal
 from titanium.config.sections import DataSection
 from titanium.data.text import DataError
 from titanium.data.tokenizer import Tokenizer
-from titanium.models import get_model_spec
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {
@@ -539,22 +538,16 @@ class JinjaTemplate(ChatTemplate):
         return segments
 
 
-def _family_format(model_name: str) -> str:
-    """The built-in chat format the model family registers for its instruct models ("" if none)."""
-    try:
-        return get_model_spec(model_name).chat_template or ""
-    except ValueError:  # (not a registered family)
-        return ""
-
-
-def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate:
-    """--chat.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else the model's)."""
+def build_chat_template(name: str, tokenizer: Tokenizer, family_format: str = "") -> ChatTemplate:
+    """--chat.chat_template: llama3, chatml, qwen3, tokenizer (its Jinja template) or auto (that, else
+    ``family_format``: the format the model family registers for its instruct models, "" if none; the loop hands it
+    over from the model spec, as data never imports models)."""
     source = getattr(tokenizer, "chat_template", None)
     if name == "auto":
-        name = "tokenizer" if source else _family_format(model_name)
+        name = "tokenizer" if source else family_format
         if not name:
             raise ChatTemplateError(
-                f"--chat.chat_template auto: the tokenizer has no chat_template and model {model_name!r} has no "
+                "--chat.chat_template auto: the tokenizer has no chat_template and the model family has no "
                 "default format; set --chat.chat_template llama3, qwen3 or chatml"
             )
     if name == "llama3":
@@ -581,17 +574,17 @@ def build_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> Cha
     )
 
 
-def build_optional_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> ChatTemplate | None:
+def build_optional_chat_template(name: str, tokenizer: Tokenizer, family_format: str = "") -> ChatTemplate | None:
     """As build_chat_template, for the data that may be plain text (SFT, DPO): none is no template."""
-    return None if name == "none" else build_chat_template(name, tokenizer, model_name)
+    return None if name == "none" else build_chat_template(name, tokenizer, family_format)
 
 
-def trained_chat_template(name: str, tokenizer: Tokenizer, model_name: str) -> str | None:
+def trained_chat_template(name: str, tokenizer: Tokenizer, family_format: str = "") -> str | None:
     """The Jinja text of the chat format a run with ``--chat.chat_template name`` trained on (the tokenizer's own
     with ``none``, when it has one): what its exports carry. None when there is none."""
     if name == "none":
         return getattr(tokenizer, "chat_template", None)
     try:
-        return build_chat_template(name, tokenizer, model_name).jinja
+        return build_chat_template(name, tokenizer, family_format).jinja
     except ChatTemplateError:
         return None

@@ -191,7 +191,7 @@ def build_evaluator(cfg: EvalSection, ctx: EvaluationContext) -> ExactMatchEvalu
     """Held-out exact match of greedy answers (``interval`` > 0), on every data-parallel rank."""
     if cfg.interval == 0:
         return None
-    template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+    template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
     evaluator = ExactMatchEvaluator(
         cfg,
         ctx.data,

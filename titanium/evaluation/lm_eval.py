@@ -38,7 +38,7 @@ class LMEvalEvaluation:
         self.manager = task_manager(cfg.tasks, cfg.include_path or None, flag="--lm_eval.tasks")
         self.template = None
         if cfg.apply_chat_template:
-            self.template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+            self.template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         self.group = ctx.dp_group if ctx.dp_world > 1 else None
         self.run_spec = TaskRun(
             tasks=cfg.tasks,

@@ -40,6 +40,8 @@ class EvaluationContext:
     chat: ChatSection
     tokenizer: Tokenizer
     model_name: str
+    chat_format: str
+    """The model family's default chat format ("" if none), as ``ObjectiveContext.chat_format``."""
     objective: Callable[[DataSection, int], Any]
     """``(data, seed offset) -> a new instance of the training objective`` reading ``data``."""
     loss_sums: Callable[[Batch], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]

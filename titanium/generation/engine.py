@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,16 +112,25 @@ class RolloutEngine(ABC):
         """Free the engine, at the end of the job (vLLM's teardown destroys the default process group)."""
 
 
+@dataclass(frozen=True)
+class EngineKind:
+    """A rollout engine as ``--rollout.engine`` names it (``ENGINES`` in titanium/config/components.py, or your own by
+    import path): how to build it in a process, and what it cannot do with a job, said before any process starts."""
+
+    build: Callable[..., RolloutEngine]
+    """``(cfg: RolloutSection, spec, args, *, stop_ids, pad_id, max_model_len, device, dtype, seed, tp_group)``."""
+    check: Callable[..., None] = lambda *args, **kwargs: None
+    """``(cfg, spec, args, *, max_model_len, world_size, device_type)``: raise ``ConfigError`` for what it cannot do."""
+
+
 def check_engine(
     cfg: RolloutSection, spec: ModelSpec, args: Any, *, max_model_len: int, world_size: int, device_type: str
 ) -> None:
     """What the ``[rollout]`` engine cannot do with a policy of family ``spec`` and ``args`` in a job of ``world_size``
     processes on ``device_type``, decided before any process starts (titanium.preflight; ``max_model_len``: the
     longest prompt plus its answer)."""
-    if cfg.engine == "vllm":
-        from titanium.generation.vllm_engine import check_vllm
-
-        check_vllm(cfg, spec, args, max_model_len=max_model_len, world_size=world_size, device_type=device_type)
+    kind = ENGINES.load(cfg.engine)
+    kind.check(cfg, spec, args, max_model_len=max_model_len, world_size=world_size, device_type=device_type)
 
 
 def build_engine(
@@ -137,16 +146,14 @@ def build_engine(
     seed: int,
     tp_group: dist.ProcessGroup | None = None,
 ) -> RolloutEngine:
-    """The ``[rollout]`` engine for a policy of family ``spec`` with ``args``, in this process, by the builder
-    registered as ``cfg.engine`` (``ENGINES`` in titanium/config/components.py, or an import path): ``builder(cfg, spec,
-    args, stop_ids=, pad_id=, max_model_len=, device=, dtype=, seed=, tp_group=) -> RolloutEngine``. It holds no
-    weights until the first ``sync_from``. ``max_model_len``: the longest prompt plus its answer; ``seed`` varies per
-    rank; ``dtype``: the engine's (``auto``: the training forward's, ``training_dtype``); ``tp_group``: the policy's
-    tensor-parallel group, which the titanium engine splits its copy over when ``tensor_parallel_size`` > 1
-    (collective: every rank of the job builds its engine together)."""
+    """The ``[rollout]`` engine for a policy of family ``spec`` with ``args``, in this process, built by the
+    ``EngineKind`` registered as ``cfg.engine``. It holds no weights until the first ``sync_from``.
+    ``max_model_len``: the longest prompt plus its answer; ``seed`` varies per rank; the engine's dtype is
+    ``cfg.dtype`` (``auto``: the training forward's, ``training_dtype``); ``tp_group``: the policy's tensor-parallel
+    group, which the titanium engine splits its copy over when ``tensor_parallel_size`` > 1 (collective: every rank
+    of the job builds its engine together)."""
     dtype = training_dtype if cfg.dtype == "auto" else DTYPES[cfg.dtype]
-    builder = ENGINES.load(cfg.engine)
-    return builder(
+    return ENGINES.load(cfg.engine).build(
         cfg,
         spec,
         args,

@@ -22,7 +22,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from titanium.config.sections import RolloutSection
-from titanium.generation.engine import RolloutEngine, Rollouts
+from titanium.generation.engine import EngineKind, RolloutEngine, Rollouts
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
 from titanium.generation.tp_plan import decoding_group, shard_for_decoding
@@ -105,3 +105,7 @@ def build_titanium_engine(
     return TitaniumEngine(
         spec, args, stop_ids=stop_ids, pad_id=pad_id, device=device, dtype=dtype, compile=cfg.compile, tp_group=split
     )
+
+
+TITANIUM = EngineKind(build_titanium_engine)
+"""``--rollout.engine titanium``."""

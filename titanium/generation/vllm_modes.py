@@ -9,8 +9,8 @@ import torch
 import torch.distributed as dist
 
 from titanium.config.sections import RolloutSection
-from titanium.generation.engine import RolloutEngine
-from titanium.generation.vllm_engine import VLLMEngine
+from titanium.generation.engine import EngineKind, RolloutEngine
+from titanium.generation.vllm_engine import VLLMEngine, check_vllm
 from titanium.generation.vllm_server import VLLMServerEngine
 from titanium.generation.vllm_shared import SharedServerEngine
 from titanium.models.spec import ModelSpec
@@ -46,3 +46,7 @@ def build_vllm_engine(
         seed=seed,
         device_type=device.type,
     )
+
+
+VLLM = EngineKind(build_vllm_engine, check_vllm)
+"""``--rollout.engine vllm``."""

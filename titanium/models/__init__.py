@@ -1,81 +1,35 @@
 """Model registry: the trainer looks model families up by name and never imports them.
 
-A family registers a ``ModelSpec`` when its package is imported; the built-in families are
-imported at the bottom of this module so that ``get_model_spec("llama3")`` just works.
+A family registers a ``ModelSpec`` in ``titanium.models.registry`` when its package is imported; the built-in
+families are imported here so that ``get_model_spec("llama3")`` just works.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Any
-
+import titanium.models.gemma2  # noqa: F401
+import titanium.models.llama3  # noqa: F401
+import titanium.models.mistral  # noqa: F401
+import titanium.models.phi3  # noqa: F401
+import titanium.models.qwen2  # noqa: F401
+import titanium.models.qwen3  # noqa: F401
+import titanium.models.qwen3_moe  # noqa: F401
+import titanium.models.transformers  # noqa: F401
+from titanium.models.registry import (
+    build_model_args,
+    default_chat_format,
+    get_model_spec,
+    hf_family,
+    list_models,
+    register_model,
+)
 from titanium.models.spec import ModelSpec
 
-_REGISTRY: dict[str, ModelSpec] = {}
-
-
-def register_model(spec: ModelSpec, *, replace: bool = False) -> ModelSpec:
-    """Add ``spec`` under ``spec.name`` and return it.
-
-    Registering a different spec under a taken name is an error unless ``replace`` is set,
-    so two families cannot silently shadow each other.
-    """
-    existing = _REGISTRY.get(spec.name)
-    if existing is not None and existing is not spec and not replace:
-        raise ValueError(f"model {spec.name!r} is already registered; pass replace=True to override")
-    _REGISTRY[spec.name] = spec
-    return spec
-
-
-def list_models() -> list[str]:
-    """Registered model names, sorted."""
-    return sorted(_REGISTRY)
-
-
-def get_model_spec(name: str) -> ModelSpec:
-    """The spec registered as ``name``; ``ValueError`` naming the known models otherwise."""
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown model {name!r}; known models: {', '.join(list_models()) or '(none)'}") from None
-
-
-def hf_family(model_type: object) -> str | None:
-    """The registered family whose Hugging Face adapter reads ``config.json`` files of ``model_type``, if any."""
-    for name in list_models():
-        adapter = _REGISTRY[name].hf_adapter
-        if adapter is not None and adapter.model_type == model_type:
-            return name
-    return None
-
-
-def build_model_args(spec: ModelSpec, flavor: str, **overrides: Any) -> Any:
-    """A copy of the ``flavor`` preset of ``spec`` with ``overrides`` applied.
-
-    The trainer uses this to take ``vocab_size`` from the tokenizer and ``max_seq_len``
-    from the training sequence length without touching the shared preset.
-    """
-    if flavor not in spec.flavors:
-        raise ValueError(f"unknown flavor {flavor!r} for model {spec.name!r}; valid flavors: {', '.join(spec.flavors)}")
-    args = spec.flavors[flavor]
-    valid_fields = {f.name for f in dataclasses.fields(args)}
-    unknown = sorted(set(overrides) - valid_fields)
-    if unknown:
-        raise ValueError(
-            f"unknown argument(s) {', '.join(unknown)} for model {spec.name!r}; "
-            f"valid: {', '.join(sorted(valid_fields))}"
-        )
-    return dataclasses.replace(args, **overrides)
-
-
-# Imported last: the family packages call register_model, defined above.
-import titanium.models.gemma2  # noqa: E402, F401
-import titanium.models.llama3  # noqa: E402, F401
-import titanium.models.mistral  # noqa: E402, F401
-import titanium.models.phi3  # noqa: E402, F401
-import titanium.models.qwen2  # noqa: E402, F401
-import titanium.models.qwen3  # noqa: E402, F401
-import titanium.models.qwen3_moe  # noqa: E402, F401
-import titanium.models.transformers  # noqa: E402, F401
-
-__all__ = ["ModelSpec", "build_model_args", "get_model_spec", "hf_family", "list_models", "register_model"]
+__all__ = [
+    "ModelSpec",
+    "build_model_args",
+    "default_chat_format",
+    "get_model_spec",
+    "hf_family",
+    "list_models",
+    "register_model",
+]

@@ -168,7 +168,10 @@ class ObjectiveContext:
 
     tokenizer: Tokenizer
     model_name: str
-    """Model family (registry key), e.g. for choosing its chat format."""
+    """Model family (registry key)."""
+    chat_format: str
+    """The chat format the family registers for its instruct models ("" if none): ``--chat.chat_template auto``'s
+    choice when the tokenizer has no template of its own."""
     vocab_size: int
     seq_len: int
     local_batch_size: int

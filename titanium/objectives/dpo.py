@@ -268,7 +268,7 @@ class DPOObjective(LoaderObjective):
         self.nll_weight = self.pair_loss.nll_weight(dpo)
         names = (*METRICS, *self.pair_loss.metrics, *(("nll_loss",) if self.nll_weight > 0 else ()))
         self.metric_names = tuple(f"dpo/{name}" for name in names)
-        self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.pad_to, self.pad_multiple = row_width(
             dpo.pad_to, dpo.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--dpo.pad_to"

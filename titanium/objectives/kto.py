@@ -108,7 +108,7 @@ class KTOObjective(LoaderObjective):
             )
         self.cfg, self.ctx = kto, ctx
         self.estimates_kl = kto.loss_type == "kto"
-        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         self.examples = UnpairedDataset(
             data, template, ctx.seq_len, ctx.tokenizer.bos_id, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world
         )

@@ -136,7 +136,7 @@ class RewardObjective(LoaderObjective):
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, reward: RewardSection) -> None:
         self.cfg, self.pad_id, self.placement = reward, ctx.tokenizer.pad_id, ctx.placement
-        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         # One token short of seq_len: the appended last token must fit the row.
         self.pairs = PreferenceDataset(
             data,

@@ -34,7 +34,7 @@ class SFTObjective(LoaderObjective):
                 data, sft, ctx.images, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
             )
         else:
-            template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.model_name)
+            template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.chat_format)
             self.samples = SFTDataset(
                 data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
             )

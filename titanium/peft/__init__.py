@@ -11,9 +11,9 @@ from titanium.peft.lora import (
     init_lora,
     is_lora_param,
     lora_state_dict,
+    quantize_lora_base_nf4,
 )
 from titanium.peft.merge import lora_scales, merge_lora, merge_lora_state, merged_full_state_dict
-from titanium.peft.nf4 import quantize_lora_base_nf4
 
 __all__ = [
     "LoRAConfigError",

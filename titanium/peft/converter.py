@@ -13,8 +13,7 @@ from titanium.models.converter import ConverterContext, ExportContext, ModelConv
 from titanium.models.hf_adapter import HFAdapter
 from titanium.peft.expert_lora import expert_lora_modules
 from titanium.peft.export import export_peft_adapter
-from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale
-from titanium.peft.nf4 import quantize_lora_base_nf4
+from titanium.peft.lora import apply_lora, init_lora, is_lora_param, lora_modules, lora_scale, quantize_lora_base_nf4
 
 logger = logging.getLogger("titanium")
 

@@ -19,13 +19,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from titanium.peft.lora import LoRALinear
 from titanium.peft.nf4 import dequantize
 
 
 @torch.no_grad()
-def weight_norm(module: LoRALinear, full: bool = False) -> torch.Tensor:
-    """``||W + scale * B A||`` of each output row, in float32, without gradient (NF4 weights dequantized).
+def weight_norm(module: nn.Linear, full: bool = False) -> torch.Tensor:
+    """``||W + scale * B A||`` of each output row of a ``LoRALinear`` (titanium/peft/lora.py, which imports this
+    module), in float32, without gradient (NF4 weights dequantized).
 
     With ``full`` the parameters may be sharded DTensors: they are gathered (collective) and every rank gets
     the whole vector. Inside a forward FSDP has already gathered them."""
@@ -37,7 +37,7 @@ def weight_norm(module: LoRALinear, full: bool = False) -> torch.Tensor:
 
 
 def dora_output(
-    module: LoRALinear, x: torch.Tensor, dropped: torch.Tensor, base: torch.Tensor, update: torch.Tensor
+    module: nn.Linear, x: torch.Tensor, dropped: torch.Tensor, base: torch.Tensor, update: torch.Tensor
 ) -> torch.Tensor:
     """The DoRA layer's output from the base layer's ``base = W x + b`` and the LoRA ``update = scale B A dropped``."""
     assert module.lora_magnitude is not None

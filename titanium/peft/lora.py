@@ -28,7 +28,9 @@ from titanium.config.sections import LoRASection
 from titanium.models.common.moe import GroupedExperts
 from titanium.models.hf_adapter import HFAdapter
 from titanium.parallel.params import clean_fqn, copy_full_into
+from titanium.peft.dora import dora_output, weight_norm
 from titanium.peft.expert_lora import add_expert_adapters, expert_lora_modules, init_expert_lora
+from titanium.peft.nf4 import linear_nf4, to_nf4
 
 LATENT_ATTENTION = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 """The latent-attention projections of DeepSeek-V2/V3 models (built by the transformers backend)."""
@@ -72,8 +74,6 @@ class LoRALinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.base_nf4:
-            from titanium.peft.nf4 import linear_nf4
-
             base = linear_nf4(x, self.weight)
             if self.bias is not None:
                 base = base + self.bias
@@ -85,8 +85,6 @@ class LoRALinear(nn.Linear):
         update = self.lora_b(self.lora_a(dropped)) * self.lora_scale
         if self.lora_magnitude is None:
             return base + update
-        from titanium.peft.dora import dora_output
-
         return dora_output(self, x, dropped, base, update)
 
     def extra_repr(self) -> str:
@@ -126,6 +124,32 @@ def lora_modules(model: nn.Module) -> Iterator[tuple[str, LoRALinear]]:
     for name, module in model.named_modules():
         if isinstance(module, LoRALinear):
             yield clean_fqn(name), module
+
+
+@torch.no_grad()
+def quantize_lora_base_nf4(model: nn.Module, shard_degree: int = 1) -> int:
+    """Replace the base weight of every adapted layer by its NF4 quantization (frozen); returns the count.
+
+    Call once the base weights hold their final values (after initialisation and the Hugging Face
+    load) and before ``fully_shard``: the weights must be plain tensors here. Every rank quantizes the
+    full weight (one set of statistics per tensor) and FSDP2 then shards the NF4 tensor with torchao's
+    all-gather hooks; ``shard_degree`` is the FSDP shard degree it will be split into.
+    """
+    count = 0
+    for name, module in lora_modules(model):
+        if module.base_nf4:
+            continue
+        weight = module.weight
+        if isinstance(weight, DTensor) or weight.is_meta:
+            where = "sharded (a DTensor)" if isinstance(weight, DTensor) else "on the meta device"
+            raise RuntimeError(
+                f"quantize_lora_base_nf4: {name}.weight is {where}; quantize materialized, unsharded weights "
+                "(after loading, before fully_shard)"
+            )
+        module.weight = nn.Parameter(to_nf4(weight, f"{name}.weight", shard_degree), requires_grad=False)
+        module.base_nf4 = True
+        count += 1
+    return count
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -371,8 +395,6 @@ def init_lora(model: nn.Module, seed: int | None = None) -> None:
         copy_full_into(module.lora_a.weight, a)
         copy_full_into(module.lora_b.weight, torch.zeros(tuple(module.lora_b.weight.shape)))
         if module.lora_magnitude is not None:
-            from titanium.peft.dora import weight_norm
-
             copy_full_into(module.lora_magnitude, weight_norm(module, full=True))
 
 

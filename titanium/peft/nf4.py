@@ -9,11 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import nn
-from torch.distributed.tensor import DTensor
 
 from titanium.errors import UserError
-from titanium.peft.lora import lora_modules
 
 BLOCK_SIZE = 64
 """Weights per NF4 block (one absmax scaler each), torchao's and the QLoRA paper's default."""
@@ -63,29 +60,3 @@ def to_nf4(weight: torch.Tensor, name: str = "weight", shard_degree: int = 1) ->
             "--lora.quantize_base none"
         )
     return _torchao_nf4().to_nf4(weight.detach().contiguous(), BLOCK_SIZE, scaler_block)
-
-
-@torch.no_grad()
-def quantize_lora_base_nf4(model: nn.Module, shard_degree: int = 1) -> int:
-    """Replace the base weight of every adapted layer by its NF4 quantization (frozen); returns the count.
-
-    Call once the base weights hold their final values (after initialisation and the Hugging Face
-    load) and before ``fully_shard``: the weights must be plain tensors here. Every rank quantizes the
-    full weight (one set of statistics per tensor) and FSDP2 then shards the NF4 tensor with torchao's
-    all-gather hooks; ``shard_degree`` is the FSDP shard degree it will be split into.
-    """
-    count = 0
-    for name, module in lora_modules(model):
-        if module.base_nf4:
-            continue
-        weight = module.weight
-        if isinstance(weight, DTensor) or weight.is_meta:
-            where = "sharded (a DTensor)" if isinstance(weight, DTensor) else "on the meta device"
-            raise RuntimeError(
-                f"quantize_lora_base_nf4: {name}.weight is {where}; quantize materialized, unsharded weights "
-                "(after loading, before fully_shard)"
-            )
-        module.weight = nn.Parameter(to_nf4(weight, f"{name}.weight", shard_degree), requires_grad=False)
-        module.base_nf4 = True
-        count += 1
-    return count

@@ -1,7 +1,7 @@
 """Quantization schemes by name: each is one torchao post-training config plus what it needs from the model and
 the machine. QAT (qat.py: it fake-quantizes with a scheme's config and converts to it at the end) and the serving
-export (serving.py) read the same table, so a QAT-trained model exported with its scheme is quantized exactly as
-it was trained.
+export (titanium/checkpoint/quantized_export.py) read the same table, so a QAT-trained model exported with its
+scheme is quantized exactly as it was trained.
 
 What runs where (torchao 0.18, checked on CPU): the int8 schemes and the int4 codes stored one per byte
 (``IntxUnpackedToInt8Tensor``) quantize, run and load in ``transformers`` on CPU. Float8 dynamic quantization

@@ -134,6 +134,7 @@ class SourceContext(Protocol):
 
     tokenizer: Tokenizer
     model_name: str
+    chat_format: str
     vocab_size: int
     seq_len: int
     local_batch_size: int
@@ -207,7 +208,7 @@ class RolloutSource:
         batch's width, as with pad_to seq_len)."""
         template = None
         if data.kind != "text":  # plain prompts for base models have no chat format
-            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.model_name)
+            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
         stop_ids = set(template.stop_ids) if template is not None else {ctx.tokenizer.eos_id}
         self.prompts = PromptDataset(
             data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, name="rl"

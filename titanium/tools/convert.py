@@ -46,6 +46,7 @@ from titanium.checkpoint.hf import (
     shard_size_bytes,
 )
 from titanium.checkpoint.hub import check_push, upload
+from titanium.checkpoint.quantized_export import export_quantized_hf
 from titanium.config.sections import CheckpointSection
 from titanium.data.export import save_tokenizer
 from titanium.errors import UserError
@@ -54,7 +55,6 @@ from titanium.models import get_model_spec, list_models
 from titanium.peft.export import export_peft_adapter
 from titanium.peft.lora import is_lora_param
 from titanium.quantize.schemes import SCHEMES
-from titanium.quantize.serving import export_quantized_hf
 from titanium.tools.lora_checkpoint import load_lora_run
 
 MODEL_KEY = "model"
@@ -145,8 +145,8 @@ EXPORT_DTYPE = CheckpointSection().export_dtype
 def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, dtype: str) -> Path:
     """A LoRA run's checkpoint merged with the run's base: the run's own ``last_save_in_hf`` export, at that step."""
     run = load_lora_run(checkpoint, config)
-    if run.cfg.model.name != model:
-        raise UserError(f"--model {model}: the run that wrote {checkpoint} trained a {run.cfg.model.name} model")
+    if run.built.spec.name != model:  # (the family the run resolved, --model.name auto included)
+        raise UserError(f"--model {model}: the run that wrote {checkpoint} trained a {run.built.spec.name} model")
     export = dataclasses.replace(run.cfg.checkpoint, hf_folder=str(out.resolve()), export_dtype=dtype)
     path = export_final_hf(
         run.built.model,
@@ -157,7 +157,7 @@ def lora_to_hf(checkpoint: Path, out: Path, model: str, *, config: Path | None, 
         flavor=run.cfg.model.flavor,
     )
     assert path is not None  # (one process: rank 0)
-    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.cfg.model.name)
+    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.built.spec.chat_template or "")
     return path
 
 
@@ -171,7 +171,7 @@ def lora_to_peft(checkpoint: Path, out: Path, *, config: Path | None) -> Path:
         raise UserError(f"model {run.built.spec.name!r} has no Hugging Face adapter")
     path = export_peft_adapter(run.built.model, adapter, run.built.args, run.cfg.lora, out, run.base_model_name_or_path)
     assert path is not None  # (one process: rank 0)
-    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.cfg.model.name)
+    save_tokenizer(path, run.tokenizer, run.cfg.chat.chat_template, run.built.spec.chat_template or "")
     return path
 
 

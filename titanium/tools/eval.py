@@ -152,7 +152,9 @@ def evaluate(args: argparse.Namespace, overrides: list[str]) -> dict[str, Any] |
 
     built, tokenizer, env, dp_group = build_model(cfg, kind, args.model, dims)
     template = (
-        build_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name) if args.apply_chat_template else None
+        build_chat_template(cfg.chat.chat_template, tokenizer, built.spec.chat_template or "")
+        if args.apply_chat_template
+        else None
     )
     lm = TitaniumLM(
         built.model,

@@ -84,8 +84,20 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
     cfg = load_job(overrides)
     device = requested_device(args.device)
     tokenizer = build_tokenizer(cfg.tokenizer)
-    template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, cfg.model.name)
     seq_len = cfg.training.seq_len
+    builder = ModelBuilder(device, cfg.debug.seed)
+    weights = [weights_of(args.policy, "POLICY"), weights_of(args.reference, "REFERENCE")]
+    # The architecture of a Hugging Face folder is its config.json's (else the job's: flavor or start folder).
+    hf = next((w for w in weights if w.hf_folder is not None), None)
+    spec, model_args = builder.resolve(
+        cfg.model,
+        seq_len=seq_len,
+        vocab_size=tokenizer.vocab_size,
+        checkpoint=cfg.checkpoint,
+        hf_folder=hf.hf_folder if hf is not None else None,
+        hf_option=hf.option if hf is not None else None,
+    )
+    template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, spec.chat_template or "")
     data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
     chat, dpo = cfg.chat, cfg.dpo
     pairs = PreferenceDataset(
@@ -99,18 +111,6 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
         max_prompt_length=dpo.max_prompt_length,
     )
     loader = PreferenceBatchLoader(OnePass(pairs, args.max_pairs), args.batch_size, seq_len, tokenizer.pad_id, False)
-    builder = ModelBuilder(device, cfg.debug.seed)
-    weights = [weights_of(args.policy, "POLICY"), weights_of(args.reference, "REFERENCE")]
-    # The architecture of a Hugging Face folder is its config.json's (else the job's: flavor or start folder).
-    hf = next((w for w in weights if w.hf_folder is not None), None)
-    spec, model_args = builder.resolve(
-        cfg.model,
-        seq_len=seq_len,
-        vocab_size=tokenizer.vocab_size,
-        checkpoint=cfg.checkpoint,
-        hf_folder=hf.hf_folder if hf is not None else None,
-        hf_option=hf.option if hf is not None else None,
-    )
     policy, reference = (builder.build(spec, model_args, weights=w).model.eval() for w in weights)
     return evaluate(policy, reference, loader, cfg.dpo)
 

@@ -157,7 +157,8 @@ def load(args: argparse.Namespace) -> Generator:
     device = requested_device(args.device)
     spec, _ = resolve_spec(ModelSection(name=args.model or "auto"), args.folder)  # (the family, or the backend)
     tokenizer = _tokenizer(args)
-    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, spec.name)
+    fmt = spec.chat_template or ""
+    template = None if args.chat_template == "none" else build_chat_template(args.chat_template, tokenizer, fmt)
     model = ModelBuilder(device).load_hf(spec, args.folder, option="FOLDER", family_option="--model").model
     dtype = args.dtype or ("bfloat16" if device.type == "cuda" else "float32")
     model = model.to(getattr(torch, dtype)).eval()

@@ -124,7 +124,8 @@ def _objective(cfg: Any, tokenizer: Any) -> Any:
     t = cfg.training
     ctx = ObjectiveContext(
         tokenizer=tokenizer,
-        model_name=job_model_spec(cfg).name,
+        model_name=(spec := job_model_spec(cfg)).name,
+        chat_format=spec.chat_template or "",
         vocab_size=tokenizer.vocab_size,
         seq_len=t.seq_len,
         local_batch_size=t.local_batch_size,
@@ -147,8 +148,8 @@ def _prompts(cfg: Any, tokenizer: Any) -> Iterator[Sample]:
     from titanium.data.prompts import PromptDataset
     from titanium.model_setup import job_model_spec
 
-    model_name = job_model_spec(cfg).name
-    template = None if cfg.data.kind == "text" else build_chat_template(cfg.chat.chat_template, tokenizer, model_name)
+    fmt = job_model_spec(cfg).chat_template or ""
+    template = build_chat_template(cfg.chat.chat_template, tokenizer, fmt) if cfg.data.kind != "text" else None
     for sample in PromptDataset(cfg.data, cfg.rl, tokenizer, template, cfg.chat.system_prompt):
         yield Sample(0, sample.prompt, [False] * len(sample.prompt))
 

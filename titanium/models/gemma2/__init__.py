@@ -3,12 +3,12 @@ windows; registers itself as ``gemma2``."""
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
 from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.gemma2.args import GEMMA2_FLAVORS
 from titanium.models.gemma2.hf import GEMMA2_HF_ADAPTER
 from titanium.models.gemma2.parallelize import apply_tensor_parallel
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 GEMMA2_SPEC = register_model(

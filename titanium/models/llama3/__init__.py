@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.flops import count_params_on_meta, decoder_flops_per_token
 from titanium.models.llama3.args import LLAMA3_FLAVORS, Llama3Args
 from titanium.models.llama3.hf import LLAMA3_HF_ADAPTER
 from titanium.models.llama3.model import Transformer
 from titanium.models.llama3.parallelize import apply_tensor_parallel
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 

@@ -5,12 +5,12 @@ Llama 3's tensor-parallel plan applies unchanged (the same module names; the win
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
 from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.mistral.args import MISTRAL_FLAVORS
 from titanium.models.mistral.hf import MISTRAL_HF_ADAPTER
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 MISTRAL_SPEC = register_model(

@@ -6,12 +6,12 @@ plan applies unchanged.
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
 from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.phi3.args import PHI3_FLAVORS
 from titanium.models.phi3.hf import PHI3_HF_ADAPTER
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 PHI3_SPEC = register_model(

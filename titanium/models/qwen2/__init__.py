@@ -5,12 +5,12 @@ Llama 3's tensor-parallel plan applies unchanged: ``ColwiseParallel`` shards eac
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.common.decoder import Decoder
 from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.llama3.parallelize import apply_tensor_parallel
 from titanium.models.qwen2.args import QWEN2_FLAVORS
 from titanium.models.qwen2.hf import QWEN2_HF_ADAPTER
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 QWEN2_SPEC = register_model(

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.flops import count_params_on_meta, decoder_flops_per_token
 from titanium.models.qwen3.args import QWEN3_FLAVORS, Qwen3Args
 from titanium.models.qwen3.hf import QWEN3_HF_ADAPTER
 from titanium.models.qwen3.model import Qwen3Transformer
 from titanium.models.qwen3.parallelize import apply_tensor_parallel
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.flops import decoder_model_flops_per_token
 from titanium.models.qwen3.parallelize import apply_tensor_parallel
 from titanium.models.qwen3_moe.args import QWEN3_MOE_FLAVORS, Qwen3MoeArgs
 from titanium.models.qwen3_moe.hf import QWEN3_MOE_HF_ADAPTER
 from titanium.models.qwen3_moe.model import Qwen3MoeTransformer
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 
 QWEN3_MOE_SPEC = register_model(

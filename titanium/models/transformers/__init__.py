@@ -15,26 +15,17 @@
 
 from __future__ import annotations
 
-from titanium.models import register_model
 from titanium.models.flops import count_params, decoder_flops_per_token
+from titanium.models.registry import register_model
 from titanium.models.spec import ModelSpec
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.checks import backend_refusals
 from titanium.models.transformers.hf import TRANSFORMERS_HF_ADAPTER
 from titanium.models.transformers.model import TransformersModel
 from titanium.models.transformers.parallelize import apply_tensor_parallel
+from titanium.models.transformers.vision import build_transformers_model
 
 BACKEND = "transformers"
-
-
-def build_transformers_model(args: TransformersArgs) -> TransformersModel:
-    """The backend's model of ``args``: an ``ImageTextModel`` for an image-text-to-text config, else a
-    ``TransformersModel``."""
-    if args.reads_images:
-        from titanium.models.transformers.vision import ImageTextModel
-
-        return ImageTextModel(args)
-    return TransformersModel(args)
 
 
 def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:

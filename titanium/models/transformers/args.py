@@ -79,8 +79,6 @@ class TransformersArgs:
     def reads_images(self) -> bool:
         """An image-text-to-text model (a vision tower beside the language model: Qwen2.5-VL, Llama 3.2 Vision,
         Gemma 3, Llama 4), built by ``vision.py``; its batches may carry images."""
-        from titanium.models.transformers.vision import is_image_text
-
         return is_image_text(self.config)
 
     @property
@@ -147,3 +145,15 @@ def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) ->
         return CONFIG_MAPPING[model_type].from_dict(values)
     except (TypeError, ValueError, KeyError) as e:
         raise BackendConfigError(f"transformers refuses it: {e}") from None
+
+
+def is_image_text(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` (a ``config.json`` dict) is an image-text-to-text model's: ``transformers`` maps its
+    ``model_type`` to an image-text-to-text class, and its config class has a vision sub-config."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
+        return False
+    return "vision_config" in getattr(CONFIG_MAPPING[model_type], "sub_configs", {})

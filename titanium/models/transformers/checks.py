@@ -14,13 +14,11 @@ from titanium.models.spec import ModelUse
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.hf import checkpoint_conversions
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
-from titanium.models.transformers.vision import image_text_refusals
+from titanium.models.transformers.vision import build_transformers_model, image_text_refusals
 
 
 def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
     """Each thing of ``use`` the model of ``args`` cannot do, as a message naming the flag to change."""
-    from titanium.models.transformers import build_transformers_model
-
     config = args.text_config
     with torch.device("meta"):
         model = build_transformers_model(args)

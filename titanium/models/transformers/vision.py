@@ -22,7 +22,7 @@ layout, read through ``transformers``' own renaming rules so an export keeps the
 from __future__ import annotations
 
 import copy
-from collections.abc import Collection, Mapping
+from collections.abc import Collection
 from functools import lru_cache
 from typing import Any
 
@@ -37,18 +37,6 @@ from titanium.models.transformers.support import fallback_reasons, own_attention
 
 LANGUAGE_PARTS = ("embed_tokens", "layers", "norm")
 """What makes a module the language model (``TransformersModel``'s base)."""
-
-
-def is_image_text(config: Mapping[str, Any]) -> bool:
-    """Whether ``config`` (a ``config.json`` dict) is an image-text-to-text model's: ``transformers`` maps its
-    ``model_type`` to an image-text-to-text class, and its config class has a vision sub-config."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
-
-    model_type = config.get("model_type")
-    if model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
-        return False
-    return "vision_config" in getattr(CONFIG_MAPPING[model_type], "sub_configs", {})
 
 
 def build_image_text_model(args: TransformersArgs) -> tuple[nn.Module, list[str]]:
@@ -263,3 +251,9 @@ def image_text_refusals(args: TransformersArgs, model: ImageTextModel, use: Any)
             "sequence per row; set --dpo.no_share_prompt"
         )
     return problems
+
+
+def build_transformers_model(args: TransformersArgs) -> TransformersModel:
+    """The backend's model of ``args``: an ``ImageTextModel`` for an image-text-to-text config, else a
+    ``TransformersModel``."""
+    return ImageTextModel(args) if args.reads_images else TransformersModel(args)
