@@ -7,6 +7,7 @@ preprocessed pixel values."""
 
 from __future__ import annotations
 
+import math
 from functools import partial
 from pathlib import Path
 
@@ -202,3 +203,24 @@ def test_lora_on_vision_modules_equals_peft(tmp_path) -> None:
         ours = model.eval()(rows["input"], rows["positions"], rows["document_ids"], images=images_of(rows))
         theirs = reloaded(**inputs).logits
     assert (ours[:, : real.shape[1]][real] - theirs[real]).abs().max() < 1e-5
+
+
+def test_llama4_scout_spreads_its_16_experts_over_64_ranks(tmp_path, monkeypatch) -> None:
+    """The shipped Llama 4 Scout config on 64 ranks (the dry run's fake process group): FSDP splits each layer's 16
+    stacked experts along a dimension with >= 64 rows, so a rank holds 1/64 of the model (1.70B of 109B
+    parameters), not a whole expert of every layer (6.2B; FSDP's row split left 48 ranks no expert)."""
+    import torch.distributed as dist
+
+    from titanium.tools.dry_run import dry_run
+
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    monkeypatch.chdir(Path(__file__).resolve().parents[2])
+    try:
+        run = dry_run(["--job.config_file", "train_configs/llama4_scout_sft.toml", "--data.path", str(rows)], 64)
+    finally:
+        dist.destroy_process_group()
+    total = sum(math.prod(p.global_shape) for p in run.params)
+    assert 108e9 < total < 109e9 and run.local_numel < 1.02 * total / 64, (total, run.local_numel)
+    experts = {p.name: p for p in run.params if ".experts." in p.name and p.name.startswith("layers.0.")}
+    assert experts and all(p.local_shape[0] == 16 for p in experts.values()), experts
