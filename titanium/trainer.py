@@ -202,6 +202,11 @@ class Trainer:
         None for a text model."""
         if not getattr(self.model_args, "reads_images", False):
             return None
+        if self.cfg.training.objective != "sft":  # (the others would train on the rows' text and drop their images)
+            raise ConfigError(
+                f"--training.objective {self.cfg.training.objective}: an image-text model trains on images with sft "
+                "only so far; use --training.objective sft, or the language model alone from a text-only checkpoint"
+            )
         ck = self.cfg.checkpoint
         start = ck.initial_load_path if ck.initial_load_in_hf else None
         option = "--checkpoint.initial_load_path" if start is not None else "--model.hf_config"

@@ -64,3 +64,18 @@ def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> N
     losses = scalars(run / "tb")
     assert sorted(losses) == [1, 2]
     assert losses[1] == pytest.approx(reference_loss(folder, images), rel=1e-5)
+
+
+def test_other_objectives_are_refused_for_an_image_text_model(make_trainer, tmp_path: Path) -> None:
+    """DPO (and every objective but SFT) would read the rows' text and drop their images: refused, naming the flag."""
+    from titanium.config.errors import ConfigError
+
+    folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
+    pair = {"prompt": [{"role": "user", "content": "w1"}], "chosen": [{"role": "assistant", "content": "w2"}]}
+    pair["rejected"] = [{"role": "assistant", "content": "w3"}]
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair) + "\n")
+    args = ["--job.dump_folder", str(tmp_path / "run"), "--checkpoint.initial_load_path", str(folder)]
+    args += ["--checkpoint.initial_load_in_hf", "--data.path", str(tmp_path / "pairs.jsonl")]
+    args += ["--data.kind", "preference", "--training.objective", "dpo", "--training.seq_len", "64"]
+    with pytest.raises(ConfigError, match="--training.objective dpo: an image-text model trains on images with sft"):
+        make_trainer(*args)
