@@ -224,3 +224,15 @@ def test_llama4_scout_spreads_its_16_experts_over_64_ranks(tmp_path, monkeypatch
     assert 108e9 < total < 109e9 and run.local_numel < 1.02 * total / 64, (total, run.local_numel)
     experts = {p.name: p for p in run.params if ".experts." in p.name and p.name.startswith("layers.0.")}
     assert experts and all(p.local_shape[0] == 16 for p in experts.values()), experts
+
+
+def test_tensor_context_and_pipeline_parallelism_are_refused(tmp_path) -> None:
+    """Layouts not made to work with images: each refused by a message naming its flag (preflight: exit 2)."""
+    from titanium.models.spec import ModelUse
+    from titanium.models.transformers.vision import image_text_refusals
+
+    built = load(vlm_folder("gemma3", tmp_path, seed=1))[1]
+    use = ModelUse(tensor_parallel=2, context_parallel=2, pipeline_parallel=2)
+    problems = image_text_refusals(built.args, built.model, use)
+    flags = ("tensor_parallel_degree 2", "context_parallel_degree 2", "pipeline_parallel_degree 2")
+    assert len(problems) == 3 and all(flag in problem for flag, problem in zip(flags, problems, strict=True))

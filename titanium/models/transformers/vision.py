@@ -233,6 +233,17 @@ def _renamed(config_json: str, keys: tuple[str, ...]) -> dict[str, str]:
 def image_text_refusals(args: TransformersArgs, model: ImageTextModel, use: Any) -> list[str]:
     """What an image-text model cannot do of ``use`` (a ``ModelUse``), as messages naming the flag to change."""
     problems = []
+    if use.tensor_parallel > 1:
+        problems.append(
+            f"--parallelism.tensor_parallel_degree {use.tensor_parallel}: an image-text model's vision parts stay "
+            "plain tensors beside the language model's sharded ones, which the optimizer refuses to step together "
+            "(measured: fused AdamW on mixed Tensor and DTensor); use FSDP (--parallelism.data_parallel_shard_degree)"
+        )
+    if use.context_parallel > 1:
+        problems.append(
+            f"--parallelism.context_parallel_degree {use.context_parallel}: splitting a row's tokens over ranks is not "
+            "made exact for image tokens (their features, M-RoPE positions and image blocks); use FSDP instead"
+        )
     if use.pipeline_parallel > 1:
         problems.append(
             f"--parallelism.pipeline_parallel_degree {use.pipeline_parallel}: an image-text model's vision tower and "
