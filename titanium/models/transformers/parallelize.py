@@ -121,13 +121,8 @@ class ReplicatedParallel(ParallelStyle):
 def replicate_the_rest(model: nn.Module, tp_mesh: DeviceMesh) -> None:
     """Every module the plan left with plain parameters of its own (norms, scalars) computed whole on every rank
     (``ReplicatedParallel``); the final norm's output stays a replicated DTensor (see the module docstring). A module
-    that also has children is refused: its forward would mix its replicated values with the children's plain ones.
-    An image-text model's vision tower and projector (``vision_names``) stay plain tensors, whole on every rank: each
-    rank computes them on the same images and gets the same gradients back through the replicated embeddings."""
-    vision = tuple(getattr(model, "vision_names", ()))
+    that also has children is refused: its forward would mix its replicated values with the children's plain ones."""
     for name, module in model.named_modules():
-        if name.split(".", 1)[0] in vision:
-            continue
         own = [p for p in module.parameters(recurse=False) if not isinstance(p, DTensor)]
         if not own:
             continue

@@ -2,11 +2,11 @@
 
 ``transformers`` builds the whole ``*ForConditionalGeneration`` on meta. Its language model goes behind the shared
 decoder's interface as ``TransformersModel`` puts any causal LM there (``tok_embeddings``, ``layers``, ``norm``,
-``output``), so FSDP units, activation checkpointing, compile, TP, LoRA, the export and the rollout engine's weight
-sync treat it as a text model. The vision tower and the projector (and any other module outside the language model)
-become further children under their own ``transformers`` names (``visual``, ``vision_model``,
-``multi_modal_projector``...): FSDP shards them with the root, tensor parallelism leaves them whole on every rank
-(``parallelize.py``), LoRA reaches them only when asked.
+``output``), so FSDP units, activation checkpointing, compile, LoRA and the export treat it as a text model. The
+vision tower and the projector (and any other module outside the language model) become further children under their
+own ``transformers`` names (``visual``, ``vision_model``, ``multi_modal_projector``...): FSDP shards them with the
+root, LoRA reaches them only when asked. Tensor, context and pipeline parallelism are refused
+(``image_text_refusals``).
 
 A microbatch's images (``titanium.batch.ImageInputs``, the processor's tensors per row) enter the forward as
 ``images``; how each architecture reads them is its feed (``image_feeds.py``): the placeholder tokens' embeddings
@@ -109,8 +109,8 @@ class ImageTextModel(TransformersModel):
         if clash:
             raise HFConfigError(f"{type(hf).__name__}'s {', '.join(clash)} would shadow the language model's parts")
         self.vision_names: tuple[str, ...] = tuple(parts)
-        """The children that are not the language model (vision tower, projector): whole under tensor parallelism,
-        on the first pipeline stage."""
+        """The children that are not the language model (vision tower, projector): in FSDP's root unit (tensor and
+        pipeline parallelism are refused: ``image_text_refusals``)."""
         for name, (module, _) in parts.items():
             setattr(self, name, module)
         holders = [m for m in hf.modules() if any(c is base or c is head for c in m.modules()) and m is not base]
