@@ -12,6 +12,10 @@ objective:
 - ``per_row()``: ``[rows, ...]``; a pipeline microbatch keeps its rows (advantages, pairs per row);
 - a plain field: kept whole (a flat index, a setting).
 
+Rows of an image-text model may carry images (``ImageInputs``): what the model's processor made of each row's images,
+padded to the microbatch's largest row; a pipeline microbatch keeps its rows' images, and a sequence is never split
+with them (context parallelism refuses image batches).
+
 Metrics never travel in a batch: an objective returns them from ``prepare`` and ``loss``.
 """
 
@@ -56,6 +60,35 @@ Map = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
+class ImageInputs:
+    """The images of a microbatch's rows, as the model's processor prepared them (``pixel_values``, and per model
+    ``image_grid_thw``, ``aspect_ratio_ids``, ``cross_attention_mask``, ``token_type_ids``...), one entry per row.
+
+    Each field is ``[rows, ...]``: a per-token field (``token_type_ids``) is ``[rows, seq, ...]`` like the tokens; any
+    other holds each row's entries (its images, tiles or patches) along dim 1, padded with zeros to the largest row.
+    ``counts`` says how many of a row's entries are real, so ``whole`` gives the layout the processor gives a batch
+    of these rows (every real entry, in row order)."""
+
+    fields: dict[str, torch.Tensor]
+    counts: dict[str, torch.Tensor] = field(default_factory=dict)
+    """name -> ``[rows]``: the real entries of each row's field (fields not per token)."""
+
+    @property
+    def rows(self) -> int:
+        return next(iter(self.fields.values())).shape[0]
+
+    def whole(self, name: str) -> torch.Tensor:
+        """The real entries of every row of field ``name``, concatenated in row order."""
+        value, counts = self.fields[name], self.counts[name]
+        keep = torch.arange(value.shape[1], device=value.device)[None, :] < counts.to(value.device)[:, None]
+        return value[keep]
+
+    def map(self, fn: Map) -> ImageInputs:
+        """``fn`` applied to every field and count (a selection of rows, a move to a device)."""
+        return ImageInputs({k: fn(v) for k, v in self.fields.items()}, {k: fn(v) for k, v in self.counts.items()})
+
+
+@dataclass
 class Batch(Generic[F]):
     """One microbatch of one data-parallel rank."""
 
@@ -70,6 +103,8 @@ class Batch(Generic[F]):
     parent_ids: torch.Tensor | None = None
     """``[rows, seq]`` with ``document_ids``: the document whose earlier positions a token's document continues
     (a prompt shared by two responses; the token's own document where there is none)."""
+    images: ImageInputs | None = None
+    """The rows' images (an image-text model's batches); None: text only."""
 
     @property
     def rows(self) -> int:
@@ -78,7 +113,7 @@ class Batch(Generic[F]):
     def units(self) -> torch.Tensor:
         return self.fields.units()
 
-    def model_inputs(self) -> dict[str, torch.Tensor]:
+    def model_inputs(self) -> dict[str, Any]:
         """Keyword arguments of the model's forward."""
         inputs = {"tokens": self.tokens}
         if self.positions is not None:
@@ -87,10 +122,14 @@ class Batch(Generic[F]):
             inputs["document_ids"] = self.document_ids
         if self.parent_ids is not None:
             inputs["parent_ids"] = self.parent_ids
+        if self.images is not None:
+            inputs["images"] = self.images
         return inputs
 
     def split_sequence(self, index: torch.Tensor) -> Batch[F]:
         """The positions ``index`` of every sequence (context parallelism), with their global positions."""
+        if self.images is not None:
+            raise ValueError("a batch with images cannot be split along the sequence (context parallelism)")
         part = self._map(lambda t: t[:, index], token=True, row=False, rest=False)
         if part.positions is None:  # one document per row: the global positions are the indices
             part.positions = index.expand(self.rows, -1)
@@ -115,7 +154,8 @@ class Batch(Generic[F]):
         fields = dataclasses.replace(self.fields, **changes) if changes else self.fields
         core = (self.positions, self.document_ids, self.parent_ids)
         positions, documents, parents = (fn(t) if t is not None else None for t in core)
-        return Batch(fn(self.tokens), fields, positions=positions, document_ids=documents, parent_ids=parents)
+        images = self.images.map(fn) if self.images is not None and row else self.images
+        return Batch(fn(self.tokens), fields, positions, documents, parents, images)
 
 
 def empty_batch() -> Batch[Fields]:

@@ -27,7 +27,15 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from titanium.checkpoint.hf import hf_model_args, load_hf_weights, read_hf_config, require_hf_adapter
+from titanium.checkpoint.hf import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    HFCheckpoint,
+    hf_model_args,
+    load_hf_weights,
+    read_hf_config,
+    require_hf_adapter,
+)
 from titanium.checkpoint.manager import load_model_weights
 from titanium.checkpoint.states import ModelState
 from titanium.config.loader import ConfigError
@@ -180,7 +188,7 @@ def resolve_spec(model: ModelSection, folder: str | os.PathLike | None) -> tuple
                 "(--checkpoint.initial_load_path FOLDER --checkpoint.initial_load_in_hf) or name one with "
                 "--model.hf_config FOLDER"
             )
-        spec = get_model_spec(BACKEND)
+        spec = image_text_names(get_model_spec(BACKEND), folder)
         if model.trust_remote_code:
             spec = dataclasses.replace(spec, hf_adapter=spec.hf_adapter.with_code_from(str(folder)))
         why = "--model.backend transformers" if backend == "transformers" else "--model.name transformers"
@@ -206,13 +214,36 @@ def resolve_spec(model: ModelSection, folder: str | os.PathLike | None) -> tuple
     )
 
 
+def image_text_names(spec: ModelSpec, folder: str | os.PathLike) -> ModelSpec:
+    """The backend's ``spec`` with its adapter naming an image-text model's parts (language model, vision tower) as
+    the folder's checkpoint does (``titanium.models.transformers.vision.checkpoint_prefixes``); unchanged for a text
+    model."""
+    from titanium.models.transformers import TransformersArgs
+    from titanium.models.transformers.args import is_image_text
+    from titanium.models.transformers.vision import checkpoint_prefixes, module_prefixes
+
+    config = read_hf_config(folder)
+    if not is_image_text(config):
+        return spec
+    args = TransformersArgs.from_config(config)
+    weights = any((Path(folder) / name).is_file() for name in (INDEX_FILE, SINGLE_FILE))
+    keys = HFCheckpoint.open(folder).shapes if weights else ()
+    adapter = spec.hf_adapter.with_prefixes(checkpoint_prefixes(args, keys), module_prefixes(args))
+    return dataclasses.replace(spec, hf_adapter=adapter)
+
+
 def _architecture(folder: str | os.PathLike) -> str:
     """The model class config.json names (else the one ``transformers`` maps its model_type to)."""
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
 
     config = read_hf_config(folder)
     model_type = config.get("model_type")
-    named = next(iter(config.get("architectures") or []), None) or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    named = next(iter(config.get("architectures") or []), None)
+    named = named or MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES.get(model_type)
+    named = named or MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
     return named or f"model_type {model_type!r}"
 
 

@@ -33,6 +33,7 @@ from titanium.config.sections import (
     SFTSection,
     ValidationSection,
 )
+from titanium.config.vision_section import VisionSection
 
 RL_SECTIONS = (
     SectionSpec("rl", RLSection),
@@ -109,6 +110,7 @@ the converter, or None when its section leaves it off; a section at its defaults
 CONVERTERS.register("float8", "titanium.quantize.float8:Float8Converter", SectionSpec("float8", Float8Section))
 CONVERTERS.register("qat", "titanium.quantize.qat:QATConverter", SectionSpec("qat", QATSection))
 CONVERTERS.register("lora", "titanium.peft.converter:LoRAConverter", SectionSpec("lora", LoRASection))
+CONVERTERS.register("vision", "titanium.peft.vision_freeze:VisionFreezeConverter", SectionSpec("vision", VisionSection))
 
 EVALUATIONS = Registry("evaluation", "evaluation")
 """What runs every N steps besides training; ``build(section, EvaluationContext)`` returns a ``Periodic`` (or None

@@ -472,6 +472,10 @@ class LoRASection:
     of every MoE layer's routed experts (one adapter per expert, sharded with them; no dropout, DoRA or nf4
     base). PEFT's spellings work too, matched against the layers' Hugging Face names as PEFT matches them:
     self_attn.o_proj, all-linear (the blocks' linear layers), or a regular expression over the whole name."""
+    vision_modules: bool = False
+    """Image-text models: adapt the layers of the vision tower and projector that target_modules matches too (as PEFT
+    adapts every layer its target_modules match; all-linear: every linear layer of them); off: the language model's
+    layers only."""
     quantize_base: Literal["none", "nf4"] = "none"
     """QLoRA: store the frozen base weights of adapted layers as 4-bit NF4 (torchao)."""
     use_dora: bool = False

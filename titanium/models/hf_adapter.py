@@ -136,6 +136,11 @@ class HFAdapter:
             return self.top_keys[key]
         raise KeyError(f"{key!r} has no Hugging Face name in the {self.model_type} adapter")
 
+    def module_key(self, hf_key: str) -> str:
+        """The name in ``transformers``' model in memory (what PEFT adapters name) of the checkpoint's ``hf_key``: the
+        same, unless the checkpoint keeps an older layout that ``transformers`` renames on loading."""
+        return hf_key
+
     def our_key(self, hf_key: str) -> str | None:
         """Hugging Face name -> ours (for one expert's tensor: the stacked weight); None for a name this family
         does not know."""

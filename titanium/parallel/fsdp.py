@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
+from torch.distributed.fsdp import fully_shard as _fully_shard
+from torch.distributed.tensor import Shard
 
 from titanium.models.common.moe import MoE
 
@@ -34,6 +38,8 @@ def apply_fsdp(
     Gradients are *summed* across ranks: the loss is already divided by the global valid-token
     count, so FSDP's default averaging would divide a second time. Forcing plain SUM collectives
     (instead of a pre-multiplied sum by 1.0) also keeps gloo, which has no PREMUL_SUM, working.
+
+    A parameter with fewer rows than there are shards is split along a larger dimension (``shard_dim``).
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
     embedding = getattr(model, "tok_embeddings", None)
@@ -54,3 +60,18 @@ def apply_fsdp(
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)
+
+
+def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh, **kwargs) -> None:
+    """``torch``'s ``fully_shard`` with each parameter split along ``shard_dim``'s dimension."""
+    _fully_shard(module, mesh=mesh, shard_placement_fn=partial(shard_dim, shards=mesh.size(-1)), **kwargs)
+
+
+def shard_dim(param: nn.Parameter, shards: int) -> Shard | None:
+    """Where FSDP splits ``param``: along its first dimension (FSDP's default, None), unless that has fewer rows than
+    there are shards and another has enough; then along the largest. (Llama 4 Scout's 16 stacked experts over 64
+    ranks would leave 48 ranks nothing and 16 a whole expert of every layer: 6.2B parameters a rank instead of 1.7B.)"""
+    if param.dim() < 2 or param.shape[0] >= shards:
+        return None
+    largest = max(range(param.dim()), key=lambda d: param.shape[d])
+    return Shard(largest) if param.shape[largest] >= shards else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -65,7 +66,7 @@ def peft_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapter, arg
             if list(converted) != [hf_key]:
                 raise ValueError(f"{layer}.weight has no Hugging Face tensor of its own (tied embeddings?)")
             columns.append(converted[hf_key])
-        prefix = f"{_PEFT_PREFIX}{hf_key.removesuffix('.weight')}"
+        prefix = f"{_PEFT_PREFIX}{adapter.module_key(hf_key).removesuffix('.weight')}"
         out[f"{prefix}.lora_A.weight"] = a.contiguous()
         out[f"{prefix}.lora_B.weight"] = torch.cat(columns, dim=1).contiguous()  # (zero outside each part's rows)
         if f"{layers[0]}.lora_magnitude" in tensors:  # each part's magnitudes in its rows, zeros elsewhere: sum
@@ -109,6 +110,14 @@ def fused_ranks(layers: list[str], adapter: HFAdapter) -> dict[str, int]:
 def hf_target_modules(layers: list[str], adapter: HFAdapter) -> list[str]:
     """Our adapted layer names -> PEFT's ``target_modules`` (HF leaf names: ``q_proj``, ``lm_head``...)."""
     return sorted({_hf_leaf(layer, adapter) for layer in layers if _memory_expert(layer, adapter) is None})
+
+
+def exact_target_pattern(layers: list[str], adapter: HFAdapter) -> str:
+    """PEFT's ``target_modules`` as one regular expression naming each adapted layer by its whole name in
+    ``transformers``' model. An image-text model's vision tower reuses its language model's leaf names (``q_proj``,
+    ``down_proj``; a Sequential's ``0``), so leaf names would make PEFT adapt layers titanium did not."""
+    names = {adapter.module_key(adapter.hf_key(f"{layer}.weight")).removesuffix(".weight") for layer in layers}
+    return "|".join(re.escape(name) for name in sorted(names))
 
 
 def hf_target_parameters(layers: list[str], adapter: HFAdapter) -> list[str]:
@@ -157,7 +166,7 @@ def peft_expert_state_dict(tensors: Mapping[str, torch.Tensor], adapter: HFAdapt
 
 def adapter_config(
     cfg: LoRASection,
-    target_modules: list[str],
+    target_modules: list[str] | str,
     base_model_name_or_path: str | None,
     fused: Mapping[str, int] | None = None,
     target_parameters: list[str] | None = None,
@@ -277,7 +286,9 @@ def export_peft_adapter(
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
         save_file(peft_state_dict(tensors, hf_adapter, model_args), str(partial / WEIGHTS_FILE), {"format": "pt"})
-        targets, fused = hf_target_modules(layers, hf_adapter), fused_ranks(layers, hf_adapter)
+        exact = bool(getattr(model, "vision_names", ()))  # (an image-text model: see exact_target_pattern)
+        targets = exact_target_pattern(layers, hf_adapter) if exact else hf_target_modules(layers, hf_adapter)
+        fused = fused_ranks(layers, hf_adapter)
         parameters = hf_target_parameters(layers, hf_adapter)
         config = adapter_config(cfg, targets, base_model_name_or_path, fused, parameters)
         (partial / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

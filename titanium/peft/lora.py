@@ -298,12 +298,17 @@ def apply_lora(model: nn.Module, cfg: LoRASection, hf_adapter: HFAdapter | None 
     chosen: list[tuple[str, nn.Linear]] = []
     experts: list[tuple[str, GroupedExperts]] = []
     matched: set[str] = set()
+    vision = tuple(getattr(model, "vision_names", ()))  # (an image-text model's vision tower and projector)
+    every_vision_linear = cfg.vision_modules and ALL_LINEAR in cfg.target_modules  # (PEFT's all-linear: all of them)
     for name, module in model.named_modules():
+        in_vision = name.split(".", 1)[0] in vision
+        if in_vision and not cfg.vision_modules:
+            continue
         leaf = name.rsplit(".", 1)[-1]
         hf_name = hf_module_name(clean_fqn(name), hf_adapter) if hf_targets and isinstance(module, nn.Linear) else None
         by_hf = {target for target in hf_targets if hf_name is not None and peft_matches(target, hf_name)}
         matched |= by_hf
-        if layer_role(leaf) not in targets and not by_hf:
+        if layer_role(leaf) not in targets and not by_hf and not (in_vision and every_vision_linear):
             continue
         if isinstance(module, LoRALinear) or (isinstance(module, GroupedExperts) and module.weight_update):
             raise ValueError(f"{name} already has a LoRA adapter (apply_lora called twice?)")

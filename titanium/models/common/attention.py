@@ -53,12 +53,16 @@ def document_causal_mask(
     k_documents: torch.Tensor | None,
     window: int | None = None,
     q_parents: torch.Tensor | None = None,
+    q_blocks: torch.Tensor | None = None,
+    k_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean SDPA mask ``[B, 1, S_q, S_k]``: a query sees a key of its own document (any key without document
     ids) at an earlier or equal position, and with a sliding ``window`` fewer than ``window`` positions back.
     With ``q_parents`` (the query's parent document) it also sees the keys of its parent document at earlier
     positions than its own: two responses placed after one prompt (prompt, chosen, rejected in one row, their
     positions each continuing the prompt's) each see the prompt and themselves, never each other.
+    With ``q_blocks`` / ``k_blocks`` (``[B, S]``, -1 outside any block) a query also sees the later keys of its own
+    block: the tokens of one image attend to each other both ways (Gemma 3), still inside the window.
 
     Positions restart at 0 in every packed document, so within a document they order the tokens as
     their indices do; comparing positions (not indices) keeps the rule right when the queries are a
@@ -66,6 +70,8 @@ def document_causal_mask(
     """
     distance = q_positions[:, :, None] - k_positions[:, None, :]
     visible = distance >= 0
+    if q_blocks is not None and k_blocks is not None:
+        visible = visible | ((q_blocks[:, :, None] == k_blocks[:, None, :]) & (q_blocks[:, :, None] >= 0))
     if window is not None:
         visible = visible & (distance < window)
     if q_documents is not None and k_documents is not None:

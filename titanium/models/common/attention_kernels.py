@@ -135,10 +135,13 @@ def document_block_mask(
     k_documents: torch.Tensor | None,
     window: int | None = None,
     q_parents: torch.Tensor | None = None,
+    q_blocks: torch.Tensor | None = None,
+    k_blocks: torch.Tensor | None = None,
 ) -> BlockMask:
     """The FlexAttention form of ``document_causal_mask``: a query sees a key of its own document (any key
     when there are no document ids) at an earlier or equal position, and with ``window`` fewer than ``window``
-    positions back; with ``q_parents``, also a key of its parent document at an earlier position. ``[B, S_q]``
+    positions back; with ``q_parents``, also a key of its parent document at an earlier position; with ``q_blocks``
+    and ``k_blocks``, also the later keys of its own block (one image's tokens). ``[B, S_q]``
     and ``[B, S_k]`` inputs; positions of batch 1 (without documents) give a mask that broadcasts over the batch.
 
     Built once per forward and shared by all layers; on CUDA the construction is compiled, so the
@@ -150,6 +153,9 @@ def document_block_mask(
         at = b if row is None else row
         q_position, k_position = q_positions[at, q_idx], k_positions[at, kv_idx]
         visible = k_position <= q_position
+        if q_blocks is not None and k_blocks is not None:
+            q_block = q_blocks[b, q_idx]
+            visible = visible | ((q_block == k_blocks[b, kv_idx]) & (q_block >= 0))
         if window is not None:
             visible = visible & (q_position - k_position < window)
         if q_documents is None or k_documents is None:

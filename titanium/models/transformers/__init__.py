@@ -4,6 +4,8 @@
 
 - ``args.py``: the model's ``config.json`` and what titanium reads of it;
 - ``model.py``: ``TransformersModel``, the ``transformers`` model behind the shared decoder's interface;
+- ``vision.py``: ``ImageTextModel``, an image-text-to-text model (its vision tower beside the language model), and
+  ``image_feeds.py``: how each such architecture reads a batch's images;
 - ``attention.py``: titanium's attention registered with ``transformers`` (documents, windows, KV cache);
 - ``support.py``: which models run titanium's attention, which their own, and why; ``checks.py``: what a
   job may not ask of them (the preflight checks);
@@ -21,6 +23,7 @@ from titanium.models.transformers.checks import backend_refusals
 from titanium.models.transformers.hf import TRANSFORMERS_HF_ADAPTER
 from titanium.models.transformers.model import TransformersModel
 from titanium.models.transformers.parallelize import apply_tensor_parallel
+from titanium.models.transformers.vision import build_transformers_model
 
 BACKEND = "transformers"
 
@@ -31,7 +34,7 @@ def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:
     import torch
 
     with torch.device("meta"):
-        model = TransformersModel(args)
+        model = build_transformers_model(args)
     d = args.decoder_args()
     params = count_params(model, exclude_embedding=True, active_only=True)  # (titanium's MoE blocks: top_k of E)
     return decoder_flops_per_token(params, d.n_layers, d.n_heads, d.head_dim, seq_len)
@@ -40,7 +43,7 @@ def transformers_flops_per_token(args: TransformersArgs, seq_len: int) -> float:
 TRANSFORMERS_SPEC = register_model(
     ModelSpec(
         name=BACKEND,
-        model_cls=TransformersModel,
+        model_cls=build_transformers_model,
         flavors={},
         flops_per_token=transformers_flops_per_token,
         tp_plan=apply_tensor_parallel,
@@ -49,4 +52,4 @@ TRANSFORMERS_SPEC = register_model(
     )
 )
 
-__all__ = ["BACKEND", "TRANSFORMERS_SPEC", "TransformersArgs", "TransformersModel"]
+__all__ = ["BACKEND", "TRANSFORMERS_SPEC", "TransformersArgs", "TransformersModel", "build_transformers_model"]

@@ -49,7 +49,7 @@ class TransformersArgs:
         if not self.max_seq_len:
             object.__setattr__(self, "max_seq_len", int(self.config.get("max_position_embeddings") or 2048))
         if not self.n_layers:  # (the config class knows the field under its other names: GPT-2's n_layer)
-            layers = self.config.get("num_hidden_layers") or getattr(self.hf_config, "num_hidden_layers", None)
+            layers = self.config.get("num_hidden_layers") or getattr(self.text_config, "num_hidden_layers", None)
             if not isinstance(layers, int):
                 raise BackendConfigError(
                     f"{type(self.hf_config).__name__} names no decoder layer count (num_hidden_layers): not a causal "
@@ -76,25 +76,37 @@ class TransformersArgs:
         ``BackendConfigError`` for a ``model_type`` the installed ``transformers`` does not know (unless its own
         code may run) or values the config class refuses."""
         config = load_hf_config(self.config, self.code_folder)
-        if self.n_layers and self.n_layers != config.num_hidden_layers:
-            config.num_hidden_layers = self.n_layers
-            if isinstance(getattr(config, "layer_types", None), list):
-                config.layer_types = config.layer_types[: self.n_layers]
+        text = config.get_text_config()
+        if self.n_layers and self.n_layers != text.num_hidden_layers:
+            text.num_hidden_layers = self.n_layers
+            if isinstance(getattr(text, "layer_types", None), list):
+                text.layer_types = text.layer_types[: self.n_layers]
         return config
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.hf_config.vocab_size)
+    def text_config(self) -> Any:
+        """The language model's config: ``hf_config`` itself, or its ``text_config`` for an image-text model."""
+        return self.hf_config.get_text_config()
 
     @property
-    def tie_word_embeddings(self) -> bool:
+    def reads_images(self) -> bool:
+        """An image-text-to-text model (a vision tower beside the language model: Qwen2.5-VL, Llama 3.2 Vision,
+        Gemma 3, Llama 4), built by ``vision.py``; its batches may carry images."""
+        return is_image_text(self.config)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.text_config.vocab_size)
+
+    @property
+    def tie_word_embeddings(self) -> bool:  # (transformers ties by the outer config)
         return not self.score_head and bool(getattr(self.hf_config, "tie_word_embeddings", False))
 
     def decoder_args(self) -> DecoderArgs:
         """The shapes the layout checks read (heads against the tensor-parallel degree, layers against the pipeline,
         sliding windows against context parallelism), in the shared decoder's terms. Not an architecture: the
         model is built from ``config.json`` by ``transformers``."""
-        c = self.hf_config
+        c = self.text_config
         moe, moe_layers = routed_moe(self)
         n_heads = int(c.num_attention_heads)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // n_heads
@@ -157,11 +169,11 @@ def load_hf_config(config: Mapping[str, Any], code_folder: str | None = None) ->
     except (TypeError, ValueError, KeyError) as e:
         raise BackendConfigError(f"transformers refuses it: {e}") from None
     text = loaded.get_text_config()
-    if text is not loaded:
+    if text is not loaded and not is_image_text(config):
         raise BackendConfigError(
             f"model_type {model_type!r} is a composite model ({type(loaded).__name__}: its language model is the "
             f"sub-config of model_type {text.model_type!r}); the transformers backend trains causal language models "
-            "alone: start from a text-only checkpoint of it"
+            "alone, or image-text-to-text models (docs/vision.md): start from a text-only checkpoint of it"
         )
     return loaded
 
@@ -175,6 +187,8 @@ def routed_moe(args: TransformersArgs) -> tuple[MoEArgs | None, frozenset[int]]:
 
     from titanium.models.transformers.moe import swap_moe_blocks
 
+    if args.reads_images:
+        return None, frozenset()  # (image-text models keep their own MoE blocks: vision.py builds them whole)
     trust = args.code_folder is not None
     with torch.device("meta"):
         hf = AutoModelForCausalLM.from_config(
@@ -183,3 +197,15 @@ def routed_moe(args: TransformersArgs) -> tuple[MoEArgs | None, frozenset[int]]:
     if not isinstance(getattr(hf.base_model, "layers", None), torch.nn.ModuleList):
         return None, frozenset()  # (a layout the backend refuses when it builds the model: ``check_structure``)
     return swap_moe_blocks(hf, args.model_type)
+
+
+def is_image_text(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` (a ``config.json`` dict) is an image-text-to-text model's: ``transformers`` maps its
+    ``model_type`` to an image-text-to-text class, and its config class has a vision sub-config."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    model_type = config.get("model_type")
+    if model_type not in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES or model_type not in CONFIG_MAPPING:
+        return False
+    return "vision_config" in getattr(CONFIG_MAPPING[model_type], "sub_configs", {})

@@ -49,6 +49,8 @@ class AttentionContext:
     parent_ids: torch.Tensor | None = None
     kv_cache: KVCache | None = None
     masks: dict[int | None, Mask] = dataclasses.field(default_factory=dict)
+    blocks: torch.Tensor | None = None
+    """``[B, S]`` spans whose tokens see each other both ways (an image's tokens in Gemma 3), -1 elsewhere."""
 
     @classmethod
     def build(
@@ -59,14 +61,16 @@ class AttentionContext:
         kv_cache: KVCache | None,
         windows: tuple[int, ...],
         backend: AttentionBackend,
+        blocks: torch.Tensor | None = None,
     ) -> AttentionContext:
         """The context of a forward whose layers use ``windows`` (sliding windows besides global attention). Rows
-        without documents need no mask for global layers (causal SDPA), nor for a window that covers the row."""
+        without documents (or ``blocks``) need no mask for global layers (causal SDPA), nor for a window that covers
+        the row."""
         if document_ids is not None and positions.shape[0] != document_ids.shape[0]:
             positions = positions.expand_as(document_ids)
         if parent_ids is not None and document_ids is None:
             raise ValueError("parent_ids need document_ids")
-        context = cls(positions, document_ids, parent_ids, kv_cache)
+        context = cls(positions, document_ids, parent_ids, kv_cache, blocks=blocks)
         if kv_cache is not None:
             if document_ids is None or parent_ids is not None:
                 raise ValueError("decoding with a KV cache needs positions and document_ids (and no parent_ids)")
@@ -75,10 +79,12 @@ class AttentionContext:
         flex_kernel = masked_kernel(backend, positions.device) == "flex"
         build = document_block_mask if flex_kernel else document_causal_mask
         for window in (None, *windows):
-            if document_ids is None and (window is None or window >= seq):
+            if document_ids is None and blocks is None and (window is None or window >= seq):
                 context.masks[window] = None
             else:
-                context.masks[window] = build(positions, positions, document_ids, document_ids, window, parent_ids)
+                context.masks[window] = build(
+                    positions, positions, document_ids, document_ids, window, parent_ids, blocks, blocks
+                )
         return context
 
     def mask(self, window: int | None) -> Mask:
@@ -101,7 +107,13 @@ def titanium_attention(
 ) -> tuple[torch.Tensor, None]:
     """The ``AttentionInterface`` function: queries ``[B, H, S, D]`` and keys/values ``[B, H_kv, S, D]`` (after
     RoPE, not repeated for GQA) -> ``([B, S, H, D], None)``. ``attention_mask`` is None (masks come from the
-    context); sinks and dropout are features the backend's checks send to the model's own attention instead."""
+    context); sinks and dropout are features the backend's checks send to the model's own attention instead.
+    A mask the model made itself (``transformers`` makes none for titanium's attention) is a cross-attention's
+    (Llama 3.2 Vision's text over image tiles): that call is ``transformers``' SDPA with it, as the model's own."""
+    if attention_mask is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     context = kwargs.get(CONTEXT_KWARG)
     if context is None:
         raise RuntimeError(
@@ -120,7 +132,10 @@ def titanium_attention(
     if context.kv_cache is not None:
         cache = context.kv_cache.layers[str(module.layer_idx)]
         k, v, k_positions, k_documents = cache.update(k, v, context.positions, context.document_ids)
-        mask = document_causal_mask(context.positions, k_positions, context.document_ids, k_documents, sliding_window)
+        blocks = context.blocks if context.blocks is not None and k.shape[1] == q.shape[1] else None  # (prefill)
+        mask = document_causal_mask(
+            context.positions, k_positions, context.document_ids, k_documents, sliding_window, None, blocks, blocks
+        )
         return sdpa(q, k, v, mask, scores), None
     mask = context.mask(sliding_window)
     if isinstance(mask, BlockMask):

@@ -15,6 +15,7 @@ from titanium.models.spec import ModelUse
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.hf import checkpoint_conversions
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
+from titanium.models.transformers.vision import build_transformers_model, image_text_refusals
 
 
 def sequence_classifier(model_type: str) -> str | None:
@@ -26,11 +27,9 @@ def sequence_classifier(model_type: str) -> str | None:
 
 def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
     """Each thing of ``use`` the model of ``args`` cannot do, as a message naming the flag to change."""
-    from titanium.models.transformers.model import TransformersModel
-
-    config = args.hf_config
+    config = args.text_config
     with torch.device("meta"):
-        model = TransformersModel(args)
+        model = build_transformers_model(args)
     problems = []
     if use.tensor_parallel > 1:
         flag = f"--parallelism.tensor_parallel_degree {use.tensor_parallel}"
@@ -58,7 +57,7 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
                 f"--moe.load_balance {use.load_balance}: {own}, so titanium cannot balance their routing; set "
                 "--moe.load_balance none to train them without load balancing"
             )
-    conversions = checkpoint_conversions(config.model_type) if use.hf_checkpoint else []
+    conversions = checkpoint_conversions(args.model_type) if use.hf_checkpoint else []
     if conversions:
         problems.append(
             f"its Hugging Face checkpoints hold tensors that transformers converts on loading ({', '.join(conversions)}"
@@ -76,6 +75,8 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--rollout.tensor_parallel_size {use.split_decoding}: titanium's engine splits the native families' "
             "layers only; use 1 (a whole decoding copy per rank) or --rollout.engine vllm"
         )
+    if args.reads_images:
+        problems += image_text_refusals(args, model, use)
     if model.fallback_reasons:
         own = f"{config.model_type} runs its own attention ({'; '.join(model.fallback_reasons)})"
         if use.kv_cache_decoding:

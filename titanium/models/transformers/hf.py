@@ -1,10 +1,12 @@
 """The transformers backend's Hugging Face adapter: the checkpoint's own names, nearly unchanged.
 
 Inside a layer every name is Hugging Face's already (``layers.3.self_attn.q_proj.weight`` is
-``model.layers.3.self_attn.q_proj.weight``); only the parts the shared decoder's interface names are renamed:
-``tok_embeddings`` / ``norm`` (``model.embed_tokens`` / ``model.norm``), ``output`` (``lm_head``), and any other
-child of the base model (``model.<name>``). No RoPE permutation: the model computes RoPE as its checkpoints store
-it. ``config.json`` goes through untouched, so an export writes the file the run started from.
+``model.layers.3.self_attn.q_proj.weight``); only the parts the shared decoder's interface names are renamed, by
+prefix: ``tok_embeddings`` / ``norm`` (``model.embed_tokens`` / ``model.norm``), ``output`` (``lm_head``), and any
+other child of the base model (``model.<name>``). An image-text model's language model sits deeper
+(``model.language_model.``) and its vision parts beside it (``model.visual.``): ``vision.py`` gives those prefixes, the
+checkpoint's own where it keeps an older layout (``with_prefixes``). No RoPE permutation: the model computes RoPE as
+its checkpoints store it. ``config.json`` goes through untouched, so an export writes the file the run started from.
 """
 
 from __future__ import annotations
@@ -19,8 +21,14 @@ import torch
 from titanium.models.hf_adapter import HFAdapter, HFConfigError, HFExportError, split_layer_key
 from titanium.models.transformers.args import BackendConfigError, TransformersArgs, routed_moe
 
-BASE_PREFIX = "model."
-_OURS_TO_HF = {"tok_embeddings.": "model.embed_tokens.", "norm.": "model.norm.", "output.": "lm_head."}
+Prefixes = tuple[tuple[str, str], ...]
+"""Our names' prefixes -> the Hugging Face names', most specific first; "" (the rest) last."""
+CAUSAL_LM_PREFIXES: Prefixes = (
+    ("tok_embeddings.", "model.embed_tokens."),
+    ("norm.", "model.norm."),
+    ("output.", "lm_head."),
+    ("", "model."),
+)
 MOE_TO_HF = {
     "mlp.moe.router.gate.weight": "mlp.gate.weight",
     "mlp.moe.experts.w2": "mlp.experts.down_proj",
@@ -39,23 +47,32 @@ class TransformersHFAdapter(HFAdapter):
     code_folder: str | None = None
     """Where a ``config.json`` naming its own modeling code (``auto_map``) may take it from ([model]
     trust_remote_code); None: only ``transformers``' own code. Set per job (``with_code_from``)."""
+    prefixes: Prefixes = CAUSAL_LM_PREFIXES
+    """The checkpoint's names of our parts (an image-text model's: ``vision.checkpoint_prefixes``)."""
+    module_prefixes: Prefixes = CAUSAL_LM_PREFIXES
+    """The names of the model in memory (``vision.module_prefixes``), which PEFT adapters use."""
 
     def with_code_from(self, folder: str | None) -> TransformersHFAdapter:
         return dataclasses.replace(self, code_folder=folder)
+
+    def with_prefixes(self, checkpoint: Prefixes, modules: Prefixes) -> TransformersHFAdapter:
+        """This adapter for a model whose checkpoint names its parts by ``checkpoint`` (and memory by ``modules``)."""
+        return dataclasses.replace(self, prefixes=checkpoint, module_prefixes=modules)
 
     def reads(self, model_type: object) -> bool:
         return True  # (whether transformers knows it is for args.hf_config to say)
 
     def hf_key(self, key: str) -> str:
-        for ours, hf in _OURS_TO_HF.items():
-            if key.startswith(ours):
-                return hf + key.removeprefix(ours)
         part = split_layer_key(key)
         if part is not None and part[1] in FUSED_EXPERTS:
-            return f"{BASE_PREFIX}layers.{part[0]}.{GATE_UP}"
-        if part is not None and part[1] in MOE_TO_HF:
-            return f"{BASE_PREFIX}layers.{part[0]}.{MOE_TO_HF[part[1]]}"
-        return BASE_PREFIX + key
+            key = f"layers.{part[0]}.{GATE_UP}"
+        elif part is not None and part[1] in MOE_TO_HF:
+            key = f"layers.{part[0]}.{MOE_TO_HF[part[1]]}"
+        return _renamed(key, self.prefixes)
+
+    def module_key(self, hf_key: str) -> str:
+        ours = self.our_key(hf_key)
+        return hf_key if ours is None else _renamed(ours, self.module_prefixes)
 
     def has_hf_slot(self, key: str) -> bool:
         # The routing bias has one (e_score_correction_bias) only in DeepSeek-V3's routers, which this adapter cannot
@@ -64,11 +81,9 @@ class TransformersHFAdapter(HFAdapter):
         return part is None or part[1] != "mlp.moe.expert_bias"
 
     def _our_key_and_expert(self, hf_key: str) -> tuple[str, int | None] | None:
-        for ours, hf in _OURS_TO_HF.items():
+        for ours, hf in sorted(self.prefixes, key=lambda pair: -len(pair[1])):
             if hf_key.startswith(hf):
                 return ours + hf_key.removeprefix(hf), None
-        if hf_key.startswith(BASE_PREFIX):
-            return hf_key.removeprefix(BASE_PREFIX), None
         return None
 
     # ----- tensors: titanium's MoE in swapped blocks -----
@@ -155,3 +170,8 @@ TRANSFORMERS_HF_ADAPTER = TransformersHFAdapter(model_type="", layer_keys={}, to
 """The backend's adapter (``model_type`` "": ``hf_family`` never picks the backend for a ``model_type``)."""
 
 __all__ = ["TRANSFORMERS_HF_ADAPTER", "TransformersHFAdapter"]
+
+
+def _renamed(key: str, prefixes: Prefixes) -> str:
+    ours, theirs = next((o, t) for o, t in prefixes if key.startswith(o))
+    return theirs + key.removeprefix(ours)

@@ -94,22 +94,29 @@ class TransformersModel(nn.Module):
     """``tokens [B, S] -> logits [B, S, vocab]`` (float32) of a ``transformers`` causal LM, with the shared
     decoder's forward signature, module names and hooks (module docstring)."""
 
+    BASE_NAMES = ("tok_embeddings", "layers", "norm", "output")
+    """Our names of the language model's parts (``BASE_PARTS`` and the head)."""
+
     def __init__(self, args: TransformersArgs) -> None:
         super().__init__()
         self.args = args
-        hf, self.fallback_reasons = build_hf_model(args)
-        check_structure(hf)
-        self.moe_args, self.moe_layers = swap_moe_blocks(hf, args.model_type)
-        """titanium's MoE in the blocks of ``moe_layers`` (``moe.py``); None: no block titanium computes."""
-        self.attention: str = hf.config._attn_implementation
+        hf, self.fallback_reasons = self._build_hf(args)
+        mark_initializers(hf)
+        base, head = self._language_parts(hf)
+        config = args.text_config
+        self.moe_args, self.moe_layers = (
+            (None, frozenset()) if args.reads_images else swap_moe_blocks(hf, args.model_type)
+        )
+        """titanium's MoE in the blocks of ``moe_layers`` (``moe.py``); None: no block titanium computes (an image-text
+        model keeps its own)."""
+        self.attention: str = hf.config.get_text_config()._attn_implementation
         """``titanium`` (``attention.py``), or the model's own where titanium's cannot serve it (``support.py``)."""
-        self.mixes_documents = bool(non_attention_layers(hf, args.hf_config))
+        self.mixes_documents = bool(non_attention_layers(hf, config))
         """Some layers are no attention: they would mix the samples of a packed row."""
-        base = hf.base_model
         self.tok_embeddings: nn.Module | None = base.embed_tokens
         self.layers = nn.ModuleDict({str(i): layer for i, layer in enumerate(base.layers)})
         self.norm: nn.Module | None = base.norm
-        self.output: nn.Module | None = getattr(hf, HEAD)
+        self.output: nn.Module | None = head
         self.own_moe_blocks = own_moe_blocks(self.layers, prefix="layers")
         """The MoE blocks that run as ``transformers`` wrote them (no expert parallelism, no load balancing)."""
         self._extra = [name for name in base._modules if name not in BASE_PARTS.values()]
@@ -119,7 +126,6 @@ class TransformersModel(nn.Module):
         hf._modules.clear()
         object.__setattr__(self, "_hf", hf)  # plain attributes: not submodules, not in the state dict
         object.__setattr__(self, "_base", base)
-        config = args.hf_config
         self.output.logit_softcap = getattr(config, "final_logit_softcapping", None)  # (read by chunked losses)
         self.logit_multiplier = float(getattr(hf, "logit_scale", 1.0)) / float(getattr(config, "logits_scaling", 1.0))
         self.logit_multiplier /= float(getattr(config, "logits_mup_width_multiplier", 1.0))  # (Inkling)
@@ -138,8 +144,17 @@ class TransformersModel(nn.Module):
         from titanium.models.reward import ScoreHead
 
         self.args = dataclasses.replace(self.args, score_head=True)
-        self.output = ScoreHead(int(self.args.hf_config.hidden_size))
+        self.output = ScoreHead(int(self.args.text_config.hidden_size))
         self.logit_multiplier = 1.0
+
+    def _build_hf(self, args: TransformersArgs) -> tuple[nn.Module, list[str]]:
+        """The ``transformers`` model (on the current device) and why it runs its own attention, if it does."""
+        return build_hf_model(args)
+
+    def _language_parts(self, hf: nn.Module) -> tuple[nn.Module, nn.Module]:
+        """The base model (embeddings, layers, norm) and the LM head of ``hf``, refused unless laid out so."""
+        check_structure(hf)
+        return hf.base_model, getattr(hf, HEAD)
 
     def _tie_weights(self) -> None:
         if (
@@ -196,14 +211,32 @@ class TransformersModel(nn.Module):
         parent documents, a KV cache; ``project=False`` returns the final hidden states (times the model's logit
         multiplier, which commutes with the projection)."""
         self._install()
-        seq = tokens.shape[1]
         if positions is None:
-            positions = torch.arange(seq, device=tokens.device)
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+        inputs = {"input_ids": tokens} if self.tok_embeddings is not None else {"inputs_embeds": tokens}
+        return self._run_language_model(inputs, positions, document_ids, parent_ids, kv_cache, project)
+
+    def _run_language_model(
+        self,
+        inputs: dict[str, torch.Tensor],
+        positions: torch.Tensor,
+        document_ids: torch.Tensor | None,
+        parent_ids: torch.Tensor | None,
+        kv_cache: KVCache | None,
+        project: bool,
+        rope: torch.Tensor | None = None,
+        blocks: torch.Tensor | None = None,
+        **extra: Any,
+    ) -> torch.Tensor:
+        """The base model over ``inputs`` (ids or embeddings) with titanium's attention context, then the head.
+        ``rope``: positions for the rotary embedding where they are not ``positions`` (Qwen's 3-D M-RoPE);
+        ``blocks``: spans that attend both ways (``AttentionContext.blocks``); ``extra``: more keyword arguments of
+        the base model's forward (cross-attention states)."""
         position_ids = positions if positions.dim() == 2 else positions.unsqueeze(0)
-        kwargs: dict[str, Any] = {"position_ids": position_ids, "use_cache": False}
+        kwargs: dict[str, Any] = {"position_ids": position_ids if rope is None else rope, "use_cache": False, **extra}
         if self.attention == ATTENTION:
             kwargs[CONTEXT_KWARG] = AttentionContext.build(
-                position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend
+                position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend, blocks
             )
         elif kv_cache is not None or (parent_ids is not None and self.mixes_documents):
             raise ValueError(
@@ -217,7 +250,6 @@ class TransformersModel(nn.Module):
             kwargs["attention_mask"] = own_attention_masks(
                 self.args.hf_config, self.attention, position_ids, document_ids, parent_ids
             )
-        inputs = {"input_ids": tokens} if self.tok_embeddings is not None else {"inputs_embeds": tokens}
         hidden = self._base(**inputs, **kwargs).last_hidden_state
         if self.output is None:
             return hidden
@@ -244,7 +276,7 @@ class TransformersModel(nn.Module):
                 if buffer is not None and buffer.device != torch.device(device):
                     module._buffers[name] = torch.empty_like(buffer, device=device)
             with _parameters_aside(module):
-                self._hf._init_weights(module)
+                initializer(module, self._hf)._init_weights(module)
             if isinstance(module, MoE):
                 module.tokens_per_expert.zero_()  # (its routing bias is persistent: a cast must not reset it)
 
@@ -268,15 +300,36 @@ class TransformersModel(nn.Module):
         """``_init_weights`` on ``unit``'s modules, children first (as ``transformers`` orders them), under the
         global generator seeded for ``name`` (``_init_weights`` draws from it)."""
         generator = unit_generator(seed, name, device)
-        std = float(getattr(self.args.hf_config, "initializer_range", 0.02))
+        std = float(getattr(self.args.text_config, "initializer_range", 0.02))
         with _seeded(generator, device):
             for module in _children_first(unit):
-                self._hf._init_weights(module)
+                initializer(module, self._hf)._init_weights(module)
                 if isinstance(module, MoE):  # (titanium's, in a swapped block: transformers does not know it)
                     module.init_weights(std, std)
 
 
 _PASS = _PassThrough()
+_INITIALIZER = "_titanium_initializer"
+
+
+def mark_initializers(hf: nn.Module) -> None:
+    """Each module of ``hf`` remembers the sub-model whose ``_init_weights`` initializes it: the nearest
+    ``PreTrainedModel`` at or above it, as ``transformers``' own initialization dispatches (a vision tower's, say, is
+    its own). Kept in the module's ``__dict__`` (not a submodule), so copies of the model keep it."""
+    from transformers import PreTrainedModel
+
+    def visit(module: nn.Module, owner: nn.Module) -> None:
+        owner = module if isinstance(module, PreTrainedModel) else owner
+        module.__dict__[_INITIALIZER] = owner
+        for child in module.children():
+            visit(child, owner)
+
+    visit(hf, hf)
+
+
+def initializer(module: nn.Module, default: nn.Module) -> nn.Module:
+    """The sub-model whose ``_init_weights`` initializes ``module`` (``mark_initializers``), else ``default``."""
+    return module.__dict__.get(_INITIALIZER, default)
 
 
 def _children_first(module: nn.Module) -> Iterator[nn.Module]:

@@ -54,7 +54,7 @@ def torch_style(style: str) -> ParallelStyle:
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: bool) -> None:
     """Shard a ``TransformersModel`` (or a pipeline stage of one) over ``tp_mesh`` in place (module docstring)."""
-    config = model.args.hf_config
+    config = model.args.text_config
     problems = tensor_parallel_problems(config, model)
     if problems:
         raise ConfigError(f"--parallelism.tensor_parallel_degree {tp_mesh.size()}: " + "; ".join(problems))

@@ -28,6 +28,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from titanium.batch import Batch, Fields, per_token
 from titanium.config.loader import ConfigError
+from titanium.data.vision import images_of
 from titanium.objectives.base import IGNORE_INDEX, ModelOutput
 
 
@@ -52,6 +53,7 @@ def token_batch(rows: dict[str, torch.Tensor], fields: type[TokenFields] = Token
         fields(labels=rows["label"], **extra),
         positions=rows.get("positions"),
         document_ids=rows.get("document_ids"),
+        images=images_of(rows),
     )
 
 
