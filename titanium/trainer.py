@@ -33,7 +33,7 @@ from titanium.checkpoint.hf import export_final_hf
 from titanium.checkpoint.hub import upload
 from titanium.checkpoint.manager import complete_steps
 from titanium.config import ConfigError, JobConfig, to_toml_dict
-from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
+from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS, check_reads_images
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
 from titanium.data.export import save_tokenizer
@@ -202,11 +202,7 @@ class Trainer:
         None for a text model."""
         if not getattr(self.model_args, "reads_images", False):
             return None
-        if self.cfg.training.objective != "sft":  # (the others would train on the rows' text and drop their images)
-            raise ConfigError(
-                f"--training.objective {self.cfg.training.objective}: an image-text model trains on images with sft "
-                "only so far; use --training.objective sft, or the language model alone from a text-only checkpoint"
-            )
+        check_reads_images(self.cfg.training.objective)
         ck = self.cfg.checkpoint
         start = ck.initial_load_path if ck.initial_load_in_hf else None
         option = "--checkpoint.initial_load_path" if start is not None else "--model.hf_config"

@@ -99,6 +99,13 @@ RUN_TIME_CHECKS = {
     "titanium.rl.rewards.functions:is_batched": PREFLIGHT,
     "titanium.rl.rewards.model_scorer:reward_model_config": PREFLIGHT,
     "titanium.rl.episodes:tool_schemas": PREFLIGHT,
+    "titanium.models.transformers.image_feeds:_holder": PREFLIGHT,
+    "titanium.models.transformers.image_feeds:image_feed": PREFLIGHT,
+    "titanium.models.transformers.vision:language_model": PREFLIGHT,
+    "titanium.models.transformers.vision:vision_parts.visit": PREFLIGHT,
+    "titanium.models.transformers.vision:ImageTextModel._language_parts": PREFLIGHT,
+    "titanium.objectives.sft:SFTObjective.__init__": PREFLIGHT + " (packing with images: the model's refusals)",
+    "titanium.peft.vision_freeze:VisionFreezeConverter.convert": PREFLIGHT,
     "titanium.rl.env.registry:environment_spec": PREFLIGHT,
     "titanium.rl.env.registry:_environment_class": PREFLIGHT,
     "titanium.rl.env.registry:_factory": PREFLIGHT,
@@ -148,6 +155,9 @@ RUN_TIME_CHECKS = {
     "titanium.data.tokenizer:_ecosystem_backend": TOKENIZER,
     "titanium.checkpoint.hf:check_tokenizer_fits": TOKENIZER + " (its size against the model's embedding)",
     "titanium.data.kinds:detect_kind": DATA,
+    "titanium.data.vision_sft:VisionSFTDataset.__init__": DATA + " (the kind --data.kind auto reads from the rows)",
+    "titanium.models.transformers.hf:TransformersHFAdapter.to_hf": EXPORT,
+    "titanium.models.transformers.vision:checkpoint_prefixes": HEADERS,
     "titanium.data.kinds:first_row": DATA,
     "titanium.rl.rewards.model_scorer:RewardModelScorer.load": (
         "compares the reward model with the tokenizer (pad id, vocabulary; preflight checked its folder and family)"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from titanium.config.errors import ConfigError
 from titanium.config.job import job_config_class
 from titanium.config.lm_eval_section import LMEvalSection
 from titanium.config.preference_sections import DPO_LOSSES as DPO_LOSSES  # (the [dpo] loss variants)
@@ -57,7 +58,12 @@ OBJECTIVES.register(
     "titanium.objectives.pretrain:PretrainObjective",
     needs=Needs(("text", "synthetic"), "reads text windows: --data.kind text or synthetic", "documents", True),
 )
-OBJECTIVES.register("sft", "titanium.objectives.sft:SFTObjective", SectionSpec("sft", SFTSection), needs=_SAMPLES)
+OBJECTIVES.register(
+    "sft",
+    "titanium.objectives.sft:SFTObjective",
+    SectionSpec("sft", SFTSection),
+    needs=dataclasses.replace(_SAMPLES, images=True),
+)
 OBJECTIVES.register("dpo", "titanium.objectives.dpo:DPOObjective", SectionSpec("dpo", DPOSection), needs=_PAIRS)
 OBJECTIVES.register(
     "grpo", "titanium.objectives.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection), RL_SECTIONS, _PROMPTS
@@ -101,6 +107,17 @@ def unread_sections(objective: str) -> list[str]:
     and where a setting it changes would have no effect."""
     names = {spec.name for c in OBJECTIVES for spec in (c.section, *c.more_sections) if spec is not None}
     return sorted(name for name in names if not OBJECTIVES.reads(objective, name))
+
+
+def check_reads_images(objective: str) -> None:
+    """An image-text model trains only with objectives whose rows carry images (``Needs.images``); the others would
+    train on the rows' text and drop their images."""
+    if not OBJECTIVES.needs(objective).images:
+        readers = ", ".join(name for name in OBJECTIVES.names() if OBJECTIVES.needs(name).images)
+        raise ConfigError(
+            f"--training.objective {objective}: an image-text model trains on images with {readers} only so far; "
+            "use one of those, or the language model alone from a text-only checkpoint"
+        )
 
 
 CONVERTERS = Registry("model converter", "model converter")

@@ -51,6 +51,9 @@ class Needs:
     """A held-out loss means something for it (``[validation]``); not for losses that need rollouts."""
     score_head: bool = False
     """Its model ends in a scalar score head (a reward model, PPO's value model)."""
+    images: bool = False
+    """Its rows may carry images to an image-text model (docs/vision.md); one that cannot would train on the rows'
+    text and drop their images, so an image-text model refuses it."""
 
 
 @dataclass(frozen=True)
