@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from itertools import islice
 
 from titanium.config.sections import DataSection
+from titanium.config.validate import looks_local
 from titanium.data.text import DataError, resolve_sources, stream_rows
 
 _ROWS_LOOKED_AT = 32
@@ -80,10 +81,14 @@ served; the start-up line says which rule applies and how to get TRL's."""
 
 def string_rule(cfg: DataSection, rows: str, chat_template: str) -> str | None:
     """The start-up line on what the data's strings mean to an objective whose rows are ``rows`` (``Needs.rows``),
-    when the first row holds strings."""
-    if cfg.kind == "synthetic" or rows == "documents":
+    when the first row holds strings. Local files only: a hub dataset's first row would cost a download (and fail
+    offline: a dry run reads no data) for a line of the log."""
+    if cfg.kind == "synthetic" or rows == "documents" or not looks_local(cfg.path):
         return None
-    row, _ = first_row(cfg)
+    try:
+        row, _ = first_row(cfg)
+    except DataError:
+        return None  # (an empty or unreadable file: its reader says so, after the config's own checks)
     if not isinstance(row.get(cfg.prompt_column), str):
         return None
     if rows == "samples":
