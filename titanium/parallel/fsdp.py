@@ -64,7 +64,7 @@ def apply_fsdp(
 
 def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh, **kwargs) -> None:
     """``torch``'s ``fully_shard`` with each parameter split along ``shard_dim``'s dimension."""
-    _fully_shard(module, mesh=mesh, shard_placement_fn=partial(shard_dim, shards=mesh.size(-1)), **kwargs)
+    _fully_shard(module, mesh=mesh, shard_placement_fn=partial(shard_dim, shards=mesh.size(mesh.ndim - 1)), **kwargs)
 
 
 def shard_dim(param: nn.Parameter, shards: int) -> Shard | None:
