@@ -24,7 +24,7 @@ from titanium.data.text import DataError
 from titanium.data.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
-_ROLE_ALIASES = {
+ROLE_ALIASES = {
     "system": "system",
     "user": "user",
     "assistant": "assistant",
@@ -118,18 +118,18 @@ def parse_messages(raw: Any, what: str, cfg: DataSection) -> list[Message]:
         role = item.get(cfg.role_key)
         if role is None:
             raise RowError(f"message {i} has no '{cfg.role_key}' (keys: {sorted(item)})")
-        if not isinstance(role, str) or role not in _ROLE_ALIASES:
-            raise RowError(f"message {i} has unknown role {role!r} (expected one of {', '.join(_ROLE_ALIASES)})")
+        if not isinstance(role, str) or role not in ROLE_ALIASES:
+            raise RowError(f"message {i} has unknown role {role!r} (expected one of {', '.join(ROLE_ALIASES)})")
         extra = {k: v for k, v in item.items() if k not in (cfg.role_key, cfg.content_key)}
         content = item.get(cfg.content_key)
         calls = extra.get("tool_calls")
         if calls is not None and not isinstance(calls, list):
             raise RowError(f"message {i} 'tool_calls' is {type(calls).__name__}, not a list of calls")
-        if calls and _ROLE_ALIASES[role] == "assistant" and (content is None or content == ""):
+        if calls and ROLE_ALIASES[role] == "assistant" and (content is None or content == ""):
             extra, content = ({**extra, "content": None} if content is None else extra), ""
         else:
             content = _text_field(content, f"message {i} '{cfg.content_key}'")
-        messages.append(Message(_ROLE_ALIASES[role], content, extra))
+        messages.append(Message(ROLE_ALIASES[role], content, extra))
     return messages
 
 

@@ -37,19 +37,11 @@ import torch
 from titanium.batch import ImageInputs
 from titanium.config.sections import DataSection
 from titanium.config.vision_section import VisionSection
-from titanium.data.chat import RowError
+from titanium.data.chat import ROLE_ALIASES, RowError
 from titanium.data.text import DataError
 
 logger = logging.getLogger(__name__)
 
-ROLES = {
-    "system": "system",
-    "user": "user",
-    "assistant": "assistant",
-    "tool": "tool",
-    "human": "user",
-    "gpt": "assistant",
-}
 FIELD, COUNT = "image.", "image_count."
 """Prefixes of a loader row's image fields and their counts (``image_rows``, ``images_of``)."""
 Kind = str  # "prompt" or "output"
@@ -154,7 +146,7 @@ def messages_with_images(raw: Any, what: str, cfg: DataSection) -> list[dict[str
     for i, item in enumerate(raw):
         if not isinstance(item, Mapping):
             raise RowError(f"{what} message {i} is {type(item).__name__}, not an object")
-        role = ROLES.get(str(item.get(cfg.role_key, item.get("from"))))
+        role = ROLE_ALIASES.get(str(item.get(cfg.role_key, item.get("from"))))
         if role is None:
             raise RowError(f"{what} message {i} has role {item.get(cfg.role_key)!r} (system, user, assistant, tool)")
         content = item.get(cfg.content_key, item.get("value"))
