@@ -72,7 +72,6 @@ def parser() -> argparse.ArgumentParser:
 def job_config(model: Path, config: Path | None, overrides: list[str]) -> tuple[Any, str]:
     """The job config MODEL is read with, and what MODEL is ("dcp" or "hf")."""
     from titanium.config import load_config
-    from titanium.tools.generate import model_name_of
 
     if (model / ".metadata").is_file():
         path = config if config is not None else model.resolve().parent.parent / CONFIG_FILE
@@ -83,10 +82,9 @@ def job_config(model: Path, config: Path | None, overrides: list[str]) -> tuple[
             )
         return load_config(["--job.config_file", str(path), *overrides]), "dcp"
     if (model / "config.json").is_file():
-        named = any(flag.startswith("--model.name") for flag in overrides)
-        name = [] if named else ["--model.name", model_name_of(model)]
+        # (--model.name auto: build_model resolves the family, or the transformers backend, from config.json)
         tokenizer = [] if any(f.startswith("--tokenizer.") for f in overrides) else _hf_tokenizer(model)
-        return load_config([*name, *tokenizer, *overrides]), "hf"
+        return load_config([*tokenizer, *overrides]), "hf"
     raise UserError(
         f"{model}: neither a titanium checkpoint (a step-N folder with .metadata) nor a Hugging Face folder "
         "(config.json and *.safetensors)"
