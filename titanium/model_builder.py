@@ -189,6 +189,8 @@ def resolve_spec(model: ModelSection, folder: str | os.PathLike | None) -> tuple
                 "--model.hf_config FOLDER"
             )
         spec = image_text_names(get_model_spec(BACKEND), folder)
+        checkpoints = spec.hf_adapter.for_config(read_hf_config(folder))
+        spec = dataclasses.replace(spec, hf_adapter=checkpoints)
         if model.trust_remote_code:
             spec = dataclasses.replace(spec, hf_adapter=spec.hf_adapter.with_code_from(str(folder)))
         why = "--model.backend transformers" if backend == "transformers" else "--model.name transformers"

@@ -275,12 +275,13 @@ class Architecture:
 
         source = self.folder / "source"
         self.hf.save_pretrained(source)
-        args = TRANSFORMERS_HF_ADAPTER.from_hf_config(self.config, max_seq_len=64)
+        adapter = TRANSFORMERS_HF_ADAPTER.for_config(self.config)  # (as the trainer's: per-expert checkpoints)
+        args = adapter.from_hf_config(self.config, max_seq_len=64)
         with torch.device("meta"):
             model = TransformersModel(args)
         model.to_empty(device="cpu")
         model.init_weights(seed=3)
-        load_hf_weights(model, source, TRANSFORMERS_HF_ADAPTER, args)
+        load_hf_weights(model, source, adapter, args)
 
         def read_back(folder: Path) -> torch.Tensor:  # (what transformers itself makes of a folder)
             return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()(input_ids=self.x).logits
@@ -290,7 +291,7 @@ class Architecture:
             loaded = compared("loaded logits", model.eval()(self.x), expected)
             if loaded.status != YES:
                 return loaded
-            export_hf(model, self.folder / "export", TRANSFORMERS_HF_ADAPTER, args, source_folder=source)
+            export_hf(model, self.folder / "export", adapter, args, source_folder=source)
             return compared("export reloaded logits", read_back(self.folder / "export"), expected)
 
     def _hf_copy(self) -> Any:

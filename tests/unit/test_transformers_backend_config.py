@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.backend_matrix.configs import tiny_config as matrix_config
 from tests.objectives.tiny_backend import SHAPE, tiny_config
 from titanium.config.errors import ConfigError
 from titanium.config.sections import ModelSection
@@ -79,8 +80,9 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
 
 def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
     """GPT-OSS (sinks) cannot decode with titanium's KV cache, and its TP plan splits no layer; Qwen3.5's
-    linear-attention layers would mix packed samples; DeepSeek-V3's checkpoints hold per-expert tensors the backend
-    does not convert; titanium's split decoding copy is the native families'."""
+    linear-attention layers would mix packed samples; Mixtral's and Qwen2-MoE's checkpoints hold per-expert tensors the
+    backend does not convert (DeepSeek-V3's it does: tests/e2e/test_backend_objectives.py); titanium's split decoding
+    copy is the native families'."""
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
     qwen = config_folder(tmp_path, "qwen3_5", tiny_config("qwen3_5_text").to_dict())
@@ -103,10 +105,21 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     monkeypatch.setenv("WORLD_SIZE", "1")
     unbalanced = ("--moe.load_balance", "none")
     assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft, *unbalanced]) == 0  # (packed: its own attention)
+    for model_type in (
+        "mixtral",
+        "qwen2_moe",
+    ):  # (per-expert tensors by other names; MoE blocks titanium does not compute)
+        folder = config_folder(tmp_path, model_type, matrix_config(model_type).to_dict())
+        start = (
+            "--checkpoint.initial_load_path",
+            folder,
+            "--checkpoint.initial_load_in_hf",
+            "--moe.load_balance",
+            "none",
+        )
+        err = _refused(capsys, 1, monkeypatch, *start)
+        assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
     deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())
-    start = ("--checkpoint.initial_load_path", deepseek, "--checkpoint.initial_load_in_hf")
-    err = _refused(capsys, 1, monkeypatch, *start, "--moe.load_balance", "bias")
-    assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
     err = _refused(capsys, 1, monkeypatch, "--model.hf_config", deepseek)  # (no router_aux_loss_coef)
     assert "--moe.aux_loss_coef: this model has no default" in err and "--moe.load_balance bias" in err
     monkeypatch.setenv("WORLD_SIZE", "1")

@@ -13,7 +13,7 @@ import torch
 
 from titanium.models.spec import ModelUse
 from titanium.models.transformers.args import TransformersArgs
-from titanium.models.transformers.hf import checkpoint_conversions
+from titanium.models.transformers.hf import checkpoint_conversions, unconverted
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
 from titanium.models.transformers.vision import build_transformers_model, image_text_refusals
 
@@ -57,12 +57,18 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
                 f"--moe.load_balance {use.load_balance}: {own}, so titanium cannot balance their routing; set "
                 "--moe.load_balance none to train them without load balancing"
             )
-    conversions = checkpoint_conversions(args.model_type) if use.hf_checkpoint else []
+    conversions = []
+    if use.hf_checkpoint:  # (per-expert tensors are read and written for the MoE blocks titanium computes: hf.py)
+        conversions = (
+            checkpoint_conversions(args.model_type)
+            if model.own_moe_blocks or args.reads_images
+            else unconverted(args.model_type)
+        )
     if conversions:
         problems.append(
             f"its Hugging Face checkpoints hold tensors that transformers converts on loading ({', '.join(conversions)}"
-            ": per-expert weights it stacks in memory), which the backend does not convert yet; start from the "
-            "config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
+            ": weights it stacks per expert or renames in memory), which the backend does not convert yet; start "
+            "from the config alone (--model.hf_config FOLDER, without --checkpoint.initial_load_in_hf and "
             "--checkpoint.last_save_in_hf)"
         )
     if use.score_head and not sequence_classifier(config.model_type):

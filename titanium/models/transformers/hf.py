@@ -7,6 +7,12 @@ other child of the base model (``model.<name>``). An image-text model's language
 (``model.language_model.``) and its vision parts beside it (``model.visual.``): ``vision.py`` gives those prefixes, the
 checkpoint's own where it keeps an older layout (``with_prefixes``). No RoPE permutation: the model computes RoPE as
 its checkpoints store it. ``config.json`` goes through untouched, so an export writes the file the run started from.
+
+One conversion is made: the MoE models whose checkpoints keep one tensor per expert and projection (written in
+transformers 4's layout: DeepSeek-V3, Qwen3-MoE, GLM-4.5, OLMoE...), which ``transformers`` stacks on loading, are
+read and written per expert where titanium's MoE computes their blocks (``PER_EXPERT_TENSORS``, ``for_config``),
+as the native Qwen3-MoE family reads them. Any other conversion ``transformers`` makes on loading is refused
+(``checks.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 
 from titanium.models.hf_adapter import HFAdapter, HFConfigError, HFExportError, split_layer_key
 from titanium.models.transformers.args import BackendConfigError, TransformersArgs, routed_moe
+from titanium.models.transformers.moe import ROUTING
 
 Prefixes = tuple[tuple[str, str], ...]
 """Our names' prefixes -> the Hugging Face names', most specific first; "" (the rest) last."""
@@ -38,6 +45,13 @@ MOE_TO_HF = {
 GATE_UP = "mlp.experts.gate_up_proj"
 FUSED_EXPERTS = {"mlp.moe.experts.w1": 0, "mlp.moe.experts.w3": 1}
 """Our stacked expert weights that are halves of ``gate_up_proj`` ``[E, 2I, H]`` (gate rows first), by half."""
+PER_EXPERT_TENSORS = {
+    "mlp.moe.experts.w1": "mlp.experts.{e}.gate_proj.weight",
+    "mlp.moe.experts.w2": "mlp.experts.{e}.down_proj.weight",
+    "mlp.moe.experts.w3": "mlp.experts.{e}.up_proj.weight",
+}
+"""Inside a layer whose MoE block titanium computes: our stacked expert weight -> the name of one expert's tensor in
+the checkpoints that ``transformers`` stacks on loading (``{e}``: the expert)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,6 +65,9 @@ class TransformersHFAdapter(HFAdapter):
     """The checkpoint's names of our parts (an image-text model's: ``vision.checkpoint_prefixes``)."""
     module_prefixes: Prefixes = CAUSAL_LM_PREFIXES
     """The names of the model in memory (``vision.module_prefixes``), which PEFT adapters use."""
+    routing_bias: bool = False
+    """Whether the checkpoint holds the routing bias of the blocks titanium's MoE computes (DeepSeek-V3's
+    ``e_score_correction_bias``), so loading reads it (``for_config``)."""
 
     def with_code_from(self, folder: str | None) -> TransformersHFAdapter:
         return dataclasses.replace(self, code_folder=folder)
@@ -58,6 +75,20 @@ class TransformersHFAdapter(HFAdapter):
     def with_prefixes(self, checkpoint: Prefixes, modules: Prefixes) -> TransformersHFAdapter:
         """This adapter for a model whose checkpoint names its parts by ``checkpoint`` (and memory by ``modules``)."""
         return dataclasses.replace(self, prefixes=checkpoint, module_prefixes=modules)
+
+    def for_config(self, config: Mapping[str, Any]) -> TransformersHFAdapter:
+        """This adapter for the checkpoints of the model of ``config`` (a ``config.json`` dict): per expert where they
+        keep one tensor per expert (``PER_EXPERT_TENSORS``; the blocks that titanium's MoE does not compute are
+        refused then, in ``checks.py``), with the routing bias where its routers have one (DeepSeek-V3's)."""
+        model_type = config.get("model_type")
+        if model_type not in ROUTING or self.prefixes != CAUSAL_LM_PREFIXES:
+            return self  # (no block titanium's MoE computes; an image-text model keeps its MoE blocks whole: vision.py)
+        per_expert = not unconverted(model_type) and bool(checkpoint_conversions(model_type))
+        return dataclasses.replace(
+            self,
+            expert_keys=PER_EXPERT_TENSORS if per_expert else {},
+            routing_bias=_correction_bias(TransformersArgs.from_config(config)),
+        )
 
     def reads(self, model_type: object) -> bool:
         return True  # (whether transformers knows it is for args.hf_config to say)
@@ -75,12 +106,15 @@ class TransformersHFAdapter(HFAdapter):
         return hf_key if ours is None else _renamed(ours, self.module_prefixes)
 
     def has_hf_slot(self, key: str) -> bool:
-        # The routing bias has one (e_score_correction_bias) only in DeepSeek-V3's routers, which this adapter cannot
-        # tell without the model's args: none, unless ``to_hf`` finds one (a non-zero bias elsewhere is refused there).
+        # The routing bias has one (e_score_correction_bias) only in DeepSeek-V3's routers (``routing_bias``; a non-zero
+        # bias elsewhere is refused by ``to_hf``).
         part = split_layer_key(key)
-        return part is None or part[1] != "mlp.moe.expert_bias"
+        return part is None or part[1] != "mlp.moe.expert_bias" or self.routing_bias
 
     def _our_key_and_expert(self, hf_key: str) -> tuple[str, int | None] | None:
+        found = super()._our_key_and_expert(hf_key)  # (one expert's tensor, where ``expert_keys`` lists them)
+        if found is not None:
+            return found
         for ours, hf in sorted(self.prefixes, key=lambda pair: -len(pair[1])):
             if hf_key.startswith(hf):
                 return ours + hf_key.removeprefix(hf), None
@@ -93,7 +127,7 @@ class TransformersHFAdapter(HFAdapter):
         rest, out = {}, {}
         for key, value in state_dict.items():
             part = split_layer_key(key)
-            if part is not None and part[1] in FUSED_EXPERTS:
+            if part is not None and part[1] in FUSED_EXPERTS and not self.expert_keys:
                 halves.setdefault(self.hf_key(key), {})[FUSED_EXPERTS[part[1]]] = value
             elif part is not None and part[1] == "mlp.moe.expert_bias":
                 if _correction_bias(args):
@@ -152,12 +186,32 @@ class TransformersHFAdapter(HFAdapter):
 def checkpoint_conversions(model_type: str) -> list[str]:
     """The tensor conversions ``transformers`` applies between the checkpoints of ``model_type`` and its modules
     (an MoE's per-expert tensors stacked in memory), as their source patterns; empty where the checkpoint holds the
-    modules' own tensors. The backend reads and writes checkpoints name for name, so it cannot apply them yet."""
-    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    modules' own tensors. The backend reads and writes checkpoints name for name, and makes only the per-expert
+    conversion (``unconverted``)."""
     from transformers.core_model_loading import WeightConverter
 
-    converters = [c for c in get_checkpoint_conversion_mapping(model_type) or [] if isinstance(c, WeightConverter)]
-    return sorted({pattern for c in converters for pattern in c.source_patterns})
+    return sorted(
+        {p for c in _conversion_mapping(model_type) if isinstance(c, WeightConverter) for p in c.source_patterns}
+    )
+
+
+def unconverted(model_type: str) -> list[str]:
+    """The conversions of ``checkpoint_conversions(model_type)`` the backend cannot make: none where they are the
+    per-expert tensors of ``PER_EXPERT_TENSORS`` (for the blocks titanium's MoE computes) and ``transformers`` renames
+    nothing else, else all of them (with the renamed tensors)."""
+    conversions = checkpoint_conversions(model_type)
+    if set(conversions) != {t.replace("{e}", "*") for t in PER_EXPERT_TENSORS.values()}:
+        return conversions
+    from transformers.core_model_loading import WeightRenaming
+
+    renamed = {p for c in _conversion_mapping(model_type) if isinstance(c, WeightRenaming) for p in c.source_patterns}
+    return conversions + sorted(renamed) if renamed else []
+
+
+def _conversion_mapping(model_type: str) -> list[Any]:
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+
+    return list(get_checkpoint_conversion_mapping(model_type) or [])
 
 
 def _correction_bias(args: TransformersArgs) -> bool:
