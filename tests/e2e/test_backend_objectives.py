@@ -70,9 +70,9 @@ LORA_TARGETS = {"gpt_oss": ("attention",)}
 """LoRA's targets where not the attention and MLP projections: GPT-OSS's MLPs are its own MoE blocks (stacked expert
 parameters, no linear layers), which titanium's LoRA does not adapt."""
 NO_PEFT_LOAD = {"deepseek_v3"}
-"""peft moves a LoRA adapter of DeepSeek-V3's dense and shared MLPs onto the stacked experts when it loads it (its
-conversion from the transformers-4 layout), so the adapter loads with those targets missing: its merged export is
-checked only (docs/models.md)."""
+"""peft converts a DeepSeek-V3 adapter's target names from the transformers-4 layout when it loads it and ends with
+LoRA weights missing (measured: the stacked experts' ``mlp.experts.lora_A/B``, logits off by 2.1), so only the merged
+export is checked (docs/models.md)."""
 OBJECTIVES = {
     "sft_lora": (
         *("--training.objective", "sft", "--data.kind", "chat", "--data.path", str(TASKS / "train.jsonl")),
