@@ -21,7 +21,13 @@ import tyro
 from titanium.config.components import OBJECTIVES, unread_sections
 from titanium.config.errors import ConfigError
 from titanium.config.job import job_config_class
-from titanium.config.moved import move_flags, move_toml_keys, prepend_reward_model, take_ppo_reward_model
+from titanium.config.moved import (
+    move_dpo_knobs,
+    move_flags,
+    move_toml_keys,
+    prepend_reward_model,
+    take_ppo_reward_model,
+)
 from titanium.config.registry import SectionSpec
 from titanium.config.trl_names import check_trl_names
 from titanium.config.validate import unread_settings, validate
@@ -54,6 +60,7 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
     data = move_toml_keys(_read_toml(config_file), config_file) if config_file is not None else {}
+    data, argv = move_dpo_knobs(data, argv, config_file, _flag(argv, "--dpo.loss_type"))
     training = data.get("training", {})
     objective = _flag(argv, "--training.objective") or (
         training.get("objective") if isinstance(training, dict) else None
