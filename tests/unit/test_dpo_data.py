@@ -388,7 +388,7 @@ def test_bundled_preference_pairs_are_the_scripts_output_and_held_out(tmp_path):
 def test_preference_config_checks():
     cfg = JobConfig()
     cfg.data.kind, cfg.data.path = "preference", "assets/tasks/arithmetic/preference_train.jsonl"
-    cfg.dpo.beta, cfg.dpo.label_smoothing, cfg.dpo.rpo_alpha = 0.0, 0.5, -1.0
+    cfg.dpo.beta, cfg.dpo.sigmoid.label_smoothing, cfg.dpo.rpo_alpha = 0.0, 0.5, -1.0
     problems = list(validate(cfg))
     assert problems == [
         "--training.objective pretrain reads text windows: --data.kind text or synthetic, not preference (read by "
@@ -397,12 +397,15 @@ def test_preference_config_checks():
     cfg.training.objective = "dpo"
     problems = list(validate(cfg))
     assert "--dpo.beta must be > 0, got 0.0" in problems
-    assert "--dpo.label_smoothing must be in [0, 0.5), got 0.5" in problems
+    assert "--dpo.sigmoid.label_smoothing must be in [0, 0.5), got 0.5" in problems
     assert "--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0" in problems
     cfg = JobConfig()
     cfg.training.objective, cfg.data.kind = "dpo", "preference"
-    cfg.dpo.loss_type, cfg.dpo.label_smoothing = "ipo", 0.1
-    expected = "--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for ipo"
+    cfg.dpo.loss_type, cfg.dpo.sigmoid.label_smoothing = "ipo", 0.1
+    expected = (
+        "--dpo.sigmoid.label_smoothing is read by --dpo.loss_type sigmoid only, and this job's loss is ipo: leave it "
+        "out (or set --dpo.loss_type sigmoid)"
+    )
     assert list(validate(cfg)) == [expected]
 
 

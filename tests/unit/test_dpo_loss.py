@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.objectives.tiny_hf import BOS, tiny_llama, word_tokenizer
+from titanium.config.dpo_losses import SigmoidKnobs
 from titanium.config.sections import DPOSection
 from titanium.data.preference import PreferencePair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
@@ -35,7 +36,7 @@ def hand(cfg: DPOSection) -> list[float]:
         if cfg.length_normalize:
             pc, rc, pr, rr = pc / lc, rc / lc, pr / lr, rr / lr
         h = (pc - rc) - (pr - rr)
-        b, e = cfg.beta, cfg.label_smoothing
+        b, e = cfg.beta, cfg.sigmoid.label_smoothing
         loss = {
             "sigmoid": -(1 - e) * log_sigmoid(b * h) - e * log_sigmoid(-b * h),
             "ipo": (h - 1 / (2 * b)) ** 2,
@@ -54,7 +55,7 @@ def run(cfg: DPOSection, requires_grad: bool = False):
 CONFIGS = {
     "dpo": DPOSection(),
     "dpo_beta_0.5": DPOSection(beta=0.5),
-    "cdpo": DPOSection(label_smoothing=0.2),
+    "cdpo": DPOSection(sigmoid=SigmoidKnobs(label_smoothing=0.2)),
     "ipo": DPOSection(loss_type="ipo", beta=0.3),
     "hinge": DPOSection(loss_type="hinge", beta=0.5),
     "dpo_normalized": DPOSection(length_normalize=True, beta=2.0),
@@ -96,7 +97,7 @@ def test_gradients_equal_the_derivative_of_the_formula(name):
     out, (pc, pr, rc, rr) = run(cfg, requires_grad=True)
     out.losses.sum().backward()
     assert rc.grad is None and rr.grad is None
-    b, e = cfg.beta, cfg.label_smoothing
+    b, e = cfg.beta, cfg.sigmoid.label_smoothing
     for k in range(len(PC)):
         h = (PC[k] - RC[k]) - (PR[k] - RR[k])
         sig = 1 / (1 + math.exp(-b * h))
@@ -206,7 +207,7 @@ def paper(policy, reference, cfg: DPOSection) -> tuple[torch.Tensor, dict[str, t
             pc, rc, pr, rr = pc / len(chosen), rc / len(chosen), pr / len(rejected), rr / len(rejected)
         h, b = (pc - rc) - (pr - rr), cfg.beta
         if cfg.loss_type == "sigmoid":
-            e = cfg.label_smoothing
+            e = cfg.sigmoid.label_smoothing
             loss = -(1 - e) * F.logsigmoid(b * h) - e * F.logsigmoid(-b * h)
         elif cfg.loss_type == "ipo":
             loss = (h - 1 / (2 * b)) ** 2

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from tests.helpers import REPO, LocalModels
 from titanium.batch import Batch
 from titanium.config import JobConfig
+from titanium.config.dpo_losses import RobustKnobs, SimPOKnobs
 from titanium.config.sections import ChatSection, DataSection, DPOSection
 from titanium.config.validate import validate
 from titanium.data.chat import build_chat_template
@@ -264,7 +265,7 @@ def labels_of(sample: dict) -> int:
 # term: None, "response" or "sequence", its weight).
 LOSS_TYPES = {
     "robust": (
-        DPOSection(loss_type="robust", beta=0.5, label_smoothing=0.2),
+        DPOSection(loss_type="robust", beta=0.5, robust=RobustKnobs(label_smoothing=0.2)),
         lambda pc, pr, rc, rr, lc, lr: robust_dpo_loss(pc, pr, rc, rr, beta=0.5, label_smoothing=0.2),
         None,
     ),
@@ -274,12 +275,12 @@ LOSS_TYPES = {
         None,
     ),
     "simpo": (
-        DPOSection(loss_type="simpo", beta=2.0, simpo_gamma=1.0, label_smoothing=0.1),
+        DPOSection(loss_type="simpo", beta=2.0, simpo=SimPOKnobs(gamma=1.0, label_smoothing=0.1)),
         lambda pc, pr, rc, rr, lc, lr: simpo_loss(pc, pr, lc, lr, beta=2.0, gamma=1.0, label_smoothing=0.1),
         None,
     ),
     "cpo_simpo": (
-        DPOSection(loss_type="simpo", cpo_alpha=1.0),
+        DPOSection(loss_type="simpo", simpo=SimPOKnobs(cpo_alpha=1.0)),
         lambda pc, pr, rc, rr, lc, lr: simpo_loss(pc, pr, lc, lr),
         "response",
     ),
@@ -317,7 +318,7 @@ def test_each_loss_type_equals_its_function_on_each_sequence_run_alone(tmp_path,
     expected = fn(pc, pr, rc, rr, lc, lr)
     total = expected.losses.sum()
     if sft == "response":
-        total = total + cfg.cpo_alpha * token_mean_nll(pc, lc) * n
+        total = total + cfg.simpo.cpo_alpha * token_mean_nll(pc, lc) * n
     elif sft == "sequence":
         logp, count = zip(*(alone_sequence_logp(POLICY, pair.chosen) for pair in pairs))
         total = total + token_mean_nll(torch.stack(logp), torch.tensor(count, dtype=torch.float)) * n
@@ -336,26 +337,31 @@ def test_bad_loss_settings_are_refused_one_message_each():
         cfg = JobConfig()
         cfg.training.objective, cfg.data.kind = "dpo", "preference"
         for key, value in dpo.items():
-            setattr(cfg.dpo, key, value)
+            section, _, knob = key.rpartition("__")  # (simpo__gamma: [dpo.simpo] gamma)
+            setattr(getattr(cfg.dpo, section) if section else cfg.dpo, knob, value)
         return list(validate(cfg))
 
-    assert problems(loss_type="simpo", cpo_alpha=1.0, simpo_gamma=2.0, label_smoothing=0.2) == []
+    assert problems(loss_type="simpo", simpo__cpo_alpha=1.0, simpo__gamma=2.0, simpo__label_smoothing=0.2) == []
     assert problems(loss_type="orpo", precompute_reference=True) == [
         "--dpo.loss_type orpo needs no reference model: set --dpo.precompute_reference false"
     ]
     assert problems(loss_type="simpo", length_normalize=True) == [
         "--dpo.loss_type simpo always averages log-probs: set --dpo.length_normalize false"
     ]
-    assert problems(cpo_alpha=1.0) == [
-        "--dpo.cpo_alpha applies to --dpo.loss_type simpo (CPO-SimPO); set it to 0 for sigmoid"
+    assert problems(simpo__cpo_alpha=1.0) == [
+        "--dpo.simpo.cpo_alpha is read by --dpo.loss_type simpo only, and this job's loss is sigmoid: leave it out "
+        "(or set --dpo.loss_type simpo)"
     ]
-    assert problems(loss_type="simpo", cpo_alpha=-1.0) == [
-        "--dpo.cpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0"
+    assert problems(loss_type="simpo", simpo__cpo_alpha=-1.0) == [
+        "--dpo.simpo.cpo_alpha must be >= 0 (0 turns the NLL term off), got -1.0"
     ]
-    assert problems(loss_type="bco_pair", label_smoothing=0.1) == [
-        "--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for bco_pair"
+    assert problems(loss_type="bco_pair", robust__label_smoothing=0.1) == [
+        "--dpo.robust.label_smoothing is read by --dpo.loss_type robust only, and this job's loss is bco_pair: leave "
+        "it out (or set --dpo.loss_type robust)"
     ]
-    assert problems(loss_type="robust", label_smoothing=0.5) == ["--dpo.label_smoothing must be in [0, 0.5), got 0.5"]
+    assert problems(loss_type="robust", robust__label_smoothing=0.5) == [
+        "--dpo.robust.label_smoothing must be in [0, 0.5), got 0.5"
+    ]
     assert problems(pad_multiple=0) == ["--dpo.pad_multiple must be >= 1 (8 suits tensor cores), got 0"]
 
 

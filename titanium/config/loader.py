@@ -21,7 +21,13 @@ import tyro
 from titanium.config.components import OBJECTIVES, unread_sections
 from titanium.config.errors import ConfigError
 from titanium.config.job import job_config_class
-from titanium.config.moved import move_flags, move_toml_keys, prepend_reward_model, take_ppo_reward_model
+from titanium.config.moved import (
+    move_dpo_knobs,
+    move_flags,
+    move_toml_keys,
+    prepend_reward_model,
+    take_ppo_reward_model,
+)
 from titanium.config.registry import SectionSpec
 from titanium.config.trl_names import check_trl_names
 from titanium.config.validate import unread_settings, validate
@@ -54,6 +60,7 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
     data = move_toml_keys(_read_toml(config_file), config_file) if config_file is not None else {}
+    data, argv = move_dpo_knobs(data, argv, config_file, _flag(argv, "--dpo.loss_type"))
     training = data.get("training", {})
     objective = _flag(argv, "--training.objective") or (
         training.get("objective") if isinstance(training, dict) else None
@@ -127,16 +134,25 @@ def _apply_toml(cfg: Any, data: dict[str, Any], where: str) -> None:
             raise ConfigError(f"{where}: unknown section [{section_name}]{_did_you_mean(section_name, sections)}")
         if not isinstance(values, dict):
             raise ConfigError(f"{where}: '{section_name}' must be a [section] table, got {values!r}")
-        section = getattr(cfg, section_name)
-        hints = typing.get_type_hints(type(section))
-        fields = {f.name for f in dataclasses.fields(section)}
-        for key, value in values.items():
-            if key not in fields:
-                raise ConfigError(f"{where}: unknown key '{key}' in [{section_name}]{_did_you_mean(key, fields)}")
-            problem = _type_problem(value, hints[key])
-            if problem:
-                raise ConfigError(f"{where}: [{section_name}] {key} = {value!r}: {problem}")
-            setattr(section, key, float(value) if _wants_float(hints[key]) and isinstance(value, int) else value)
+        _apply_table(getattr(cfg, section_name), values, section_name, where)
+
+
+def _apply_table(section: Any, values: dict[str, Any], name: str, where: str) -> None:
+    """Copy one TOML table onto its dataclass; a table inside it (``[dpo.simpo]``) onto the dataclass field."""
+    hints = typing.get_type_hints(type(section))
+    fields = {f.name for f in dataclasses.fields(section)}
+    for key, value in values.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key '{key}' in [{name}]{_did_you_mean(key, fields)}")
+        if dataclasses.is_dataclass(hints[key]):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: '{name}.{key}' must be a [{name}.{key}] table, got {value!r}")
+            _apply_table(getattr(section, key), value, f"{name}.{key}", where)
+            continue
+        problem = _type_problem(value, hints[key])
+        if problem:
+            raise ConfigError(f"{where}: [{name}] {key} = {value!r}: {problem}")
+        setattr(section, key, float(value) if _wants_float(hints[key]) and isinstance(value, int) else value)
 
 
 def _did_you_mean(name: str, choices) -> str:

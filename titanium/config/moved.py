@@ -4,14 +4,18 @@
 and the evaluation came to read them. GRPO's and PPO's sampling, prompt, reward and logging keys became ``[rl]``
 keys when both came to draw from one rollout source (``titanium.rl.source``); PPO's ``reward_model_path`` became
 the first entry of ``[rl] rewards`` (a reward model is named there by its folder), its ``rewards`` the entries after
-it. A key given both ways is an error (which one would win is not obvious).
+it. TRL's flat DPO knobs (``[dpo] label_smoothing``, ``simpo_gamma``, ``cpo_alpha``) became the parameters of the
+losses that read them (``[dpo.<loss_type>]``, titanium/config/dpo_losses.py). A key given both ways is an error
+(which one would win is not obvious).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
+from titanium.config.dpo_losses import FLAT_KNOBS, LOSS_KNOBS
 from titanium.config.errors import ConfigError
 
 logger = logging.getLogger("titanium")
@@ -158,3 +162,64 @@ def prepend_reward_model(rl: Any, folder: str, rules_given: bool, layout_given: 
         rl.reward_weights = [1.0, *rl.reward_weights]
     if not layout_given:
         rl.reward_model_layout = "sharded"
+
+
+def move_dpo_knobs(
+    data: dict[str, Any], argv: list[str], where: str | None, loss_flag: str | None
+) -> tuple[dict[str, Any], list[str]]:
+    """``data`` (a parsed TOML file) and ``argv`` with TRL's flat DPO knobs in the parameters of the loss that reads
+    them: label_smoothing in the job's loss's (``loss_flag``, else the file's ``[dpo] loss_type``, else sigmoid),
+    simpo_gamma and cpo_alpha in simpo's (checked there against the job's loss). label_smoothing for a loss without
+    it is dropped at its default 0 (old configs wrote it), else refused, naming the loss."""
+    dpo = data.get("dpo") if isinstance(data.get("dpo"), dict) else {}
+    loss = loss_flag or dpo.get("loss_type") or "sigmoid"
+    for flat in [name for name in FLAT_KNOBS if name in dpo]:
+        old = f"{where}: [dpo] {flat}"
+        owner = _knob_owner(flat, loss, dpo[flat], old)
+        value = dpo.pop(flat)
+        if owner is not None:
+            table = dpo.setdefault(owner, {})
+            if FLAT_KNOBS[flat] in table:
+                raise ConfigError(f"{old} and [dpo.{owner}] {FLAT_KNOBS[flat]} are the same setting; keep the second")
+            _warn(old, f"[dpo.{owner}] {FLAT_KNOBS[flat]}")
+            table[FLAT_KNOBS[flat]] = value
+    out, i = [], 0
+    while i < len(argv):
+        flag, eq, value = argv[i].partition("=")
+        flat = flag.removeprefix("--dpo.").replace("-", "_") if flag.startswith("--dpo.") else ""
+        if flat not in FLAT_KNOBS:
+            out.append(argv[i])
+            i += 1
+            continue
+        if not eq and i + 1 >= len(argv):
+            raise ConfigError(f"{flag} needs a value")
+        value = value if eq else argv[i + 1]
+        owner = _knob_owner(flat, loss, value, flag)
+        if owner is not None:
+            new = f"--dpo.{owner}.{FLAT_KNOBS[flat]}"
+            if any(arg.split("=", 1)[0] in (new, new.replace("_", "-")) for arg in argv):
+                raise ConfigError(f"{flag} and {new} are the same setting; keep only {new}")
+            _warn(flag, new)
+            out += [new, value]
+        i += 1 if eq else 2
+    return data, out
+
+
+def _knob_owner(flat: str, loss: str, value: Any, name: str) -> str | None:
+    """The loss whose parameters take the flat knob ``flat`` set to ``value`` (None: dropped, being its default)."""
+    key = FLAT_KNOBS[flat]
+    owners = [owner for owner, cls in LOSS_KNOBS.items() if key in {f.name for f in dataclasses.fields(cls)}]
+    if loss in owners or len(owners) == 1:
+        return loss if loss in owners else owners[0]
+    default = getattr(LOSS_KNOBS[owners[0]](), key)
+    try:
+        at_default = float(value) == default
+    except (TypeError, ValueError):
+        at_default = False
+    if not at_default:
+        raise ConfigError(
+            f"{name} {value!r}: --dpo.loss_type {loss} reads no {flat}; the losses that do ({', '.join(owners)}) take "
+            f"it as [dpo.<loss_type>] {key} (--dpo.<loss_type>.{key})"
+        )
+    logger.warning("%s is deprecated and will be removed: --dpo.loss_type %s reads none (dropped)", name, loss)
+    return None

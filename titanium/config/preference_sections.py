@@ -4,20 +4,21 @@ each with the checks of its own settings (``problems``), run when the job's obje
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+from titanium.config.dpo_losses import LOSS_KNOBS, RobustKnobs, SigmoidKnobs, SimPOKnobs
 from titanium.config.registry import Registry
 from titanium.config.sample_sections import PadToOption, pad_multiple_problems
 
 DPO_LOSSES = Registry("DPO loss", "--dpo.loss_type")
-"""Per-pair preference losses ``(chosen, rejected, DPOSection) -> losses``, or a ``PairLoss`` that says what else
-it needs (titanium/objectives/losses/dpo.py)."""
-DPO_LOSSES.register("sigmoid", "titanium.objectives.losses.dpo:sigmoid_loss")
-DPO_LOSSES.register("ipo", "titanium.objectives.losses.dpo:ipo_loss")
-DPO_LOSSES.register("hinge", "titanium.objectives.losses.dpo:hinge_loss")
-DPO_LOSSES.register("robust", "titanium.objectives.losses.dpo:robust_loss")
-DPO_LOSSES.register("bco_pair", "titanium.objectives.losses.dpo:bco_pair_loss")
+"""Per-pair preference losses: a ``PairLoss`` (its function, its own parameters, what else it needs), or a plain
+``(chosen, rejected, DPOSection) -> losses`` (titanium/objectives/losses/dpo.py)."""
+DPO_LOSSES.register("sigmoid", "titanium.objectives.losses.dpo:SIGMOID")
+DPO_LOSSES.register("ipo", "titanium.objectives.losses.dpo:IPO")
+DPO_LOSSES.register("hinge", "titanium.objectives.losses.dpo:HINGE")
+DPO_LOSSES.register("robust", "titanium.objectives.losses.dpo:ROBUST")
+DPO_LOSSES.register("bco_pair", "titanium.objectives.losses.dpo:BCO_PAIR")
 DPO_LOSSES.register("simpo", "titanium.objectives.losses.dpo:SIMPO")
 DPO_LOSSES.register("orpo", "titanium.objectives.losses.dpo:ORPO")
 
@@ -29,29 +30,21 @@ class DPOSection:
     log-ratio differences. Small beta lets the policy move far from the reference; for ipo it is the
     regularization strength tau (the target margin is 1 / (2 beta))."""
     loss_type: str = "sigmoid"
-    """With h the chosen-minus-rejected log-ratio difference: sigmoid: DPO, -log sigmoid(beta h). ipo:
-    (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC). robust: DPO unbiased under label noise
-    label_smoothing. bco_pair: -log sigmoid(beta rho_chosen) - log sigmoid(-beta rho_rejected). Reference-free
-    (no reference model is built), on each response's mean token log-prob m: simpo: -log sigmoid(beta (m_chosen
-    - m_rejected) - simpo_gamma) (+ cpo_alpha NLL); orpo: -beta log sigmoid(log odds ratio) + the chosen
-    sequence's token-mean NLL. Each equals TRL 1.16's (docs/post_training.md). Or your own per-pair loss as
+    """With h the chosen-minus-rejected log-ratio difference: sigmoid: DPO, -log sigmoid(beta h) (conservative
+    DPO with [dpo.sigmoid] label_smoothing). ipo: (h - 1/(2 beta))^2 (IPO). hinge: max(0, 1 - beta h) (SLiC).
+    robust: DPO unbiased under label noise [dpo.robust] label_smoothing. bco_pair: -log sigmoid(beta rho_chosen) -
+    log sigmoid(-beta rho_rejected). Reference-free (no reference model is built), on each response's mean token
+    log-prob m: simpo: -log sigmoid(beta (m_chosen - m_rejected) - gamma) (+ cpo_alpha NLL; [dpo.simpo]); orpo:
+    -beta log sigmoid(log odds ratio) + the chosen sequence's token-mean NLL. Each equals TRL 1.16's
+    (docs/post_training.md). A loss's own parameters are under [dpo.<loss_type>]. Or your own per-pair loss as
     'package.module:function', called as fn(chosen, rejected, dpo_section) with each side's log-ratio (see
     titanium/objectives/losses/dpo.py)."""
-    label_smoothing: float = 0.0
-    """The share of pairs assumed mislabeled, in [0, 0.5), for sigmoid (conservative DPO: -(1-e) log
-    sigmoid(beta h) - e log sigmoid(-beta h)), robust and simpo."""
     length_normalize: bool = False
     """Use each response's mean token log-prob instead of its sum, so long responses do not dominate
     (with loss_type ipo this is what TRL's ipo does; simpo and orpo always do)."""
     rpo_alpha: float = 0.0
     """Weight of an extra NLL term on the chosen response (its mean token negative log-likelihood), as in
     RPO; 0 turns it off."""
-    simpo_gamma: float = 0.5
-    """loss_type simpo: the target reward margin gamma (TRL's simpo_gamma, default 0.5; the SimPO paper
-    tunes beta in [2, 2.5] with gamma / beta in [0.3, 0.8])."""
-    cpo_alpha: float = 0.0
-    """loss_type simpo: weight of the chosen responses' token-mean NLL (CPO-SimPO). 0 is the paper's pure
-    SimPO; TRL's CPOTrainer defaults to 1.0 (set 1.0 to match it)."""
     precompute_reference: bool = False
     """Compute the reference policy's log-probs once over the data (one pass, before training) and cache
     them on disk; training then never holds or runs the reference model. The cache is keyed by the
@@ -85,6 +78,12 @@ class DPOSection:
     2 x seq_len wide; under context parallelism each cp rank gathers the rows' final hidden states for the
     loss). Off, and under pipeline parallelism (whose stage logits have no form of these rows yet): one row
     per sequence."""
+    sigmoid: SigmoidKnobs = field(default_factory=SigmoidKnobs)
+    """loss_type sigmoid's own parameters."""
+    robust: RobustKnobs = field(default_factory=RobustKnobs)
+    """loss_type robust's own parameters."""
+    simpo: SimPOKnobs = field(default_factory=SimPOKnobs)
+    """loss_type simpo's own parameters."""
 
     def problems(self, job: Any) -> Iterator[str]:
         """This section's ranges, and which loss types take which knobs."""
@@ -95,17 +94,9 @@ class DPOSection:
             )
         if self.beta <= 0:
             yield f"--dpo.beta must be > 0, got {self.beta}"
-        if not 0 <= self.label_smoothing < 0.5:
-            yield f"--dpo.label_smoothing must be in [0, 0.5), got {self.label_smoothing}"
-        elif self.label_smoothing > 0 and self.loss_type not in ("sigmoid", "robust", "simpo"):
-            yield (
-                f"--dpo.label_smoothing applies to --dpo.loss_type sigmoid, robust or simpo; set 0 for {self.loss_type}"
-            )
-        for name, value in (("rpo_alpha", self.rpo_alpha), ("cpo_alpha", self.cpo_alpha)):
-            if value < 0:
-                yield f"--dpo.{name} must be >= 0 (0 turns the NLL term off), got {value}"
-        if self.cpo_alpha > 0 and self.loss_type != "simpo":
-            yield f"--dpo.cpo_alpha applies to --dpo.loss_type simpo (CPO-SimPO); set it to 0 for {self.loss_type}"
+        yield from self._knob_problems()
+        if self.rpo_alpha < 0:
+            yield f"--dpo.rpo_alpha must be >= 0 (0 turns the NLL term off), got {self.rpo_alpha}"
         if self.loss_type in ("simpo", "orpo"):
             if self.precompute_reference:
                 yield f"--dpo.loss_type {self.loss_type} needs no reference model: set --dpo.precompute_reference false"
@@ -114,6 +105,20 @@ class DPOSection:
         if self.max_prompt_length < 0:
             yield f"--dpo.max_prompt_length must be >= 0 (0: no limit), got {self.max_prompt_length}"
         yield from pad_multiple_problems("dpo", self.pad_multiple)
+
+    def _knob_problems(self) -> Iterator[str]:
+        """The loss's own parameters' checks; another loss's parameters set are refused, naming the loss."""
+        for loss, cls in LOSS_KNOBS.items():
+            knobs = getattr(self, loss)
+            if loss == self.loss_type:
+                yield from knobs.problems(f"--dpo.{loss}")
+                continue
+            changed = [f.name for f in fields(knobs) if getattr(knobs, f.name) != getattr(cls(), f.name)]
+            if changed:
+                yield (
+                    f"--dpo.{loss}.{changed[0]} is read by --dpo.loss_type {loss} only, and this job's loss is "
+                    f"{self.loss_type}: leave it out (or set --dpo.loss_type {loss})"
+                )
 
 
 @dataclass

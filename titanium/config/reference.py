@@ -56,13 +56,22 @@ def render_reference() -> str:
     ]
     job = JobConfig()
     for section_field in dataclasses.fields(job):
-        section = getattr(job, section_field.name)
-        cls = type(section)
-        hints = typing.get_type_hints(cls)
-        docs = field_docs(cls)
-        lines += [f"## [{section_field.name}]", "", "| key | type | default | description |", "|---|---|---|---|"]
-        for f in dataclasses.fields(section):
-            default = _default(getattr(section, f.name))
-            lines.append(f"| `{f.name}` | {_type_name(hints[f.name])} | `{default}` | {docs.get(f.name, '')} |")
-        lines.append("")
+        lines += _table(section_field.name, getattr(job, section_field.name))
     return "\n".join(lines)
+
+
+def _table(name: str, section: typing.Any, doc: str = "") -> list[str]:
+    """One section's table, then the tables of the dataclasses inside it (``[dpo.simpo]``), each under its name."""
+    cls = type(section)
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    header = ["| key | type | default | description |", "|---|---|---|---|"]
+    lines = [f"## [{name}]", "", *([doc, ""] if doc else []), *header]
+    inner = []
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            inner += _table(f"{name}.{f.name}", value, docs.get(f.name, ""))
+            continue
+        lines.append(f"| `{f.name}` | {_type_name(hints[f.name])} | `{_default(value)}` | {docs.get(f.name, '')} |")
+    return [*lines, "", *inner]

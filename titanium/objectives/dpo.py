@@ -277,7 +277,7 @@ class DPOObjective(LoaderObjective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
         self.cfg, self.ctx, self.data = dpo, ctx, data
         self.pair_loss = pair_loss(dpo)
-        self.nll_weight = self.pair_loss.nll_weight(dpo)
+        self.nll_weight = self.pair_loss.weight_of_nll(dpo)
         names = (*METRICS, *self.pair_loss.metrics, *(("nll_loss",) if self.nll_weight > 0 else ()))
         self.metric_names = tuple(f"dpo/{name}" for name in names)
         self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)

@@ -18,27 +18,25 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
 
-from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
+from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, EnvironmentSection, GRPOSection, RLSection, RolloutSection
-from titanium.generation.sampling import masked_entropy_sum, token_logprobs
-from titanium.metrics.table import Table
+from titanium.generation.sampling import masked_entropy_sum
 from titanium.model_builder import ModelSource
 from titanium.objectives.base import (
     JobFacts,
     LossResult,
     Metrics,
     ModelOutput,
-    Objective,
     ObjectiveContext,
     Prepared,
 )
 from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
 from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss_units
-from titanium.rl.rollout import ResponseTargets, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
+from titanium.objectives.sourced import SourcedObjective
+from titanium.rl.rollout import response_parts, trained_logprobs
+from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
 
 
 def group_advantages(
@@ -161,7 +159,7 @@ def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection, max_new_token
     return Batch(rows["tokens"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
 
 
-class GRPOObjective(Objective):
+class GRPOObjective(SourcedObjective):
     """GRPO in the loop: rollouts from the rollout source in ``prepare``, the clipped loss on response tokens.
 
     ``training.local_batch_size`` counts responses per microbatch (a multiple of ``group_size``, so groups
@@ -203,7 +201,6 @@ class GRPOObjective(Objective):
         """Beyond the models it builds from folders: its rollout source (rewards, engine) and that a pipeline
         microbatch keeps what the loss averages over."""
         super().check_config(section, job, **more)
-        check_source(job, **more)
         check_pipeline_rows(section, job.local_batch_size, job.pipeline_microbatch_size)
 
     def __init__(
@@ -230,13 +227,7 @@ class GRPOObjective(Objective):
             mismatch = mismatch[:2]
         self.metric_names = (*self.source.metric_names, *token_metrics, *mismatch)
 
-    def close(self) -> None:
-        self.source.close()
-
-    # ----- data: empty batches out, rollouts made in prepare -----
-
-    def next_microbatch(self) -> Batch:
-        return empty_batch()
+    # ----- rollouts, made in prepare -----
 
     def prepare(self, microbatches: list[Batch]) -> Prepared:
         parts, metrics = self.source.next_step(len(microbatches), self._rows)
@@ -297,13 +288,10 @@ class GRPOObjective(Objective):
     def loss(self, output: ModelOutput, batch: Batch[RolloutFields]) -> LossResult:
         assert output.logits is not None
         fields, temperature = batch.fields, self.rl.temperature
-        width, mask = fields.old_logprobs.shape[1], fields.loss_mask
-        parts = None if fields.targets is None else ResponseTargets(fields.targets, fields.slots)
-        # the response tokens' logits (at i predict token i + 1): of this rank's part under context parallelism
-        logits, next_tokens, slots = local_responses(output.logits, batch.tokens, width, parts)
-        if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
-            logits = logits.full_tensor()
-        logprobs = whole_responses(token_logprobs(logits, next_tokens, temperature), slots, width, self.placement)
+        width, mask, parts = fields.old_logprobs.shape[1], fields.loss_mask, response_parts(fields)
+        logits, logprobs, slots = trained_logprobs(
+            output.logits, batch.tokens, width, parts, self.placement, temperature
+        )
         loss_sum, _, sums = grpo_loss(
             logprobs,
             fields.old_logprobs,
@@ -328,21 +316,3 @@ class GRPOObjective(Objective):
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
         check_pipeline_rows(self.cfg, self.source.local_batch_size, pipeline_microbatch_size)
-
-    # ----- log and checkpoint: the source's -----
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.source.log_metrics()
-
-    def tables(self, step: int) -> dict[str, Table]:
-        """Every ``log_completions`` steps: the first responses of the batch trained on, with rewards and advantages."""
-        return self.source.tables(step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.source.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.source.load_state_dict(state)
-
-    def skip_ahead(self, steps: int, step: int, microbatches_per_step: int) -> None:
-        self.source.skip_ahead(step, microbatches_per_step)

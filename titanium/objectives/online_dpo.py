@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
 
-from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
+from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.components import DPO_LOSSES
 from titanium.config.loader import ConfigError
 from titanium.config.sections import (
@@ -27,13 +26,12 @@ from titanium.config.sections import (
     RLSection,
     RolloutSection,
 )
-from titanium.generation.sampling import token_logprobs
-from titanium.metrics.table import Table
 from titanium.model_builder import ModelSource
-from titanium.objectives.base import JobFacts, LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import JobFacts, LossResult, Metrics, ModelOutput, ObjectiveContext, Prepared
 from titanium.objectives.losses.dpo import PairLoss, as_pair_loss
-from titanium.rl.rollout import ResponseTargets, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
+from titanium.objectives.sourced import SourcedObjective
+from titanium.rl.rollout import response_parts, trained_logprobs
+from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
 
 PAIR_METRICS = ("online_dpo/rewards/chosen", "online_dpo/rewards/rejected", "online_dpo/rewards/accuracies")
 """TRL's names: beta x the chosen and rejected responses' log-ratios, and how often the chosen one's is larger."""
@@ -90,7 +88,7 @@ class PairFields(Fields):
         return torch.tensor(self.chosen.shape[0] // 2, device=self.chosen.device)
 
 
-class OnlineDPOObjective(Objective):
+class OnlineDPOObjective(SourcedObjective):
     """Online DPO in the loop: pairs from the rollout source in ``prepare``, the DPO loss per pair."""
 
     loss_unit = "pairs"
@@ -104,7 +102,6 @@ class OnlineDPOObjective(Objective):
     @classmethod
     def check_config(cls, section: OnlineDPOSection, job: JobFacts, **more: Any) -> None:
         super().check_config(section, job, **more)
-        check_source(job, **more)
         check_pair_rows(job.pipeline_microbatch_size)
 
     def __init__(
@@ -124,12 +121,6 @@ class OnlineDPOObjective(Objective):
         draw = Draw("online_dpo", 2, reference=True, row_metrics=("online_dpo/score", "online_dpo/score_margin"))
         self.source = RolloutSource(ctx, data, rl or RLSection(), rollout or RolloutSection(), draw, environment)
         self.metric_names = (*self.source.metric_names, *PAIR_METRICS, "online_dpo/kl")
-
-    def close(self) -> None:
-        self.source.close()
-
-    def next_microbatch(self) -> Batch:
-        return empty_batch()
 
     def prepare(self, microbatches: list[Batch]) -> Prepared:
         parts, metrics = self.source.next_step(len(microbatches), self._rows)
@@ -167,11 +158,7 @@ class OnlineDPOObjective(Objective):
         assert output.logits is not None
         fields = batch.fields
         width, mask = fields.loss_mask.shape[1], fields.loss_mask
-        parts = None if fields.targets is None else ResponseTargets(fields.targets, fields.slots)
-        logits, next_tokens, slots = local_responses(output.logits, batch.tokens, width, parts)
-        if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
-            logits = logits.full_tensor()
-        logprobs = whole_responses(token_logprobs(logits, next_tokens), slots, width, self.placement)
+        _, logprobs, _ = trained_logprobs(output.logits, batch.tokens, width, response_parts(fields), self.placement)
         losses, chosen, rejected = pair_losses(
             logprobs, fields.ref_logprobs, mask, fields.chosen, self.pair_loss, self.params
         )
@@ -189,18 +176,3 @@ class OnlineDPOObjective(Objective):
 
     def check_layout(self, pipeline_microbatch_size: int | None) -> None:
         check_pair_rows(pipeline_microbatch_size)
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.source.log_metrics()
-
-    def tables(self, step: int) -> dict[str, Table]:
-        return self.source.tables(step)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.source.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.source.load_state_dict(state)
-
-    def skip_ahead(self, steps: int, step: int, microbatches_per_step: int) -> None:
-        self.source.skip_ahead(step, microbatches_per_step)

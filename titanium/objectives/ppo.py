@@ -34,13 +34,12 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
-from titanium.batch import Batch, Fields, empty_batch, per_row, per_token
+from titanium.batch import Batch, Fields, per_row, per_token
 from titanium.config.sections import DataSection, EnvironmentSection, PPOSection, RLSection, RolloutSection
-from titanium.generation.sampling import masked_entropy_sum, token_logprobs
-from titanium.metrics.table import Table
+from titanium.generation.sampling import masked_entropy_sum
 from titanium.model_builder import ModelSource
 from titanium.models.reward import reward_spec
-from titanium.objectives.base import JobFacts, LossResult, Metrics, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import LossResult, Metrics, ModelOutput, ObjectiveContext, Prepared
 from titanium.objectives.losses.ppo import (
     ValueSums,
     generalized_advantages,
@@ -49,10 +48,11 @@ from titanium.objectives.losses.ppo import (
     value_sums,
     whiten,
 )
+from titanium.objectives.sourced import SourcedObjective
 from titanium.rl.rewards.functions import names_reward_model
 from titanium.rl.rewards.scores import ScoreFields, placed_chunks, scalar_head_source, score_positions
-from titanium.rl.rollout import ResponseTargets, from_last_stage, local_responses, whole_responses
-from titanium.rl.source import Draw, RolloutSource, Scored, check_source, frozen_sources
+from titanium.rl.rollout import from_last_stage, local_responses, response_parts, trained_logprobs, whole_responses
+from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
 
 Rows = dict[str, torch.Tensor]
 
@@ -81,11 +81,6 @@ class PPOFields(Fields):
         return self.loss_mask.sum()
 
 
-def response_parts(fields: PPOFields | ScoreFields) -> ResponseTargets | None:
-    """Where this rank's positions put their response tokens under context parallelism (None: whole rows)."""
-    return None if fields.targets is None or fields.slots is None else ResponseTargets(fields.targets, fields.slots)
-
-
 ROW_METRICS = ("ppo/score", "ppo/reward", "ppo/kl", "ppo/logprob_mismatch")
 """Per response: its score (the rewards' total less any missing-EOS penalty), its total reward (score - kl_coef x
 KL), its summed KL to the reference, and the mean |trainer - engine| log-prob gap of its tokens (the old log-probs
@@ -107,7 +102,7 @@ def value_source(
     return ModelSource(reward_spec(policy.spec, pad_token_id=pad_id), policy.args)
 
 
-class PPOObjective(Objective):
+class PPOObjective(SourcedObjective):
     """PPO on prompts (``[data] kind = chat, instruct or text``), configured by ``[ppo]`` and the source's ``[rl]``.
 
     ``training.local_batch_size`` counts responses (one per prompt) per microbatch; a rollout batch holds
@@ -132,12 +127,6 @@ class PPOObjective(Objective):
         """The value model (trained beside the policy, with its own AdamW)."""
         return [value_source(section, more.get("rl") or RLSection(), start, None, vocab_size, seq_len)]
 
-    @classmethod
-    def check_config(cls, section: PPOSection, job: JobFacts, **more: Any) -> None:
-        """Beyond the reward and value models it builds from folders: its rollout source (rewards, engine)."""
-        super().check_config(section, job, **more)
-        check_source(job, **more)
-
     def __init__(
         self,
         ctx: ObjectiveContext,
@@ -158,13 +147,7 @@ class PPOObjective(Objective):
         self.value = ctx.models.trainable(source, name="value", lr=cfg.value_lr, max_norm=cfg.value_max_norm)
         self.metric_names = (*self.source.metric_names, *TOKEN_METRICS, "ppo/entropy")
 
-    def close(self) -> None:
-        self.source.close()
-
     # ----- rollouts -----
-
-    def next_microbatch(self) -> Batch:
-        return empty_batch()
 
     def prepare(self, microbatches: list[Batch]) -> Prepared:
         parts, metrics = self.source.next_step(len(microbatches), self._rows)
@@ -275,12 +258,9 @@ class PPOObjective(Objective):
         assert output.logits is not None
         fields, cfg, temperature = batch.fields, self.cfg, self.rl.temperature
         mask = fields.loss_mask
-        width = mask.shape[1]
-        # the response tokens' logits (at i predict token i + 1): of this rank's part under context parallelism
-        logits, next_tokens, slots = local_responses(output.logits, batch.tokens, width, response_parts(fields))
-        if isinstance(logits, DTensor):  # vocabulary-sharded under loss parallel: the responses' rows made whole
-            logits = logits.full_tensor()
-        logprobs = whole_responses(token_logprobs(logits, next_tokens, temperature), slots, width, self.placement)
+        logits, logprobs, slots = trained_logprobs(
+            output.logits, batch.tokens, mask.shape[1], response_parts(fields), self.placement, temperature
+        )
         if fields.value_loss is not None and fields.value_clipped is not None:  # (trained apart: pipeline)
             value = ValueSums(fields.value_loss, fields.value_clipped)
         else:
@@ -303,18 +283,3 @@ class PPOObjective(Objective):
             "ppo/entropy": (entropy, tokens),
         }
         return LossResult(sums.loss, metrics)
-
-    # ----- log and checkpoint: the source's (the value model and its optimizer are the loop's) -----
-
-    def tables(self, step: int) -> dict[str, Table]:
-        """Every ``log_completions`` steps: the first responses of the batch trained on, with their scores."""
-        return self.source.tables(step)
-
-    def log_metrics(self) -> dict[str, float]:
-        return self.source.log_metrics()
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.source.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.source.load_state_dict(state)

@@ -136,6 +136,32 @@ def whole_responses(values: torch.Tensor, slots: torch.Tensor | None, width: int
     return placement.add_parts(values.new_zeros(values.shape[0], width).index_copy(1, slots, values))
 
 
+def response_parts(fields: object) -> ResponseTargets | None:
+    """A microbatch's ``ResponseTargets`` under context parallelism (its fields' ``targets`` and ``slots``), else
+    None (whole rows)."""
+    targets, slots = getattr(fields, "targets", None), getattr(fields, "slots", None)
+    return None if targets is None or slots is None else ResponseTargets(targets, slots)
+
+
+def trained_logprobs(
+    logits: torch.Tensor,
+    tokens: torch.Tensor,
+    width: int,
+    parts: ResponseTargets | None,
+    placement: Placement,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(local logits [B, n, V], log-probs [B, T], slots)`` of a training forward's ``logits`` over a rollout
+    microbatch: the response tokens' logits (at i predict token i + 1) of this rank's part under context
+    parallelism (``local_responses``), made whole if vocabulary-sharded (loss parallel), and their tokens'
+    log-probs completed over the cp group (``whole_responses``). The local logits and slots serve per-token
+    metrics on this rank's part (entropy)."""
+    local, next_tokens, slots = local_responses(logits, tokens, width, parts)
+    if isinstance(local, DTensor):
+        local = local.full_tensor()
+    return local, whole_responses(token_logprobs(local, next_tokens, temperature), slots, width, placement), slots
+
+
 def narrow(rows: Mapping[str, torch.Tensor], mask: torch.Tensor, pad_multiple: int) -> dict[str, torch.Tensor]:
     """``rows`` of a rollout (``MODEL_INPUTS`` ``[B, P + T]``, response-aligned ``[B, T]`` tensors, any others)
     with only the columns they use (the module docstring): the model inputs keep columns ``[s, e)``, the
