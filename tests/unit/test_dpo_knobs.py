@@ -14,8 +14,7 @@ import torch
 from titanium.config import ConfigError, load_config, to_toml_dict
 from titanium.config.components import DPO_LOSSES
 from titanium.config.dpo_losses import LOSS_KNOBS
-from titanium.objectives.dpo import dpo_loss, pair_loss
-from titanium.objectives.losses.dpo import as_pair_loss
+from titanium.objectives.losses.dpo import as_pair_loss, dpo_loss, pair_loss
 
 REPO = Path(__file__).resolve().parents[2]
 DPO_JOB = ["--training.objective", "dpo", "--data.kind", "preference"]

@@ -16,7 +16,8 @@ from titanium.config.sections import DPOSection
 from titanium.data.preference import PreferencePair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.sft import IGNORE_INDEX
-from titanium.objectives.dpo import METRICS, dpo_loss, response_sums, token_logps
+from titanium.objectives.dpo import METRICS, response_sums, token_logps
+from titanium.objectives.losses.dpo import dpo_loss
 
 # Four pairs of fixed summed log-probs (policy / reference, chosen / rejected) and response lengths.
 PC, PR = [-4.0, -10.0, -2.5, -7.0], [-5.5, -9.0, -9.0, -7.0]  # pair 2: beta h > 1 (hinge inactive)

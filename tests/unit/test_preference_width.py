@@ -13,7 +13,8 @@ from titanium.data.packing import bucket_width, padding_mask
 from titanium.data.preference import PreferencePair, pair_sample
 from titanium.data.preference_batch import PreferenceBatchLoader
 from titanium.data.sft import IGNORE_INDEX
-from titanium.objectives.dpo import dpo_loss, response_sums, token_logps
+from titanium.objectives.dpo import response_sums, token_logps
+from titanium.objectives.losses.dpo import dpo_loss
 
 SEQ_LEN = 60  # not a multiple of the buckets: the cap at seq_len is exercised
 VOCAB = 64

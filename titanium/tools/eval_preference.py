@@ -38,7 +38,8 @@ from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
 from titanium.inputs import load_job
 from titanium.model_builder import ModelBuilder, WeightSource
-from titanium.objectives.dpo import dpo_loss, response_sums, token_logps
+from titanium.objectives.dpo import response_sums, token_logps
+from titanium.objectives.losses.dpo import dpo_loss
 from titanium.tools import requested_device
 
 

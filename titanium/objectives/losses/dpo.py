@@ -1,4 +1,5 @@
-"""The per-pair losses behind ``--dpo.loss_type`` (registered in titanium/config/components.py's DPO_LOSSES).
+"""DPO's loss in one place: ``dpo_loss`` (scores, length normalisation, RPO's NLL term, the logged implicit rewards)
+and the per-pair losses behind ``--dpo.loss_type`` (registered in titanium/config/components.py's DPO_LOSSES).
 
 A loss is a ``PairLoss``: ``fn(chosen, rejected, beta, knobs)`` with each side's score, [pairs] each, the section's
 beta and the loss's own parameters (``knobs``: its dataclass of titanium/config/dpo_losses.py, ``[dpo.<loss_type>]``),
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from titanium.config.dpo_losses import RobustKnobs, SigmoidKnobs, SimPOKnobs
+from titanium.config.preference_sections import DPO_LOSSES
 from titanium.config.sections import DPOSection
 from titanium.objectives.losses import preference as pl
 
@@ -125,3 +127,67 @@ ORPO = PairLoss(
     nll_over_prompt=True,
 )
 """ORPO: the odds-ratio term plus the NLL of the chosen sequences, prompt included (TRL's ORPOTrainer)."""
+
+
+@dataclass
+class DPOLoss:
+    losses: torch.Tensor
+    """[pairs] per-pair losses (with gradient); sum them, the loop divides by the global pair count."""
+    metrics: dict[str, torch.Tensor]
+    """Sums over the pairs (detached 0-d tensors): divide by the global pair count to report means."""
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    reference_chosen: torch.Tensor | None,
+    reference_rejected: torch.Tensor | None,
+    cfg: DPOSection,
+    chosen_lengths: torch.Tensor | None = None,
+    rejected_lengths: torch.Tensor | None = None,
+    mask: torch.Tensor | None = None,
+) -> DPOLoss:
+    """The loss of every pair from summed response log-probs ([pairs] each; see the module docstring).
+
+    ``chosen_lengths``/``rejected_lengths`` (label tokens per response) are needed with length_normalize,
+    with rpo_alpha > 0 and by reference-free losses, whose reference log-probs may be None. The reference
+    log-probs are treated as constants. ``mask`` (bool, [pairs]) says which entries are pairs: the others
+    (empty slots of a batch layout) get loss 0 and no metrics.
+    """
+    loss = pair_loss(cfg)
+    averaged = cfg.length_normalize or not loss.reference
+    if (averaged or cfg.rpo_alpha > 0) and (chosen_lengths is None or rejected_lengths is None):
+        raise ValueError("length_normalize, rpo_alpha and reference-free losses need the response lengths")
+    chosen, rejected = policy_chosen, policy_rejected
+    if loss.reference:
+        assert reference_chosen is not None and reference_rejected is not None
+        chosen, rejected = chosen - reference_chosen.detach(), rejected - reference_rejected.detach()
+    chosen_nll = None
+    if chosen_lengths is not None and rejected_lengths is not None:
+        chosen_len, rejected_len = chosen_lengths.clamp(min=1), rejected_lengths.clamp(min=1)
+        chosen_nll = -policy_chosen / chosen_len
+        if averaged:
+            chosen, rejected = chosen / chosen_len, rejected / rejected_len
+    if mask is not None:  # (an empty slot's mean log-prob, 0, would make ORPO's log(1 - p) infinite)
+        chosen, rejected = torch.where(mask, chosen, -1.0), torch.where(mask, rejected, -1.0)
+    losses, extra = loss(chosen, rejected, cfg)
+    if cfg.rpo_alpha > 0:
+        assert chosen_nll is not None
+        losses = losses + cfg.rpo_alpha * chosen_nll
+    weight = torch.ones_like(chosen) if mask is None else mask.to(chosen.dtype)
+    chosen_rewards, rejected_rewards = cfg.beta * chosen.detach(), cfg.beta * rejected.detach()
+    per_pair = {
+        "reward_chosen": chosen_rewards,
+        "reward_rejected": rejected_rewards,
+        "margin": chosen_rewards - rejected_rewards,
+        "accuracy": (chosen_rewards > rejected_rewards).to(chosen.dtype),
+        "logp_chosen": policy_chosen.detach(),
+        "logp_rejected": policy_rejected.detach(),
+        **extra,
+    }
+    return DPOLoss(losses * weight, {name: (value * weight).sum() for name, value in per_pair.items()})
+
+
+def pair_loss(cfg: DPOSection) -> PairLoss:
+    """``--dpo.loss_type``'s loss."""
+    return as_pair_loss(DPO_LOSSES.load(cfg.loss_type))
