@@ -216,6 +216,7 @@ class Trainer:
             dp_world=self.dims.dp_degree,
             dp_group=self.dp_group,
             device=self.device,
+            processor=self._objective_ctx.processor,
         )
         self.evaluations: list[Periodic] = []
         for component in EVALUATIONS:

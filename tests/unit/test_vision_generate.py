@@ -1,0 +1,42 @@
+"""Generation with images (titanium's engine, as held-out exact match runs it on an image-text model): the prompt's
+images read by the prefill, the answer decoded from the KV cache after it, gives ``transformers``' own greedy
+``generate`` tokens on the same image and text (tiny random Gemma 3: early fusion, bidirectional image blocks;
+Llama 3.2 Vision: cross-attention states kept in the cache)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, vlm_folder
+from titanium.config.sections import ModelSection
+from titanium.config.vision_section import VisionSection
+from titanium.data.vision import ImageData, image_rows, images_of, place_images
+from titanium.generation.generate import generate
+from titanium.generation.sampling import SamplingParams
+from titanium.model_builder import ModelBuilder, resolve_spec
+
+pytest.importorskip("transformers")
+NEW_TOKENS = 6
+
+
+@pytest.mark.parametrize("model_type", ["gemma3", "mllama"])
+def test_greedy_answer_with_an_image_equals_transformers(model_type: str, tmp_path: Path) -> None:
+    folder = vlm_folder(model_type, tmp_path, seed=7)
+    spec, _ = resolve_spec(ModelSection(), str(folder))
+    model = ModelBuilder(torch.device("cpu")).load_hf(spec, folder, max_seq_len=128).model.eval()
+    data = ImageData(tiny_processor(model_type), VisionSection())
+    pictures = [random_image(3, 56, 28)]
+    text = data.render(place_images([{"role": "user", "content": "w5 w6 w7"}], 1), generation=True)
+    ids, _, fields = data.tokens([(text, "prompt")], pictures)
+    images = images_of(image_rows([{"images": fields}], len(ids), data.layout))
+    eos = data.tokenizer.eos_token_id
+    with torch.no_grad():
+        ours = generate(model, [ids], SamplingParams(NEW_TOKENS, temperature=0.0), {eos}, 0, images=images)
+    inputs = data.processor(text=[text], images=[pictures], return_tensors="pt", add_special_tokens=False)
+    assert inputs["input_ids"][0].tolist() == ids
+    theirs = tiny_vlm(model_type, seed=7).generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False)
+    theirs = theirs[0, len(ids) :].tolist()
+    assert ours.token_lists(keep_stop=True)[0] == theirs[: theirs.index(eos) + 1 if eos in theirs else None]
