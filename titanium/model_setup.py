@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from titanium.checkpoint.manager import complete_steps
-from titanium.config.components import CONVERTERS
+from titanium.config.components import CONVERTERS, check_reads_images
 from titanium.config.errors import ConfigError
 from titanium.config.sections import CheckpointSection, CompileSection, TrainingSection
+from titanium.data.vision import ImageData, load_processor
 from titanium.model_builder import DTYPES, WeightSource, config_folder, resolve_spec
 from titanium.models.converter import ConverterContext, ModelConverter
 from titanium.models.spec import ModelSpec
@@ -67,6 +68,19 @@ def job_converters(cfg: Any, dims: ParallelDims, device_type: str | None) -> lis
         if converter is not None:
             converters.append(converter)
     return converters
+
+
+def job_processor(cfg: Any, args: Any) -> ImageData | None:
+    """What the objective reads rows beyond text through, for the model built from ``args``: an image-text model's
+    processor (``AutoProcessor`` of the Hugging Face folder it is built from) with the ``[vision]`` options; None for
+    a text model. ``ConfigError`` when the job's objective reads no images."""
+    if not getattr(args, "reads_images", False):
+        return None
+    check_reads_images(cfg.training.objective)
+    ck = cfg.checkpoint
+    start = ck.initial_load_path if ck.initial_load_in_hf else None
+    option = "--checkpoint.initial_load_path" if start is not None else "--model.hf_config"
+    return ImageData(load_processor(config_folder(cfg.model, start), option), cfg.vision)
 
 
 @dataclass(frozen=True)

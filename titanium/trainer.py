@@ -33,12 +33,11 @@ from titanium.checkpoint.hf import export_final_hf
 from titanium.checkpoint.hub import upload
 from titanium.checkpoint.manager import complete_steps
 from titanium.config import ConfigError, JobConfig, to_toml_dict
-from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS, check_reads_images
+from titanium.config.components import EVALUATIONS, OBJECTIVES, TRAINING_HOOKS
 from titanium.config.resumed import warn_if_changed
 from titanium.config.sections import DataSection
 from titanium.data.export import save_tokenizer
 from titanium.data.tokenizer import build_tokenizer, tokenizer_origin
-from titanium.data.vision import ImageData, load_processor
 from titanium.debug.profiling import Profiler
 from titanium.evaluation.periodic import EvaluationContext, Periodic
 from titanium.executors import ExecutorOptions, PreparedStep, StepResult, build_executor
@@ -46,9 +45,9 @@ from titanium.fault_tolerance import build_fault_tolerance
 from titanium.guards import StepGuard
 from titanium.hooks import HookContext, TrainingHooks
 from titanium.metrics import MemoryMonitor, MetricsLogger, ThroughputTracker, format_log_line, get_peak_flops
-from titanium.model_builder import ModelBuilder, ModelSource, config_folder
+from titanium.model_builder import ModelBuilder, ModelSource
 from titanium.model_handles import ModelHandles
-from titanium.model_setup import StartingWeights, job_converters, job_plan
+from titanium.model_setup import StartingWeights, job_converters, job_plan, job_processor
 from titanium.models.converter import ExportContext
 from titanium.objectives import Objective, ObjectiveContext, build_objective
 from titanium.optim import build_lr_scheduler, build_optimizer
@@ -189,24 +188,13 @@ class Trainer:
             sum_over_data=lambda total: funcol.all_reduce(total, "sum", self.dp_group),
             step_units=self._step_units,
             total_steps=t.steps,
-            images=self._image_data(),
+            processor=job_processor(self.cfg, self.model_args),
         )
         self.objective = self._new_objective(self.cfg.data)
         options = ExecutorOptions(
             self.cfg.parallelism, t.local_batch_size, self.dims.loss_parallel_enabled, self.device, self.hooks.loss_term
         )
         self.executor = build_executor(self.objective, self.built, options)
-
-    def _image_data(self) -> ImageData | None:
-        """An image-text model's processor (from the Hugging Face folder it is built from) and ``[vision]`` options;
-        None for a text model."""
-        if not getattr(self.model_args, "reads_images", False):
-            return None
-        check_reads_images(self.cfg.training.objective)
-        ck = self.cfg.checkpoint
-        start = ck.initial_load_path if ck.initial_load_in_hf else None
-        option = "--checkpoint.initial_load_path" if start is not None else "--model.hf_config"
-        return ImageData(load_processor(config_folder(self.cfg.model, start), option), self.cfg.vision)
 
     def _new_objective(self, data: DataSection, seed_offset: int = 0) -> Objective:
         """An instance of the training objective reading ``data`` (another seed: other synthetic windows)."""
@@ -228,6 +216,7 @@ class Trainer:
             dp_world=self.dims.dp_degree,
             dp_group=self.dp_group,
             device=self.device,
+            processor=self._objective_ctx.processor,
         )
         self.evaluations: list[Periodic] = []
         for component in EVALUATIONS:

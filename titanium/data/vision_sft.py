@@ -132,3 +132,23 @@ class VisionSFTDataset(SFTDataset):
             if sample is not None:
                 self._pass_used = True
                 yield sample
+
+
+def image_prompt(
+    item: Any, source: Source, data: DataSection, images: ImageData, system_prompt: str | None = None
+) -> tuple[list[int], dict[str, Any], str]:
+    """A held-out conversation with images as a prompt to answer: the ids of every message before the last with the
+    assistant header after them, the prompt's image fields, and the last (assistant) message's text, the answer to
+    match. ``RowError`` for a row that is not such a conversation."""
+    if not isinstance(item, dict) or item.get(data.messages_column) is None:
+        raise RowError(f"no '{data.messages_column}' column")
+    pictures = row_images(item, images.vision.images_column, source_folder(source))
+    messages = messages_with_images(item[data.messages_column], f"'{data.messages_column}'", data)
+    messages = with_system(place_images(messages, len(pictures)), system_prompt)
+    if len(messages) < 2 or messages[-1]["role"] != "assistant":
+        raise RowError("the conversation does not end with an assistant answer after a prompt")
+    answer = messages[-1]["content"]
+    if not isinstance(answer, str):
+        answer = "".join(part.get("text", "") for part in answer)
+    ids, _, fields = images.tokens([(images.render(messages[:-1], generation=True), "prompt")], pictures)
+    return ids, fields, answer

@@ -18,12 +18,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from titanium.batch import ImageInputs
 from titanium.config.sections import DataSection, EvalSection
 from titanium.data.chat import ChatTemplate, RowError, build_chat_template, parse_chat_row, with_system_prompt
 from titanium.data.lines import BadLine
 from titanium.data.sft import ROW_FIX
 from titanium.data.text import BROKEN_LINE_FIX, DataError, Source, bad_row_error, resolve_sources, stream_rows
 from titanium.data.tokenizer import Tokenizer
+from titanium.data.vision import ImageData, image_rows, images_of
+from titanium.data.vision_sft import image_prompt
 from titanium.evaluation.periodic import EvaluationContext
 from titanium.generation.generate import all_ranks_done, check_room, generate
 from titanium.generation.sampling import SamplingParams
@@ -37,6 +40,8 @@ class EvalSample:
     """The conversation before the last message, plus the assistant header."""
     reference: str
     """The last (assistant) message: the answer to match."""
+    images: dict[str, torch.Tensor] | None = None
+    """The prompt's image fields, as the model's processor made them (an image-text model's rows); None: text."""
 
 
 def read_rows(path: str, limit: int) -> list[tuple[Source, int, Any]]:
@@ -70,15 +75,23 @@ def load_eval_samples(
     template: ChatTemplate,
     tokenizer: Tokenizer,
     system_prompt: str | None = None,
+    processor: ImageData | None = None,
 ) -> list[EvalSample]:
-    """Prompts and references of the first ``cfg.max_samples`` rows (columns named as in [data] kind=chat).
+    """Prompts and references of the first ``cfg.max_samples`` rows (columns named as in [data] kind=chat); with
+    an image-text model's ``processor``, rows with images read as its SFT data reads them.
 
     A malformed row is skipped with a warning, or is an error with ``--data.on_bad_row fail``.
     """
     samples, bad = [], 0
     for source, row, item in read_rows(cfg.path, cfg.max_samples):
         try:
-            samples.append(_eval_sample(item, data, template, system_prompt))
+            if processor is not None:
+                if isinstance(item, BadLine):
+                    raise RowError(item.problem)
+                ids, fields, answer = image_prompt(item, source, data, processor, system_prompt)
+                samples.append(EvalSample(ids, answer, fields))
+            else:
+                samples.append(_eval_sample(item, data, template, system_prompt))
         except RowError as e:
             if data.on_bad_row == "fail":
                 fix = BROKEN_LINE_FIX if isinstance(item, BadLine) else ROW_FIX["chat"]
@@ -111,16 +124,18 @@ class ExactMatchEvaluator:
         group: dist.ProcessGroup | None = None,
         device: torch.device | str = "cpu",
         system_prompt: str | None = None,
+        processor: ImageData | None = None,
     ) -> None:
         self.cfg, self.device, self.group, self.dp_world = cfg, torch.device(device), group, dp_world
         self.stop_ids, self.pad_id, self.tokenizer = set(template.stop_ids), tokenizer.pad_id, tokenizer
-        samples = load_eval_samples(cfg, data, template, tokenizer, system_prompt)
+        self.layout = processor.layout if processor is not None else None
+        samples = load_eval_samples(cfg, data, template, tokenizer, system_prompt, processor)
         self.total = len(samples)
         self.longest_prompt = max(len(s.prompt) for s in samples)
         self.mine = samples[dp_rank::dp_world]
         # Every rank runs the same number of batches: pad short shares with a dummy (never scored) prompt.
         per_rank = math.ceil(self.total / dp_world)
-        prompts = [s.prompt for s in self.mine] + [samples[0].prompt] * (per_rank - len(self.mine))
+        prompts = self.mine + [samples[0]] * (per_rank - len(self.mine))
         self.answers_per_prompt = cfg.samples_per_prompt if cfg.temperature > 0 else 1
         self.prompts = [p for p in prompts for _ in range(self.answers_per_prompt)]
         self.params = SamplingParams(max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature)
@@ -135,19 +150,20 @@ class ExactMatchEvaluator:
         model.eval()
         try:
             answers: list[list[int]] = []
-            size = self.cfg.batch_size
+            size = self.cfg.batch_size if self.layout is None else 1  # (a prompt's image fields are not padded)
             generator = torch.Generator(self.device).manual_seed(self.seed)
             for start in range(0, len(self.prompts), size):
                 batch = self.prompts[start : start + size]
                 generation = generate(
                     model,
-                    batch,
+                    [sample.prompt for sample in batch],
                     self.params,
                     self.stop_ids,
                     self.pad_id,
                     generator=generator,
                     device=self.device,
                     all_done=self.all_done,
+                    images=self._images(batch[0]),
                 )
                 answers += generation.token_lists()
         finally:
@@ -160,6 +176,12 @@ class ExactMatchEvaluator:
             dist.all_reduce(counts, group=self.group)
         correct_all, n = counts.tolist()
         return {"eval/exact_match": correct_all / n, "eval/samples": n / k}
+
+    def _images(self, sample: EvalSample) -> ImageInputs | None:
+        """A prompt's images as the model reads them (a batch of that one prompt); None for a text prompt."""
+        if self.layout is None or sample.images is None:
+            return None
+        return images_of(image_rows([{"images": sample.images}], len(sample.prompt), self.layout))
 
 
 class ExactMatchEvaluation:
@@ -202,5 +224,6 @@ def build_evaluator(cfg: EvalSection, ctx: EvaluationContext) -> ExactMatchEvalu
         group=ctx.dp_group,
         device=ctx.device,
         system_prompt=ctx.chat.system_prompt,
+        processor=ctx.processor,
     )
     return ExactMatchEvaluation(evaluator, cfg.interval, ctx.policy)

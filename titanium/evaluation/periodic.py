@@ -53,3 +53,6 @@ class EvaluationContext:
     dp_world: int
     dp_group: dist.ProcessGroup | None
     device: torch.device
+    processor: Any = None
+    """The model's processor for rows beyond text (``ObjectiveContext.processor``: an image-text model's
+    ``titanium.data.vision.ImageData``); None for a text model."""

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from titanium.batch import ImageInputs
 from titanium.generation.sampling import SamplingParams, sample
 from titanium.generation.static_cache import StaticKVCache
 from titanium.models.common.kv_cache import KVCache
@@ -139,6 +140,7 @@ def generate(
     all_done: Callable[[bool], bool] | None = None,
     compile: bool = False,
     also_stop: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    images: ImageInputs | None = None,
 ) -> Generation:
     """Continue every prompt by up to ``params.max_new_tokens`` tokens, each row until its first stop id.
 
@@ -150,6 +152,8 @@ def generate(
     ``torch.compile`` with a static cache (meant for GPUs; the prefill stays eager). ``also_stop`` ends rows on
     more than stop ids: given each step's ``[B]`` tokens it returns the ``[B]`` rows that end with them (a stop
     string completed); such a row counts as finished (``token_lists(keep_stop=True)`` keeps the token that ended it).
+    ``images``: the prompts' images (``titanium.batch.ImageInputs``, an image-text model's), read by the prefill; the
+    prompts must then be as long as each other (their per-token image fields are not padded here).
 
     ``device`` defaults to the device of the model's first parameter. The caller sets ``eval()``.
     """
@@ -165,10 +169,13 @@ def generate(
     decide = all_done if all_done is not None else (lambda done: done)
 
     check_room(model, max(len(p) for p in prompts), max_new)
+    if images is not None and len({len(p) for p in prompts}) > 1:
+        raise ValueError("generate with images needs prompts of one length (per-token image fields are not padded)")
     tokens, positions, document_ids = left_pad(prompts, pad_id, device)
     cache = (StaticKVCache if compile else KVCache)(model.layers.keys(), tokens.shape[1] + max_new - 1)
     with _last_position_logits(model):
-        logits = model(tokens, positions=positions, document_ids=document_ids, kv_cache=cache)[:, -1]
+        seen = {} if images is None else {"images": images.map(lambda t: t.to(device))}
+        logits = model(tokens, positions=positions, document_ids=document_ids, kv_cache=cache, **seen)[:, -1]
     step_fn = _compiled_decode_step() if compile else _decode_step
     next_positions = positions[:, -1:] + 1
     next_documents = torch.full_like(next_positions, PROMPT_DOCUMENT)

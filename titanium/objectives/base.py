@@ -209,9 +209,10 @@ class ObjectiveContext:
     the same loss rule). Every rank calls it together."""
     total_steps: int = 0
     """The optimizer steps the run trains for (training.steps; TRL's ``trainer_state.max_steps``)."""
-    images: Any = None
-    """An image-text model's image data (``titanium.data.vision.ImageData``: its processor and ``[vision]``
-    options), which objectives read rows with images through; None for a text model."""
+    processor: Any = None
+    """The model's processor, which objectives read rows beyond text through (``titanium.model_setup.job_processor``:
+    an image-text model's ``titanium.data.vision.ImageData``, its processor and ``[vision]`` options); None for a
+    text model."""
 
 
 class Objective(ABC):

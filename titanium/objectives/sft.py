@@ -29,16 +29,16 @@ class SFTObjective(LoaderObjective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
         chat = ctx.chat
         pad_id, pin = ctx.tokenizer.pad_id, ctx.device.type == "cuda"
-        if ctx.images is not None:  # an image-text model: rows with images through its processor, one per row
+        if ctx.processor is not None:  # an image-text model: rows with images through its processor, one per row
             self.samples = VisionSFTDataset(
-                data, sft, ctx.images, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
+                data, sft, ctx.processor, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
             )
         else:
             template = build_optional_chat_template(chat.chat_template, ctx.tokenizer, ctx.chat_format)
             self.samples = SFTDataset(
                 data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
             )
-        if sft.packing and ctx.images is not None:
+        if sft.packing and ctx.processor is not None:
             raise ConfigError(NO_IMAGE_PACKING.format(flag="--sft.packing", off="--sft.no_packing"))
         if sft.packing:
             rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
@@ -48,8 +48,8 @@ class SFTObjective(LoaderObjective):
                 sft.pad_to, sft.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--sft.pad_to"
             )
             pad = partial(padded_rows, seq_len=ctx.seq_len, pad_id=pad_id, pad_to=pad_to, pad_multiple=multiple)
-            if ctx.images is not None:
-                pad = partial(padded_image_rows, pad, layout=ctx.images.layout)
+            if ctx.processor is not None:
+                pad = partial(padded_image_rows, pad, layout=ctx.processor.layout)
             self.loader = BatchLoader(
                 self.samples, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin, collate_fn=pad
             )
