@@ -20,12 +20,19 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
+
 from titanium.config.sections import DataSection
 from titanium.data.chat import RowError
 from titanium.data.preference import PreferenceDataset, PreferencePair, Response, has_target, pair_sample
 from titanium.data.text import Source
 from titanium.data.vision import ImageData, cut_fields, messages_with_images, place_images, row_images
 from titanium.data.vision_sft import IMAGE_FIX, source_folder, with_system
+
+ImageSide = tuple[list[int], list[bool], dict[str, torch.Tensor]]
+"""One side processed whole: its ids (prompt + response), which of them are learned, and its image fields."""
+Pieces = list[tuple[str, str]]
+"""A side's text pieces and their kinds (``ImageData.tokens``): the prompt, then the response."""
 
 _FIX = f"{IMAGE_FIX}; a pair needs --data.prompt_column, --data.chosen_column and --data.rejected_column"
 
@@ -48,11 +55,11 @@ class VisionPreferenceDataset(PreferenceDataset):
         )
         self.images = images
 
-    def _side(self, pieces: list[tuple[str, str]], pictures: list[Any]) -> tuple[list[int], list[bool], dict]:
+    def _side(self, pieces: Pieces, pictures: list[Any]) -> ImageSide:
         ids, kinds, fields = self.images.tokens(pieces, pictures)
         return ids, [kind == "output" for kind in kinds], fields
 
-    def _pieces(self, item: dict, count: int) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    def _pieces(self, item: dict, count: int) -> tuple[Pieces, Pieces]:
         """The (prompt, response) text pieces of the chosen and of the rejected side."""
         cfg = self.cfg
         prompt, sides = item.get(cfg.prompt_column), [item.get(cfg.chosen_column), item.get(cfg.rejected_column)]
@@ -81,7 +88,7 @@ class VisionPreferenceDataset(PreferenceDataset):
             out.append([(head, "prompt"), (whole[len(head) :], "output")])
         return out[0], out[1]
 
-    def _tokenize(self, item: Any, source: Source, row: int) -> Any:
+    def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], ImageSide, ImageSide] | None:
         try:
             if not isinstance(item, dict):
                 raise RowError(f"the row is {type(item).__name__}, not an object with columns")
@@ -97,7 +104,9 @@ class VisionPreferenceDataset(PreferenceDataset):
             return None
         return chosen[0][:n], chosen, rejected
 
-    def _pair(self, prompt: list[int], chosen: Any, rejected: Any, source: int, row: int) -> PreferencePair | None:
+    def _pair(
+        self, prompt: list[int], chosen: ImageSide, rejected: ImageSide, source: int, row: int
+    ) -> PreferencePair | None:
         """Each side's sample with its image fields; responses cut to ``seq_len`` (the prompt never is)."""
         n = len(prompt)
         too_long = max(len(chosen[0]), len(rejected[0])) > self.seq_len
