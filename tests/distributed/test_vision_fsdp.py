@@ -41,7 +41,7 @@ def test_fsdp2_equals_one_process(objective: str, kind: str, tmp_path: Path) -> 
     data = write_rows(tmp_path, objective)
     common = ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
     common += ["--data.path", str(data), "--data.kind", kind, "--training.objective", objective]
-    common += ["--checkpoint.no_enable", *(["--sft.no_packing"] if objective == "sft" else [])]
+    common += ["--checkpoint.no_enable", "--sft.no_packing" if objective == "sft" else "--dpo.no_share_prompt"]
     common += ["--training.steps", "5", "--training.seq_len", "64", "--optimizer.lr", "1e-2"]
     common += ["--training.mixed_precision_param", "float32", "--metrics.log_freq", "1", "--job.no_print_config"]
     layouts = {

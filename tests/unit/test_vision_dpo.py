@@ -5,6 +5,7 @@ keeps its whole prompt, and what pairs with images cannot do is refused before s
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -75,10 +76,11 @@ def test_a_long_pair_keeps_its_prompt_and_cuts_its_responses(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
-        (["--dpo.packing"], "--dpo.packing"),
-        (["--dpo.precompute_reference"], "--dpo.precompute_reference"),
-        (["--dpo.max_prompt_length", "16"], "--dpo.max_prompt_length"),
-        (["--dpo.loss_type", "orpo"], "--dpo.loss_type orpo"),
+        ([], "--dpo.share_prompt"),  # (on by default)
+        (["--dpo.no_share_prompt", "--dpo.packing"], "--dpo.packing"),
+        (["--dpo.no_share_prompt", "--dpo.precompute_reference"], "--dpo.precompute_reference"),
+        (["--dpo.no_share_prompt", "--dpo.max_prompt_length", "16"], "--dpo.max_prompt_length"),
+        (["--dpo.no_share_prompt", "--dpo.loss_type", "orpo"], "--dpo.loss_type orpo"),
     ],
 )
 def test_what_pairs_with_images_cannot_do_is_refused_before_start_up(flags, named, tmp_path: Path) -> None:
@@ -93,3 +95,19 @@ def test_what_pairs_with_images_cannot_do_is_refused_before_start_up(flags, name
     args += ["--data.kind", "preference", "--training.objective", "dpo", "--training.seq_len", "64", *flags]
     with pytest.raises(ConfigError, match=named):
         check_job(load_job(args), 1, "cpu")
+
+
+def test_a_batch_of_text_pairs_trains_on_an_image_text_model(make_trainer, tmp_path: Path) -> None:
+    """Pairs without images (a batch of them: Gemma 3's processor still gives their ``token_type_ids``) run the
+    language model alone; the step-1 loss is log 2 (the reference is the policy's starting weights, fp32)."""
+    from tests.helpers import scalars
+
+    folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair("w1 w2", "w3", "w4 w5", [])) + "\n")
+    args = ["--job.dump_folder", str(tmp_path / "run"), "--checkpoint.initial_load_path", str(folder)]
+    args += ["--checkpoint.initial_load_in_hf", "--data.path", str(tmp_path / "pairs.jsonl"), "--data.kind"]
+    args += ["preference", "--training.objective", "dpo", "--dpo.no_share_prompt", "--training.seq_len", "64"]
+    args += ["--training.steps", "1", "--training.local_batch_size", "1", "--training.mixed_precision_param", "float32"]
+    args += ["--metrics.log_freq", "1", "--checkpoint.no_enable", "--job.no_print_config"]
+    make_trainer(*args).train()
+    assert scalars(tmp_path / "run" / "tb")[1] == pytest.approx(math.log(2), rel=1e-6)

@@ -115,6 +115,7 @@ def titanium_args(folder: Path, data: Path, run: Path) -> list[str]:
     args += ["--training.seq_len", "64", "--training.mixed_precision_param", "float32"]
     args += ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
     args += ["--data.path", str(data), "--data.kind", "preference", "--training.objective", "dpo"]
+    args += ["--dpo.no_share_prompt"]  # (refused with images)
     return args + ["--training.local_batch_size", str(len(PAIRS)), "--training.steps", "1"]
 
 

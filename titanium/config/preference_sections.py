@@ -83,8 +83,8 @@ class DPOSection:
     seeing the prompt and itself (never the other), at the positions it has in its own sequence. The same
     log-probs as a row per sequence, from about half the tokens when the prompt is most of a pair (rows up to
     2 x seq_len wide; under context parallelism each cp rank gathers the rows' final hidden states for the
-    loss). Off, under pipeline parallelism (whose stage logits have no form of these rows yet) and for an
-    image-text model's pairs (not made exact with their images yet): one row per sequence."""
+    loss). Off, and under pipeline parallelism (whose stage logits have no form of these rows yet): one row
+    per sequence. Refused for an image-text model's pairs (not made exact with their images yet)."""
 
     def problems(self, job: Any) -> Iterator[str]:
         """This section's ranges, and which loss types take which knobs."""

@@ -247,6 +247,12 @@ def pair_loss(cfg: DPOSection) -> PairLoss:
 def image_problems(cfg: DPOSection) -> list[str]:
     """What ``[dpo]`` asks that pairs with images cannot do (yet)."""
     problems = []
+    if cfg.share_prompt:
+        problems.append(
+            "--dpo.share_prompt: a row holding a prompt once with both responses is not made exact with images (their "
+            "per-token fields: Gemma 3's image blocks, Llama 3.2 Vision's cross-attention mask); set "
+            "--dpo.no_share_prompt with an image-text model"
+        )
     if cfg.packing:
         problems.append(NO_IMAGE_PACKING.format(flag="--dpo.packing", off="--dpo.no_packing"))
     if cfg.max_prompt_length:
@@ -329,8 +335,8 @@ class DPOObjective(LoaderObjective):
         )
         self.pipelined = ctx.fixed_shapes
         """Pipeline parallelism: the loss gets the last stage's logits (and the reference gives its logits)."""
-        self.shared = dpo.share_prompt and not self.pipelined and ctx.processor is None
-        """Shared-prompt rows (``--dpo.share_prompt``; not under pipeline parallelism nor for images, see its help)."""
+        self.shared = dpo.share_prompt and not self.pipelined
+        """Shared-prompt rows (``--dpo.share_prompt``; not under pipeline parallelism, see its help)."""
         self.slots, self.group = pair_slots(ctx.seq_len, dpo.packing, self.shared), group_rows(self.shared)
         if self.pipelined:
             self.loss_input = "logits"
