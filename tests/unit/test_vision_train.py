@@ -67,15 +67,17 @@ def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> N
 
 
 def test_other_objectives_are_refused_for_an_image_text_model(make_trainer, tmp_path: Path) -> None:
-    """DPO (and every objective but SFT) would read the rows' text and drop their images: refused, naming the flag."""
+    """KTO (and every objective but SFT and DPO) would read the rows' text and drop their images: refused, naming the
+    flag."""
     from titanium.config.errors import ConfigError
 
     folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
-    pair = {"prompt": [{"role": "user", "content": "w1"}], "chosen": [{"role": "assistant", "content": "w2"}]}
-    pair["rejected"] = [{"role": "assistant", "content": "w3"}]
-    (tmp_path / "pairs.jsonl").write_text(json.dumps(pair) + "\n")
+    row = {"prompt": [{"role": "user", "content": "w1"}], "completion": [{"role": "assistant", "content": "w2"}]}
+    (tmp_path / "unpaired.jsonl").write_text(json.dumps({**row, "label": True}) + "\n")
     args = ["--job.dump_folder", str(tmp_path / "run"), "--checkpoint.initial_load_path", str(folder)]
-    args += ["--checkpoint.initial_load_in_hf", "--data.path", str(tmp_path / "pairs.jsonl")]
-    args += ["--data.kind", "preference", "--training.objective", "dpo", "--training.seq_len", "64"]
-    with pytest.raises(ConfigError, match="--training.objective dpo: an image-text model trains on images with sft"):
+    args += ["--checkpoint.initial_load_in_hf", "--data.path", str(tmp_path / "unpaired.jsonl")]
+    args += ["--data.kind", "unpaired", "--training.objective", "kto", "--training.seq_len", "64"]
+    with pytest.raises(
+        ConfigError, match="--training.objective kto: an image-text model trains on images with sft, dpo"
+    ):
         make_trainer(*args)

@@ -64,7 +64,12 @@ OBJECTIVES.register(
     SectionSpec("sft", SFTSection),
     needs=dataclasses.replace(_SAMPLES, images=True),
 )
-OBJECTIVES.register("dpo", "titanium.objectives.dpo:DPOObjective", SectionSpec("dpo", DPOSection), needs=_PAIRS)
+OBJECTIVES.register(
+    "dpo",
+    "titanium.objectives.dpo:DPOObjective",
+    SectionSpec("dpo", DPOSection),
+    needs=dataclasses.replace(_PAIRS, images=True),  # (one image set shared by a pair's two sides)
+)
 OBJECTIVES.register(
     "grpo", "titanium.objectives.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection), RL_SECTIONS, _PROMPTS
 )

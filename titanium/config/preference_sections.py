@@ -77,7 +77,7 @@ class DPOSection:
     log-probs as a row per sequence, from about half the tokens when the prompt is most of a pair (rows up to
     2 x seq_len wide; under context parallelism each cp rank gathers the rows' final hidden states for the
     loss). Off, and under pipeline parallelism (whose stage logits have no form of these rows yet): one row
-    per sequence."""
+    per sequence. Refused for an image-text model's pairs (not made exact with their images yet)."""
     sigmoid: SigmoidKnobs = field(default_factory=SigmoidKnobs)
     """loss_type sigmoid's own parameters."""
     robust: RobustKnobs = field(default_factory=RobustKnobs)

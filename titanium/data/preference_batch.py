@@ -34,6 +34,8 @@ batch carries, all row-aligned (first dimension 2B, second the width W):
 - ``parent_ids`` and ``label_sources`` [rows, W], only in shared-prompt rows: each token's parent document
   (the model's ``parent_ids``), and for each label the column whose hidden state predicts it (a shared row
   puts each label at its target's column, titanium/data/preference_rows.py).
+- image fields (``titanium.data.vision.image_rows``' ``image.*`` entries), only for an image-text model's pairs
+  (``layout``; padded separate sequences only): each side's images and per-token image fields in its row.
 - ``prompt_labels`` [2B, W], only when asked for (``prompt_labels=True``; ORPO's NLL is over the chosen
   sequence's prompt too): the next token at every position of a chosen sequence that has no label (its
   prompt and template tokens, all but its last position), IGNORE_INDEX elsewhere.
@@ -50,6 +52,7 @@ import torch
 from titanium.data.packing import PadTo, bucket_width
 from titanium.data.preference import PreferencePair
 from titanium.data.preference_rows import CHOSEN, REJECTED, Piece, lay_row, sequence_piece, shared_length, shared_piece
+from titanium.data.vision import ProcessorLayout, image_rows
 
 Placement = tuple[PreferencePair, int, int]
 """A pair, its row pair g and its index m among the pairs of that row pair."""
@@ -116,6 +119,17 @@ def preference_batch(
     return batch
 
 
+def pair_image_rows(
+    placements: list[Placement], groups: int, width: int, layout: ProcessorLayout
+) -> dict[str, torch.Tensor]:
+    """The image fields of padded row pairs (row 2g the chosen side of pair g, 2g + 1 its rejected side; rows without a
+    pair get padding), each side's as its sample carries them (titanium.data.vision_preference)."""
+    samples: list[dict] = [{} for _ in range(2 * groups)]
+    for pair, g, _ in placements:
+        samples[2 * g], samples[2 * g + 1] = pair.chosen, pair.rejected
+    return image_rows(samples, width, layout)
+
+
 def row_capacity(seq_len: int, shared: bool) -> int:
     """Tokens a row holds: seq_len, or 2 x seq_len for shared-prompt rows (a row group's tokens, as a row pair's)."""
     return 2 * seq_len if shared else seq_len
@@ -127,6 +141,7 @@ class PreferenceBatchLoader:
     ``pad_to``/``pad_multiple``: the rows' width (see the module docstring and bucket_width). Keep "seq_len"
     where shapes must not change (pipeline parallelism); under tensor or context parallelism ``pad_multiple``
     must be a multiple of the tp degree and of 2 x cp. ``prompt_labels``: add that key (module docstring).
+    ``layout``: the processor's (an image-text model's pairs, padded separate sequences only): add the image fields.
     Packing decides which pairs share a microbatch by seq_len alone, so the batches (and a resumed run's) are
     the same whatever the width.
 
@@ -146,14 +161,17 @@ class PreferenceBatchLoader:
         pad_multiple: int = 8,
         prompt_labels: bool = False,
         shared: bool = False,
+        layout: ProcessorLayout | None = None,
     ) -> None:
+        if layout is not None and (packing or shared):
+            raise ValueError("pairs with images are laid one sequence a row, padded (neither packed nor shared)")
         if pairs_per_batch < 1:
             raise ValueError(f"pairs_per_batch must be >= 1, got {pairs_per_batch}")
         if pad_to not in ("seq_len", "longest") or pad_multiple < 1:
             raise ValueError(f"pad_to must be seq_len or longest and pad_multiple >= 1, got {pad_to}, {pad_multiple}")
         self.pairs, self.pairs_per_batch, self.seq_len, self.pad_id = pairs, pairs_per_batch, seq_len, pad_id
         self.packing, self.pad_to, self.pad_multiple = packing, pad_to, pad_multiple
-        self.prompt_labels, self.shared = prompt_labels, shared
+        self.prompt_labels, self.shared, self.layout = prompt_labels, shared, layout
         self.slots = pair_slots(seq_len, packing, shared)
         """Pairs a row group can hold: a batch has ``pairs_per_batch x slots`` pair slots."""
         self._stream: Iterator[PreferencePair] | None = None
@@ -219,6 +237,8 @@ class PreferenceBatchLoader:
             self.pad_multiple,
             self.prompt_labels,
         )
+        if self.layout is not None:
+            batch.update(pair_image_rows(placements, self.pairs_per_batch, batch["input"].shape[1], self.layout))
         return batch, placements
 
     def __next__(self) -> dict[str, torch.Tensor]:

@@ -395,9 +395,11 @@ NO_IMAGE_PACKING = (
 
 
 def images_of(rows: Mapping[str, torch.Tensor]) -> ImageInputs | None:
-    """The ``ImageInputs`` of a loader batch (``image_rows``' entries), or None for a batch without images."""
+    """The ``ImageInputs`` of a loader batch (``image_rows``' entries), or None for a batch without images: no image
+    entries at all, or only per-token fields the processor gives text rows too (Gemma 3's ``token_type_ids``, all 0),
+    beside which the model would look for pixel values."""
     fields = {k.removeprefix(FIELD): v for k, v in rows.items() if k.startswith(FIELD)}
-    if not fields:
-        return None
     counts = {k.removeprefix(COUNT): v for k, v in rows.items() if k.startswith(COUNT)}
+    if not counts or not any(int(c.sum()) for c in counts.values()):
+        return None
     return ImageInputs(fields, counts)

@@ -21,22 +21,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from titanium.batch import Batch, Fields, per_row, per_token
+from titanium.config.errors import ConfigError
 from titanium.config.sections import DataSection, DPOSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.meter import DataMeter
 from titanium.data.packing import row_width
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, group_rows, pair_slots
+from titanium.data.vision import NO_IMAGE_PACKING, images_of
+from titanium.data.vision_preference import VisionPreferenceDataset
 from titanium.model_builder import ModelSource
 from titanium.objectives.base import (
     IGNORE_INDEX,
     FrozenModel,
+    JobFacts,
     LoaderObjective,
     LossResult,
     ModelOutput,
@@ -171,7 +176,36 @@ def pair_batch(rows: dict[str, torch.Tensor]) -> Batch[PreferenceFields]:
         label_sources=rows.get("label_sources"),
     )
     core = {"positions": rows["positions"], "document_ids": rows["document_ids"], "parent_ids": rows.get("parent_ids")}
-    return Batch(rows["input"], fields, **core)
+    return Batch(rows["input"], fields, **core, images=images_of(rows))
+
+
+def image_problems(cfg: DPOSection) -> list[str]:
+    """What ``[dpo]`` asks that pairs with images cannot do (yet)."""
+    problems = []
+    if cfg.share_prompt:
+        problems.append(
+            "--dpo.share_prompt: a row holding a prompt once with both responses is not made exact with images (their "
+            "per-token fields: Gemma 3's image blocks, Llama 3.2 Vision's cross-attention mask); set "
+            "--dpo.no_share_prompt with an image-text model"
+        )
+    if cfg.packing:
+        problems.append(NO_IMAGE_PACKING.format(flag="--dpo.packing", off="--dpo.no_packing"))
+    if cfg.max_prompt_length:
+        problems.append(
+            f"--dpo.max_prompt_length {cfg.max_prompt_length}: cutting a prompt's start would cut its image tokens; "
+            "set 0 with an image-text model"
+        )
+    if cfg.precompute_reference and pair_loss(cfg).reference:
+        problems.append(
+            "--dpo.precompute_reference: the cache knows a pair by its tokens, not its images (TRL refuses it for "
+            "vision data too); set --dpo.no_precompute_reference with an image-text model"
+        )
+    if pair_loss(cfg).nll_over_prompt:
+        problems.append(
+            f"--dpo.loss_type {cfg.loss_type}: its NLL over the chosen prompt would learn the image placeholder "
+            "tokens; use another loss type with an image-text model"
+        )
+    return problems
 
 
 class DPOObjective(LoaderObjective):
@@ -209,13 +243,27 @@ class DPOObjective(LoaderObjective):
         """The reference during training: none when reference-free or precomputed (released before the first step)."""
         return [start] if pair_loss(section).reference and not section.precompute_reference else []
 
+    @classmethod
+    def check_config(cls, section: DPOSection, job: JobFacts, **more: Any) -> None:
+        """An image-text model's pairs (titanium.data.vision_preference) run one sequence a row, padded, with their
+        images: what would cut or lose images, or is not made exact for them, is refused."""
+        super().check_config(section, job, **more)
+        if getattr(job.start.args, "reads_images", False):
+            for problem in image_problems(section):
+                raise ConfigError(problem)
+
     def __init__(self, ctx: ObjectiveContext, data: DataSection, dpo: DPOSection) -> None:
         self.cfg, self.ctx, self.data = dpo, ctx, data
         self.pair_loss = pair_loss(dpo)
         self.nll_weight = self.pair_loss.weight_of_nll(dpo)
         names = (*METRICS, *self.pair_loss.metrics, *(("nll_loss",) if self.nll_weight > 0 else ()))
         self.metric_names = tuple(f"dpo/{name}" for name in names)
-        self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
+        self.template = None
+        if ctx.processor is None:  # (an image-text model's rows go through its processor's chat template)
+            self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
+        else:
+            for problem in image_problems(dpo):
+                raise ConfigError(problem)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.pad_to, self.pad_multiple = row_width(
             dpo.pad_to, dpo.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--dpo.pad_to"
@@ -240,6 +288,10 @@ class DPOObjective(LoaderObjective):
 
     def _pairs(self, dp_rank: int, dp_world: int) -> PreferenceDataset:
         ctx, dpo = self.ctx, self.cfg
+        if ctx.processor is not None:
+            return VisionPreferenceDataset(
+                self.data, ctx.processor, ctx.seq_len, ctx.chat.system_prompt, dpo.on_long_pair, dp_rank, dp_world
+            )
         return PreferenceDataset(
             self.data,
             self.template,
@@ -265,6 +317,7 @@ class DPOObjective(LoaderObjective):
             self.pad_multiple,
             prompt_labels=self.pair_loss.nll_over_prompt and self.nll_weight > 0,
             shared=self.shared,
+            layout=ctx.processor.layout if ctx.processor is not None else None,
         )
 
     def _models(self) -> Models:

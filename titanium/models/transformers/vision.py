@@ -256,11 +256,6 @@ def image_text_refusals(args: TransformersArgs, model: ImageTextModel, use: Any)
             f"{use.packing}: packing several samples with images into one row is not supported yet (each sample's "
             f"images would have to travel with it through the packing buffer); set --{section}.no_{key}"
         )
-    if args.model_type == "mllama" and use.shared_prompts:
-        problems.append(
-            "--dpo.share_prompt: Llama 3.2 Vision's cross-attention mask says which images each token sees for one "
-            "sequence per row; set --dpo.no_share_prompt"
-        )
     return problems
 
 
