@@ -5,6 +5,7 @@ equal online ones; what the cache is keyed by; bad loss settings; row widths und
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -246,6 +247,38 @@ def test_eval_preference_refuses_a_folder_without_weights(tmp_path, capsys):
     )
     assert code == 2
     assert "neither a titanium checkpoint (step-N with .metadata) nor a Hugging Face folder" in capsys.readouterr().err
+
+
+def test_eval_preference_reads_paths_from_where_the_user_stands(tmp_path, monkeypatch, capsys):
+    """Run from a directory outside the repository: --data names a file as the user typed it (from the current
+    directory), a bundled path (assets/..., and the job's default tokenizer and a train_configs/ file) is the
+    repository's unless the user has a file of that name, and a path that names nothing is one message naming --data
+    (exit 2)."""
+    from tests.objectives.tiny_hf import debug_model_hf
+
+    monkeypatch.chdir(tmp_path)
+    debug_model_hf(tmp_path / "hf", scalar=False)  # (no tokenizer files: the job's default tokenizer is used)
+    bundled = "assets/tasks/arithmetic/preference_test.jsonl"
+    rows = (REPO / bundled).read_text().splitlines(keepends=True)
+    Path("mine.jsonl").write_text("".join(rows[:3]))
+    common = ["hf", "hf", "--device", "cpu", "--training.seq_len", "64", "--max-pairs", "5"]
+
+    def pairs(*args: str) -> int:
+        assert eval_preference.main([*common, *args]) == 0
+        return json.loads(capsys.readouterr().out)["pairs"]
+
+    assert pairs("--data", "mine.jsonl") == 3
+    assert pairs("--data", bundled) == 5
+    config = ("--job.config_file", "train_configs/debug_dpo.toml", "--checkpoint.initial_load_path", "")
+    assert pairs("--data", "./mine.jsonl", *config) == 3
+    Path(bundled).parent.mkdir(parents=True)
+    Path(bundled).write_text(rows[0])
+    assert pairs("--data", bundled) == 1  # (the user's own file of that name)
+    assert eval_preference.main([*common, "--data", "nope.jsonl"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == "titanium.tools.eval_preference: error: --data nope.jsonl: no .json/.jsonl/.parquet/.txt files found\n"
+    )
 
 
 def alone_sequence_logp(model: torch.nn.Module, sample: dict) -> tuple[torch.Tensor, int]:

@@ -137,3 +137,21 @@ def test_training_pushes_its_hf_export(hub, make_trainer, monkeypatch, tmp_path:
             ],
         ),
     ]
+
+
+def test_a_training_push_without_network_says_where_the_export_is(hub, tmp_path: Path, capsys) -> None:
+    """The upload at the end of a run fails (no network: huggingface_hub's HTTP client error): the run has trained and
+    exported, so it ends with one message saying where the export is and the command that uploads it later, exit 2."""
+    from titanium.train import main
+
+    hub.fail = NETWORK_FAILURES[-1]
+    try:
+        push = ("--training.steps", "1", "--checkpoint.last_save_in_hf", "--checkpoint.push_to_hub", "me/run")
+        assert main(tiny_args(tmp_path / "run", *push)) == 2
+    finally:
+        hub.fail = None
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("titanium: error: uploading") and "Traceback" not in err, err
+    assert f"the export is complete in {tmp_path / 'run/hf'}; upload it later with `hf upload me/run" in lines[0], err
+    assert (tmp_path / "run/hf/model.safetensors").is_file()

@@ -195,3 +195,21 @@ def test_a_guard_skipped_step_changes_neither_the_policy_nor_the_value_model(mak
     before = weights()
     trainer.train_step()
     assert changed(before) == {"policy", "value"}
+
+
+def test_ppo_rewards_get_trls_trainer_state(make_trainer, tmp_path):
+    """A TRL reward function reading ``trainer_state`` gets, from PPO as from GRPO (both through the rollout source),
+    the optimizer steps taken when its responses were sampled and the run's steps: TRL 1.16's GRPOTrainer passes its
+    TrainerState, whose global_step is 0 while the first step's batch is scored (transformers counts a step once its
+    optimizer step is done). Three steps, a rollout batch each (ppo_epochs 1): 0, 1, 2 of 3."""
+    (tmp_path / "state.py").write_text(
+        "seen = []\n\n\n"
+        "def record(completions, trainer_state, **kwargs):\n"
+        "    seen.append((trainer_state.global_step, trainer_state.max_steps))\n"
+        "    return [0.0] * len(completions)\n"
+    )
+    reward = f"{tmp_path}/state.py:record"
+    args = (*PPO, "--rl.rewards", reward, "--ppo.ppo_epochs", "1", "--training.steps", "3")
+    trainer = make_trainer(*tiny_args(tmp_path / "run", *args))
+    trainer.train()
+    assert trainer.objective.source.rewards.functions[reward].__globals__["seen"] == [(0, 3), (1, 3), (2, 3)]

@@ -29,6 +29,7 @@ from titanium.config.moved import (
     take_ppo_reward_model,
 )
 from titanium.config.registry import SectionSpec
+from titanium.config.shipped import shipped
 from titanium.config.trl_names import check_trl_names
 from titanium.config.validate import unread_settings, validate
 
@@ -59,6 +60,7 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     argv, reward_model = take_ppo_reward_model(move_flags(argv))
     check_trl_names(argv)
     config_file = _flag(argv, "--job.config_file")
+    config_file = shipped(config_file) if config_file is not None else None
     data = move_toml_keys(_read_toml(config_file), config_file) if config_file is not None else {}
     data, argv = move_dpo_knobs(data, argv, config_file, _flag(argv, "--dpo.loss_type"))
     training = data.get("training", {})
@@ -71,6 +73,7 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
         _apply_toml(base, data, config_file)
         base.job.config_file = config_file
     cfg = tyro.cli(job_config, prog=PROG, description=DESCRIPTION, args=argv, default=base, use_underscores=True)
+    _find_shipped(cfg)
     given = _given_keys(argv, data)
     if reward_model is not None:
         prepend_reward_model(cfg.rl, reward_model, "rl.rewards" in given, "rl.reward_model_layout" in given)
@@ -81,6 +84,16 @@ def load_config(argv: list[str], resolve: Resolver | None = None) -> Any:
     for setting in unread_settings(cfg):
         logger.warning(setting)
     return cfg
+
+
+def _find_shipped(cfg: Any) -> None:
+    """Every path setting that names a bundled file (``assets/...``) absent where the user stands points at the
+    repository's (``titanium.config.shipped``)."""
+    for section in (getattr(cfg, f.name) for f in dataclasses.fields(cfg)):
+        for f in dataclasses.fields(section) if dataclasses.is_dataclass(section) else ():
+            value = getattr(section, f.name)
+            if isinstance(value, str) and shipped(value) != value:
+                setattr(section, f.name, shipped(value))
 
 
 def _objective_sections(objective: str) -> tuple[SectionSpec, ...]:

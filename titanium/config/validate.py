@@ -150,7 +150,8 @@ def validate(cfg: JobConfig) -> Iterator[str]:
     if cfg.tokenizer.kind == "tiktoken" and not Path(cfg.tokenizer.path).is_file():
         yield (
             f"--tokenizer.path: file not found: {cfg.tokenizer.path} "
-            "(run from the repository root, or point it at a Llama 3 tokenizer.model / .tiktoken file)"
+            "(fix the path, relative to the current directory, or point it at a Llama 3 tokenizer.model / "
+            ".tiktoken file)"
         )
     if cfg.tokenizer.kind == "hf" and not Path(cfg.tokenizer.path).exists():
         yield (
@@ -159,7 +160,7 @@ def validate(cfg: JobConfig) -> Iterator[str]:
         )
     if cfg.data.kind in ("auto", "text", "chat", "instruct", "preference", "unpaired") and looks_local(cfg.data.path):
         if not any(True for _ in _glob(cfg.data.path)):
-            yield f"--data.path: no file matches {cfg.data.path} (run from the repository root, or fix the path)"
+            yield f"--data.path: no file matches {cfg.data.path} (fix the path, relative to the current directory)"
     yield from _validate_post_training(cfg)
     yield from _validate_debugging(cfg)
     yield from _validate_guards_and_validation(cfg)
@@ -260,7 +261,7 @@ def _validate_post_training(cfg: JobConfig) -> Iterator[str]:
                 "pipeline or context parallelism"
             )
         if looks_local(ev.path) and not any(True for _ in _glob(ev.path)):
-            yield f"--eval.path: no file matches {ev.path} (run from the repository root, or fix the path)"
+            yield f"--eval.path: no file matches {ev.path} (fix the path, relative to the current directory)"
 
 
 def _validate_debugging(cfg: JobConfig) -> Iterator[str]:
@@ -308,7 +309,7 @@ def _validate_guards_and_validation(cfg: JobConfig) -> Iterator[str]:
     if v.steps < 1:
         yield f"--validation.steps must be >= 1, got {v.steps}"
     if v.interval > 0 and cfg.data.kind != "synthetic" and looks_local(v.path) and not any(True for _ in _glob(v.path)):
-        yield f"--validation.path: no file matches {v.path} (run from the repository root, or fix the path)"
+        yield f"--validation.path: no file matches {v.path} (fix the path, relative to the current directory)"
 
 
 def _validate_quantization_and_loss(cfg: JobConfig) -> Iterator[str]:

@@ -31,9 +31,11 @@ import torch
 from torch import nn
 
 from titanium.config.sections import DPOSection
+from titanium.config.shipped import shipped
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.preference import OnePass, PreferenceDataset
 from titanium.data.preference_batch import PreferenceBatchLoader
+from titanium.data.text import resolve_sources
 from titanium.data.tokenizer import build_tokenizer
 from titanium.errors import UserError
 from titanium.inputs import load_job
@@ -99,7 +101,8 @@ def run(args: argparse.Namespace, overrides: list[str]) -> dict[str, float]:
         hf_option=hf.option if hf is not None else None,
     )
     template = build_optional_chat_template(cfg.chat.chat_template, tokenizer, spec.chat_template or "")
-    data = dataclasses.replace(cfg.data, kind="preference", path=args.data)
+    data = dataclasses.replace(cfg.data, kind="preference", path=shipped(args.data))
+    resolve_sources(data, flag="--data")  # (a path that names no file: one message naming this tool's flag)
     chat, dpo = cfg.chat, cfg.dpo
     pairs = PreferenceDataset(
         data,
@@ -125,7 +128,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("policy", type=Path, help="the trained policy: a step-N checkpoint or a Hugging Face folder")
     p.add_argument("reference", type=Path, help="its reference (where DPO started), in the same forms")
-    p.add_argument("--data", required=True, help="preference pairs to score (a file, folder or glob, as --data.path)")
+    p.add_argument(
+        "--data",
+        required=True,
+        help="preference pairs to score: a file, folder or glob (from where you stand; the bundled assets/... from "
+        "anywhere) or a hub dataset, as --data.path",
+    )
     p.add_argument("--max-pairs", type=int, default=1000, help="score the first N pairs (default 1000)")
     p.add_argument("--batch-size", type=int, default=32, help="pairs per forward (default 32)")
     p.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
