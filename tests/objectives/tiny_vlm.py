@@ -315,3 +315,21 @@ def random_image(seed: int, width: int = 28, height: int = 28) -> Any:
 
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, size=(height, width, 3), dtype=np.uint8))
+
+
+def assert_image_fields_equal(
+    images: Any, theirs: dict[str, Any], layout: Any, real: torch.Tensor, width: int, text_keys: set[str]
+) -> None:
+    """titanium's image fields of a batch equal those of a peer's batch ``theirs`` (every key but ``text_keys``):
+    per-token fields on the real tokens (``real``: the peer's attention mask; padding is not the processor's to
+    compare), per-row fields as the processor pads them, the rest as every image of the batch concatenated."""
+    assert images is not None
+    image_fields = set(theirs) - text_keys
+    assert set(images.fields) == image_fields
+    for name in image_fields:
+        if name in layout.token:
+            assert torch.equal(images.fields[name][:, :width][real], theirs[name][real]), name
+        elif name in layout.batched:
+            assert torch.equal(images.fields[name], theirs[name]), name
+        else:
+            assert torch.equal(images.whole(name), theirs[name]), name

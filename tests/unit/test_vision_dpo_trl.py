@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from tests.helpers import scalars
-from tests.objectives.tiny_vlm import random_image, vlm_folder
+from tests.objectives.tiny_vlm import assert_image_fields_equal, random_image, vlm_folder
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl", reason="pip install 'trl>=1.16,<2' (in the dev extra) to compare with TRL")
@@ -182,16 +182,9 @@ def test_dpo_batch_and_first_loss_equal_trl(model_type: str, plain: str | None, 
     assert torch.equal(labels[:, : width - 1] != -100, learned) and (labels[:, width - 1 :] == -100).all()
     assert torch.equal(labels[:, : width - 1][learned], theirs["input_ids"][:, 1:][learned])
 
-    assert ours.images is not None
-    image_fields = set(theirs) - {"input_ids", "attention_mask", "completion_mask"}
-    assert set(ours.images.fields) == image_fields
-    for name in image_fields:
-        if name in layout.token:  # (per token: the padding is not the processor's to compare)
-            assert torch.equal(ours.images.fields[name][:, :width][real], theirs[name][real]), name
-        elif name in layout.batched:  # (per row, a row with fewer images padded as the processor pads it)
-            assert torch.equal(ours.images.fields[name], theirs[name]), name
-        else:
-            assert torch.equal(ours.images.whole(name), theirs[name]), name
+    assert_image_fields_equal(
+        ours.images, theirs, layout, real, width, {"input_ids", "attention_mask", "completion_mask"}
+    )
 
     with_reference(trainer, reference).train()
     loss = scalars(run / "tb")[1]

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.helpers import scalars
-from tests.objectives.tiny_vlm import random_image, vlm_folder
+from tests.objectives.tiny_vlm import assert_image_fields_equal, random_image, vlm_folder
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl", reason="pip install 'trl>=1.16,<2' (in the dev extra) to compare with TRL")
@@ -111,17 +111,8 @@ def test_sft_batch_and_losses_equal_trl(model_type: str, columns: str, make_trai
     labels = ours.fields.labels  # (shifted in the data: position t holds the label of token t + 1)
     assert torch.equal(labels[:, : width - 1], theirs["labels"][:, 1:]) and (labels[:, width - 1 :] == -100).all()
 
-    assert ours.images is not None
     layout = trainer.objective.samples.images.layout
-    image_fields = set(theirs) - {"input_ids", "attention_mask", "labels"}
-    assert set(ours.images.fields) == image_fields
-    for name in image_fields:
-        if name in layout.token:  # (per token: the padding is not the processor's to compare)
-            assert torch.equal(ours.images.fields[name][:, :width][real], theirs[name][real]), name
-        elif name in layout.batched:  # (per row, a row with fewer images padded as the processor pads it)
-            assert torch.equal(ours.images.fields[name], theirs[name]), name
-        else:  # (every image of the batch, concatenated)
-            assert torch.equal(ours.images.whole(name), theirs[name]), name
+    assert_image_fields_equal(ours.images, theirs, layout, real, width, {"input_ids", "attention_mask", "labels"})
 
     trainer.train()
     losses = scalars(run / "tb")
