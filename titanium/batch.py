@@ -83,6 +83,10 @@ class ImageInputs:
         keep = torch.arange(value.shape[1], device=value.device)[None, :] < counts.to(value.device)[:, None]
         return value[keep]
 
+    def per_token(self) -> list[str]:
+        """The per-token fields' names (those without ``counts``)."""
+        return [name for name in self.fields if name not in self.counts]
+
     def map(self, fn: Map) -> ImageInputs:
         """``fn`` applied to every field and count (a selection of rows, a move to a device)."""
         return ImageInputs({k: fn(v) for k, v in self.fields.items()}, {k: fn(v) for k, v in self.counts.items()})

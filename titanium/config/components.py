@@ -71,7 +71,11 @@ OBJECTIVES.register(
     needs=dataclasses.replace(_PAIRS, images=True),  # (one image set shared by a pair's two sides)
 )
 OBJECTIVES.register(
-    "grpo", "titanium.objectives.grpo:GRPOObjective", SectionSpec("grpo", GRPOSection), RL_SECTIONS, _PROMPTS
+    "grpo",
+    "titanium.objectives.grpo:GRPOObjective",
+    SectionSpec("grpo", GRPOSection),
+    RL_SECTIONS,
+    dataclasses.replace(_PROMPTS, images=True),  # (titanium's engine only: titanium.rl.source.image_refusals)
 )
 OBJECTIVES.register(
     "online_dpo",

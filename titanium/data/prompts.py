@@ -11,6 +11,13 @@ resumable, malformed rows skipped and counted or fatal per ``--data.on_bad_row``
 - instruct: the instruction (and its input) as the user message.
 - text: the text column as a plain prompt for base models: BOS + text, no template.
 
+With an image-text model's processor (chat and instruct kinds), a row's images (``[vision] images_column``, or one
+``image``, as TRL's GRPO reads them) go through the processor with the prompt, rendered by the processor's chat
+template: the prompt's ids have the image placeholders expanded and the sample keeps the processor's image fields
+(``images``), which the rollout engine's prefill and every training forward of its responses read (docs/vision.md). A
+string prompt is one user message with the images before its text (TRL's ``prepare_multimodal_messages``); a missing
+or unreadable image, or placeholders that do not match the images, skip the row and count it.
+
 The ``answer_column`` value (as a string) and the whole row travel with the prompt to the reward functions.
 Prompts longer than ``max_prompt_len`` tokens are skipped and counted (both keys of the RL objectives' ``[rl]``
 section): cutting a question would make its answer wrong.
@@ -38,6 +45,8 @@ from titanium.data.chat import (
 from titanium.data.completion import messages_of
 from titanium.data.text import DataError, RowReader, Source
 from titanium.data.tokenizer import Tokenizer
+from titanium.data.vision import ImageData, messages_with_images, place_images, row_images
+from titanium.data.vision_sft import source_folder, with_system
 
 ANSWERED_ROLES = ("user", "tool")
 """The roles a prompt may end with: the model answers a user, or goes on after a tool's result."""
@@ -68,6 +77,9 @@ class PromptSample:
     """A plain text prompt as written (text data); empty for a conversation."""
     messages: tuple[Message, ...] = ()
     """The conversation answered, as the policy saw it (system prompt included); empty for plain text prompts."""
+    images: Mapping[str, Any] | None = None
+    """The prompt's image fields as the model's processor made them (``ImageData.tokens``; an image-text model's
+    prompts); None for a text model's."""
 
     @property
     def as_written(self) -> str:
@@ -115,6 +127,11 @@ def prompt_messages(row: Any, data: DataSection) -> list[Message]:
     return _system_first(messages)
 
 
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    """A message's text: its text parts joined (image parts left out)."""
+    return content if isinstance(content, str) else "".join(p.get("text", "") for p in content if p["type"] == "text")
+
+
 def _system_first(messages: list[Message]) -> list[Message]:
     if any(m.role == "system" for m in messages[1:]):
         raise RowError("a system message is only allowed as the first message")
@@ -127,7 +144,7 @@ class PromptDataset(RowReader):
     ``template`` formats chat and instruct prompts (None for kind text); ``system_prompt`` replaces or
     adds their system message. ``section`` gives ``answer_column`` and ``max_prompt_len`` (``[rl]``, named ``name`` in
     messages). Counters (kept in the state): ``bad_rows`` (skipped),
-    ``too_long``.
+    ``too_long``. ``processor``: an image-text model's (module docstring); None for a text model.
     """
 
     def __init__(
@@ -140,14 +157,16 @@ class PromptDataset(RowReader):
         dp_rank: int = 0,
         dp_world: int = 1,
         name: str = "rl",
+        processor: ImageData | None = None,
     ) -> None:
         if data.kind not in _FIX:
             raise DataError(f"--data.kind {data.kind} has no prompts; use chat, instruct or text")
-        if data.kind != "text" and template is None:
+        if data.kind != "text" and template is None and processor is None:
             raise ValueError(f"--data.kind {data.kind} needs a chat template")
         super().__init__(data, dp_rank, dp_world)
         self.section, self.name = section, name
         self.tokenizer, self.template, self.system_prompt = tokenizer, template, system_prompt
+        self.processor = processor if data.kind != "text" else None
         self.too_long = 0
 
     def _answer(self, item: Any) -> str | None:
@@ -164,9 +183,11 @@ class PromptDataset(RowReader):
 
     def _sample(self, item: Any, source: Source, row: int) -> PromptSample | None:
         messages: list[Message] = []
-        text = ""
+        text, images = "", None
         try:
-            if self.cfg.kind == "text":
+            if self.processor is not None:
+                prompt, images, messages = self._image_prompt(item, source)
+            elif self.cfg.kind == "text":
                 text = self._text_of(item, source, row)
                 if text is None:
                     return None
@@ -182,7 +203,31 @@ class PromptDataset(RowReader):
         if len(prompt) > self.section.max_prompt_len:
             self.too_long += 1
             return None
-        return PromptSample(prompt, answer, item, text, tuple(messages))
+        return PromptSample(prompt, answer, item, text, tuple(messages), images)
+
+    def _image_prompt(self, item: Any, source: Source) -> tuple[list[int], dict[str, Any], list[Message]]:
+        """The conversation to answer (as ``prompt_messages`` finds it) with the row's images, through the processor:
+        its ids, image fields, and its messages as text (for reward functions and logs)."""
+        assert self.processor is not None
+        data, processor = self.cfg, self.processor
+        if data.kind == "instruct":
+            raw: list[dict[str, Any]] = [instruct_user_message(item, data).as_dict()]
+        elif isinstance(item, dict) and data.messages_column not in item and item.get(data.prompt_column) is not None:
+            value = item[data.prompt_column]
+            raw = [{"role": "user", "content": value}] if isinstance(value, str) else value
+            raw = messages_with_images(raw, f"'{data.prompt_column}'", data)
+        else:
+            raw = messages_with_images(_column(item, data.messages_column), f"'{data.messages_column}'", data)
+            if raw[-1]["role"] == "assistant":
+                raw = raw[:-1]
+        if not raw or raw[-1]["role"] not in ANSWERED_ROLES:
+            raise RowError("no user message to answer (a prompt ends with a user or tool message, or with its answer)")
+        if any(m["role"] == "system" for m in raw[1:]):
+            raise RowError("a system message is only allowed as the first message")
+        pictures = row_images(item, processor.vision.images_column, source_folder(source))
+        raw = with_system(place_images(raw, len(pictures)), self.system_prompt)
+        ids, _, fields = processor.tokens([(processor.render(raw, generation=True), "prompt")], pictures)
+        return ids, fields, [Message(m["role"], _text_of(m["content"])) for m in raw]
 
     def __iter__(self) -> Iterator[PromptSample]:
         for source, row, item in self._rows():

@@ -152,8 +152,8 @@ def generate(
     ``torch.compile`` with a static cache (meant for GPUs; the prefill stays eager). ``also_stop`` ends rows on
     more than stop ids: given each step's ``[B]`` tokens it returns the ``[B]`` rows that end with them (a stop
     string completed); such a row counts as finished (``token_lists(keep_stop=True)`` keeps the token that ended it).
-    ``images``: the prompts' images (``titanium.batch.ImageInputs``, an image-text model's), read by the prefill; the
-    prompts must then be as long as each other (their per-token image fields are not padded here).
+    ``images``: the prompts' images (``titanium.batch.ImageInputs``, an image-text model's), read by the prefill; their
+    per-token fields laid out like the left-padded prompts (``titanium.rl.rollout.prompt_image_rows``).
 
     ``device`` defaults to the device of the model's first parameter. The caller sets ``eval()``.
     """
@@ -169,9 +169,9 @@ def generate(
     decide = all_done if all_done is not None else (lambda done: done)
 
     check_room(model, max(len(p) for p in prompts), max_new)
-    if images is not None and len({len(p) for p in prompts}) > 1:
-        raise ValueError("generate with images needs prompts of one length (per-token image fields are not padded)")
     tokens, positions, document_ids = left_pad(prompts, pad_id, device)
+    if images is not None and any(images.fields[k].shape[1] != tokens.shape[1] for k in images.per_token()):
+        raise ValueError("generate's per-token image fields must be as wide as the left-padded prompts")
     cache = (StaticKVCache if compile else KVCache)(model.layers.keys(), tokens.shape[1] + max_new - 1)
     with _last_position_logits(model):
         seen = {} if images is None else {"images": images.map(lambda t: t.to(device))}

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from titanium.batch import ImageInputs
 from titanium.config.sections import RolloutSection
 from titanium.generation.engine import EngineKind, RolloutEngine, Rollouts
 from titanium.generation.generate import generate
@@ -76,12 +77,22 @@ class TitaniumEngine(RolloutEngine):
         self._loaded.clear()
         self.version = version
 
-    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int) -> Rollouts:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seed: int, images: ImageInputs | None = None
+    ) -> Rollouts:
+        """``images``: an image-text model's prompts' images, read by the prefill (``generate``'s)."""
         version, start = self.synced_version(), time.perf_counter()
         generator = torch.Generator(self.device).manual_seed(seed)
         with torch.no_grad():
             out = generate(
-                self.model, prompts, params, self.stop_ids, self.pad_id, generator=generator, compile=self.compile
+                self.model,
+                prompts,
+                params,
+                self.stop_ids,
+                self.pad_id,
+                generator=generator,
+                compile=self.compile,
+                images=images,
             )
         return Rollouts(out, version, time.perf_counter() - start)
 

@@ -35,7 +35,7 @@ from titanium.objectives.base import (
 from titanium.objectives.grpo_correction import importance_weights, mismatch_metrics
 from titanium.objectives.losses.grpo import LossType, grpo_loss, loss_mask, loss_units
 from titanium.objectives.sourced import SourcedObjective
-from titanium.rl.rollout import response_parts, trained_logprobs
+from titanium.rl.rollout import response_parts, rollout_images, trained_logprobs
 from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
 
 
@@ -156,7 +156,8 @@ def rollout_batch(rows: dict[str, torch.Tensor], cfg: GRPOSection, max_new_token
         rows.get("targets"),
         rows.get("slots"),
     )
-    return Batch(rows["tokens"], fields, positions=rows["positions"], document_ids=rows["document_ids"])
+    core = {"positions": rows["positions"], "document_ids": rows["document_ids"], "images": rollout_images(rows)}
+    return Batch(rows["tokens"], fields, **core)
 
 
 class GRPOObjective(SourcedObjective):

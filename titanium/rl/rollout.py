@@ -10,6 +10,11 @@ A forward over some of the rows needs only the columns they use (``narrow``): fr
 token of any of them to the last holding a response token of any of them, rounded up to a bucket. The columns cut
 are left padding (a document of its own, which no real token sees) and steps after every response's end (which
 causal attention hides from the tokens before them), so every kept log-prob is the same.
+
+Prompts with images (an image-text model's): each row carries its prompt's image fields as loader-row entries
+(``titanium.data.vision.image_rows``: ``image.<name>``, and ``image_count.<name>`` for fields not per token), the
+per-token ones (Gemma 3's ``token_type_ids``) laid out like the tokens (left padding and the response hold 0), so the
+engine's prefill and every forward over the rows read the same pixel values and image blocks.
 """
 
 from __future__ import annotations
@@ -23,10 +28,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from titanium.batch import Batch, Fields, Placement, per_token
+from titanium.batch import Batch, Fields, ImageInputs, Placement, per_token
 from titanium.data.packing import bucket_width
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer
+from titanium.data.vision import COUNT, FIELD, ProcessorLayout, image_rows, images_of
 from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
 from titanium.rl.rewards.functions import Rewards, RewardSet
@@ -61,10 +67,36 @@ class Rollout:
     """Per-response ``[B]`` numbers of multi-turn episodes (turns, tool calls...: ``titanium.rl.episodes``)."""
     transcripts: list[str] | None = None
     """Multi-turn episodes: each whole episode after its prompt, decoded (policy and environment turns), for logs."""
+    images: dict[str, torch.Tensor] = field(default_factory=dict)
+    """The prompts' image fields as loader-row entries (module docstring); empty for text prompts."""
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments of the model's forward over prompt + response."""
-        return dict(zip(MODEL_INPUTS, (self.tokens, self.positions, self.document_ids)))
+        """The model's inputs over prompt + response as rows: tokens, positions, document ids and image entries."""
+        return {**dict(zip(MODEL_INPUTS, (self.tokens, self.positions, self.document_ids))), **self.images}
+
+
+def prompt_image_rows(
+    samples: Sequence[PromptSample], group_size: int, width: int, layout: ProcessorLayout | None
+) -> dict[str, torch.Tensor]:
+    """The image entries of ``group_size`` rows per sample whose prompts are left-padded as ``left_pad`` pads them
+    (to the longest prompt) and then run to ``width`` columns: per-token fields shifted right by each prompt's
+    padding, 0 on the padding and after the prompt. Empty without a ``layout`` or without images."""
+    if layout is None or all(s.images is None for s in samples):
+        return {}
+    longest = max(len(s.prompt) for s in samples)
+    shifted = []
+    for sample in samples:
+        pad, fields = longest - len(sample.prompt), dict(sample.images or {})
+        for name in layout.token & fields.keys():
+            value = fields[name]
+            fields[name] = torch.cat([value.new_zeros((pad, *value.shape[1:])), value])
+        shifted += [{"images": fields}] * group_size
+    return image_rows(shifted, width, layout)
+
+
+def rollout_images(rows: Mapping[str, torch.Tensor]) -> ImageInputs | None:
+    """The ``ImageInputs`` of some rows of a rollout (their image entries), or None for text rows."""
+    return images_of(rows) if any(key.startswith(FIELD) for key in rows) else None
 
 
 def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, temperature: float) -> torch.Tensor:
@@ -179,13 +211,19 @@ def narrow(rows: Mapping[str, torch.Tensor], mask: torch.Tensor, pad_multiple: i
     start, response = end - kept, end - prompt_width
     out = {}
     for key, value in rows.items():
-        if key in MODEL_INPUTS:
+        if key in MODEL_INPUTS or _per_token_image_field(key, rows):
             out[key] = value[:, start:end]
         elif value.dim() == 2 and value.shape[1] == width:
             out[key] = value[:, :response]
         else:
             out[key] = value
     return out
+
+
+def _per_token_image_field(key: str, rows: Mapping[str, torch.Tensor]) -> bool:
+    """Whether ``key`` is a per-token image field (laid out like the tokens: the only image entries without a
+    count)."""
+    return key.startswith(FIELD) and COUNT + key.removeprefix(FIELD) not in rows
 
 
 @torch.no_grad()
@@ -215,7 +253,7 @@ def batch_logprobs(
             part = narrow({**part, "mask": rows_mask}, rows_mask, pad_multiple)
             response = part.pop("mask").shape[1]
         fields = ResponseTargets(part["targets"], part["slots"]) if placement.split else Fields()
-        batch = Batch(part["tokens"], fields, part["positions"], part["document_ids"])
+        batch = Batch(part["tokens"], fields, part["positions"], part["document_ids"], images=rollout_images(part))
         if placement.split:
             batch = placement.place(batch)
         logits = forward(batch.model_inputs())
@@ -282,10 +320,15 @@ def rollout(
 
 
 def to_rollout(
-    samples: Sequence[PromptSample], group_size: int, out: Generation, rewards: RewardSet, tokenizer: Tokenizer
+    samples: Sequence[PromptSample],
+    group_size: int,
+    out: Generation,
+    rewards: RewardSet,
+    tokenizer: Tokenizer,
+    layout: ProcessorLayout | None = None,
 ) -> Rollout:
     """The training batch of ``group_size`` generated responses per prompt (rows in ``rollout``'s order),
-    decoded and scored."""
+    decoded and scored; with an image-text model's processor ``layout``, each row with its prompt's images."""
     prompts = [s.prompt for s in samples for _ in range(group_size)]
     completions = [tokenizer.decode(ids) for ids in out.token_lists()]
     answers = [s.answer for s in samples for _ in range(group_size)]
@@ -302,6 +345,7 @@ def to_rollout(
         old_logprobs=out.logprobs,
         rewards=rewards(completions, answers, rows),
         completions=completions,
+        images=prompt_image_rows(samples, group_size, prompt_tokens.shape[1] + out.tokens.shape[1], layout),
     )
 
 

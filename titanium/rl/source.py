@@ -66,6 +66,8 @@ from titanium.rl.rollout import (
     check_peers_agree,
     from_last_stage,
     narrow,
+    prompt_image_rows,
+    rollout_images,
     split_ready,
     to_rollout,
 )
@@ -114,6 +116,27 @@ def frozen_sources(cfg: RLSection, start: ModelSource, vocab_size: int, seq_len:
     return [*([start] if reference else []), *sharded_reward_models(cfg, start, None, vocab_size, seq_len).values()]
 
 
+def image_refusals(cfg: RLSection, engine: RolloutSection, has_environment: bool) -> list[str]:
+    """What a rollout source of an image-text model cannot do yet, as messages naming the flag to change."""
+    problems = []
+    if engine.engine != "titanium":
+        problems.append(
+            f"--rollout.engine {engine.engine}: only titanium's engine feeds the prompts' images to its prefill so far "
+            "(vLLM's multi_modal_data is not wired); set --rollout.engine titanium with an image-text model"
+        )
+    if cfg.dynamic_sampling:
+        problems.append(
+            "--rl.dynamic_sampling: its rounds' rows are joined without their prompts' images; set "
+            "--rl.no_dynamic_sampling with an image-text model"
+        )
+    if has_environment:
+        problems.append(
+            "[environment]: multi-turn episodes do not carry the prompts' images into later turns; leave "
+            "--environment.name and --environment.tools empty with an image-text model"
+        )
+    return problems
+
+
 def check_source(
     job: Any,
     rl: RLSection | None = None,
@@ -130,6 +153,10 @@ def check_source(
     if environment is not None:
         check_environment(environment)
     start, max_model_len = job.start, cfg.max_prompt_len + cfg.max_new_tokens
+    if getattr(start.args, "reads_images", False):
+        on = environment is not None and environment_spec(environment) is not None
+        for problem in image_refusals(cfg, engine, on):
+            raise ConfigError(problem)
     check_engine(
         engine,
         start.spec,
@@ -160,6 +187,7 @@ class SourceContext(Protocol):
     sequence_multiple: int
     ranks_per_row: int
     total_steps: int
+    processor: Any
 
 
 @dataclass(frozen=True)
@@ -231,8 +259,10 @@ class RolloutSource:
         self.episodes = self._episode_runner(environment, template, ctx.tokenizer)
         if self.episodes is not None:  # (the prompts show the environment's tools)
             template = self.episodes.prompt_template
+        self.processor = ctx.processor
+        """An image-text model's ``ImageData``: its prompts are read with their images (None: a text model)."""
         self.prompts = PromptDataset(
-            data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, name="rl"
+            data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, "rl", ctx.processor
         )
         self._prompt_stream: Iterator[PromptSample] | None = None
         pad_id = ctx.tokenizer.pad_id
@@ -392,14 +422,17 @@ class RolloutSource:
             state = TrainerState(global_step=version, max_steps=self.total_steps)
             return self.episodes.rollout(episodes, self.rewards, state), version
         prompts = [s.prompt for s in samples for _ in range(group)]
-        out = self.engine.generate(prompts, self.params, seed=seed)
+        layout = self.processor.layout if self.processor is not None else None
+        images = rollout_images(prompt_image_rows(samples, group, max(map(len, prompts)), layout))
+        seen = {"images": images} if images is not None else {}  # (only the titanium engine takes images)
+        out = self.engine.generate(prompts, self.params, seed=seed, **seen)
         generation = dataclasses.replace(
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
         trl_prompts = [s.trl_prompt for s in samples for _ in range(group)]
         state = TrainerState(global_step=out.version, max_steps=self.total_steps)
         rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts, state)
-        return to_rollout(samples, group, generation, rewards, self.tokenizer), out.version
+        return to_rollout(samples, group, generation, rewards, self.tokenizer, layout), out.version
 
     def _prompts_per_batch(self, microbatches: int) -> int:
         """Prompts of one rollout batch (one generation round) with ``microbatches`` microbatches a step."""
@@ -543,7 +576,8 @@ class RolloutSource:
         reference = self.reference
 
         def logits(inputs: Rows) -> torch.Tensor | None:
-            return reference(Batch(inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"]))
+            core = (inputs["tokens"], Fields(), inputs["positions"], inputs["document_ids"])
+            return reference(Batch(*core, images=inputs.get("images")))
 
         with self.timed("reference"):
             return self.logprobs(logits, rows, temperature)

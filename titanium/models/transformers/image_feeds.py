@@ -80,10 +80,22 @@ class EarlyFusion:
         inputs = {name: images.whole(name) for name in self.feature_inputs if name in images.fields}
         return holder.get_image_features(**inputs, return_dict=True)
 
-    def embeddings(self, model: nn.Module, tokens: torch.Tensor, outputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def placeholders(self, tokens: torch.Tensor, images: Any) -> torch.Tensor:
+        """``[B, S]`` where the image features go: the image tokens the processor marked as image
+        (``token_type_ids`` / ``mm_token_type_ids`` 1), else every image token. A response that sampled the image token
+        (GRPO) holds it unmarked: there it stays a plain token, as the engine's decoding step read it."""
+        found = tokens == self.image_token_id
+        for name in ("mm_token_type_ids", "token_type_ids"):
+            if name in images.fields and images.fields[name].shape == tokens.shape:
+                return found & (images.fields[name] == 1)
+        return found
+
+    def embeddings(
+        self, model: nn.Module, tokens: torch.Tensor, images: Any, outputs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The token embeddings with the image features (``outputs.pooler_output``: one tensor, or one per image)
-        in place of the placeholders, and where the placeholders are (``[B, S]``)."""
-        placeholders = tokens == self.image_token_id
+        in place of the placeholders (``placeholders``), and where the placeholders are (``[B, S]``)."""
+        placeholders = self.placeholders(tokens, images)
         embeds = model.tok_embeddings(tokens.masked_fill(placeholders, 0))  # (the id may lie outside the table)
         pooled = outputs.pooler_output
         features = torch.cat(pooled) if isinstance(pooled, (list, tuple)) else pooled.reshape(-1, pooled.shape[-1])
@@ -108,7 +120,7 @@ class EarlyFusion:
             if images is None:
                 embeds = model.tok_embeddings(tokens)
             else:
-                embeds, _ = self.embeddings(model, tokens, self.image_outputs(model, images))
+                embeds, _ = self.embeddings(model, tokens, images, self.image_outputs(model, images))
         return FedInputs(embeds, blocks=image_blocks(images))
 
 
@@ -199,7 +211,7 @@ class Qwen3Feed(QwenFeed):
         if tokens is None or images is None:
             return super().prepare(model, tokens, positions, document_ids, parent_ids, images, kv_cache)
         outputs = self.image_outputs(model, images)
-        embeds, placeholders = self.embeddings(model, tokens, outputs)
+        embeds, placeholders = self.embeddings(model, tokens, images, outputs)
         fed = FedInputs(embeds)
         fed.rope, delta = self.rope_positions(model, positions, document_ids, parent_ids, images)
         if kv_cache is not None:

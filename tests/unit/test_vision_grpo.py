@@ -1,0 +1,165 @@
+"""GRPO on image questions (issue 41, item 5): ``titanium.train`` (one process, fp32) from a tiny Gemma 3 folder with
+prompt rows that carry images. titanium's engine samples the responses with each prompt's pixels in its prefill; the
+trainer's recomputed log-probs of those responses (``--grpo.old_logprobs recompute``: the policy's forward over the
+rollout rows, left-padded prompts of two lengths with their image fields) equal the engine's sampling log-probs
+(1e-5), and the reference (the starting weights) gives the same at the first step (KL 0): the images reached all three.
+Another picture for a prompt moves those log-probs. The loss is finite over the steps run. What cannot be exact yet is
+refused before start-up."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.helpers import scalars
+from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, vlm_folder
+
+pytest.importorskip("transformers")
+
+PROMPTS = [("w5 w6", "w7", 28), ("w1 w2 w3 w4", "w8", 56)]
+"""(question, answer, image width): prompts of two lengths (one and two image sizes), so one is left-padded."""
+
+
+def model_folder(folder: Path) -> Path:
+    """The tiny Gemma 3 folder, its output layer cut to the tokenizer's ids (the tiny model's is wider: sampled ids
+    the tokenizer lacks could not be decoded for the rewards)."""
+    vlm_folder("gemma3", folder, seed=1)
+    model = tiny_vlm("gemma3", seed=1)
+    model.resize_token_embeddings(len(tiny_processor("gemma3").tokenizer))
+    model.save_pretrained(folder, max_shard_size="200KB")
+    return folder
+
+
+def write_prompts(folder: Path) -> Path:
+    rows = []
+    for i, (question, answer, width) in enumerate(PROMPTS):
+        random_image(i, width, 28).save(folder / f"image{i}.png")
+        prompt = [{"role": "user", "content": question}] if i == 0 else question  # (conversational, then plain)
+        rows.append({"prompt": prompt, "answer": answer, "image": f"image{i}.png"})
+    path = folder / "prompts.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def grpo_args(folder: Path, prompts: Path, run: Path, *more: str) -> list[str]:
+    args = ["--job.dump_folder", str(run), "--job.no_print_config", "--metrics.log_freq", "1", "--checkpoint.no_enable"]
+    args += ["--training.seq_len", "64", "--training.mixed_precision_param", "float32"]
+    args += ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
+    args += ["--data.path", str(prompts), "--data.kind", "chat", "--training.objective", "grpo"]
+    args += ["--grpo.group_size", "2", "--training.local_batch_size", "4", "--rl.max_new_tokens", "4"]
+    args += ["--rl.rewards", "exact_match", "--rl.answer_column", "answer", "--rl.max_prompt_len", "40"]
+    return [*args, *more]
+
+
+def test_grpo_on_images_trainer_logprobs_equal_the_engines(make_trainer, tmp_path: Path) -> None:
+    folder = model_folder(tmp_path / "model")
+    prompts, run = write_prompts(tmp_path), tmp_path / "run"
+    more = ["--grpo.old_logprobs", "recompute", "--grpo.beta", "0.1", "--training.steps", "3", "--optimizer.lr", "1e-2"]
+    trainer = make_trainer(*grpo_args(folder, prompts, run, *more))
+    trainer.train()
+    losses = scalars(run / "tb")
+    assert sorted(losses) == [1, 2, 3] and all(math.isfinite(v) for v in losses.values())
+    mismatch = scalars(run / "tb", "grpo/logprob_mismatch_max")
+    assert mismatch and all(v <= 1e-5 for v in mismatch.values()), mismatch  # (each step makes a batch)
+    assert abs(scalars(run / "tb", "grpo/kl")[1]) <= 1e-6  # (the reference read the same pixels at step 1)
+
+    source = trainer.objective.source
+    rows = source.current.rows
+    assert rows["image.pixel_values"].shape[0] == 4 and "image.token_type_ids" in rows
+    assert bool((rows["document_ids"][:2] == 0).any()) != bool((rows["document_ids"][2:] == 0).any())  # (padded)
+    mask = rows["response_mask"]
+    now = source.policy_logprobs(rows)
+    swapped = {**rows, "image.pixel_values": rows["image.pixel_values"].flip(0)}  # (each prompt the other's picture)
+    moved = (source.policy_logprobs(swapped) - now).abs()[mask]
+    assert float(moved.max()) > 1e-3
+    assert torch.equal(source.policy_logprobs(rows), now)
+
+
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (["--rollout.engine", "vllm"], "--rollout.engine vllm"),
+        (["--rl.dynamic_sampling"], "--rl.dynamic_sampling"),
+        (["--environment.name", "tools"], "[environment]"),
+    ],
+)
+def test_what_grpo_cannot_do_with_images_is_refused_before_start_up(tmp_path: Path, flags, named) -> None:
+    from titanium.config.errors import ConfigError
+    from titanium.inputs import load_job
+    from titanium.preflight import check_job
+
+    folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
+    args = grpo_args(folder, write_prompts(tmp_path), tmp_path / "run", "--training.steps", "1", *flags)
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        check_job(load_job(args), 1, "cpu")
+
+
+def test_prompts_with_images_are_the_processors_and_bad_rows_are_skipped_and_counted(tmp_path: Path) -> None:
+    """A prompt row's ids and image fields are the processor's on its chat template's generation prompt with the
+    row's image (a string prompt: one user message, the image before its text, as TRL places it); a row whose image
+    is missing, or with more image parts than images, is skipped and counted."""
+    from PIL import Image
+
+    from titanium.config.rl_sections import RLSection
+    from titanium.config.sections import DataSection, TokenizerSection
+    from titanium.config.vision_section import VisionSection
+    from titanium.data.prompts import PromptDataset
+    from titanium.data.tokenizer import build_tokenizer
+    from titanium.data.vision import ImageData
+
+    folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
+    path = write_prompts(tmp_path)
+    two = [{"role": "user", "content": [{"type": "image"}, {"type": "image"}, {"type": "text", "text": "w1"}]}]
+    bad = [{"prompt": "w2", "image": "nowhere.png"}, {"prompt": two, "image": "image0.png"}]
+    path.write_text(path.read_text() + "".join(json.dumps({**row, "answer": "w3"}) + "\n" for row in bad))
+    processor = ImageData(tiny_processor("gemma3"), VisionSection())
+    data = DataSection(path=str(path), kind="chat")
+    tokenizer = build_tokenizer(TokenizerSection(kind="hf", path=str(folder)))
+    prompts = PromptDataset(data, RLSection(answer_column="answer"), tokenizer, None, processor=processor)
+    stream = iter(prompts)
+    samples = [next(stream) for _ in range(3)]  # (the stream goes round again after the bad rows)
+    assert prompts.bad_rows == 2
+    for i, (sample, (question, answer, _)) in enumerate(zip(samples, PROMPTS)):
+        image = Image.open(tmp_path / f"image{i}.png").convert("RGB")
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+        text = processor.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        expected = processor.processor(text=[text], images=[[image]], return_tensors="pt", add_special_tokens=False)
+        assert sample.prompt == expected["input_ids"][0].tolist() and sample.answer == answer
+        assert torch.equal(sample.images["pixel_values"], expected["pixel_values"])
+        assert torch.equal(sample.images["token_type_ids"], expected["token_type_ids"][0])
+
+
+def test_grpo_sampling_logprobs_on_images_equal_transformers(make_trainer, tmp_path: Path) -> None:
+    """The engine's sampling log-probs of the first batch equal ``transformers``' Gemma 3 on each row alone (its
+    prompt without the left padding, the response, the row's pixel values and ``token_type_ids``; fp32, 1e-5): the
+    left-padded prefill with image fields is the model's own computation. Rows whose response sampled the image token
+    are left out (``transformers`` would take it for a placeholder)."""
+    folder = model_folder(tmp_path / "model")
+    run = tmp_path / "run"
+    trainer = make_trainer(*grpo_args(folder, write_prompts(tmp_path), run, "--training.steps", "1"))
+    trainer.train()
+    rows = trainer.objective.source.current.rows
+    model = tiny_vlm("gemma3", seed=1)
+    model.resize_token_embeddings(len(tiny_processor("gemma3").tokenizer))
+    model.eval()
+    width, compared = rows["response_mask"].shape[1], set()
+    for row in range(rows["tokens"].shape[0]):
+        keep = rows["document_ids"][row] != 0
+        ids = rows["tokens"][row][keep]
+        if bool((ids[-width:] == model.config.image_token_id).any()):
+            continue
+        count = int(rows["image_count.pixel_values"][row])
+        inputs = {"pixel_values": rows["image.pixel_values"][row, :count]}
+        inputs["token_type_ids"] = rows["image.token_type_ids"][row][keep][None]
+        with torch.no_grad():
+            logits = model(input_ids=ids[None], **inputs).logits[0].float()
+        expected = torch.log_softmax(logits[-width - 1 : -1], -1).gather(1, ids[-width:, None])[:, 0]
+        mask = rows["response_mask"][row]
+        torch.testing.assert_close(rows["old_logprobs"][row][mask], expected[mask], rtol=0, atol=1e-5)
+        compared.add(row // 2)  # (its prompt)
+    assert compared == {0, 1}, compared  # (the left-padded prompt and the other)
