@@ -6,8 +6,9 @@ The task: 28x28 pictures of one shape (circle, square, triangle) in one colour (
 drawn with Pillow at a random size and place, each with one question, "what colour is the shape ?" or "what shape
 is it ?", answered in one word. Rows are TRL's vision format: ``{"messages": [user, assistant], "images": [path]}``
 (the image goes before the question's text, as TRL's ``prepare_multimodal_messages`` places it), the paths
-relative to the jsonl file. Train has 192 rows (16 per shape and colour), test 48 (4 each, other drawings), the
-questions alternating so that any first N test rows are balanced. Deterministic for a given --seed.
+relative to the jsonl file, with the answer again as ``answer`` (GRPO's exact-match reference). Train has 192 rows
+(16 per shape and colour), test 48 (4 each, other drawings), the questions alternating so that any first N test rows
+are balanced. Deterministic for a given --seed.
 
 The model: a Gemma 3 image-text architecture at toy size (a 2-layer SigLIP tower of width 32 on 7-pixel patches
 pooled to 4 image tokens, a 2-layer language model of width 64), as files only: config.json, a word-level
@@ -80,7 +81,7 @@ def write_split(folder: Path, split: str, per_kind: int, rng: random.Random) -> 
         asked = "colour" if i % 2 == 0 else "shape"
         answer = colour if asked == "colour" else shape
         messages = [{"role": "user", "content": QUESTIONS[asked]}, {"role": "assistant", "content": answer}]
-        rows.append({"messages": messages, "images": [path]})
+        rows.append({"messages": messages, "images": [path], "answer": answer})  # (the answer: GRPO's reward)
     (folder / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
