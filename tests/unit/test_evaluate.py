@@ -77,6 +77,29 @@ def _evaluator(
     return evaluator, tokenizer, template
 
 
+class WideAnswerer(nn.Module):
+    """An output layer two ids wider than the tokenizer (as many published models have) answering "4", the first id
+    past the tokenizer's, "2", then end-of-turn."""
+
+    def __init__(self, tokenizer: TiktokenTokenizer, template: Llama3Template) -> None:
+        super().__init__()
+        self.layers = nn.ModuleDict()
+        self.vocab_size, past = tokenizer.vocab_size + 2, tokenizer.vocab_size
+        four, two = tokenizer.encode("42", bos=False, eos=False)
+        table = torch.full((self.vocab_size,), four)
+        table[template.prompt([])[-1]], table[four], table[past], table[two] = four, past, two, template.eot
+        self.register_buffer("table", table)
+
+    def forward(self, tokens: torch.Tensor, **_: object) -> torch.Tensor:
+        return F.one_hot(self.table[tokens], self.vocab_size).float()
+
+
+def test_an_id_the_tokenizer_lacks_is_left_out_of_the_answer_as_transformers_does(tmp_path: Path) -> None:
+    path = _write(tmp_path / "test.jsonl", [_chat_row("q", "42")])
+    evaluator, tokenizer, template = _evaluator(path)
+    assert evaluator(WideAnswerer(tokenizer, template)) == {"eval/exact_match": 1.0, "eval/samples": 1}
+
+
 def test_scores_exact_matches_and_restores_train_mode(tmp_path: Path) -> None:
     path = _write(tmp_path / "test.jsonl", [_chat_row(f"q{i}", a) for i, a in enumerate(REFERENCES)])
     evaluator, tokenizer, template = _evaluator(path)
@@ -85,28 +108,6 @@ def test_scores_exact_matches_and_restores_train_mode(tmp_path: Path) -> None:
     assert model.training and not any(model.modes)
     # 5 batches of <= 2 prompts; each is a prefill, "2" and end-of-turn: 3 forwards, then all rows are done.
     assert model.calls == 5 * 3
-
-
-class WideAnswerer(nn.Module):
-    """An output layer two ids wider than the tokenizer (as many published models have) whose answer is the first id
-    past the tokenizer's, then end-of-turn."""
-
-    def __init__(self, tokenizer: TiktokenTokenizer, template: Llama3Template) -> None:
-        super().__init__()
-        self.layers = nn.ModuleDict()
-        self.vocab_size, past = tokenizer.vocab_size + 2, tokenizer.vocab_size
-        table = torch.full((self.vocab_size,), past)
-        table[past] = template.eot
-        self.register_buffer("table", table)
-
-    def forward(self, tokens: torch.Tensor, **_: object) -> torch.Tensor:
-        return F.one_hot(self.table[tokens], self.vocab_size).float()
-
-
-def test_an_answer_with_an_id_the_tokenizer_lacks_matches_nothing(tmp_path: Path) -> None:
-    path = _write(tmp_path / "test.jsonl", [_chat_row("q", "42")])
-    evaluator, tokenizer, template = _evaluator(path)
-    assert evaluator(WideAnswerer(tokenizer, template)) == {"eval/exact_match": 0.0, "eval/samples": 1}
 
 
 def test_prompt_is_the_conversation_before_the_last_message(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from titanium.data.tokenizer import (
     Tokenizer,
     TokenizerError,
     build_tokenizer,
+    decode_sampled,
     load_bpe_ranks,
 )
 
@@ -143,6 +144,11 @@ def test_decode_out_of_range(tok: TiktokenTokenizer) -> None:
         tok.decode([tok.vocab_size])
     with pytest.raises(ValueError, match="out of range"):
         ByteTokenizer().decode([512])
+
+
+def test_sampled_ids_past_the_tokenizer_are_left_out_as_transformers_does(tok: TiktokenTokenizer) -> None:
+    ids = tok.encode("hi there", bos=False, eos=False)
+    assert decode_sampled(tok, [tok.vocab_size, *ids, tok.vocab_size + 5]) == "hi there"
 
 
 def test_compresses_corpus(tok: TiktokenTokenizer, corpus_texts: list[str]) -> None:

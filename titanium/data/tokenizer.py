@@ -86,6 +86,14 @@ class Tokenizer(Protocol):
     def decode(self, ids: Sequence[int]) -> str: ...
 
 
+def decode_sampled(tokenizer: Tokenizer, ids: Sequence[int]) -> str:
+    """The text of ids a model sampled, leaving out ids the tokenizer has no token for, as transformers' tokenizers
+    do: many published models' output layers are wider than their tokenizers (Qwen2.5: 151,936 rows, 151,665 ids),
+    and an untrained row can still be sampled. ``Tokenizer.decode`` itself refuses such ids (in data, they are bugs)."""
+    ids = ids.tolist() if hasattr(ids, "tolist") else ids
+    return tokenizer.decode([i for i in ids if 0 <= i < tokenizer.vocab_size])
+
+
 def _tokenizer_hint(path: str) -> str:
     """Tell the user how to get a usable file, which depends on which file it was."""
     if Path(path).name == Path(DEFAULT_TOKENIZER_PATH).name:

@@ -24,7 +24,7 @@ from titanium.data.chat import ChatTemplate, RowError, build_chat_template, pars
 from titanium.data.lines import BadLine
 from titanium.data.sft import ROW_FIX
 from titanium.data.text import BROKEN_LINE_FIX, DataError, Source, bad_row_error, resolve_sources, stream_rows
-from titanium.data.tokenizer import Tokenizer
+from titanium.data.tokenizer import Tokenizer, decode_sampled
 from titanium.data.vision import ImageData, image_rows, images_of
 from titanium.data.vision_sft import image_prompt
 from titanium.evaluation.periodic import EvaluationContext
@@ -170,19 +170,12 @@ class ExactMatchEvaluator:
             model.train(was_training)
         k = self.answers_per_prompt
         references = [s.reference.strip() for s in self.mine for _ in range(k)]
-        correct = sum(self._answer(ids) == ref for ids, ref in zip(answers, references))
+        correct = sum(decode_sampled(self.tokenizer, ids).strip() == ref for ids, ref in zip(answers, references))
         counts = torch.tensor([correct, len(references)], dtype=torch.float64, device=self.device)
         if self.dp_world > 1:
             dist.all_reduce(counts, group=self.group)
         correct_all, n = counts.tolist()
         return {"eval/exact_match": correct_all / n, "eval/samples": n / k}
-
-    def _answer(self, ids: list[int]) -> str | None:
-        """The answer's text, or None when it holds an id the tokenizer has no token for (an output layer wider than
-        the tokenizer, as many published models have): such an answer matches no reference."""
-        if any(not 0 <= i < self.tokenizer.vocab_size for i in ids):
-            return None
-        return self.tokenizer.decode(ids).strip()
 
     def _images(self, sample: EvalSample) -> ImageInputs | None:
         """A prompt's images as the model reads them (a batch of that one prompt); None for a text prompt."""

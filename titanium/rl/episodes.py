@@ -39,7 +39,7 @@ from titanium.config.errors import ConfigError
 from titanium.config.sections import EnvironmentSection
 from titanium.data.chat import ChatTemplate, RowError
 from titanium.data.prompts import PromptSample
-from titanium.data.tokenizer import Tokenizer
+from titanium.data.tokenizer import Tokenizer, decode_sampled
 from titanium.generation.engine import RolloutEngine
 from titanium.generation.generate import PROMPT_DOCUMENT, left_pad
 from titanium.generation.sampling import SamplingParams
@@ -216,7 +216,7 @@ class EpisodeRunner:
     def _text(self, ids: list[int]) -> str:
         if ids and ids[-1] in self.stop_ids:
             ids = ids[:-1]
-        return self.tokenizer.decode(ids)
+        return decode_sampled(self.tokenizer, ids)
 
     def _turn(self, e: Episode) -> PolicyTurn:
         text = self._text(e.tokens[e.turn_start :])
@@ -307,7 +307,7 @@ class EpisodeRunner:
             rewards=self._score(episodes, rewards, state),
             completions=[e.answer for e in episodes],
             stats={name: torch.tensor([float(e.stats[name]) for e in episodes]) for name in STATS},
-            transcripts=[self.tokenizer.decode(e.tokens) for e in episodes],
+            transcripts=[decode_sampled(self.tokenizer, e.tokens) for e in episodes],
         )
 
     def _score(self, episodes: Sequence[Episode], rewards: RewardSet, state: TrainerState | None) -> Rewards:

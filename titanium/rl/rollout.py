@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from titanium.batch import Batch, Fields, ImageInputs, Placement, per_token
 from titanium.data.packing import bucket_width
 from titanium.data.prompts import PromptSample
-from titanium.data.tokenizer import Tokenizer
+from titanium.data.tokenizer import Tokenizer, decode_sampled
 from titanium.data.vision import COUNT, FIELD, ProcessorLayout, image_rows, images_of
 from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
@@ -330,7 +330,7 @@ def to_rollout(
     """The training batch of ``group_size`` generated responses per prompt (rows in ``rollout``'s order),
     decoded and scored; with an image-text model's processor ``layout``, each row with its prompt's images."""
     prompts = [s.prompt for s in samples for _ in range(group_size)]
-    completions = [tokenizer.decode(ids) for ids in out.token_lists()]
+    completions = [decode_sampled(tokenizer, ids) for ids in out.token_lists()]
     answers = [s.answer for s in samples for _ in range(group_size)]
     rows = [s.row for s in samples for _ in range(group_size)]
     prompt_tokens, prompt_positions, prompt_documents = left_pad(prompts, tokenizer.pad_id, out.tokens.device)
