@@ -93,6 +93,8 @@ RUN_TIME_CHECKS = {
     "titanium.peft.lora:check_peft_targets": PREFLIGHT,
     "titanium.objectives.grpo:check_pipeline_rows": PREFLIGHT,
     "titanium.objectives.reward:RewardObjective.check_config": PREFLIGHT,
+    "titanium.objectives.dpo:DPOObjective.check_config": PREFLIGHT,
+    "titanium.rl.source:check_source": PREFLIGHT,
     "titanium.objectives.reward:check_pair_rows": PREFLIGHT,
     "titanium.rl.rewards.functions:resolve_reward": PREFLIGHT,
     "titanium.rl.rewards.functions:_from_file": PREFLIGHT,

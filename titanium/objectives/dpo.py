@@ -261,9 +261,6 @@ class DPOObjective(LoaderObjective):
         self.template = None
         if ctx.processor is None:  # (an image-text model's rows go through its processor's chat template)
             self.template = build_optional_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
-        else:
-            for problem in image_problems(dpo):
-                raise ConfigError(problem)
         self.pairs = self._pairs(ctx.dp_rank, ctx.dp_world)
         self.pad_to, self.pad_multiple = row_width(
             dpo.pad_to, dpo.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--dpo.pad_to"
