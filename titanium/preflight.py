@@ -92,7 +92,7 @@ def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
         hf_checkpoint=cfg.checkpoint.initial_load_in_hf or cfg.checkpoint.last_save_in_hf,
         packing=f"--{own.name}.packing" if getattr(section, "packing", False) else "",
         shared_prompts=getattr(section, "share_prompt", False),
-        kv_cache_decoding=rollouts or cfg.eval.interval > 0,
+        compiled_decoding=rollouts and cfg.rollout.compile,
         score_head=OBJECTIVES.needs(objective).score_head,
         split_decoding=cfg.rollout.tensor_parallel_size if rollouts else 1,
         load_balance=cfg.moe.load_balance,

@@ -150,7 +150,7 @@ def test_padding_and_bounds() -> None:
     tokens, positions, document_ids = left_pad([[7, 8, 9], [5]], pad_id=PAD)
     assert tokens.tolist() == [[7, 8, 9], [PAD, PAD, 5]]
     assert positions.tolist() == [[0, 1, 2], [0, 0, 0]]
-    assert document_ids.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert document_ids.tolist() == [[1, 1, 1], [-1, -1, 1]]
     model = _model()
     assert generate(model, [], GREEDY, set(), PAD).tokens.shape == (0, 0)
     none = generate(model, [[1, 2]], SamplingParams(max_new_tokens=0), set(), PAD)

@@ -31,6 +31,7 @@ from titanium.data.chat import Message, build_chat_template
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import HFTokenizer
 from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 from titanium.objectives.grpo import group_advantages
 from titanium.objectives.losses.grpo import grpo_loss
 from titanium.rl.env.registry import environment_spec
@@ -181,7 +182,7 @@ def test_trl_builds_the_batch_titanium_builds() -> None:
     batch, out = episodes()
     width = out.prompt_width
     assert torch.equal(batch["prompt_ids"], out.tokens[:, :width])
-    assert torch.equal(batch["prompt_mask"].bool(), out.document_ids[:, :width] != 0)
+    assert torch.equal(batch["prompt_mask"].bool(), out.document_ids[:, :width] != PAD_DOCUMENT)
     assert torch.equal(batch["completion_ids"], out.tokens[:, width:])
     assert torch.equal((batch["completion_mask"] * batch["tool_mask"]).bool(), out.response_mask)
     assert torch.equal(batch["sampling_per_token_logps"], out.old_logprobs)
@@ -228,7 +229,7 @@ def test_loss_and_gradients_on_tool_episodes_equal_trl(variant: str) -> None:
     model = tiny_qwen_sized_llama(len(SPECIALS) + 256)
     rows = {  # (titanium's rows, in TRL's naming for the shared forward)
         "prompt_ids": out.tokens[:, : out.prompt_width],
-        "prompt_mask": (out.document_ids[:, : out.prompt_width] != 0).long(),
+        "prompt_mask": (out.document_ids[:, : out.prompt_width] != PAD_DOCUMENT).long(),
         "completion_ids": out.tokens[:, out.prompt_width :],
         "completion_mask": batch["completion_mask"],
     }

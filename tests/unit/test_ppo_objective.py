@@ -14,6 +14,7 @@ from titanium.config.loader import ConfigError
 from titanium.errors import UserError
 from titanium.model_builder import ModelBuilder
 from titanium.models import get_model_spec
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 from titanium.models.reward import reward_spec
 from titanium.parallel.distributed import shutdown_distributed
 from titanium.train import main
@@ -86,7 +87,7 @@ def _unpadded_scores(model: torch.nn.Module, rows: dict[str, torch.Tensor], prom
     outputs ``[S_i]``, one row at a time."""
     out = []
     for i in range(rows["tokens"].shape[0]):
-        keep = rows["document_ids"][i] != 0  # (left padding is document 0)
+        keep = rows["document_ids"][i] != PAD_DOCUMENT  # (left padding)
         length = int(keep[:prompt_width].sum()) + int(rows["response_mask"][i].sum())
         tokens = rows["tokens"][i][keep][:length]
         with torch.no_grad():

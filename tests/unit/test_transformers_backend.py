@@ -1,6 +1,7 @@
 """The transformers backend in one process: a backend model computes what ``transformers`` computes (logits and
 gradients, fp32 <= 1e-5), its attention keeps packed documents, shared prompts and sliding windows apart exactly as
-separate rows would, decoding with titanium's KV cache equals the full forward, its initialization is the same
+separate rows would, decoding (titanium's KV cache, or transformers' own cache for models running their own
+attention) equals the full forward, its initialization is the same
 whole or unit by unit (the sharded path), and its checkpoints load into ``transformers``' own class."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch
 
 from tests.objectives.tiny_backend import ARCHITECTURES, VOCAB, save_tiny_hf, tiny_hf_model
 from titanium.checkpoint.hf import export_hf, load_hf_weights
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 from titanium.models.transformers import TRANSFORMERS_SPEC, TransformersArgs, TransformersModel
 from titanium.models.transformers.hf import TRANSFORMERS_HF_ADAPTER
 from titanium.parallel.pipeline import keep_only
@@ -92,23 +94,34 @@ def test_packed_documents_and_shared_prompts_stay_apart() -> None:
         torch.testing.assert_close(shared[:, 20:], second[:, 11:], **TOL)
 
 
-def test_generation_with_titanium_kv_cache_equals_the_full_forward() -> None:
-    """Left-padded prompts through titanium's sampler (prefill, then one token a step from the KV cache): the
-    greedy tokens are the argmax of transformers' full forward over each prompt and what came before."""
+@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3_5_text", "gpt_oss"])
+def test_generation_equals_the_full_forward(model_type: str) -> None:
+    """Left-padded prompts through titanium's sampler (prefill, then one token a step from the cache): each sampled
+    token's log-prob equals transformers' full forward over its prompt and what came before (fp32, 1e-5), and the
+    greedy tokens are that forward's argmax. Gemma 3 decodes on titanium's attention and KV cache; Qwen3.5
+    (linear-attention layers: convolution and recurrent states) and GPT-OSS (sinks, sliding windows) run their own
+    attention and decode with transformers' cache (own_cache.py), the padding masked out of both. Measured: 9.5e-7,
+    2.9e-6 (Qwen3.5's chunked prefill against its recurrent steps), 9.5e-7."""
     from titanium.generation.generate import generate
     from titanium.generation.sampling import SamplingParams
 
-    hf = tiny_hf_model("gemma3_text")
+    hf = tiny_hf_model(model_type).eval()
     ours = backend_twin(hf).eval()
-    prompts = [tokens(1, 5, seed=1)[0].tolist(), tokens(1, 12, seed=2)[0].tolist()]
-    out = generate(ours, prompts, SamplingParams(max_new_tokens=6, temperature=0.0), stop_ids=set(), pad_id=0)
-    for prompt, generated in zip(prompts, out.tokens.tolist()):
-        sequence = list(prompt)
-        for token in generated:
+    assert (ours.attention == "titanium") == (model_type == "gemma3_text"), ours.fallback_reasons
+    prompts = [tokens(1, 5, seed=1)[0].tolist(), tokens(1, 12, seed=2)[0].tolist(), tokens(1, 2, seed=3)[0].tolist()]
+    for temperature in (1.0, 0.0):
+        out = generate(
+            ours, prompts, SamplingParams(max_new_tokens=8, temperature=temperature), stop_ids=set(), pad_id=0,
+            generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        for prompt, generated, logprobs in zip(prompts, out.tokens.tolist(), out.logprobs):
             with torch.no_grad():
-                expected = hf(input_ids=torch.tensor([sequence])).logits[0, -1].argmax().item()
-            assert token == expected
-            sequence.append(token)
+                full = hf(input_ids=torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1]
+            if temperature == 0.0:
+                assert generated == full.argmax(-1).tolist()
+            else:
+                expected = full.log_softmax(-1).gather(1, torch.tensor(generated)[:, None])[:, 0]
+                torch.testing.assert_close(logprobs, expected, **TOL)
 
 
 def test_initialization_is_the_same_whole_or_unit_by_unit() -> None:
@@ -167,7 +180,8 @@ def test_hf_checkpoint_round_trip_loads_in_transformers(tmp_path: Path, model_ty
 def test_models_with_their_own_attention() -> None:
     """GPT-OSS (attention sinks, sliding windows of 8) runs its own eager attention: its logits are transformers',
     and titanium's document and shared-prompt masks, given to it as explicit masks per layer type, keep packed
-    samples apart and let two responses see one prompt. Qwen3.5's linear-attention layers cannot keep samples apart."""
+    samples apart and let two responses see one prompt. Qwen3.5's linear-attention layers cannot keep samples apart,
+    but mask a rollout row's left padding out."""
     hf = tiny_hf_model("gpt_oss")
     ours = backend_twin(hf).eval()
     assert ours.attention == "eager" and ours.fallback_reasons == ["its attention has sinks"]
@@ -182,14 +196,25 @@ def test_models_with_their_own_attention() -> None:
         # One response after a prompt, as a shared-prompt row holds it: the same as the two as one sequence.
         shared = ours(x, positions=torch.arange(30)[None], document_ids=documents, parent_ids=torch.zeros_like(x))
         torch.testing.assert_close(shared, hf(input_ids=x).logits, **TOL)
-        with pytest.raises(ValueError, match="titanium KV cache"):
-            ours(x, positions=torch.arange(30)[None], document_ids=documents, kv_cache=object())
-    qwen = backend_twin(tiny_hf_model("qwen3_5_text")).eval()
+    hf = tiny_hf_model("qwen3_5_text")
+    qwen = backend_twin(hf).eval()
     assert qwen.attention == "sdpa" and qwen.mixes_documents
     with torch.no_grad():
-        torch.testing.assert_close(qwen(x), tiny_hf_model("qwen3_5_text")(input_ids=x).logits, **TOL)
+        torch.testing.assert_close(qwen(x), hf(input_ids=x).logits, **TOL)
         with pytest.raises(ValueError, match="no shared prompts"):
             qwen(x, positions=torch.arange(30)[None], document_ids=documents, parent_ids=torch.zeros_like(x))
+        # A rollout row: left padding (PAD_DOCUMENT) then one sample, which computes as transformers computes a
+        # left-padded row (its padding mask: out of the attention, zeroed before the linear-attention layers). That
+        # is the sample alone up to 2.5e-5 (measured; 2.0e-5 in float64 too: transformers' chunked delta rule over
+        # the zeroed padding, not rounding).
+        padded = torch.cat([torch.full((7,), PAD_DOCUMENT), torch.ones(23, dtype=torch.long)])[None]
+        positions = torch.cat([torch.zeros(7, dtype=torch.long), torch.arange(23)])[None]
+        rollout_row = qwen(x, positions=positions, document_ids=padded)[:, 7:]
+        theirs = hf(
+            input_ids=x, attention_mask=(padded != PAD_DOCUMENT).long(), position_ids=positions, use_cache=False
+        )
+        torch.testing.assert_close(rollout_row, theirs.logits[:, 7:], **TOL)
+        torch.testing.assert_close(rollout_row, hf(input_ids=x[:, 7:]).logits, atol=1e-4, rtol=1e-4)
 
 
 def test_the_generate_tool_runs_backend_folders(tmp_path: Path, capsys) -> None:

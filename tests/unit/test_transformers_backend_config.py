@@ -79,19 +79,19 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
 
 
 def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
-    """GPT-OSS (sinks) cannot decode with titanium's KV cache, and its TP plan splits no layer; Qwen3.5's
-    linear-attention layers would mix packed samples; Mixtral's and Qwen2-MoE's checkpoints hold per-expert tensors the
-    backend does not convert (DeepSeek-V3's it does: tests/e2e/test_backend_objectives.py); titanium's split decoding
-    copy is the native families'."""
+    """GPT-OSS (sinks) decodes with transformers' cache, which a compiled decode step cannot take, and its TP plan
+    splits no layer; Qwen3.5's linear-attention layers would mix packed samples; Mixtral's and Qwen2-MoE's checkpoints
+    hold per-expert tensors the backend does not convert (DeepSeek-V3's it does: tests/e2e/test_backend_objectives.py);
+    titanium's split decoding copy is the native families'."""
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
     qwen = config_folder(tmp_path, "qwen3_5", tiny_config("qwen3_5_text").to_dict())
     gemma = config_folder(tmp_path, "gemma", tiny_config("gemma3_text").to_dict())
     grpo = ("--training.objective", "grpo", "--data.kind", "chat", "--rl.rewards", "exact_match")
     grpo += ("--rl.max_prompt_len", "48", "--rl.max_new_tokens", "8")
-    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gpt_oss, *grpo)
-    assert "gpt_oss runs its own attention (its attention has sinks)" in err
-    assert "use --rollout.engine vllm" in err
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gpt_oss, *grpo, "--rollout.compile")
+    assert "--rollout.compile: gpt_oss runs its own attention (its attention has sinks)" in err
+    assert "leave --rollout.compile off" in err
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gpt_oss, "--parallelism.tensor_parallel_degree", "2")
     assert "its plan splits no layer (embed_tokens only)" in err
     sft = ("--training.objective", "sft", "--data.kind", "chat")

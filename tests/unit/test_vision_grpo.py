@@ -18,6 +18,7 @@ import torch
 
 from tests.helpers import scalars
 from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, vlm_folder
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 
 pytest.importorskip("transformers")
 
@@ -71,7 +72,9 @@ def test_grpo_on_images_trainer_logprobs_equal_the_engines(make_trainer, tmp_pat
     source = trainer.objective.source
     rows = source.current.rows
     assert rows["image.pixel_values"].shape[0] == 4 and "image.token_type_ids" in rows
-    assert bool((rows["document_ids"][:2] == 0).any()) != bool((rows["document_ids"][2:] == 0).any())  # (padded)
+    assert bool((rows["document_ids"][:2] == PAD_DOCUMENT).any()) != bool(
+        (rows["document_ids"][2:] == PAD_DOCUMENT).any()
+    )  # (padded)
     mask = rows["response_mask"]
     now = source.policy_logprobs(rows)
     swapped = {**rows, "image.pixel_values": rows["image.pixel_values"].flip(0)}  # (each prompt the other's picture)
@@ -149,7 +152,7 @@ def test_grpo_sampling_logprobs_on_images_equal_transformers(make_trainer, tmp_p
     model.eval()
     width, compared = rows["response_mask"].shape[1], set()
     for row in range(rows["tokens"].shape[0]):
-        keep = rows["document_ids"][row] != 0
+        keep = rows["document_ids"][row] != PAD_DOCUMENT
         ids = rows["tokens"][row][keep]
         if bool((ids[-width:] == model.config.image_token_id).any()):
             continue

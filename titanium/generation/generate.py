@@ -2,7 +2,7 @@
 
 The prompts are left-padded into one ``[B, L]`` batch so that every row's next token sits in the last
 column: one prefill call fills the cache, then each step feeds one token per row. The padding is a
-document of its own (id 0) and the prompt with its answer is document 1, with positions starting at
+document of its own (``PAD_DOCUMENT``, -1) and the prompt with its answer is document 1, with positions starting at
 0 at the first real token, so the document-causal mask keeps padding invisible and every row is
 computed exactly as if it were alone (see ``titanium.models.common.kv_cache``).
 
@@ -25,9 +25,9 @@ from torch import nn
 from titanium.batch import ImageInputs
 from titanium.generation.sampling import SamplingParams, sample
 from titanium.generation.static_cache import StaticKVCache
-from titanium.models.common.kv_cache import KVCache
+from titanium.models.common.kv_cache import PAD_DOCUMENT, KVCache
 
-PAD_DOCUMENT, PROMPT_DOCUMENT = 0, 1
+PROMPT_DOCUMENT = 1
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,8 @@
 The growing cache (``titanium.models.common.kv_cache``) returns the filled part, so every step's
 attention has a new shape and ``torch.compile`` would recompile. This cache always returns its whole
 buffers and writes at a cursor kept on the device; slots not written yet carry the document id
-``EMPTY_DOCUMENT``, which no query has, so the document-causal mask hides them. Every decode step then
-has the same shapes and one compiled graph serves them all (the price: attention over the full
+``EMPTY_DOCUMENT``, which no query has (not even left padding's), so the document-causal mask hides them. Every
+decode step then has the same shapes and one compiled graph serves them all (the price: attention over the full
 buffer length at every step).
 """
 
@@ -16,7 +16,7 @@ import torch
 
 from titanium.models.common.kv_cache import KVCache, LayerKVCache
 
-EMPTY_DOCUMENT = -1
+EMPTY_DOCUMENT = -2
 
 
 class StaticLayerKVCache(LayerKVCache):

@@ -29,8 +29,8 @@ class ModelUse:
     no packing."""
     shared_prompts: bool = False
     """Rows hold a prompt once with two responses that each see it and not each other (DPO's share_prompt)."""
-    kv_cache_decoding: bool = False
-    """The job generates with titanium's sampler and KV cache (its rollout engine, exact-match evaluation)."""
+    compiled_decoding: bool = False
+    """titanium's rollout engine runs its decode step through ``torch.compile`` (``--rollout.compile``)."""
     score_head: bool = False
     """The job builds the model with a scalar score head instead of its LM head (a reward model, PPO's value model)."""
     split_decoding: int = 1

@@ -23,7 +23,8 @@ import torch.nn.functional as F
 
 from titanium.batch import Metrics
 from titanium.data.prompts import PromptSample
-from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT
+from titanium.generation.generate import PROMPT_DOCUMENT
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 from titanium.rl.rewards.functions import Rewards
 from titanium.rl.rollout import Rollout
 

@@ -33,8 +33,9 @@ from titanium.data.packing import bucket_width
 from titanium.data.prompts import PromptSample
 from titanium.data.tokenizer import Tokenizer, decode_sampled
 from titanium.data.vision import COUNT, FIELD, ProcessorLayout, image_rows, images_of
-from titanium.generation.generate import PAD_DOCUMENT, PROMPT_DOCUMENT, Generation, generate, left_pad
+from titanium.generation.generate import PROMPT_DOCUMENT, Generation, generate, left_pad
 from titanium.generation.sampling import SamplingParams, token_logprobs
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 from titanium.rl.rewards.functions import Rewards, RewardSet
 
 MODEL_INPUTS = ("tokens", "positions", "document_ids")

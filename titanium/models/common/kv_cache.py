@@ -12,6 +12,11 @@ from collections.abc import Iterable
 
 import torch
 
+PAD_DOCUMENT = -1
+"""The document of left padding (generation's prompts, rollout rows): a document no real token sees. Negative, so it
+is never one of a packed row's samples (counted from 0): a model with layers that are not attention (the transformers
+backend's linear-attention layers) masks the padding out by it (``titanium.models.transformers.model``)."""
+
 
 class LayerKVCache:
     """One layer's cache of up to ``max_len`` tokens, filled from the left.

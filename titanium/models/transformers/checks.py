@@ -2,9 +2,10 @@
 
 The layout needs the config's plans (``plans.py``); context parallelism is not translated for backend models yet;
 MoE blocks that titanium's MoE does not compute (``moe.py``) can neither be divided over ranks nor balanced; and a
-model that runs its own attention (``support.py``) cannot decode with titanium's KV cache, and, where some of its
-layers are no attention at all, cannot keep the samples of a packed or shared-prompt row apart (its attention layers
-take titanium's document masks as explicit masks; a linear-attention layer would mix them).
+model that runs its own attention (``support.py``) decodes with transformers' own cache (``own_cache.py``), which a
+compiled decode step cannot take, and, where some of its layers are no attention at all, cannot keep the samples of a
+packed or shared-prompt row apart (its attention layers take titanium's document masks as explicit masks; a
+linear-attention layer would mix them).
 """
 
 from __future__ import annotations
@@ -85,10 +86,10 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
         problems += image_text_refusals(args, model, use)
     if model.fallback_reasons:
         own = f"{config.model_type} runs its own attention ({'; '.join(model.fallback_reasons)})"
-        if use.kv_cache_decoding:
+        if use.compiled_decoding:
             problems.append(
-                f"{own}, which titanium's sampler cannot decode with its KV cache: use --rollout.engine vllm (and "
-                "--eval.interval 0)"
+                f"--rollout.compile: {own}, so titanium's engine decodes it with transformers' own cache, whose "
+                "shapes change every step (a compiled step would recompile at each); leave --rollout.compile off"
             )
         if model.mixes_documents and (use.packing or use.shared_prompts):
             flag = use.packing or "--dpo.share_prompt"

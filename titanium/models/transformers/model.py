@@ -33,7 +33,7 @@ from torch import nn
 
 from titanium.models.common.attention_kernels import AttentionBackend
 from titanium.models.common.decoder import unit_generator
-from titanium.models.common.kv_cache import KVCache
+from titanium.models.common.kv_cache import PAD_DOCUMENT, KVCache
 from titanium.models.common.moe import MoE
 from titanium.models.hf_adapter import HFConfigError
 from titanium.models.transformers.args import TransformersArgs
@@ -45,6 +45,7 @@ from titanium.models.transformers.attention import (
     register_titanium_attention,
 )
 from titanium.models.transformers.moe import own_moe_blocks, swap_moe_blocks
+from titanium.models.transformers.own_cache import decoding_inputs
 from titanium.models.transformers.support import fallback_reasons, non_attention_layers, own_attention
 
 BASE_PARTS = {"tok_embeddings": "embed_tokens", "layers": "layers", "norm": "norm"}
@@ -238,18 +239,22 @@ class TransformersModel(nn.Module):
             kwargs[CONTEXT_KWARG] = AttentionContext.build(
                 position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend, blocks
             )
-        elif kv_cache is not None or (parent_ids is not None and self.mixes_documents):
+        elif kv_cache is not None:  # (its own cache: own_cache.py)
+            kwargs.update(decoding_inputs(self._base, self._hf.config, kv_cache, document_ids))
+        elif parent_ids is not None and self.mixes_documents:
             raise ValueError(
-                f"{self.args.model_type} runs its own attention ({'; '.join(self.fallback_reasons)}): no titanium KV "
-                "cache, and, with layers that are no attention, no shared prompts (the preflight checks refuse the "
-                "settings that need them)"
+                f"{self.args.model_type} runs its own attention ({'; '.join(self.fallback_reasons)}), with layers that "
+                "are no attention: no shared prompts (the preflight checks refuse the settings that need them)"
             )
         elif document_ids is not None and not self.mixes_documents:
-            # (With layers that are no attention, the model masks as for one sample per row, which is right for a
-            # sample with its padding after it: the preflight checks refuse packing for such models.)
             kwargs["attention_mask"] = own_attention_masks(
                 self.args.hf_config, self.attention, position_ids, document_ids, parent_ids
             )
+        elif document_ids is not None:
+            # Layers that are no attention: one sample per row (the preflight checks refuse packing), its left padding
+            # (a rollout row's) masked out as transformers masks padding, so it enters no recurrent state; padding
+            # after the sample is never seen by it.
+            kwargs["attention_mask"] = (document_ids != PAD_DOCUMENT).long()
         hidden = self._base(**inputs, **kwargs).last_hidden_state
         if self.output is None:
             return hidden

@@ -6,7 +6,8 @@ A model asks for more where its attention has sinks (GPT-OSS), dropout, bidirect
 layers are no attention at all (linear attention, state-space layers: Qwen3.5, Jamba...), or where its attention
 does not go through ``transformers``' ``AttentionInterface``. Such a model runs its own attention (SDPA where it
 offers it, else eager), and what only titanium's attention carries is refused before any process group exists:
-packed documents, shared-prompt rows, context parallelism and decoding with titanium's KV cache.
+packed documents and shared-prompt rows where some layers are no attention, and context parallelism. Such a model
+decodes with ``transformers``' own cache (``own_cache.py``).
 """
 
 from __future__ import annotations
