@@ -132,3 +132,27 @@ def test_models_with_their_own_moe_blocks_refuse_parallelism_and_balancing(tmp_p
     assert "--moe.load_balance aux_loss: gpt_oss's MoE blocks" in problems and "--moe.load_balance none" in problems
     assert not made.refusals(load_balance="none")
     assert not arch("qwen3_moe", tmp_path / "qwen").refusals(expert_parallel=2, load_balance="bias")
+
+
+@pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v3"])
+def test_per_expert_checkpoints_load_and_export_in_their_own_names(model_type: str, tmp_path: Path) -> None:
+    """A checkpoint that keeps one tensor per expert, which transformers stacks on loading (DeepSeek-V3's
+    ``mlp.experts.E.gate_proj``; Mixtral's ``block_sparse_moe.experts.E.w1``, whose ``block_sparse_moe`` transformers
+    also renames to ``mlp``), is read into titanium's MoE with transformers' logits, and exported with exactly the
+    checkpoint's tensor names, which transformers loads back with the same logits (the matrix's HF round-trip cell)."""
+    from safetensors import safe_open
+
+    made = arch(model_type, tmp_path)
+    assert made.cell_hf().status == "yes"
+
+    def names(folder: Path) -> set[str]:
+        found = set()
+        for file in folder.glob("*.safetensors"):
+            with safe_open(file, "pt") as handle:
+                found |= set(handle.keys())
+        return found
+
+    source = names(tmp_path / "source")
+    expert = "block_sparse_moe.experts.0.w1" if model_type == "mixtral" else "mlp.experts.0.gate_proj"
+    assert f"model.layers.1.{expert}.weight" in source
+    assert names(tmp_path / "export") == source

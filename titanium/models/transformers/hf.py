@@ -9,10 +9,11 @@ checkpoint's own where it keeps an older layout (``with_prefixes``). No RoPE per
 its checkpoints store it. ``config.json`` goes through untouched, so an export writes the file the run started from.
 
 One conversion is made: the MoE models whose checkpoints keep one tensor per expert and projection (written in
-transformers 4's layout: DeepSeek-V3, Qwen3-MoE, GLM-4.5, OLMoE...), which ``transformers`` stacks on loading, are
-read and written per expert where titanium's MoE computes their blocks (``PER_EXPERT_TENSORS``, ``for_config``),
-as the native Qwen3-MoE family reads them. Any other conversion ``transformers`` makes on loading is refused
-(``checks.py``).
+transformers 4's layout: DeepSeek-V3, Qwen3-MoE, GLM-4.5, OLMoE, Mixtral...), which ``transformers`` stacks on loading,
+are read and written per expert where titanium's MoE computes their blocks (``expert_tensors``, ``for_config``), as
+the native Qwen3-MoE family reads them; the names ``transformers`` renames on loading beside them (Mixtral's
+``block_sparse_moe`` for ``mlp``) are renamed back in the checkpoint's names (``renames``). Any other conversion
+``transformers`` makes on loading is refused (``checks.py``).
 """
 
 from __future__ import annotations
@@ -45,13 +46,12 @@ MOE_TO_HF = {
 GATE_UP = "mlp.experts.gate_up_proj"
 FUSED_EXPERTS = {"mlp.moe.experts.w1": 0, "mlp.moe.experts.w3": 1}
 """Our stacked expert weights that are halves of ``gate_up_proj`` ``[E, 2I, H]`` (gate rows first), by half."""
-PER_EXPERT_TENSORS = {
-    "mlp.moe.experts.w1": "mlp.experts.{e}.gate_proj.weight",
-    "mlp.moe.experts.w2": "mlp.experts.{e}.down_proj.weight",
-    "mlp.moe.experts.w3": "mlp.experts.{e}.up_proj.weight",
+STACKED = {
+    "mlp.experts.gate_up_proj": ("mlp.moe.experts.w1", "mlp.moe.experts.w3"),
+    "mlp.experts.down_proj": ("mlp.moe.experts.w2",),
 }
-"""Inside a layer whose MoE block titanium computes: our stacked expert weight -> the name of one expert's tensor in
-the checkpoints that ``transformers`` stacks on loading (``{e}``: the expert)."""
+"""``transformers``' stacked expert weights in memory -> ours, in the order of the per-expert tensors it concatenates
+into them (gate rows, then up rows)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +68,9 @@ class TransformersHFAdapter(HFAdapter):
     routing_bias: bool = False
     """Whether the checkpoint holds the routing bias of the blocks titanium's MoE computes (DeepSeek-V3's
     ``e_score_correction_bias``), so loading reads it (``for_config``)."""
+    renames: tuple[tuple[str, str], ...] = ()
+    """The checkpoint's name parts -> the model's in memory, as ``transformers`` renames them on loading
+    (``(".block_sparse_moe.", ".mlp.")``); set with ``expert_keys`` (``for_config``)."""
 
     def with_code_from(self, folder: str | None) -> TransformersHFAdapter:
         return dataclasses.replace(self, code_folder=folder)
@@ -83,10 +86,16 @@ class TransformersHFAdapter(HFAdapter):
         model_type = config.get("model_type")
         if model_type not in ROUTING or self.prefixes != CAUSAL_LM_PREFIXES:
             return self  # (no block titanium's MoE computes; an image-text model keeps its MoE blocks whole: vision.py)
-        per_expert = not unconverted(model_type) and bool(checkpoint_conversions(model_type))
+        found = expert_tensors(model_type)
+        renames = found[1] if found else ()
+        experts = {
+            ours: _back(f"model.layers.0.{name}", renames).removeprefix("model.layers.0.")
+            for ours, name in (found[0] if found else {}).items()
+        }
         return dataclasses.replace(
             self,
-            expert_keys=PER_EXPERT_TENSORS if per_expert else {},
+            expert_keys=experts,
+            renames=renames,
             routing_bias=_correction_bias(TransformersArgs.from_config(config)),
         )
 
@@ -99,7 +108,7 @@ class TransformersHFAdapter(HFAdapter):
             key = f"layers.{part[0]}.{GATE_UP}"
         elif part is not None and part[1] in MOE_TO_HF:
             key = f"layers.{part[0]}.{MOE_TO_HF[part[1]]}"
-        return _renamed(key, self.prefixes)
+        return _back(_renamed(key, self.prefixes), self.renames)
 
     def module_key(self, hf_key: str) -> str:
         ours = self.our_key(hf_key)
@@ -115,6 +124,7 @@ class TransformersHFAdapter(HFAdapter):
         found = super()._our_key_and_expert(hf_key)  # (one expert's tensor, where ``expert_keys`` lists them)
         if found is not None:
             return found
+        hf_key = _forth(hf_key, self.renames)
         for ours, hf in sorted(self.prefixes, key=lambda pair: -len(pair[1])):
             if hf_key.startswith(hf):
                 return ours + hf_key.removeprefix(hf), None
@@ -151,7 +161,7 @@ class TransformersHFAdapter(HFAdapter):
         to_ours = {hf: ours for ours, hf in MOE_TO_HF.items()}
         rest, out = {}, {}
         for hf_key, value in hf_state_dict.items():
-            match = re.match(r"^model\.layers\.(\d+)\.(.+)$", hf_key)
+            match = re.match(r"^model\.layers\.(\d+)\.(.+)$", _forth(hf_key, self.renames))
             inside = match is not None and int(match.group(1)) in swapped
             if inside and match.group(2) == GATE_UP:
                 w1, w3 = value.chunk(2, dim=1)
@@ -197,15 +207,60 @@ def checkpoint_conversions(model_type: str) -> list[str]:
 
 def unconverted(model_type: str) -> list[str]:
     """The conversions of ``checkpoint_conversions(model_type)`` the backend cannot make: none where they are the
-    per-expert tensors of ``PER_EXPERT_TENSORS`` (for the blocks titanium's MoE computes) and ``transformers`` renames
-    nothing else, else all of them (with the renamed tensors)."""
+    per-expert stacking of ``expert_tensors`` (for the blocks titanium's MoE computes), else all of them (with the
+    renamed tensors)."""
     conversions = checkpoint_conversions(model_type)
-    if set(conversions) != {t.replace("{e}", "*") for t in PER_EXPERT_TENSORS.values()}:
-        return conversions
+    if not conversions or expert_tensors(model_type) is not None:
+        return []
     from transformers.core_model_loading import WeightRenaming
 
     renamed = {p for c in _conversion_mapping(model_type) if isinstance(c, WeightRenaming) for p in c.source_patterns}
-    return conversions + sorted(renamed) if renamed else []
+    return conversions + sorted(renamed)
+
+
+def expert_tensors(model_type: str) -> tuple[dict[str, str], tuple[tuple[str, str], ...]] | None:
+    """Where the checkpoints of ``model_type`` keep one tensor per expert that ``transformers`` stacks on loading
+    (its conversion mapping): our stacked expert weight -> one expert's tensor (``{e}``: the expert), named as in
+    memory, and the renames ``transformers`` makes beside them (checkpoint part -> memory part). None where its
+    conversions are anything else: a stacking of other tensors or operations, or a rename that is not of plain name
+    parts."""
+    from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
+
+    experts, renames = {}, []
+    for conversion in _conversion_mapping(model_type):
+        sources, targets = list(conversion.source_patterns), list(conversion.target_patterns)
+        if isinstance(conversion, WeightRenaming) and not isinstance(conversion, WeightConverter):
+            if len(sources) != 1 or len(targets) != 1 or not all(_PLAIN.fullmatch(p) for p in sources + targets):
+                return None
+            renames.append((sources[0], targets[0]))
+            continue
+        target = next((name for name in STACKED if len(targets) == 1 and name.endswith(targets[0].lstrip("."))), None)
+        operations = [(type(o), getattr(o, "dim", None)) for o in conversion.operations]
+        expected = [(MergeModulelist, 0)] + ([(Concatenate, 1)] if len(sources) == 2 else [])
+        if target is None or len(sources) != len(STACKED[target]) or operations != expected:
+            return None
+        for ours, source in zip(STACKED[target], sources):
+            layer_part = target.removesuffix(targets[0].lstrip(".")) if source.startswith(".") else ""
+            experts[ours] = (layer_part.rstrip(".") + source).replace("*", "{e}")
+    return (experts, tuple(renames)) if experts else None
+
+
+_PLAIN = re.compile(r"\.?\w+\.?")
+"""A rename pattern that is a plain name part (``.block_sparse_moe.``), whose dots are meant literally."""
+
+
+def _forth(hf_key: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """A checkpoint's name as ``transformers`` names it in memory."""
+    for checkpoint, memory in renames:
+        hf_key = hf_key.replace(checkpoint, memory)
+    return hf_key
+
+
+def _back(key: str, renames: tuple[tuple[str, str], ...]) -> str:
+    """A name in memory as the checkpoint names it (``_forth`` undone)."""
+    for checkpoint, memory in renames:
+        key = key.replace(memory, checkpoint)
+    return key
 
 
 def _conversion_mapping(model_type: str) -> list[Any]:
