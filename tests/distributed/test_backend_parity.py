@@ -3,11 +3,12 @@
 Llama 3 and Qwen3 debug shapes, saved by ``transformers`` with random weights, train 10 steps on synthetic data
 from the same folder with ``--model.backend native`` and ``--model.backend transformers``: in one process (Llama also
 with activation checkpointing of every layer: HF layers in titanium's checkpoint wrapper), under
-FSDP 2 (dp_shard 2) and TP 2 (the config's base_model_tp_plan, translated), and Llama also under PP 2 (its
-base_model_pp_plan: titanium's pipeline split of the backend model). Every backend run's losses equal the native
+FSDP 2 (dp_shard 2) and TP 2 (the config's base_model_tp_plan, translated), Qwen3 under CP 2 (titanium's attention
+over the keys gathered from the other rank), and Llama also under PP 2 (its base_model_pp_plan: titanium's pipeline
+split of the backend model). Every backend run's losses equal the native
 one-process run's to 1e-5 relative (measured: 2.2e-7). A Gemma 3 (no native family: sliding windows, tied and
 soft-capped logits, q/k norms whose gradients the plan sums over the ranks) under TP 2 with the chunked,
-vocabulary-parallel loss equals its one-process run.
+vocabulary-parallel loss, and under CP 2 (its window of 8 masked over the gathered keys), equals its one-process run.
 
 Adam with eps 0.1 as in test_families_parallel.py: rounding-level gradient differences (the native RoPE tables are
 computed in float64, transformers' in float32) stay rounding-level instead of becoming lr-sized steps where a
@@ -31,6 +32,7 @@ COMMON = ("--data.kind", "synthetic", "--optimizer.eps", "0.1", "--training.step
 FSDP = ("--training.local_batch_size", "2")  # (2 ranks x 2 rows: the one-process run's 4 rows)
 TP = ("--parallelism.tensor_parallel_degree", "2")
 PP = ("--parallelism.pipeline_parallel_degree", "2")
+CP = ("--parallelism.context_parallel_degree", "2")
 CHUNKED = ("--training.loss_chunk_size", "48")
 SINGLE = {  # name: (source, backend, arguments)
     "llama3-native": ("llama3", "native", ()),
@@ -46,7 +48,9 @@ PARALLEL = {  # name: (source, backend, arguments, the one-process run it must e
     "llama3-pp": ("llama3", "transformers", PP, "llama3-native"),
     "qwen3-fsdp": ("qwen3", "transformers", FSDP, "qwen3-native"),
     "qwen3-tp": ("qwen3", "transformers", TP, "qwen3-native"),
+    "qwen3-cp": ("qwen3", "transformers", CP, "qwen3-native"),
     "gemma3-tp": ("gemma3_text", "auto", TP + CHUNKED, "gemma3"),
+    "gemma3-cp": ("gemma3_text", "auto", CP + CHUNKED, "gemma3"),
 }
 
 

@@ -20,7 +20,6 @@ import torch.distributed as dist
 from tests.helpers import REPO
 from titanium.batch import Batch
 from titanium.checkpoint.hf import hf_model_args
-from titanium.config.loader import ConfigError
 from titanium.config.reference import render_reference
 from titanium.generation.generate import generate
 from titanium.generation.sampling import SamplingParams
@@ -30,7 +29,6 @@ from titanium.models.flops import count_params_on_meta
 from titanium.models.hf_adapter import HFConfigError
 from titanium.objectives.base import ModelOutput
 from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, TokenFields, cross_entropy_sum
-from titanium.parallel.dims import ParallelDims
 from titanium.tools.dry_run import dry_run
 
 # Exact totals (a tied embedding counted once) and the size the Hugging Face hub shows for the published
@@ -264,15 +262,3 @@ def test_shipped_config_plans_from_the_published_config_json(name: str, tmp_path
             assert run.estimate_memory().fits(78)
     finally:
         dist.destroy_process_group()
-
-
-def test_context_parallelism_refuses_a_window_shorter_than_the_rows() -> None:
-    dims = ParallelDims(dp_replicate=1, dp_shard=1, world_size=2, cp=2)
-    args = dataclasses.replace(get_model_spec("mistral").flavors["debugmodel"], sliding_window=4096, max_seq_len=8192)
-    with pytest.raises(ConfigError) as err:
-        dims.check_model(args, model="mistral 7B", seq_len=8192)
-    assert str(err.value).startswith(
-        "--parallelism.context_parallel_degree 2: mistral 7B has sliding-window attention (sliding_window 4096 < "
-        "--training.seq_len 8192, in 6 layers), which context parallelism does not implement"
-    )
-    dims.check_model(dataclasses.replace(args, max_seq_len=4096), model="mistral 7B", seq_len=4096)  # covers the rows

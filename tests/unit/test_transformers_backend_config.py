@@ -80,9 +80,10 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
 
 def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
     """GPT-OSS (sinks) decodes with transformers' cache, which a compiled decode step cannot take, and its TP plan
-    splits no layer; Qwen3.5's linear-attention layers would mix packed samples; Mixtral's and Qwen2-MoE's checkpoints
-    hold per-expert tensors the backend does not convert (DeepSeek-V3's it does: tests/e2e/test_backend_objectives.py);
-    titanium's split decoding copy is the native families'."""
+    splits no layer, nor does context parallelism split its rows; Qwen3.5's linear-attention layers would mix packed
+    samples; MiMo-V2-Flash's and Qwen2-MoE's checkpoints hold tensors the backend does not convert (Mixtral's and
+    DeepSeek-V3's per-expert tensors it does: tests/unit/test_backend_moe.py); titanium's split decoding copy is the
+    native families'."""
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
     qwen = config_folder(tmp_path, "qwen3_5", tiny_config("qwen3_5_text").to_dict())
@@ -105,20 +106,19 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     monkeypatch.setenv("WORLD_SIZE", "1")
     unbalanced = ("--moe.load_balance", "none")
     assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft, *unbalanced]) == 0  # (packed: its own attention)
-    for model_type in (
-        "mixtral",
-        "qwen2_moe",
-    ):  # (per-expert tensors by other names; MoE blocks titanium does not compute)
+    for model_type in ("mimo_v2_flash", "qwen2_moe", "mixtral"):
+        # (renamed sinks beside the experts; MoE blocks titanium does not compute; Mixtral's per-expert tensors, which
+        # the backend reads in their own names)
         folder = config_folder(tmp_path, model_type, matrix_config(model_type).to_dict())
-        start = (
-            "--checkpoint.initial_load_path",
-            folder,
-            "--checkpoint.initial_load_in_hf",
-            "--moe.load_balance",
-            "none",
-        )
-        err = _refused(capsys, 1, monkeypatch, *start)
+        start = ("--checkpoint.initial_load_path", folder, "--checkpoint.initial_load_in_hf", "--moe.load_balance")
+        if model_type == "mixtral":
+            monkeypatch.setenv("WORLD_SIZE", "1")
+            assert preflight([*JOB, *start, "none"]) == 0
+            continue
+        err = _refused(capsys, 1, monkeypatch, *start, "none")
         assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
+    err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gpt_oss, "--parallelism.context_parallel_degree", "2")
+    assert "--parallelism.context_parallel_degree 2: gpt_oss runs its own attention (its attention has sinks)" in err
     deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())
     err = _refused(capsys, 1, monkeypatch, "--model.hf_config", deepseek)  # (no router_aux_loss_coef)
     assert "--moe.aux_loss_coef: this model has no default" in err and "--moe.load_balance bias" in err

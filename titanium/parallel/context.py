@@ -16,14 +16,18 @@ in the row (packed documents are contiguous and causal, and a shared prompt, a p
 its responses), which is what makes the key limit exact. (The padding of a shared-prompt row wider than
 seq_len, whose positions start again, loses the keys it would see after it: no label is learned from it.)
 
+Sliding-window layers get masks of their own (the window only hides more keys, so the key limits hold).
+
 The model knows nothing of this: ``apply_context_parallel`` swaps the class of each attention module
 for a subclass whose ``attend`` gathers K/V, and the decoder's for one whose ``prepare_attention``
-gathers positions; the parameter names do not change.
+gathers positions; the parameter names do not change. A transformers backend model, whose attention is
+one function (``titanium.models.transformers.attention``), is handed the ``SequenceSplitter`` instead.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -94,7 +98,7 @@ def shard_batch(batch: Batch, cp_mesh: DeviceMesh) -> Batch:
 
 @dataclass(frozen=True)
 class ChunkMasks:
-    """What the attention layers of one context-parallel forward share (``AttentionInputs.plan_state``).
+    """The masks of one context-parallel forward's layers with one sliding window (or none).
 
     Either a block mask over this rank's queries and the gathered keys in gather (rank-major) order
     (flex), or, for the dense kernel, the gather order as global positions, the number of keys the head
@@ -120,17 +124,46 @@ class ChunkMasks:
         return torch.cat([head, tail], dim=1)
 
 
-class _ContextParallelDecoder:
-    """Mixin overriding ``Decoder.prepare_attention``: gathers positions and document ids once per forward (the
-    parent ids of shared-prompt rows are needed for the local queries only)."""
+@dataclass(frozen=True)
+class SplitSequence:
+    """What the attention calls of one context-parallel forward share (``AttentionInputs.plan_state``; a backend
+    model's ``AttentionContext.split``): the masks of this rank's queries over the gathered keys, one per sliding
+    window its layers use (None: the global layers), and the group the keys and values are gathered over."""
 
-    cp_group: object
-    cp_size: int
-    cp_rank: int
-    attention_backend: AttentionBackend
+    masks: dict[int | None, ChunkMasks]
+    group: object
 
-    def prepare_attention(self, inputs: AttentionInputs) -> AttentionInputs:
-        positions, documents = inputs.positions, inputs.document_ids
+    def attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int | None, scores: Scores = PLAIN_SCORES
+    ) -> torch.Tensor:
+        """Local queries ``[B, S / cp, H, D]`` to the keys/values of the whole sequence, gathered from this rank's
+        ``[B, S / cp, H_kv, D]`` ones, in a layer with sliding ``window``."""
+        if window not in self.masks:
+            raise RuntimeError(f"no context-parallel mask was prepared for sliding window {window}")
+        k = funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=self.group)
+        v = funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=self.group)
+        return self.masks[window].attend(q, k, v, scores)
+
+
+@dataclass(frozen=True)
+class SequenceSplitter:
+    """Makes each forward's ``SplitSequence`` from its local positions, document and parent ids: gathers positions
+    and documents once (not per layer) and builds the masks of each window. A backend model holds one
+    (``TransformersModel.context_split``); a native decoder's class is swapped for one that uses it
+    (``_ContextParallelDecoder``)."""
+
+    group: object
+    size: int
+    rank: int
+
+    def __call__(
+        self,
+        positions: torch.Tensor | None,
+        documents: torch.Tensor | None,
+        parents: torch.Tensor | None,
+        windows: Iterable[int | None],
+        backend: AttentionBackend,
+    ) -> SplitSequence:
         if positions is None:
             raise ValueError("context parallel attention needs the tokens' global positions")
         if documents is not None:
@@ -139,18 +172,38 @@ class _ContextParallelDecoder:
             positions = positions[None]
 
         def gather(t: torch.Tensor) -> torch.Tensor:
-            return funcol.all_gather_tensor(t.contiguous(), gather_dim=1, group=self.cp_group)
+            return funcol.all_gather_tensor(t.contiguous(), gather_dim=1, group=self.group)
 
-        state = chunk_masks(
-            positions,
-            gather(positions),
-            documents,
-            None if documents is None else gather(documents),
-            cp_size=self.cp_size,
-            cp_rank=self.cp_rank,
-            kernel=masked_kernel(self.attention_backend, positions.device),
-            parents=inputs.parent_ids,
-        )
+        key_positions = gather(positions)
+        key_documents = None if documents is None else gather(documents)
+        kernel = masked_kernel(backend, positions.device)
+        masks = {
+            window: chunk_masks(
+                positions,
+                key_positions,
+                documents,
+                key_documents,
+                cp_size=self.size,
+                cp_rank=self.rank,
+                kernel=kernel,
+                parents=parents,
+                window=window,
+            )  # fmt: skip
+            for window in {None, *windows}
+        }
+        return SplitSequence(masks, self.group)
+
+
+class _ContextParallelDecoder:
+    """Mixin overriding ``Decoder.prepare_attention``: the forward's ``SplitSequence`` (the parent ids of shared-prompt
+    rows are needed for the local queries only)."""
+
+    splitter: SequenceSplitter
+    attention_backend: AttentionBackend
+
+    def prepare_attention(self, inputs: AttentionInputs) -> AttentionInputs:
+        windows = {layer.attention.window for layer in self.layers.values()}
+        state = self.splitter(inputs.positions, inputs.document_ids, inputs.parent_ids, windows, self.attention_backend)
         return dataclasses.replace(inputs, plan_state=state)
 
 
@@ -164,12 +217,14 @@ def chunk_masks(
     cp_rank: int,
     kernel: Literal["sdpa", "flex"],
     parents: torch.Tensor | None = None,
+    window: int | None = None,
 ) -> ChunkMasks:
     """The masks of ``cp_rank``'s queries (``[B, S / cp]`` positions, document ids and, for shared-prompt rows,
-    parent ids) over the gathered keys (``[B, S]``, rank-major as all-gather returns them). A query sees its
-    parent's keys only at columns before its own (a prompt precedes its responses), so the key limits hold."""
+    parent ids) over the gathered keys (``[B, S]``, rank-major as all-gather returns them), in a layer with sliding
+    ``window``. A query sees its parent's keys only at columns before its own (a prompt precedes its responses), and a
+    window only hides more, so the key limits hold."""
     if kernel == "flex":
-        mask = document_block_mask(positions, key_positions, documents, key_documents, q_parents=parents)
+        mask = document_block_mask(positions, key_positions, documents, key_documents, window, q_parents=parents)
         return ChunkMasks(block_mask=mask)
     seq_len, chunk = key_positions.shape[1], positions.shape[1] // 2
     key_limits = ((cp_rank + 1) * chunk, (2 * cp_size - cp_rank) * chunk)
@@ -177,34 +232,27 @@ def chunk_masks(
     key_positions = key_positions.index_select(1, order)
     key_documents = None if key_documents is None else key_documents.index_select(1, order)
     q_head, q_tail, k_head = positions[:, :chunk], positions[:, chunk:], key_positions[:, : key_limits[0]]
-    if documents is None or key_documents is None:  # one document per row: causal by position
-        masks = (_causal_mask(q_head, k_head), _causal_mask(q_tail, key_positions))
-    else:
+    d_head = d_tail = dk_head = p_head = p_tail = None  # (no documents: one per row, causal by position)
+    if documents is not None and key_documents is not None:
         d_head, d_tail, dk_head = documents[:, :chunk], documents[:, chunk:], key_documents[:, : key_limits[0]]
         p_head, p_tail = (None, None) if parents is None else (parents[:, :chunk], parents[:, chunk:])
-        masks = (
-            document_causal_mask(q_head, k_head, d_head, dk_head, q_parents=p_head),
-            document_causal_mask(q_tail, key_positions, d_tail, key_documents, q_parents=p_tail),
-        )
+    masks = (
+        document_causal_mask(q_head, k_head, d_head, dk_head, window, q_parents=p_head),
+        document_causal_mask(q_tail, key_positions, d_tail, key_documents, window, q_parents=p_tail),
+    )
     return ChunkMasks(order=order, key_limits=key_limits, masks=masks)
-
-
-def _causal_mask(q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-    """``[B, 1, S_q, S_k]``: a query sees the keys at earlier or equal positions."""
-    return (k_positions[:, None, :] <= q_positions[:, :, None]).unsqueeze(1)
 
 
 class _ContextParallelAttend:
     """Mixin overriding ``Attention.attend``: local queries attend to the gathered sequence."""
 
-    cp_group: object
+    window: int | None
+    scores: Scores
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        if not isinstance(inputs.plan_state, ChunkMasks):
+        if not isinstance(inputs.plan_state, SplitSequence):
             raise ValueError("context parallel attention runs inside a decoder made context parallel with it")
-        k = funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=self.cp_group)
-        v = funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=self.cp_group)
-        return inputs.plan_state.attend(q, k, v, self.scores)
+        return inputs.plan_state.attend(q, k, v, self.window, self.scores)
 
 
 _CLASSES: dict[type, type] = {}
@@ -219,15 +267,17 @@ def _swap_class(module: nn.Module, mixin: type) -> None:
 
 
 def apply_context_parallel(model: nn.Module, cp_mesh: DeviceMesh) -> None:
-    """Make ``model`` (a decoder or a pipeline stage of one) and its attention modules context-parallel
-    over ``cp_mesh``, in place."""
+    """Make ``model`` (a decoder, a transformers backend model, or a pipeline stage of one) and its attention modules
+    context-parallel over ``cp_mesh``, in place."""
+    splitter = SequenceSplitter(cp_mesh.get_group(), cp_mesh.size(), cp_mesh.get_local_rank())
+    if hasattr(model, "context_split"):  # (a backend model: its attention function asks the splitter)
+        model.context_split = splitter
+        return
     if not isinstance(model, Decoder):
         raise TypeError(f"context parallelism applies to a Decoder, not {type(model).__name__}")
-    group = cp_mesh.get_group()
     if not isinstance(model, _ContextParallelDecoder):
         _swap_class(model, _ContextParallelDecoder)
-    model.cp_group, model.cp_size, model.cp_rank = group, cp_mesh.size(), cp_mesh.get_local_rank()
+    model.splitter = splitter
     for module in model.modules():
         if isinstance(module, Attention) and not isinstance(module, _ContextParallelAttend):
             _swap_class(module, _ContextParallelAttend)
-            module.cp_group = group

@@ -108,13 +108,6 @@ class ParallelDims:
                     f"from the head and one from the tail of every sequence); valid degrees: "
                     + ", ".join(str(c) for c in range(1, seq_len // 2 + 1) if seq_len % (2 * c) == 0)
                 )
-            windowed = [i for i in range(n_layers) if args.window(i) is not None]
-            if windowed:
-                raise ConfigError(
-                    f"{cp_flag}: {model} has sliding-window attention (sliding_window {args.sliding_window} < "
-                    f"--training.seq_len {seq_len}, in {len(windowed)} layers), which context parallelism does not "
-                    "implement; use context_parallel_degree 1, or a seq_len within the window"
-                )
             if (seq_len // self.cp) % self.tp:
                 raise ConfigError(
                     f"--parallelism.tensor_parallel_degree {self.tp} must divide the per-rank sequence "

@@ -9,12 +9,14 @@ with one mask per sliding window the layers use (none at all for plain causal ro
 as a keyword argument that ``transformers`` passes through untouched. Each attention call then picks the mask of
 its layer's window, or, decoding, appends its keys and values to its layer's cache in titanium's ``KVCache``
 (keyed by the attention module's ``layer_idx``) and masks by the cached positions and documents, as the shared
-decoder's ``Attention`` does.
+decoder's ``Attention`` does. Under context parallelism the context carries the parallel plan's state instead
+(``split``: the masks of this rank's queries over the whole sequence), which gathers the keys and values.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -51,6 +53,9 @@ class AttentionContext:
     masks: dict[int | None, Mask] = dataclasses.field(default_factory=dict)
     blocks: torch.Tensor | None = None
     """``[B, S]`` spans whose tokens see each other both ways (an image's tokens in Gemma 3), -1 elsewhere."""
+    split: Any = None
+    """Under context parallelism (``titanium.parallel.context.SplitSequence``): this rank's queries attend to the
+    gathered keys by its masks, one per window, with ``split.attend(q, k, v, window, scores)``."""
 
     @classmethod
     def build(
@@ -62,10 +67,12 @@ class AttentionContext:
         windows: tuple[int, ...],
         backend: AttentionBackend,
         blocks: torch.Tensor | None = None,
+        splitter: Callable[..., Any] | None = None,
     ) -> AttentionContext:
         """The context of a forward whose layers use ``windows`` (sliding windows besides global attention). Rows
         without documents (or ``blocks``) need no mask for global layers (causal SDPA), nor for a window that covers
-        the row."""
+        the row. ``splitter``: the model's context-parallel plan (``TransformersModel.context_split``), which makes
+        the forward's ``split``."""
         if document_ids is not None and positions.shape[0] != document_ids.shape[0]:
             positions = positions.expand_as(document_ids)
         if parent_ids is not None and document_ids is None:
@@ -74,6 +81,11 @@ class AttentionContext:
         if kv_cache is not None:
             if document_ids is None or parent_ids is not None:
                 raise ValueError("decoding with a KV cache needs positions and document_ids (and no parent_ids)")
+            return context
+        if splitter is not None:
+            if blocks is not None:
+                raise ValueError("context parallelism does not split image blocks (the preflight checks refuse it)")
+            context.split = splitter(positions, document_ids, parent_ids, windows, backend)
             return context
         seq = positions.shape[-1]
         flex_kernel = masked_kernel(backend, positions.device) == "flex"
@@ -137,6 +149,8 @@ def titanium_attention(
             context.positions, k_positions, context.document_ids, k_documents, sliding_window, None, blocks, blocks
         )
         return sdpa(q, k, v, mask, scores), None
+    if context.split is not None:
+        return context.split.attend(q, k, v, sliding_window, scores), None
     mask = context.mask(sliding_window)
     if isinstance(mask, BlockMask):
         return flex(q, k, v, mask, scores), None

@@ -1,6 +1,6 @@
 """What a backend model cannot do of a job's use of it, said before any process group exists (``ModelSpec.refusals``).
 
-The layout needs the config's plans (``plans.py``); context parallelism is not translated for backend models yet;
+The layout needs the config's plans (``plans.py``); context parallelism needs titanium's attention (``attention.py``);
 MoE blocks that titanium's MoE does not compute (``moe.py``) can neither be divided over ranks nor balanced; and a
 model that runs its own attention (``support.py``) decodes with transformers' own cache (``own_cache.py``), which a
 compiled decode step cannot take, and, where some of its layers are no attention at all, cannot keep the samples of a
@@ -38,10 +38,10 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
     if use.pipeline_parallel > 1:
         flag = f"--parallelism.pipeline_parallel_degree {use.pipeline_parallel}"
         problems += [f"{flag}: {p}" for p in pipeline_problems(config)]
-    if use.context_parallel > 1:
+    if use.context_parallel > 1 and model.fallback_reasons:
         problems.append(
-            f"--parallelism.context_parallel_degree {use.context_parallel}: context parallelism is not implemented for "
-            "the transformers backend yet"
+            f"--parallelism.context_parallel_degree {use.context_parallel}: {config.model_type} runs its own attention "
+            f"({'; '.join(model.fallback_reasons)}), and context parallelism splits rows through titanium's; use 1"
         )
     if model.own_moe_blocks:
         own = (

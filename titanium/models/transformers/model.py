@@ -133,6 +133,9 @@ class TransformersModel(nn.Module):
         self.windows = sliding_windows(self.layers, config)
         self.attention_backend: AttentionBackend = "auto"
         """Kernel for masked attention ([model] attention; set by the model builder)."""
+        self.context_split: Any = None
+        """Under context parallelism, set by ``titanium.parallel.context.apply_context_parallel``: makes each forward's
+        masks over the sequence gathered from the ranks (``AttentionContext.build``'s ``splitter``)."""
         self._tie_weights()
 
     # ----- structure -----
@@ -237,8 +240,9 @@ class TransformersModel(nn.Module):
         kwargs: dict[str, Any] = {"position_ids": position_ids if rope is None else rope, "use_cache": False, **extra}
         if self.attention == ATTENTION:
             kwargs[CONTEXT_KWARG] = AttentionContext.build(
-                position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend, blocks
-            )
+                position_ids, document_ids, parent_ids, kv_cache, self.windows, self.attention_backend, blocks,
+                self.context_split,
+            )  # fmt: skip
         elif kv_cache is not None:  # (its own cache: own_cache.py)
             kwargs.update(decoding_inputs(self._base, self._hf.config, kv_cache, document_ids))
         elif parent_ids is not None and self.mixes_documents:
