@@ -19,7 +19,7 @@ import math
 import os
 import shutil
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from titanium.checkpoint.full_blocks import full_blocks
+from titanium.checkpoint.hf_fp8 import QUANTIZATION, BlockScales, block_scales, quantization_problem
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
 from titanium.data.tokenizer import has_tokenizer
@@ -97,6 +98,14 @@ class HFCheckpoint:
     weight_map: dict[str, str]
     index_metadata: dict[str, Any] | None
     shapes: dict[str, tuple[int, ...]]
+    scales: BlockScales | None = None
+    """A block-wise FP8 checkpoint's scales (``hf_fp8``): its weights read dequantized. Their tensors are in
+    ``scale_files``, not in ``weight_map`` or ``shapes`` (the weights the checkpoint stands for)."""
+    scale_files: dict[str, str] = field(default_factory=dict)
+
+    def reader(self) -> SliceReader:
+        """A reader of this checkpoint's weights (dequantized, for an FP8 one)."""
+        return SliceReader(self.folder, {**self.weight_map, **self.scale_files}, self.scales)
 
     @property
     def files(self) -> list[str]:
@@ -152,12 +161,23 @@ class HFCheckpoint:
             absent = listed - set(shapes)
             if absent:
                 raise HFCheckpointError(f"{path} lacks tensors that {INDEX_FILE} places there: {_names(absent)}")
-        return cls(folder, config, weight_map, index_metadata, shapes)
+        problem = quantization_problem(config)
+        if problem is not None:
+            raise HFCheckpointError(f"{folder / CONFIG_FILE}: {problem}")
+        try:
+            scales = block_scales(config, shapes)
+        except ValueError as e:
+            raise HFCheckpointError(f"{folder}: {e}") from None
+        if scales is None:
+            return cls(folder, config, weight_map, index_metadata, shapes)
+        scale_files = {key: weight_map.pop(key) for key in scales.scale_of.values()}
+        shapes = {key: shape for key, shape in shapes.items() if key not in scale_files}
+        return cls(folder, config, weight_map, index_metadata, shapes, scales, scale_files)
 
     def read(self, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Load tensors (all, or ``keys``) to CPU."""
         try:
-            with SliceReader(self.folder, self.weight_map) as reader:
+            with self.reader() as reader:
                 return {key: reader.read(key) for key in (self.weight_map if keys is None else keys)}
         except OSError as e:
             raise HFCheckpointError(f"cannot read tensors (truncated or corrupt?): {e}") from e
@@ -204,6 +224,9 @@ def hf_model_args(
     if adapter is None:
         raise HFCheckpointError(f"{by}model {spec.name!r} has no Hugging Face adapter")
     config = read_hf_config(folder, option)
+    problem = quantization_problem(config)
+    if problem is not None:
+        raise HFConfigError(f"{by}{source}: {problem}")
     model_type = config.get("model_type")
     if not adapter.reads(model_type):
         hint = hf_family(model_type)
@@ -317,16 +340,18 @@ def load_hf_weights(
     except HFCheckpointError as e:
         raise HFCheckpointError(f"{named_by(option)}{e}") from None
     try:
-        with SliceReader(ckpt.folder, ckpt.weight_map) as reader:
+        with ckpt.reader() as reader:
             stream_into(base, reader, adapter, args)
     except OSError as e:
         raise HFCheckpointError(
             f"{named_by(option)}cannot read tensors of {folder} (truncated or corrupt?): {e}"
         ) from e
+    fp8 = "" if ckpt.scales is None else f", {len(ckpt.scales.scale_of)} of them block-wise FP8, dequantized"
     logger.info(
-        "loaded Hugging Face weights from %s (%d tensors, %d file(s); this rank read %.1f MiB of them)",
+        "loaded Hugging Face weights from %s (%d tensors%s, %d file(s); this rank read %.1f MiB of them)",
         folder,
         len(ckpt.shapes),
+        fp8,
         len(ckpt.files),
         reader.bytes_read / 2**20,
     )
@@ -463,8 +488,9 @@ def save_hf_weights(
         layout = writer.finish()
     except HFCheckpointError as e:
         raise HFCheckpointError(f"cannot save in the layout of {source.folder}: {e}") from None  # type: ignore[union-attr]
-    if source is not None:
+    if source is not None:  # (an FP8 source's export holds the dequantized weights: no quantization_config)
         with_index, config = source.index_metadata is not None, dict(source.config)
+        config.pop(QUANTIZATION, None)
     else:
         with_index, config = len(set(layout.values())) > 1, adapter.to_hf_config(args)
     config = config_with_dtype(config, dtype)

@@ -59,7 +59,10 @@ class TransformersArgs:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:
-        return cls(config_json=json.dumps(dict(config), sort_keys=True), **fields)
+        """The args of ``config``, without its ``quantization_config``: titanium builds, trains and exports the weights
+        a quantized checkpoint stands for (``titanium/checkpoint/hf_fp8.py`` reads them)."""
+        plain = {key: value for key, value in config.items() if key != "quantization_config"}
+        return cls(config_json=json.dumps(plain, sort_keys=True), **fields)
 
     @cached_property
     def config(self) -> dict[str, Any]:
