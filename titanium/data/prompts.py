@@ -167,6 +167,7 @@ class PromptDataset(RowReader):
         self.section, self.name = section, name
         self.tokenizer, self.template, self.system_prompt = tokenizer, template, system_prompt
         self.processor = processor if data.kind != "text" else None
+        self.reads_images = self.processor is not None
         self.too_long = 0
 
     def _answer(self, item: Any) -> str | None:

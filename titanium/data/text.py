@@ -145,12 +145,34 @@ def check_same_dp_world(state: dict[str, Any], dp_world: int) -> None:
         )
 
 
+IMAGE_COLUMNS = ("images", "image")
+"""The columns TRL's vision trainers read a row's images from."""
+
+
+def refuse_images(item: Any, source: Source, row: int) -> None:
+    """``DataError`` for a row that carries images (a non-empty ``images``, or an ``image``), read for a text model."""
+    if not isinstance(item, dict):
+        return
+    column = next((c for c in IMAGE_COLUMNS if item.get(c) not in (None, [], "")), None)
+    if column is not None:
+        raise DataError(
+            f"{source.where(row)} has images (its '{column}' column), but the model reads text only: start from an "
+            "image-text model's folder (its config.json and processor), or drop the images from the data"
+        )
+
+
 class RowReader:
     """This rank's rows of every source, from a saved position on, looping over epochs.
 
     The base of the text and SFT datasets: it owns the position (epoch, source, offsets or row), the
     data-parallel split and the bad-row policy, so both resume and report problems the same way.
+
+    A row with images (TRL's ``images`` or ``image`` column) stops a reader that does not read them
+    (``reads_images``: an image-text model's readers set it): training a text model on such rows would drop
+    their images without a word.
     """
+
+    reads_images = False
 
     def __init__(self, cfg: DataSection, dp_rank: int = 0, dp_world: int = 1) -> None:
         self.cfg, self.dp_rank, self.dp_world = cfg, dp_rank, dp_world
@@ -181,6 +203,8 @@ class RowReader:
                     if isinstance(item, BadLine):
                         self._bad_row(source, row, item.problem, BROKEN_LINE_FIX)
                     else:
+                        if not self.reads_images:
+                            refuse_images(item, source, row)
                         yield source, row, item
                 self.source_idx += 1
                 self.next_row, self.share, self.stream, self._stream_state = 0, None, None, None

@@ -40,6 +40,8 @@ _FIX = f"{IMAGE_FIX}; a pair needs --data.prompt_column, --data.chosen_column an
 class VisionPreferenceDataset(PreferenceDataset):
     """``PreferenceDataset`` for rows with images: each side's sample carries ``"images"``, its image fields."""
 
+    reads_images = True
+
     def __init__(
         self,
         data: DataSection,

@@ -43,6 +43,8 @@ def source_folder(source: Source) -> Path | None:
 class VisionSFTDataset(SFTDataset):
     """``SFTDataset`` for rows with images: samples are ``{"tokens", "labels", "images"}`` (module docstring)."""
 
+    reads_images = True
+
     def __init__(
         self,
         data: DataSection,
