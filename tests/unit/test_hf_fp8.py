@@ -109,3 +109,29 @@ def test_other_quantizations_are_refused(tmp_path: Path, capsys, monkeypatch) ->
     err = capsys.readouterr().err
     assert f"{source / 'config.json'}: quantization_config has quant_method 'gptq'" in err, err
     assert "start from the model's unquantized (bf16) checkpoint" in err and "Traceback" not in err
+
+
+def test_deepseeks_multi_token_prediction_layer_is_skipped(tmp_path: Path) -> None:
+    """DeepSeek-V3's published folder holds its multi-token-prediction layer (``model.layers.61.*``, past the
+    config's layers), which ``transformers`` skips on loading: titanium skips it too (it was refused as unexpected
+    keys), FP8 scales and all, and the export leaves it out, as ``transformers``' own save does."""
+    from safetensors.torch import load_file
+
+    source = tmp_path / "fp8"
+    save_tiny_hf(source, "deepseek_v3")
+    tensors = load_file(source / "model.safetensors")
+    tensors["model.layers.61.eh_proj.weight"] = torch.randn(64, 128)
+    tensors["model.layers.61.enorm.weight"] = torch.ones(64)
+    save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
+    quantize_folder(source, BLOCK)
+    assert "model.layers.61.eh_proj.weight_scale_inv" in HFCheckpoint.open(source).scale_files
+    reference = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    ours, adapter, args = built("deepseek_v3", source)
+    load_hf_weights(ours, source, adapter, args)
+    x = torch.randint(3, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(x), reference(input_ids=x).logits, atol=1e-6, rtol=1e-6)
+    export_hf(ours, tmp_path / "export", adapter, args, source_folder=source)
+    exported = HFCheckpoint.open(tmp_path / "export").shapes
+    assert not [key for key in exported if key.startswith("model.layers.61.")]
+    assert set(exported) == {k for k in HFCheckpoint.open(source).shapes if not k.startswith("model.layers.61.")}

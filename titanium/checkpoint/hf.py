@@ -295,7 +295,7 @@ def check_hf_keys(ckpt: HFCheckpoint, adapter: HFAdapter, args: Any, expected: M
     wanted = {key: tuple(value.shape) for key, value in adapter.to_hf(meta, args).items()}
     tolerated = adapter.ignored_hf_keys(args, expected)
     missing = set(wanted) - set(ckpt.shapes)
-    unknown = set(ckpt.shapes) - set(wanted) - tolerated
+    unknown = {key for key in set(ckpt.shapes) - set(wanted) - tolerated if not adapter.skips(key, args)}
     wrong = [
         f"{key} {list(ckpt.shapes[key])} (model expects {list(shape)})"
         for key, shape in wanted.items()
@@ -474,7 +474,9 @@ def save_hf_weights(
     partial = out.with_name(f".{out.name}.partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    writer = _FileWriter(partial, None if source is None else source.weight_map, max_shard_bytes)
+    # (The source's tensors of no part of the model, which loading skipped, are not written: as transformers saves.)
+    kept = None if source is None else {k: f for k, f in source.weight_map.items() if not adapter.skips(k, args)}
+    writer = _FileWriter(partial, kept, max_shard_bytes)
     # A tied checkpoint that stored lm_head anyway gets it back (the same values, its own storage).
     lm_head = adapter.hf_key(adapter.output_key) if adapter.tied(args) else None
     lm_head = lm_head if source is not None and lm_head in source.weight_map else None

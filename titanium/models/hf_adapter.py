@@ -195,6 +195,11 @@ class HFAdapter:
         ``lm_head`` (some exporters store it anyway)."""
         return {self.hf_key(self.output_key)} if self.tied(args) and self.output_key in ours else set()
 
+    def skips(self, hf_key: str, args: Any) -> bool:
+        """Whether a checkpoint's tensor ``hf_key`` belongs to no part of the model, as ``transformers`` skips it on
+        loading (DeepSeek-V3's multi-token-prediction layer): neither read, nor written to an export."""
+        return False
+
     def hf_shapes(self, shapes: Mapping[str, tuple[int, ...]], args: Any) -> dict[str, tuple[int, ...]]:
         """The keys and shapes an HF checkpoint of a model with ``shapes`` (ours) holds: no ``lm_head`` when
         tied, one tensor per expert for stacked experts, nothing for state without an HF slot."""

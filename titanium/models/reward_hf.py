@@ -74,6 +74,9 @@ class SequenceClassificationAdapter(HFAdapter):
         """A causal LM's ``lm_head`` when starting from one; nothing in a sequence-classification checkpoint."""
         return set() if self.head_in_checkpoint else {self.family.hf_key(self.output_key)}
 
+    def skips(self, hf_key: str, args: Any) -> bool:
+        return self.family.skips(hf_key, args)
+
     def exports_in_source_layout(self) -> bool:
         return self.head_in_checkpoint  # (a causal LM's folder has no slot for the score head)
 

@@ -19,6 +19,7 @@ the native Qwen3-MoE family reads them; the names ``transformers`` renames on lo
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -109,6 +110,9 @@ class TransformersHFAdapter(HFAdapter):
         elif part is not None and part[1] in MOE_TO_HF:
             key = f"layers.{part[0]}.{MOE_TO_HF[part[1]]}"
         return _back(_renamed(key, self.prefixes), self.renames)
+
+    def skips(self, hf_key: str, args: Any) -> bool:
+        return any(re.search(pattern, hf_key) for pattern in skipped_patterns(args.model_type))
 
     def module_key(self, hf_key: str) -> str:
         ours = self.our_key(hf_key)
@@ -261,6 +265,17 @@ def _back(key: str, renames: tuple[tuple[str, str], ...]) -> str:
     for checkpoint, memory in renames:
         key = key.replace(memory, checkpoint)
     return key
+
+
+@functools.cache
+def skipped_patterns(model_type: str) -> tuple[str, ...]:
+    """The patterns of checkpoint tensors the causal LM class of ``model_type`` skips on loading
+    (``_keys_to_ignore_on_load_unexpected``: DeepSeek-V3's ``model.layers.61`` multi-token-prediction layer)."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    cls = getattr(transformers, MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type, ""), None)
+    return tuple(getattr(cls, "_keys_to_ignore_on_load_unexpected", None) or ())
 
 
 def _conversion_mapping(model_type: str) -> list[Any]:
