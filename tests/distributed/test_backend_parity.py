@@ -3,7 +3,8 @@
 Llama 3 and Qwen3 debug shapes, saved by ``transformers`` with random weights, train 10 steps on synthetic data
 from the same folder with ``--model.backend native`` and ``--model.backend transformers``: in one process (Llama also
 with activation checkpointing of every layer: HF layers in titanium's checkpoint wrapper), under
-FSDP 2 (dp_shard 2) and TP 2 (the config's base_model_tp_plan, translated), Qwen3 under CP 2 (titanium's attention
+FSDP 2 (dp_shard 2) and TP 2 (the config's base_model_tp_plan, translated, with sequence parallelism between the
+mixers), Qwen3 under CP 2 (titanium's attention
 over the keys gathered from the other rank), and Llama also under PP 2 (its base_model_pp_plan: titanium's pipeline
 split of the backend model). Every backend run's losses equal the native
 one-process run's to 1e-5 relative (measured: 2.2e-7). A Gemma 3 (no native family: sliding windows, tied and

@@ -5,17 +5,27 @@ rows and leaves its output split (the heads or the MLP's hidden width per rank),
 columns and all-reduces its output, ``colwise_gather_output`` / ``rowwise_split_input`` do the same with whole
 activations on both sides (OLMo 2 normalizes the whole query), and ``replicated_with_grad_allreduce`` (Qwen3's
 per-head q/k norms, which see only the rank's heads) keeps a norm's weight whole and sums its gradient over the
-ranks. The activations between those layers stay plain, whole tensors on every rank, so the model's own code
-(norms, residuals, RoPE, its multipliers) runs on them untouched: no sequence parallelism, which would need to
-know every operation on the residual stream.
+ranks.
+
+Sequence parallelism, as in the native plans: between the mixers (the layer's children that hold the plan's split
+layers: its attention and MLP) the hidden states stay split along the sequence, as plain local tensors, so the
+model's own code between them (residual adds, its multipliers) runs on each rank's part untouched; each mixer
+gathers them whole first (``GatherSequence``), its row-wise layer reduce-scatters its output back, and the layer's
+norms (its other children with parameters) run on the parts with their weights whole and their gradients summed
+over the ranks (torch's ``SequenceParallel``). A layer holding parameters anywhere else is not split so: the model
+then runs with whole activations between layers (logged).
 
 Around the plan, as for the native families: the embedding and the LM head are split by vocabulary (one DTensor
 when they are tied), with loss parallel the logits stay split by vocabulary into the loss, and the final norm's
-output is a replicated DTensor, so a loss that projects by itself (chunked cross-entropy) sums the hidden states'
-partial gradients over the ranks.
+output is a DTensor (split along the sequence, or whole without sequence parallelism), so a loss that projects by
+itself (chunked cross-entropy) sums the hidden states' partial gradients over the ranks; a score head scores the
+gathered sequence (``score_head_plan``).
 """
 
 from __future__ import annotations
+
+import fnmatch
+import logging
 
 import torch
 from torch import nn
@@ -30,21 +40,26 @@ from torch.distributed.tensor.parallel import (
 )
 
 from titanium.config.loader import ConfigError
+from titanium.models.common.parallelize import score_head_plan
 from titanium.models.transformers.plans import tensor_parallel_problems, tp_plan
 
 LAYERS = "layers.*."
 
+logger = logging.getLogger(__name__)
 
-def torch_style(style: str) -> ParallelStyle:
-    """The torch style of one ``transformers`` style name (``plans.TRANSLATED_STYLES``)."""
+
+def torch_style(style: str, split_sequence: bool = False) -> ParallelStyle:
+    """The torch style of one ``transformers`` style name (``plans.TRANSLATED_STYLES``); ``split_sequence``: under
+    sequence parallelism, where a row-wise layer (a mixer's last) reduce-scatters its output along the sequence."""
+    out = Shard(1) if split_sequence else Replicate()
     if style == "colwise":
         return ColwiseParallel()
     if style == "colwise_gather_output":
         return ColwiseParallel(output_layouts=Replicate())
     if style == "rowwise":
-        return RowwiseParallel()
+        return RowwiseParallel(output_layouts=out)
     if style in ("rowwise_split_input", "embedding_rowwise"):
-        return RowwiseParallel(input_layouts=Replicate())
+        return RowwiseParallel(input_layouts=Replicate(), output_layouts=out)
     if style == "replicated_with_grad_allreduce":
         # The weight whole (Replicate) on every rank, the input declared split along its first dimension (never the
         # normalized one): the norm computes locally, and autograd sums the weight's partial gradients.
@@ -58,28 +73,76 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
     problems = tensor_parallel_problems(config, model)
     if problems:
         raise ConfigError(f"--parallelism.tensor_parallel_degree {tp_mesh.size()}: " + "; ".join(problems))
-    layer_plan = {
-        pattern.removeprefix(LAYERS): torch_style(style)
-        for pattern, style in tp_plan(config).items()
-        if pattern.startswith(LAYERS)
+    plan = {
+        pattern.removeprefix(LAYERS): style for pattern, style in tp_plan(config).items() if pattern.startswith(LAYERS)
     }
-    for layer in model.layers.values():
+    layer_parts = [sequence_parallel_parts(layer, plan) for layer in model.layers.values()]
+    split = bool(layer_parts) and all(parts is not None for parts in layer_parts)
+    if not split:
+        logger.info("tensor parallel without sequence parallelism: a layer holds parameters outside its plan's mixers")
+    layer_plan = {name: torch_style(style, split) for name, style in plan.items()}
+    for layer, parts in zip(model.layers.values(), layer_parts, strict=True):
         parallelize_module(layer, tp_mesh, layer_plan)
+        if split:
+            mixers, norms = parts
+            for name in mixers:
+                parallelize_module(layer.get_submodule(name), tp_mesh, GatherSequence())
+            for name in norms:
+                parallelize_module(layer.get_submodule(name), tp_mesh, SequenceParallel(use_local_output=True))
+    between = Shard(1) if split else Replicate()
     root_plan: dict[str, ParallelStyle] = {}
     if model.tok_embeddings is not None:
-        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate())
-    if model.output is not None and not model.args.score_head:  # (a score head: one row, replicated below)
+        root_plan["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=between)
+    if split and model.norm is not None:
+        root_plan["norm"] = SequenceParallel()  # (its output a DTensor split along the sequence, as the native plans')
+    if model.output is not None and not model.args.score_head:
         root_plan["output"] = ColwiseParallel(
-            input_layouts=Replicate(),
+            input_layouts=between,
             output_layouts=Shard(-1) if loss_parallel else Replicate(),
             use_local_output=not loss_parallel,
         )
     if root_plan:
         parallelize_module(model, tp_mesh, root_plan)
+    if split and model.output is not None and model.args.score_head:
+        score_head_plan(model.output, tp_mesh)
     replicate_the_rest(model, tp_mesh)
     # Tied embeddings: both sides are split by vocabulary rows (Shard(0)), so one DTensor serves both.
     if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
         model.output.weight = model.tok_embeddings.weight
+
+
+def sequence_parallel_parts(layer: nn.Module, plan: dict[str, str]) -> tuple[list[str], list[str]] | None:
+    """A layer's mixers (the children holding the plan's split layers: its attention and MLP) and norms (the children
+    with parameters and no sublayers), when those are all its parameters; None otherwise (sequence parallelism would
+    not know how to place the rest)."""
+    mixers, norms = [], []
+    for name, child in layer.named_children():
+        if any(fnmatch.fnmatchcase(f"{name}.{sub}", pattern) for sub, _ in child.named_modules() for pattern in plan):
+            mixers.append(name)
+        elif next(child.children(), None) is None and next(child.parameters(recurse=False), None) is not None:
+            norms.append(name)
+        elif next(child.parameters(), None) is not None:
+            return None
+    return (mixers, norms) if mixers else None
+
+
+class GatherSequence(ParallelStyle):
+    """A mixer (attention, MLP) under sequence parallelism: its hidden states, which arrive split along the sequence
+    (first positional argument, else the ``hidden_states`` keyword, as the model's code passes them), gathered whole
+    before it; their gradient is reduce-scattered back."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        def gather(value: torch.Tensor) -> torch.Tensor:
+            split = DTensor.from_local(value, device_mesh, [Shard(1)], run_check=False)
+            return split.redistribute(device_mesh, [Replicate()]).to_local()
+
+        def before(_: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+            if args:
+                return (gather(args[0]), *args[1:]), kwargs
+            return args, {**kwargs, "hidden_states": gather(kwargs["hidden_states"])}
+
+        module.register_forward_pre_hook(before, with_kwargs=True)
+        return module
 
 
 class ReplicatedParallel(ParallelStyle):
