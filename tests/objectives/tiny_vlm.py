@@ -333,3 +333,18 @@ def assert_image_fields_equal(
             assert torch.equal(images.fields[name], theirs[name]), name
         else:
             assert torch.equal(images.whole(name), theirs[name]), name
+
+
+def with_reference(trainer: Any, folder: Path) -> Any:
+    """A ``titanium.trainer.Trainer`` of DPO or KTO with its objective's reference built from the Hugging Face
+    ``folder`` (the policy's architecture, other weights), so that the reference is not the policy's start."""
+    import dataclasses
+
+    from titanium.model_builder import WeightSource
+
+    objective = trainer.objective
+    objective.reference.release()
+    models = objective.ctx.models
+    source = dataclasses.replace(models.start, weights=WeightSource(hf_folder=str(folder)))
+    objective.reference = models.frozen(source=source)
+    return trainer

@@ -94,7 +94,7 @@ OBJECTIVES.register(
     "kto",
     "titanium.objectives.kto:KTOObjective",
     SectionSpec("kto", KTOSection),
-    needs=Needs(("unpaired",), "needs completions labelled true/false: --data.kind unpaired", "pairs"),
+    needs=Needs(("unpaired",), "needs completions labelled true/false: --data.kind unpaired", "pairs", images=True),
 )
 OBJECTIVES.register(
     "reward",
