@@ -88,7 +88,7 @@ OBJECTIVES.register(
     "kd",
     "titanium.objectives.kd:KDObjective",
     SectionSpec("kd", KDSection),
-    needs=dataclasses.replace(_SAMPLES, token_loss=False),  # (its own --kd.chunk_size)
+    needs=dataclasses.replace(_SAMPLES, token_loss=False, images=True),  # (its own --kd.chunk_size)
 )
 OBJECTIVES.register(
     "kto",
