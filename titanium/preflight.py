@@ -123,7 +123,7 @@ def check_model_build(cfg: JobConfig, dims: ParallelDims, start: ModelSource) ->
 
 def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource, device_type: str) -> None:
     """The objective's own checks (``Objective.check_config``) with its sections and what it may know of the job."""
-    name = cfg.training.objective
+    name, ck = cfg.training.objective, cfg.checkpoint
     objective = OBJECTIVES.load(name)
     section = OBJECTIVES.section(name)
     more = {spec.name: getattr(cfg, spec.name) for spec in OBJECTIVES.more_sections(name)}
@@ -134,6 +134,7 @@ def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource, devi
         world_size=dims.world_size,
         pipeline_microbatch_size=cfg.parallelism.pipeline_parallel_microbatch_size if dims.pp > 1 else None,
         device_type=device_type,
+        start_folder=config_folder(cfg.model, ck.initial_load_path if ck.initial_load_in_hf else None),
     )
     objective.check_config(getattr(cfg, section.name) if section is not None else None, job, **more)
 

@@ -186,20 +186,24 @@ def _configs() -> dict[str, dict[str, Any]]:
     }
 
 
-def tiny_config(model_type: str) -> Any:
-    """The ``transformers`` config of the tiny ``model_type`` model."""
+def tiny_config(model_type: str, **text: Any) -> Any:
+    """The ``transformers`` config of the tiny ``model_type`` model; ``text``: its language model's settings changed
+    (another width for a distillation teacher)."""
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    return CONFIG_MAPPING[model_type](**_configs()[model_type])
+    config = dict(_configs()[model_type])
+    config["text_config"] = {**config["text_config"], **text}
+    return CONFIG_MAPPING[model_type](**config)
 
 
-def tiny_vlm(model_type: str, seed: int = 0) -> Any:
+def tiny_vlm(model_type: str, seed: int = 0, **text: Any) -> Any:
     """A float32 ``*ForConditionalGeneration`` of ``model_type`` with every weight random (``randomize_``); the
-    cross-attention gates of Llama 3.2 Vision random too (zero, the images would not reach the text)."""
+    cross-attention gates of Llama 3.2 Vision random too (zero, the images would not reach the text). ``text`` as
+    ``tiny_config``'s."""
     from transformers import AutoModelForImageTextToText
 
     torch.manual_seed(seed)
-    model = AutoModelForImageTextToText.from_config(tiny_config(model_type), dtype=torch.float32)
+    model = AutoModelForImageTextToText.from_config(tiny_config(model_type, **text), dtype=torch.float32)
     randomize_(model, seed)
     return model.eval()
 
@@ -292,10 +296,10 @@ def tiny_processor(model_type: str) -> Any:
     raise ValueError(f"no tiny processor for {model_type} (its image processor needs torchvision)")
 
 
-def vlm_folder(model_type: str, folder: Path, seed: int = 0) -> Path:
+def vlm_folder(model_type: str, folder: Path, seed: int = 0, **text: Any) -> Path:
     """A Hugging Face folder of the tiny ``model_type`` model: weights (sharded), config, tokenizer and, where
-    ``AutoProcessor`` can load it here, the processor."""
-    model = tiny_vlm(model_type, seed)
+    ``AutoProcessor`` can load it here, the processor. ``text`` as ``tiny_config``'s."""
+    model = tiny_vlm(model_type, seed, **text)
     model.save_pretrained(folder, max_shard_size="200KB")
     processor = tiny_processor(model_type)
     if model_type in ("mllama", "gemma3"):
@@ -333,3 +337,18 @@ def assert_image_fields_equal(
             assert torch.equal(images.fields[name], theirs[name]), name
         else:
             assert torch.equal(images.whole(name), theirs[name]), name
+
+
+def with_reference(trainer: Any, folder: Path) -> Any:
+    """A ``titanium.trainer.Trainer`` of DPO or KTO with its objective's reference built from the Hugging Face
+    ``folder`` (the policy's architecture, other weights), so that the reference is not the policy's start."""
+    import dataclasses
+
+    from titanium.model_builder import WeightSource
+
+    objective = trainer.objective
+    objective.reference.release()
+    models = objective.ctx.models
+    source = dataclasses.replace(models.start, weights=WeightSource(hf_folder=str(folder)))
+    objective.reference = models.frozen(source=source)
+    return trainer

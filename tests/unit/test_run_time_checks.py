@@ -85,6 +85,7 @@ RUN_TIME_CHECKS = {
     "titanium.checkpoint.manager:check_checkpoint": PREFLIGHT,
     "titanium.model_setup:StartingWeights.check_evaluate_only": PREFLIGHT,
     "titanium.objectives.kd:teacher_source": PREFLIGHT,
+    "titanium.objectives.kd:check_teacher_processor": PREFLIGHT,
     "titanium.rl.rewards.scores:scalar_head_source": PREFLIGHT,
     "titanium.rl.source:sharded_reward_models": PREFLIGHT,
     "titanium.inputs:_from_hf_folder": PREFLIGHT,

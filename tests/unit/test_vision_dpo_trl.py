@@ -13,7 +13,6 @@ own ids and cross-attention mask for each prompt + response text, the response's
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -22,7 +21,7 @@ import pytest
 import torch
 
 from tests.helpers import scalars
-from tests.objectives.tiny_vlm import assert_image_fields_equal, random_image, vlm_folder
+from tests.objectives.tiny_vlm import assert_image_fields_equal, random_image, vlm_folder, with_reference
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl", reason="pip install 'trl>=1.16,<2' (in the dev extra) to compare with TRL")
@@ -117,18 +116,6 @@ def titanium_args(folder: Path, data: Path, run: Path) -> list[str]:
     args += ["--data.path", str(data), "--data.kind", "preference", "--training.objective", "dpo"]
     args += ["--dpo.no_share_prompt"]  # (refused with images)
     return args + ["--training.local_batch_size", str(len(PAIRS)), "--training.steps", "1"]
-
-
-def with_reference(trainer, folder: Path):
-    """The trainer with its DPO reference built from ``folder`` (the same architecture, other weights)."""
-    from titanium.model_builder import WeightSource
-
-    objective = trainer.objective
-    objective.reference.release()
-    models = objective.ctx.models
-    source = dataclasses.replace(models.start, weights=WeightSource(hf_folder=str(folder)))
-    objective.reference = models.frozen(source=source)
-    return trainer
 
 
 def first_loss(make_trainer, folder: Path, reference: Path | None, data: Path, run: Path) -> float:

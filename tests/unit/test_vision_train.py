@@ -67,17 +67,18 @@ def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> N
 
 
 def test_other_objectives_are_refused_for_an_image_text_model(make_trainer, tmp_path: Path) -> None:
-    """KTO (and every objective but SFT and DPO) would read the rows' text and drop their images: refused, naming the
-    flag."""
+    """A reward model (and every objective whose rows do not carry images: pretraining, online DPO, PPO) would read the
+    rows' text and drop their images: refused, naming the flag and the objectives that read images."""
     from titanium.config.errors import ConfigError
 
     folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
-    row = {"prompt": [{"role": "user", "content": "w1"}], "completion": [{"role": "assistant", "content": "w2"}]}
-    (tmp_path / "unpaired.jsonl").write_text(json.dumps({**row, "label": True}) + "\n")
+    row = {"prompt": "w1", "chosen": "w2", "rejected": "w3"}
+    (tmp_path / "pairs.jsonl").write_text(json.dumps(row) + "\n")
     args = ["--job.dump_folder", str(tmp_path / "run"), "--checkpoint.initial_load_path", str(folder)]
-    args += ["--checkpoint.initial_load_in_hf", "--data.path", str(tmp_path / "unpaired.jsonl")]
-    args += ["--data.kind", "unpaired", "--training.objective", "kto", "--training.seq_len", "64"]
+    args += ["--checkpoint.initial_load_in_hf", "--data.path", str(tmp_path / "pairs.jsonl")]
+    args += ["--data.kind", "preference", "--training.objective", "reward", "--training.seq_len", "64"]
     with pytest.raises(
-        ConfigError, match="--training.objective kto: an image-text model trains on images with sft, dpo"
+        ConfigError,
+        match="--training.objective reward: an image-text model trains on images with sft, dpo, grpo, kd, kto",
     ):
         make_trainer(*args)

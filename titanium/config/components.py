@@ -88,13 +88,13 @@ OBJECTIVES.register(
     "kd",
     "titanium.objectives.kd:KDObjective",
     SectionSpec("kd", KDSection),
-    needs=dataclasses.replace(_SAMPLES, token_loss=False),  # (its own --kd.chunk_size)
+    needs=dataclasses.replace(_SAMPLES, token_loss=False, images=True),  # (its own --kd.chunk_size)
 )
 OBJECTIVES.register(
     "kto",
     "titanium.objectives.kto:KTOObjective",
     SectionSpec("kto", KTOSection),
-    needs=Needs(("unpaired",), "needs completions labelled true/false: --data.kind unpaired", "pairs"),
+    needs=Needs(("unpaired",), "needs completions labelled true/false: --data.kind unpaired", "pairs", images=True),
 )
 OBJECTIVES.register(
     "reward",

@@ -12,6 +12,10 @@ A microbatch of B examples also carries KTO's **mismatched** rows, from which th
 estimated: example i's prompt followed by example i - 1's completion (example 0 takes the last one's), TRL's
 rotation of the completions by one within each per-device batch. A mismatched row longer than seq_len keeps
 its start (the completion is cut from its end), as TRL's collator truncates.
+
+An image-text model's examples (titanium.data.vision_unpaired) carry their image fields; a mismatched row reads its
+prompt's images (``with_text_after``: the same pixel values, the per-token fields over the other completion as the
+processor gives them to text after the prompt), as TRL's ``DataCollatorForVisionUnpairedPreference`` pairs them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Any
 
 import torch
 
+from titanium.batch import ImageInputs
 from titanium.config.sections import DataSection
 from titanium.data.chat import ChatTemplate, Message, RowError, check_conversation, with_system_prompt
 from titanium.data.packing import PadTo, padded_rows
@@ -35,8 +40,9 @@ from titanium.data.preference import (
     tokenize_response,
 )
 from titanium.data.text import DataError, RowReader, Source
+from titanium.data.vision import FIELD, ProcessorLayout, image_rows, with_text_after
 
-_FIX = (
+UNPAIRED_FIX = (
     "fix the row, or point --data.prompt_column, --data.completion_column and --data.label_column at its columns "
     "(label: true for a desirable completion, false for an undesirable one)"
 )
@@ -51,10 +57,12 @@ class UnpairedExample:
     desirable: bool
     source: int
     row: int
+    images: dict[str, torch.Tensor] | None = None
+    """An image-text model's example: the image fields of prompt + completion (``titanium.data.vision``)."""
 
 
-def parse_unpaired_row(row: Any, cfg: DataSection) -> tuple[list[Message], list[Message], bool]:
-    """(prompt, completion, desirable) of a row; the completion starts with the assistant."""
+def row_label(row: Any, cfg: DataSection) -> bool:
+    """Whether the row's completion is desirable (``--data.label_column``, a JSON boolean)."""
     if not isinstance(row, dict):
         raise RowError(f"the row is {type(row).__name__}, not an object with columns")
     label = row.get(cfg.label_column)
@@ -63,6 +71,12 @@ def parse_unpaired_row(row: Any, cfg: DataSection) -> tuple[list[Message], list[
     if not isinstance(label, bool):
         shown = "null" if label is None else f"{type(label).__name__} {label!r}"
         raise RowError(f"'{cfg.label_column}' is {shown}, not true or false")
+    return label
+
+
+def parse_unpaired_row(row: Any, cfg: DataSection) -> tuple[list[Message], list[Message], bool]:
+    """(prompt, completion, desirable) of a row; the completion starts with the assistant."""
+    label = row_label(row, cfg)
     prompt = _messages(row, cfg.prompt_column, "user", cfg)
     if prompt is None:
         raise RowError(f"no '{cfg.prompt_column}' column (columns: {sorted(row)})")
@@ -104,7 +118,7 @@ class UnpairedDataset(RowReader):
             prompt_ids = self.template.prompt(prompt)
             response = tokenize_response(self.template, prompt, prompt_ids, completion)
         except RowError as e:
-            self._bad_row(source, row, str(e), _FIX)
+            self._bad_row(source, row, str(e), UNPAIRED_FIX)
             return None
         too_long = len(prompt_ids) + len(response[0]) > self.seq_len
         prompt_ids, response, _ = fit_pair(prompt_ids, response, response, self.seq_len, self.bos_id)
@@ -149,18 +163,48 @@ def mismatched(examples: list[UnpairedExample], seq_len: int) -> list[dict[str, 
     return samples
 
 
+KL = "kl_"
+"""The prefix of the mismatched rows' entries in an unpaired batch."""
+
+
 def unpaired_batch(
-    examples: list[UnpairedExample], seq_len: int, pad_id: int, pad_to: PadTo = "seq_len", pad_multiple: int = 8
+    examples: list[UnpairedExample],
+    seq_len: int,
+    pad_id: int,
+    pad_to: PadTo = "seq_len",
+    pad_multiple: int = 8,
+    layout: ProcessorLayout | None = None,
 ) -> dict[str, torch.Tensor]:
     """One row per example (``input``, ``label``, ``positions``, ``document_ids`` as titanium.data.packing.make_row
     makes them, right-padded), ``desirable`` [B] bool, and the mismatched rows under ``kl_input`` and ``kl_label``.
     Rows are seq_len wide, or with ``pad_to="longest"`` as wide as the longest rounded up by ``bucket_width``
-    (each set of rows on its own)."""
+    (each set of rows on its own). With an image-text model's processor ``layout``, the examples' image fields
+    (``image_rows``), and the mismatched rows' per-token ones under ``kl_`` (their other fields are the examples')."""
     batch = padded_rows([pair_sample(e.prompt, e.completion) for e in examples], seq_len, pad_id, pad_to, pad_multiple)
-    kl = padded_rows(mismatched(examples, seq_len), seq_len, pad_id, pad_to, pad_multiple)
+    kl_samples = mismatched(examples, seq_len)
+    kl = padded_rows(kl_samples, seq_len, pad_id, pad_to, pad_multiple)
     batch["kl_input"], batch["kl_label"] = kl["input"], kl["label"]
     batch["desirable"] = torch.tensor([e.desirable for e in examples], dtype=torch.bool)
+    if layout is not None:
+        batch.update(image_rows([{"images": e.images} for e in examples], batch["input"].shape[1], layout))
+        kl_images = [
+            {"images": with_text_after(e.images, len(e.prompt), len(s["tokens"]), layout) if e.images else None}
+            for e, s in zip(examples, kl_samples)
+        ]
+        kl_fields = image_rows(kl_images, kl["input"].shape[1], layout)
+        batch.update(
+            {KL + name: value for name, value in kl_fields.items() if name.removeprefix(FIELD) in layout.token}
+        )
     return batch
+
+
+def mismatched_images(rows: dict[str, torch.Tensor], images: ImageInputs | None) -> ImageInputs | None:
+    """The mismatched rows' images in a batch of ``unpaired_batch``: the examples' ``images`` with the mismatched
+    rows' own per-token fields."""
+    if images is None:
+        return None
+    own = {name: rows[KL + FIELD + name] for name in images.per_token()}
+    return ImageInputs({**images.fields, **own}, images.counts)
 
 
 class UnpairedBatchLoader:
@@ -175,9 +219,10 @@ class UnpairedBatchLoader:
         pad_id: int,
         pad_to: PadTo = "seq_len",
         pad_multiple: int = 8,
+        layout: ProcessorLayout | None = None,
     ) -> None:
         self.examples, self.batch_size, self.seq_len, self.pad_id = examples, batch_size, seq_len, pad_id
-        self.pad_to, self.pad_multiple = pad_to, pad_multiple
+        self.pad_to, self.pad_multiple, self.layout = pad_to, pad_multiple, layout
         self._stream: Iterator[UnpairedExample] | None = None
 
     def __iter__(self) -> UnpairedBatchLoader:
@@ -187,7 +232,7 @@ class UnpairedBatchLoader:
         if self._stream is None:
             self._stream = iter(self.examples)
         examples = [next(self._stream) for _ in range(self.batch_size)]
-        return unpaired_batch(examples, self.seq_len, self.pad_id, self.pad_to, self.pad_multiple)
+        return unpaired_batch(examples, self.seq_len, self.pad_id, self.pad_to, self.pad_multiple, self.layout)
 
     def state_dict(self) -> dict[str, Any]:
         return {"examples": self.examples.state_dict()}

@@ -347,6 +347,20 @@ def cut_fields(fields: Mapping[str, torch.Tensor], keep: int, layout: ProcessorL
     return {name: value[:keep] if name in layout.token else value for name, value in fields.items()}
 
 
+def with_text_after(
+    fields: Mapping[str, torch.Tensor], prompt: int, length: int, layout: ProcessorLayout
+) -> dict[str, torch.Tensor]:
+    """A row's image fields for its first ``prompt`` tokens followed by text to ``length`` tokens: each per-token
+    field carries the prompt's last entry over that text, as the processors give it to text after a prompt that ends
+    in text (0 in Gemma 3's ``token_type_ids`` and Qwen's ``mm_token_type_ids``; in Llama 3.2 Vision's
+    ``cross_attention_mask`` the images the prompt's end attends to)."""
+    out = dict(fields)
+    for name in layout.token & fields.keys():
+        head = fields[name][:prompt]
+        out[name] = torch.cat([head, head[-1:].expand(length - prompt, *head.shape[1:])])
+    return out
+
+
 # ----- collation -----
 
 

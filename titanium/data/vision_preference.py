@@ -18,6 +18,7 @@ counted like other bad rows.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -35,6 +36,45 @@ Pieces = list[tuple[str, str]]
 """A side's text pieces and their kinds (``ImageData.tokens``): the prompt, then the response."""
 
 _FIX = f"{IMAGE_FIX}; a pair needs --data.prompt_column, --data.chosen_column and --data.rejected_column"
+
+
+def response_pieces(
+    item: dict, columns: Sequence[str], count: int, cfg: DataSection, images: ImageData, system_prompt: str | None
+) -> list[Pieces]:
+    """The (prompt, response) text pieces of each response column of ``columns`` after the row's prompt
+    (``--data.prompt_column``), as TRL's vision collators join them (module docstring); ``count``: the row's images.
+    ``RowError`` for a row that is neither form."""
+    prompt, responses = item.get(cfg.prompt_column), [item.get(name) for name in columns]
+    for name, value in zip((cfg.prompt_column, *columns), (prompt, *responses)):
+        if value is None:
+            raise RowError(f"no '{name}' column (columns: {sorted(item)})")
+    if all(isinstance(value, str) for value in (prompt, *responses)):  # plain text: the placeholders in the prompt
+        return [[(prompt, "prompt"), (response, "output")] for response in responses]
+    if not isinstance(prompt, list):
+        raise RowError(
+            f"'{cfg.prompt_column}' is a string beside responses of messages (TRL's forms: all strings, "
+            "or a prompt of messages)"
+        )
+    messages = place_images(messages_with_images(prompt, f"'{cfg.prompt_column}'", cfg), count)
+    messages = with_system(messages, system_prompt)
+    head = images.render(messages, generation=True)
+    out = []
+    for name, response in zip(columns, responses):
+        response = [{"role": "assistant", "content": response}] if isinstance(response, str) else response
+        answer = place_images(messages_with_images(response, f"'{name}'", cfg), 0)
+        if any(m["role"] != "assistant" for m in answer):
+            raise RowError(f"'{name}' holds a message that is not the assistant's")
+        whole = images.render(messages + answer)
+        if not whole.startswith(head):
+            raise RowError("the chat template writes the prompt differently once a response follows it")
+        out.append([(head, "prompt"), (whole[len(head) :], "output")])
+    return out
+
+
+def side(images: ImageData, pieces: Pieces, pictures: list[Any]) -> ImageSide:
+    """A side's pieces processed whole with the row's images (``ImageData.tokens``): the response's tokens learned."""
+    ids, kinds, fields = images.tokens(pieces, pictures)
+    return ids, [kind == "output" for kind in kinds], fields
 
 
 class VisionPreferenceDataset(PreferenceDataset):
@@ -57,46 +97,16 @@ class VisionPreferenceDataset(PreferenceDataset):
         )
         self.images = images
 
-    def _side(self, pieces: Pieces, pictures: list[Any]) -> ImageSide:
-        ids, kinds, fields = self.images.tokens(pieces, pictures)
-        return ids, [kind == "output" for kind in kinds], fields
-
-    def _pieces(self, item: dict, count: int) -> tuple[Pieces, Pieces]:
-        """The (prompt, response) text pieces of the chosen and of the rejected side."""
-        cfg = self.cfg
-        prompt, sides = item.get(cfg.prompt_column), [item.get(cfg.chosen_column), item.get(cfg.rejected_column)]
-        for name, value in zip((cfg.prompt_column, cfg.chosen_column, cfg.rejected_column), (prompt, *sides)):
-            if value is None:
-                raise RowError(f"no '{name}' column (columns: {sorted(item)})")
-        if all(isinstance(value, str) for value in (prompt, *sides)):  # plain text: the placeholders in the prompt
-            return [(prompt, "prompt"), (sides[0], "output")], [(prompt, "prompt"), (sides[1], "output")]
-        if not isinstance(prompt, list):
-            raise RowError(
-                f"'{cfg.prompt_column}' is a string beside responses of messages (TRL's forms: all strings, "
-                "or a prompt of messages)"
-            )
-        messages = place_images(messages_with_images(prompt, f"'{cfg.prompt_column}'", cfg), count)
-        messages = with_system(messages, self.system_prompt)
-        head = self.images.render(messages, generation=True)
-        out = []
-        for name, side in zip((cfg.chosen_column, cfg.rejected_column), sides):
-            side = [{"role": "assistant", "content": side}] if isinstance(side, str) else side
-            response = place_images(messages_with_images(side, f"'{name}'", cfg), 0)
-            if any(m["role"] != "assistant" for m in response):
-                raise RowError(f"'{name}' holds a message that is not the assistant's")
-            whole = self.images.render(messages + response)
-            if not whole.startswith(head):
-                raise RowError("the chat template writes the prompt differently once a response follows it")
-            out.append([(head, "prompt"), (whole[len(head) :], "output")])
-        return out[0], out[1]
-
     def _tokenize(self, item: Any, source: Source, row: int) -> tuple[list[int], ImageSide, ImageSide] | None:
         try:
             if not isinstance(item, dict):
                 raise RowError(f"the row is {type(item).__name__}, not an object with columns")
             pictures = row_images(item, self.images.vision.images_column, source_folder(source))
-            chosen_pieces, rejected_pieces = self._pieces(item, len(pictures))
-            chosen, rejected = self._side(chosen_pieces, pictures), self._side(rejected_pieces, pictures)
+            columns = (self.cfg.chosen_column, self.cfg.rejected_column)
+            chosen_pieces, rejected_pieces = response_pieces(
+                item, columns, len(pictures), self.cfg, self.images, self.system_prompt
+            )
+            chosen, rejected = (side(self.images, pieces, pictures) for pieces in (chosen_pieces, rejected_pieces))
         except RowError as e:
             self._bad_row(source, row, str(e), _FIX)
             return None

@@ -55,6 +55,9 @@ class JobFacts:
     """Rows per pipeline microbatch; None without pipeline parallelism."""
     device_type: str
     """Where the job computes: cuda where torch sees a GPU, else cpu."""
+    start_folder: str | None = None
+    """The Hugging Face folder the policy's config.json comes from (an image-text model's processor lies beside it);
+    None for a flavor."""
 
 
 @dataclass

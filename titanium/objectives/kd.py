@@ -15,6 +15,12 @@ stage computes the student's logits whole and the teacher's pipeline, built by t
 on the same ranks: they are kept per row (a pipeline microbatch takes its rows) and the loss is taken from the
 two logit tensors (``distillation_sum``), at the memory cost of the teacher's ``[rows, seq, vocab]`` logits of
 the step.
+
+Images. An image-text student (titanium/models/transformers/vision.py) trains on SFT rows with images
+(titanium.data.vision_sft, one sample a row: ``--kd.no_packing``), and the teacher reads the same microbatch: the
+same token ids, pixel values and image fields. So the teacher must be an image-text model whose processor makes the
+same inputs from the rows (its class and settings, its tokenizer's vocabulary): ``check_teacher_processor``, before
+start-up, refuses another, and ``teacher_source`` a text-only teacher.
 """
 
 from __future__ import annotations
@@ -29,10 +35,11 @@ from torch.distributed.tensor import DTensor
 from titanium.batch import Batch, per_token
 from titanium.checkpoint.hf import hf_model_args
 from titanium.config.loader import ConfigError
-from titanium.config.sections import DataSection, KDSection, SFTSection
-from titanium.model_builder import ModelSource, WeightSource
+from titanium.config.sections import DataSection, KDSection, ModelSection, SFTSection
+from titanium.data.vision import load_processor
+from titanium.model_builder import ModelSource, WeightSource, resolve_spec
 from titanium.models import build_model_args, get_model_spec, list_models
-from titanium.objectives.base import LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
+from titanium.objectives.base import JobFacts, LossResult, ModelOutput, Objective, ObjectiveContext, Prepared
 from titanium.objectives.losses.cross_entropy import (
     TokenFields,
     labelled_positions,
@@ -57,9 +64,12 @@ class KDFields(TokenFields):
     """Pipeline parallelism: ``[rows, seq, vocab]`` on the ranks of the last stage, None on the others."""
 
 
-def teacher_source(kd: KDSection, student_model: str, vocab_size: int | None, seq_len: int) -> ModelSource:
+def teacher_source(
+    kd: KDSection, student_model: str, vocab_size: int | None, seq_len: int, reads_images: bool = False
+) -> ModelSource:
     """The teacher of ``[kd]``: its family, shape and weights; a teacher with another vocabulary than ``vocab_size``
-    (the student's; None: not known yet, the pre-flight check) is refused."""
+    (the student's; None: not known yet, the pre-flight check), or one that reads no images for a student that does
+    (``reads_images``), is refused."""
     folder = Path(kd.teacher_path)
     if not folder.is_dir():
         raise ConfigError(
@@ -73,6 +83,7 @@ def teacher_source(kd: KDSection, student_model: str, vocab_size: int | None, se
     spec = get_model_spec(family)
     if (folder / "config.json").is_file():
         option = "--kd.teacher_path"
+        spec = resolve_spec(ModelSection(name=family), folder)[0]  # (the backend's: as the folder's checkpoint names)
         args = hf_model_args(spec, folder, option=option, family_option="--kd.teacher_model", max_seq_len=seq_len)
         weights = WeightSource(hf_folder=str(folder), option=option)
     else:
@@ -94,7 +105,34 @@ def teacher_source(kd: KDSection, student_model: str, vocab_size: int | None, se
             f"{vocab_size}; distillation compares next-token distributions, so both need the same tokenizer and "
             "vocabulary size"
         )
+    if reads_images and not getattr(args, "reads_images", False):
+        raise ConfigError(
+            f"--kd.teacher_path {folder}: the student is an image-text model and trains on rows with images, and this "
+            "teacher reads no images (a text-only model); give an image-text teacher with the student's processor"
+        )
     return ModelSource(spec, args, weights)
+
+
+def check_teacher_processor(kd: KDSection, student_folder: str) -> None:
+    """An image-text student's teacher reads the model inputs the student's processor makes of each row (token ids,
+    pixel values and the fields beside them), so its own processor must make the same: the same class and settings
+    (image size, normalization, tiles, image tokens per image) and the same tokenizer vocabulary."""
+    student = load_processor(student_folder, "the student's folder")
+    teacher = load_processor(kd.teacher_path, "--kd.teacher_path")
+    ours, theirs = student.to_dict(), teacher.to_dict()
+    if type(student) is not type(teacher) or ours != theirs:
+        differ = sorted(key for key in ours.keys() | theirs.keys() if ours.get(key) != theirs.get(key))
+        raise ConfigError(
+            f"--kd.teacher_path {kd.teacher_path}: its processor ({type(teacher).__name__}) would make other model "
+            f"inputs from the rows than the student's ({type(student).__name__}, in {student_folder}): they differ in "
+            f"{', '.join(differ) or 'their class'}; the teacher reads the student's pixel values and image tokens, so "
+            "distil from a teacher with the student's processor"
+        )
+    if student.tokenizer.get_vocab() != teacher.tokenizer.get_vocab():
+        raise ConfigError(
+            f"--kd.teacher_path {kd.teacher_path}: its tokenizer's vocabulary is not the student's (in "
+            f"{student_folder}); distillation compares next-token distributions, so both need the same tokenizer"
+        )
 
 
 class KDObjective(Objective):
@@ -107,12 +145,20 @@ class KDObjective(Objective):
     def frozen_sources(
         cls, section: KDSection, start: ModelSource, vocab_size: int | None, seq_len: int
     ) -> list[ModelSource]:
-        return [teacher_source(section, start.spec.name, vocab_size, seq_len)]
+        reads_images = getattr(start.args, "reads_images", False)
+        return [teacher_source(section, start.spec.name, vocab_size, seq_len, reads_images)]
+
+    @classmethod
+    def check_config(cls, section: KDSection, job: JobFacts, **more: Any) -> None:
+        """The teacher resolves (``frozen_sources``); an image-text student's reads images, with its processor."""
+        super().check_config(section, job, **more)
+        if getattr(job.start.args, "reads_images", False) and job.start_folder is not None:
+            check_teacher_processor(section, job.start_folder)
 
     def __init__(self, ctx: ObjectiveContext, data: DataSection, kd: KDSection) -> None:
         assert ctx.models is not None, "the kd objective needs model handles for its teacher"
         self.cfg, self.beta = kd, BETAS.get(kd.divergence, kd.beta)
-        source = teacher_source(kd, ctx.model_name, ctx.vocab_size, ctx.seq_len)
+        source = teacher_source(kd, ctx.model_name, ctx.vocab_size, ctx.seq_len, ctx.processor is not None)
         self.inner = SFTObjective(ctx, data, SFTSection(train_on_input=kd.train_on_input, packing=kd.packing))
         self.teacher = ctx.models.frozen(source=source)
         self._teacher_projection: tuple[torch.Tensor, float | None] | None = None
@@ -124,7 +170,8 @@ class KDObjective(Objective):
 
     def next_microbatch(self) -> Batch[KDFields]:
         batch = self.inner.next_microbatch()
-        return Batch(batch.tokens, KDFields(batch.fields.labels), batch.positions, batch.document_ids)
+        fields = KDFields(batch.fields.labels)
+        return Batch(batch.tokens, fields, batch.positions, batch.document_ids, images=batch.images)
 
     def prepare(self, microbatches: list[Batch[KDFields]]) -> Prepared:
         if self.pipelined:

@@ -19,6 +19,9 @@ handle built like DPO's. Rows are single sequences, right-padded, read with plai
 parallelism each rank sums the log-probs of its part of every row (training and mismatched rows alike), and the
 placement adds the parts over the context-parallel group (differentiably, as DPO does) before the loss and the KL
 estimate, so every rank computes them from whole sequences.
+
+An image-text model's rows carry their images (titanium.data.vision_unpaired): the policy and the reference read
+every row's pixel values, the mismatched rows their prompt's, as TRL's vision collator pairs them.
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ from titanium.config.loader import ConfigError
 from titanium.config.sections import DataSection, KTOSection
 from titanium.data.chat import build_chat_template
 from titanium.data.meter import DataMeter
-from titanium.data.unpaired import UnpairedBatchLoader, UnpairedDataset
+from titanium.data.unpaired import UnpairedBatchLoader, UnpairedDataset, mismatched_images
+from titanium.data.vision import images_of
+from titanium.data.vision_unpaired import VisionUnpairedDataset
 from titanium.model_builder import ModelSource
 from titanium.objectives.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.objectives.dpo import token_logps
@@ -74,9 +79,11 @@ class KTOFields(Fields):
 
 
 def kto_microbatch(rows: dict[str, torch.Tensor]) -> Batch[KTOFields]:
-    """The typed batch of an UnpairedBatchLoader's rows (single sequences: plain causal attention)."""
-    mismatched = Batch(rows["kl_input"], MismatchedFields(rows["kl_label"]))
-    return Batch(rows["input"], KTOFields(rows["label"], rows["desirable"], mismatched=mismatched))
+    """The typed batch of an UnpairedBatchLoader's rows (single sequences: plain causal attention), with their
+    images where an image-text model's examples carry them (the mismatched rows read their prompts')."""
+    images = images_of(rows)
+    mismatched = Batch(rows["kl_input"], MismatchedFields(rows["kl_label"]), images=mismatched_images(rows, images))
+    return Batch(rows["input"], KTOFields(rows["label"], rows["desirable"], mismatched=mismatched), images=images)
 
 
 def sequence_logps(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -108,10 +115,15 @@ class KTOObjective(LoaderObjective):
             )
         self.cfg, self.ctx = kto, ctx
         self.estimates_kl = kto.loss_type == "kto"
-        template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
-        self.examples = UnpairedDataset(
-            data, template, ctx.seq_len, ctx.tokenizer.bos_id, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world
-        )
+        if ctx.processor is not None:  # (an image-text model's rows go through its processor, with their images)
+            self.examples: UnpairedDataset = VisionUnpairedDataset(
+                data, ctx.processor, ctx.seq_len, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world
+            )
+        else:
+            template = build_chat_template(ctx.chat.chat_template, ctx.tokenizer, ctx.chat_format)
+            self.examples = UnpairedDataset(
+                data, template, ctx.seq_len, ctx.tokenizer.bos_id, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world
+            )
         pad_to = "seq_len" if ctx.fixed_shapes else "longest"
         self.loader = UnpairedBatchLoader(
             self.examples,
@@ -120,6 +132,7 @@ class KTOObjective(LoaderObjective):
             ctx.tokenizer.pad_id,
             pad_to,
             math.lcm(8, ctx.sequence_multiple),
+            layout=ctx.processor.layout if ctx.processor is not None else None,
         )
         self.meter = DataMeter(self.examples)
         self.reference = ctx.models.frozen()  # (the policy as it started, without converters: no LoRA)
