@@ -146,6 +146,7 @@ RUN_TIME_CHECKS = {
     "titanium.data.text:RowReader._load_position": RESUME,
     "titanium.data.text:RowReader._rows": DATA,
     "titanium.data.text:check_same_dp_world": RESUME,
+    "titanium.data.text:refuse_images": DATA + " (a row's images, given to a text model)",
     "titanium.data.text:open_stream": DATA,
     "titanium.data.text:read_stream": DATA,
     "titanium.data.text:resolve_sources": DATA,

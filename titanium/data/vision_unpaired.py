@@ -35,6 +35,8 @@ from titanium.data.vision_sft import IMAGE_FIX, source_folder
 class VisionUnpairedDataset(UnpairedDataset):
     """``UnpairedDataset`` for rows with images: each ``UnpairedExample`` carries its ``images`` (module docstring)."""
 
+    reads_images = True
+
     def __init__(
         self,
         data: DataSection,

@@ -12,8 +12,9 @@ layers: its attention and MLP) the hidden states stay split along the sequence, 
 model's own code between them (residual adds, its multipliers) runs on each rank's part untouched; each mixer
 gathers them whole first (``GatherSequence``), its row-wise layer reduce-scatters its output back, and the layer's
 norms (its other children with parameters) run on the parts with their weights whole and their gradients summed
-over the ranks (torch's ``SequenceParallel``). A layer holding parameters anywhere else is not split so: the model
-then runs with whole activations between layers (logged).
+over the ranks (torch's ``SequenceParallel``). A layer holding parameters anywhere else is not split so, nor is an
+image-text model (it places its image features into the whole sequence's embeddings): the model then runs with
+whole activations between layers (logged).
 
 Around the plan, as for the native families: the embedding and the LM head are split by vocabulary (one DTensor
 when they are tied), with loss parallel the logits stay split by vocabulary into the loss, and the final norm's
@@ -77,9 +78,10 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         pattern.removeprefix(LAYERS): style for pattern, style in tp_plan(config).items() if pattern.startswith(LAYERS)
     }
     layer_parts = [sequence_parallel_parts(layer, plan) for layer in model.layers.values()]
-    split = bool(layer_parts) and all(parts is not None for parts in layer_parts)
-    if not split:
-        logger.info("tensor parallel without sequence parallelism: a layer holds parameters outside its plan's mixers")
+    split = bool(layer_parts) and all(parts is not None for parts in layer_parts) and not model.args.reads_images
+    if not split:  # (an image-text model places its image features into the whole sequence's embeddings)
+        why = "an image-text model" if model.args.reads_images else "a layer holds parameters outside its mixers"
+        logger.info("tensor parallel without sequence parallelism: %s", why)
     layer_plan = {name: torch_style(style, split) for name, style in plan.items()}
     for layer, parts in zip(model.layers.values(), layer_parts, strict=True):
         parallelize_module(layer, tp_mesh, layer_plan)
