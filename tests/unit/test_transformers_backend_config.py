@@ -105,20 +105,17 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     monkeypatch.setenv("WORLD_SIZE", "1")
     unbalanced = ("--moe.load_balance", "none")
     assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft, *unbalanced]) == 0  # (packed: its own attention)
-    for model_type in (
-        "mixtral",
-        "qwen2_moe",
-    ):  # (per-expert tensors by other names; MoE blocks titanium does not compute)
+    for model_type in ("sarvam_moe", "mixtral", "qwen2_moe"):
         folder = config_folder(tmp_path, model_type, matrix_config(model_type).to_dict())
-        start = (
-            "--checkpoint.initial_load_path",
-            folder,
-            "--checkpoint.initial_load_in_hf",
-            "--moe.load_balance",
-            "none",
-        )
-        err = _refused(capsys, 1, monkeypatch, *start)
-        assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
+        start = ("--checkpoint.initial_load_path", folder, "--checkpoint.initial_load_in_hf")
+        start += ("--moe.load_balance", "none")
+        if model_type == "sarvam_moe":  # (its attention's query_key_value, which transformers splits on loading)
+            err = _refused(capsys, 1, monkeypatch, *start)
+            assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
+            assert "query_key_value" in err
+        else:  # (per-expert tensors, read and written for titanium's MoE and for MoE blocks of transformers' own)
+            monkeypatch.setenv("WORLD_SIZE", "1")
+            assert preflight([*JOB, *start]) == 0
     deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())
     err = _refused(capsys, 1, monkeypatch, "--model.hf_config", deepseek)  # (no router_aux_loss_coef)
     assert "--moe.aux_loss_coef: this model has no default" in err and "--moe.load_balance bias" in err
