@@ -1,7 +1,8 @@
 """Load Hugging Face folders into several parallel layouts in one launch, and record what each rank read.
 
 Run as ``python -m tests.distributed.hf_stream_worker OUT FOLDER...`` under torchrun with 4 processes. For every
-folder and every layout of ``LAYOUTS`` that fits its model, each rank builds the model sharded by that layout,
+folder (built by the native family that reads it, else the transformers backend) and every layout of ``LAYOUTS``
+that fits its model and that its spec does not refuse, each rank builds the model sharded by that layout,
 loads the folder, gathers every weight and compares it with the whole-checkpoint reference (``from_hf`` of
 every tensor, the loader before per-rank streaming) and with a one-process load. It writes
 ``OUT/rank{r}.json``: per folder and layout, the names that differ (none expected) and the bytes this rank read.
@@ -18,10 +19,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 import titanium.checkpoint.hf as hf
-from titanium.checkpoint.hf import HFCheckpoint, hf_model_args, read_hf_config
-from titanium.config.sections import ActivationCheckpointSection, CompileSection, ParallelismSection
-from titanium.model_builder import ModelBuilder, WeightSource
-from titanium.models import get_model_spec, hf_family
+from titanium.checkpoint.hf import HFCheckpoint, hf_model_args
+from titanium.config.sections import ActivationCheckpointSection, CompileSection, ModelSection, ParallelismSection
+from titanium.model_builder import ModelBuilder, WeightSource, resolve_spec
+from titanium.models.spec import ModelUse
 from titanium.parallel.dims import ParallelDims
 from titanium.parallel.parallelize import PlanConfig
 
@@ -61,7 +62,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     results: dict[str, dict[str, dict]] = {}
     for folder in folders:
-        spec = get_model_spec(hf_family(read_hf_config(folder)["model_type"]))
+        spec = resolve_spec(ModelSection(), folder)[0]
         args = hf_model_args(spec, folder)
         ckpt = HFCheckpoint.open(folder)
         whole = {k: v.float() for k, v in spec.hf_adapter.from_hf(ckpt.read(), args).items()}
@@ -70,9 +71,10 @@ def main() -> None:
         results[folder.name] = {"one_process": {"differ": differences(state, whole), "bytes": CountingReader.total}}
         experts = hasattr(args, "num_experts")
         for name, (settings, needs_experts) in LAYOUTS.items():
-            if needs_experts and not experts:
-                continue
             parallelism = ParallelismSection(**settings)
+            use = ModelUse(parallelism.tensor_parallel_degree, expert_parallel=parallelism.expert_parallel_degree)
+            if (needs_experts and not experts) or (spec.refusals is not None and spec.refusals(args, use)):
+                continue
             dims = ParallelDims.from_config(parallelism, world)
             plan = PlanConfig(parallelism, ActivationCheckpointSection(), CompileSection(), param_dtype=torch.float32)
             builder = ModelBuilder(cpu, 0, dims, dims.build_meshes("cpu"), plan)

@@ -13,7 +13,9 @@ their exports loaded back by ``transformers``' own classes (and ``peft``) with t
 - a Gemma 3 resumed from its DCP checkpoint continues bitwise as the uninterrupted run;
 - GRPO on Granite (logit scaling) with titanium's engine (a copy of the backend model decoding with titanium's
   KV cache, synced by the training model's names): the first step's rollouts' log-probs equal the policy's own
-  recomputed ones (``grpo/logprob_mismatch`` <= 1e-5; measured 1.0e-7), and the export loads with the trained logits.
+  recomputed ones (``grpo/logprob_mismatch`` <= 1e-5; measured 1.0e-7), and the export loads with the trained logits;
+- pretraining on Qwen2-MoE, whose MoE blocks run as transformers wrote them, from its per-expert checkpoint: the
+  export holds the checkpoint's tensor names and loads with the trained logits.
 """
 
 from __future__ import annotations
@@ -212,3 +214,41 @@ def test_dcp_resume_is_exact(make_trainer, tmp_path: Path) -> None:
     assert [got[s] for s in (4, 5, 6)] == [expected[s] for s in (4, 5, 6)]
     for key, value in resumed.model.state_dict().items():
         assert torch.equal(value, weights[key]), key
+
+
+def test_own_moe_blocks_train_from_and_export_to_their_per_expert_checkpoint(make_trainer, tmp_path: Path) -> None:
+    """Qwen2-MoE, whose MoE blocks run as transformers wrote them (stacked ``gate_up_proj`` / ``down_proj``, shared
+    experts): 2 pretraining steps from its Hugging Face folder, which keeps one tensor per expert and projection; the
+    export holds exactly the folder's tensor names and loads in ``Qwen2MoeForCausalLM`` with the trained logits."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    from tests.backend_matrix.configs import tiny_config
+    from tests.parity.harness import randomize_
+
+    source = tmp_path / "qwen2_moe"
+    hf = AutoModelForCausalLM.from_config(tiny_config("qwen2_moe"), dtype=torch.float32)
+    randomize_(hf, 0)
+    hf.eval().save_pretrained(source)
+    (source / "tokenizer_config.json").write_text('{"eos_token": "<|end_of_text|>"}')
+    run = tmp_path / "pretrain"
+    trainer = make_trainer(
+        *tiny_args(run, "--training.steps", "2", "--data.kind", "synthetic", "--optimizer.lr", "1e-3"),
+        *("--moe.load_balance", "none", *start_from(source), "--checkpoint.last_save_in_hf"),
+    )
+    assert trainer.model.own_moe_blocks
+    trainer.train()
+    assert sorted(scalars(run / "tb")) == [1, 2]
+    x = trained_logits_load_back(trainer, run / "hf", type(hf))
+    with torch.no_grad():
+        assert (trainer.model(x) - hf(input_ids=x).logits).abs().max() > 1e-4  # it trained
+
+    def names(folder: Path) -> set[str]:
+        found = set()
+        for file in folder.glob("*.safetensors"):
+            with safe_open(file, "pt") as handle:
+                found |= set(handle.keys())
+        return found
+
+    assert "model.layers.1.mlp.experts.7.up_proj.weight" in names(source)
+    assert names(run / "hf") == names(source)

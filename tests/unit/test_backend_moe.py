@@ -7,6 +7,8 @@ matrix checks the gradients too), and DeepSeek-V3's group limit and correction b
 auxiliary loss titanium's ``[moe]`` hook adds equals the one ``transformers`` trains Qwen3-MoE and Mixtral with; the
 correction bias is titanium's routing bias both ways. GPT-OSS (a router with a bias and softmax after the top-k,
 biased clamped-SwiGLU experts) keeps its own blocks: expert parallelism and load balancing are refused for it.
+Checkpoints that keep one tensor per expert are read and exported in their own names, into titanium's MoE and into
+the blocks that run as transformers wrote them (Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next, PhiMoE) alike.
 """
 
 from __future__ import annotations
@@ -134,16 +136,32 @@ def test_models_with_their_own_moe_blocks_refuse_parallelism_and_balancing(tmp_p
     assert not arch("qwen3_moe", tmp_path / "qwen").refusals(expert_parallel=2, load_balance="bias")
 
 
-@pytest.mark.parametrize("model_type", ["mixtral", "deepseek_v3"])
+PER_EXPERT = {  # model_type: (one expert's tensor in layer 1 of its checkpoint, whether its MoE blocks are its own)
+    "mixtral": ("block_sparse_moe.experts.0.w1", False),
+    "deepseek_v3": ("mlp.experts.0.gate_proj", False),
+    "qwen2_moe": ("mlp.experts.0.gate_proj", True),
+    "qwen3_5_moe_text": ("mlp.experts.0.gate_proj", True),
+    "qwen3_next": ("mlp.experts.0.gate_proj", True),
+    "phimoe": ("block_sparse_moe.experts.0.w1", True),
+}
+
+
+@pytest.mark.parametrize("model_type", list(PER_EXPERT))
 def test_per_expert_checkpoints_load_and_export_in_their_own_names(model_type: str, tmp_path: Path) -> None:
     """A checkpoint that keeps one tensor per expert, which transformers stacks on loading (DeepSeek-V3's
     ``mlp.experts.E.gate_proj``; Mixtral's ``block_sparse_moe.experts.E.w1``, whose ``block_sparse_moe`` transformers
-    also renames to ``mlp``), is read into titanium's MoE with transformers' logits, and exported with exactly the
-    checkpoint's tensor names, which transformers loads back with the same logits (the matrix's HF round-trip cell)."""
+    also renames to ``mlp``), is read with transformers' logits, and exported with exactly the checkpoint's tensor
+    names, which transformers loads back with the same logits (the matrix's HF round-trip cell): into titanium's MoE
+    (Mixtral, DeepSeek-V3), and into the stacked ``gate_up_proj`` / ``down_proj`` of the MoE blocks that run as
+    transformers wrote them (Qwen2-MoE, Qwen3.5-MoE, Qwen3-Next; PhiMoE, whose router ``gate`` transformers also
+    renames ``router``)."""
     from safetensors import safe_open
 
     made = arch(model_type, tmp_path)
-    assert made.cell_hf().status == "yes"
+    expert, own = PER_EXPERT[model_type]
+    assert bool(made.twin().own_moe_blocks) == own
+    cell = made.cell_hf()
+    assert cell.status == "yes", cell
 
     def names(folder: Path) -> set[str]:
         found = set()
@@ -153,6 +171,5 @@ def test_per_expert_checkpoints_load_and_export_in_their_own_names(model_type: s
         return found
 
     source = names(tmp_path / "source")
-    expert = "block_sparse_moe.experts.0.w1" if model_type == "mixtral" else "mlp.experts.0.gate_proj"
     assert f"model.layers.1.{expert}.weight" in source
     assert names(tmp_path / "export") == source

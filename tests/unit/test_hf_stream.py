@@ -10,8 +10,8 @@ produce such shards in practice run in ``tests/distributed/test_hf_streaming.py`
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 import titanium.checkpoint.hf_stream as hf_stream
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.models import build_model_args, get_model_spec, list_models
+from titanium.models.hf_adapter import HFAdapter
 from titanium.models.reward_hf import sequence_classification_adapter
 
 
@@ -55,14 +56,40 @@ def test_shards_read_equal_the_whole_conversion(tmp_path: Path, monkeypatch: pyt
     if model.endswith("_reward"):
         adapter = sequence_classification_adapter(adapter, pad_token_id=0)
         shapes[adapter.output_key] = torch.Size([1, args.dim])
-    spec = dataclasses.replace(spec, hf_adapter=adapter)
+    shards_read_equal_the_whole_conversion(tmp_path, monkeypatch, adapter, args, shapes)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_moe", "mixtral"])
+def test_backend_experts_read_by_shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, model_type: str) -> None:
+    """The transformers backend's per-expert checkpoints: Qwen2-MoE's blocks run as transformers wrote them, whose
+    ``gate_up_proj`` rows are each expert's ``gate_proj`` then ``up_proj`` (a shard's rows may lie in either or
+    both); Mixtral's are titanium's MoE, read from ``block_sparse_moe.experts.E.w1``."""
+    from tests.backend_matrix.configs import tiny_config_dict
+    from titanium.models.transformers import TransformersModel
+    from titanium.models.transformers.hf import TRANSFORMERS_HF_ADAPTER
+
+    config = tiny_config_dict(model_type)
+    adapter = TRANSFORMERS_HF_ADAPTER.for_config(config)
+    args = adapter.from_hf_config(config, max_seq_len=64)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in TransformersModel(args).state_dict().items() if adapter.has_hf_slot(k)}
+    fused = "layers.0.mlp.experts.gate_up_proj" if model_type == "qwen2_moe" else "layers.0.mlp.moe.experts.w1"
+    assert len(adapter.expert_templates(fused) or ()) == (2 if model_type == "qwen2_moe" else 1)
+    shards_read_equal_the_whole_conversion(tmp_path, monkeypatch, adapter, args, shapes)
+
+
+def shards_read_equal_the_whole_conversion(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, adapter: HFAdapter, args: Any, shapes: dict[str, torch.Size]
+) -> None:
+    """Random weights of ``shapes`` written through ``adapter``; every made-up shard read equals the same positions
+    of ``from_hf`` of the whole checkpoint."""
     generator = torch.Generator().manual_seed(0)
     ours = {key: torch.randn(shape, generator=generator) for key, shape in shapes.items()}
-    if spec.hf_adapter.tied(args):
-        ours[spec.hf_adapter.output_key] = ours[spec.hf_adapter.embedding_key]
-    hf = {k: v.contiguous() for k, v in spec.hf_adapter.to_hf(ours, args).items()}
+    if adapter.tied(args):
+        ours[adapter.output_key] = ours[adapter.embedding_key]
+    hf = {k: v.contiguous() for k, v in adapter.to_hf(ours, args).items()}
     save_file(hf, str(tmp_path / "model.safetensors"))
-    whole = spec.hf_adapter.from_hf(hf, args)
+    whole = adapter.from_hf(hf, args)
 
     shards = {key: made_up_shard(shape, generator) for key, shape in shapes.items()}
     expected, targets, by_target = {}, {}, {}
@@ -77,7 +104,7 @@ def test_shards_read_equal_the_whole_conversion(tmp_path: Path, monkeypatch: pyt
     # (Where a dimension is whole, the local size is the global one, which is all the loader reads of a shape.)
     monkeypatch.setattr(hf_stream, "local_indices", lambda target: by_target[id(target)])
     with SliceReader(tmp_path, dict.fromkeys(hf, "model.safetensors")) as reader:
-        stream_into(targets, reader, spec.hf_adapter, args)
+        stream_into(targets, reader, adapter, args)
     for key in shapes:
         assert torch.equal(targets[key], expected[key]), key
 

@@ -81,8 +81,8 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
 def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
     """GPT-OSS (sinks) decodes with transformers' cache, which a compiled decode step cannot take, and its TP plan
     splits no layer, nor does context parallelism split its rows; Qwen3.5's linear-attention layers would mix packed
-    samples; MiMo-V2-Flash's and Qwen2-MoE's checkpoints hold tensors the backend does not convert (Mixtral's and
-    DeepSeek-V3's per-expert tensors it does: tests/unit/test_backend_moe.py); titanium's split decoding copy is the
+    samples; Sarvam MoE's checkpoints hold a fused query_key_value the backend does not convert (Mixtral's and
+    Qwen2-MoE's per-expert tensors it does: tests/unit/test_backend_moe.py); titanium's split decoding copy is the
     native families'."""
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
@@ -106,17 +106,17 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
     monkeypatch.setenv("WORLD_SIZE", "1")
     unbalanced = ("--moe.load_balance", "none")
     assert preflight([*JOB, "--model.hf_config", gpt_oss, *sft, *unbalanced]) == 0  # (packed: its own attention)
-    for model_type in ("mimo_v2_flash", "qwen2_moe", "mixtral"):
-        # (renamed sinks beside the experts; MoE blocks titanium does not compute; Mixtral's per-expert tensors, which
-        # the backend reads in their own names)
+    for model_type in ("sarvam_moe", "mixtral", "qwen2_moe"):
         folder = config_folder(tmp_path, model_type, matrix_config(model_type).to_dict())
-        start = ("--checkpoint.initial_load_path", folder, "--checkpoint.initial_load_in_hf", "--moe.load_balance")
-        if model_type == "mixtral":
+        start = ("--checkpoint.initial_load_path", folder, "--checkpoint.initial_load_in_hf")
+        start += ("--moe.load_balance", "none")
+        if model_type == "sarvam_moe":  # (its attention's query_key_value, which transformers splits on loading)
+            err = _refused(capsys, 1, monkeypatch, *start)
+            assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
+            assert "query_key_value" in err
+        else:  # (per-expert tensors, read and written for titanium's MoE and for MoE blocks of transformers' own)
             monkeypatch.setenv("WORLD_SIZE", "1")
-            assert preflight([*JOB, *start, "none"]) == 0
-            continue
-        err = _refused(capsys, 1, monkeypatch, *start, "none")
-        assert "its Hugging Face checkpoints hold tensors that transformers converts on loading" in err
+            assert preflight([*JOB, *start]) == 0
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gpt_oss, "--parallelism.context_parallel_degree", "2")
     assert "--parallelism.context_parallel_degree 2: gpt_oss runs its own attention (its attention has sinks)" in err
     deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())

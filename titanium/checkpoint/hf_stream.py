@@ -7,9 +7,11 @@ mixes) and reads from the memory-mapped files just the rows and columns of its s
 - a renamed tensor: the box of its shard (``safe_open(...).get_slice``);
 - a part of a fused tensor (Phi-3's ``qkv_proj``): the same rows, moved by the parts before it;
 - RoPE-permuted rows (``wq``, ``wk``): the whole heads that hold the shard's rows, permuted, then cut;
-- stacked experts: one HF tensor per expert, and only this rank's experts, each cut to its shard.
+- stacked experts: one HF tensor per expert, and only this rank's experts, each cut to its shard; where an
+  expert's part of ours is several HF tensors one after the other (``transformers``' fused ``gate_up_proj``, from
+  a checkpoint's ``gate_proj`` and ``up_proj``), the rows of the shard from each of them.
 
-The adapter says where each tensor lies (``hf_source``, ``expert_template``). Peak host memory per rank is its
+The adapter says where each tensor lies (``hf_source``, ``expert_templates``). Peak host memory per rank is its
 shard plus one tensor's box, and no rank sends anything: the load needs no communication.
 """
 
@@ -65,9 +67,7 @@ class SliceReader:
     def _read(self, key: str, index: Index | None = None) -> torch.Tensor:
         path = self._folder / self._weight_map[key]
         try:
-            if path.name not in self._files:
-                self._files[path.name] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
-            file = self._files[path.name]
+            file = self._file(path)
             whole = index is None or all(positions is None for positions in index)
             box = () if whole else tuple(_span(positions) for positions in index)
             value = file.get_tensor(key) if whole else file.get_slice(key)[box]
@@ -77,9 +77,27 @@ class SliceReader:
         if whole:
             return value
         for dim, (positions, span) in enumerate(zip(index, box, strict=True)):
-            if positions is not None and value.shape[dim] != positions.numel():
+            if positions is not None and not _is_range(positions, span):  # (a whole box may hold them out of order)
                 value = value.index_select(dim, positions - span.start)
         return value
+
+    def rows(self, key: str) -> int:
+        """The rows of HF tensor ``key``, from its file's header."""
+        path = self._folder / self._weight_map[key]
+        try:
+            return int(self._file(path).get_slice(key).get_shape()[0])
+        except (SafetensorError, OSError) as e:
+            raise OSError(f"{path}: {e}") from e
+
+    def _file(self, path: Path) -> Any:
+        if path.name not in self._files:
+            self._files[path.name] = self._stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+        return self._files[path.name]
+
+
+def _is_range(positions: torch.Tensor, span: slice) -> bool:
+    """Whether ``positions`` are every position of ``span``, in order."""
+    return positions.numel() == span.stop - span.start and torch.equal(positions, torch.arange(span.start, span.stop))
 
 
 def _span(positions: torch.Tensor | None) -> slice:
@@ -109,6 +127,23 @@ def read_rows(reader: SliceReader, source: RowSource, index: Index, rows: int) -
     return rope_rows_from_hf(block, head).index_select(0, positions - start)
 
 
+def read_expert(reader: SliceReader, names: Sequence[str], index: Index) -> torch.Tensor:
+    """One expert's part of ours at ``index`` (its dimensions after the expert's) from the HF tensors ``names``, whose
+    rows one after the other make it: from each, the shard's rows that lie in it."""
+    if len(names) == 1:
+        return reader.read(names[0], index)
+    ends = torch.tensor([reader.rows(name) for name in names]).cumsum(0).tolist()
+    positions = torch.arange(ends[-1]) if not index or index[0] is None else index[0]
+    pieces = []
+    for name, start, end in zip(names, [0, *ends[:-1]], ends, strict=True):
+        mine = (positions >= start) & (positions < end)
+        pieces.append((mine, reader.read(name, [positions[mine] - start, *index[1:]])))
+    out = pieces[0][1].new_empty((positions.numel(), *pieces[0][1].shape[1:]))
+    for mine, piece in pieces:
+        out[mine] = piece
+    return out
+
+
 @torch.no_grad()
 def stream_into(targets: Mapping[str, torch.Tensor], reader: SliceReader, adapter: HFAdapter, args: Any) -> None:
     """Fill ``targets`` (ours -> plain tensor or DTensor, whose local shard is written) from ``reader``'s checkpoint,
@@ -116,10 +151,11 @@ def stream_into(targets: Mapping[str, torch.Tensor], reader: SliceReader, adapte
     for key, target in targets.items():
         index = local_indices(target)
         local = _local(target)
-        template = adapter.expert_template(key)
-        if template is None:
+        templates = adapter.expert_templates(key)
+        if templates is None:
             local.copy_(read_rows(reader, adapter.hf_source(key, args), index, target.shape[0] if index else 0))
             continue
         experts = range(target.shape[0]) if index[0] is None else index[0].tolist()
         for row, expert in enumerate(experts):
-            local[row].copy_(reader.read(template.format(e=expert), index[1:]))
+            names = [template.format(e=expert) for template in templates]
+            local[row].copy_(read_expert(reader, names, index[1:]))

@@ -88,7 +88,9 @@ class HFAdapter:
     - ``rope_keys``: per-block names (ours) whose rows are in RoPE layout and get permuted.
     - ``output_key``: our output projection, absent from HF checkpoints when embeddings are tied.
     - ``expert_keys``: per-block stacked expert weights (ours, ``[num_experts, ...]``) that HF stores as one
-      tensor per expert: ours -> the HF name with ``{e}`` for the expert. Stacked on load, split on export.
+      tensor per expert: ours -> the HF name with ``{e}`` for the expert, or a tuple of such names whose tensors,
+      of equal row counts and concatenated along their rows in that order, are one expert's (``transformers``' fused
+      ``gate_up_proj``: the gate projection's rows, then the up projection's). Stacked on load, split on export.
     - ``no_hf_slot``: per-block state the HF format has no place for (an MoE's routing bias). Loading leaves
       it at its initial zeros; exporting skips it while it is zero and refuses it otherwise, since dropping
       it would change what the model computes.
@@ -105,20 +107,22 @@ class HFAdapter:
     rope_keys: frozenset[str] = frozenset()
     embedding_key: str = "tok_embeddings.weight"
     output_key: str = "output.weight"
-    expert_keys: Mapping[str, str] = field(default_factory=dict)
+    expert_keys: Mapping[str, str | tuple[str, ...]] = field(default_factory=dict)
     no_hf_slot: frozenset[str] = frozenset()
     memory_expert_params: Mapping[str, tuple[str, int]] = field(default_factory=dict)
     _from_hf: dict[str, str] = field(init=False, repr=False, compare=False)
     _hf_layer: re.Pattern[str] = field(init=False, repr=False, compare=False)
-    _hf_expert: dict[str, re.Pattern[str]] = field(init=False, repr=False, compare=False)
+    _hf_expert: list[tuple[str, int, re.Pattern[str]]] = field(init=False, repr=False, compare=False)
+    """Per HF tensor of one expert: (our stacked weight, which of its ``expert_keys`` names, the name's pattern)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_from_hf", {hf: ours for ours, hf in self.layer_keys.items()})
         object.__setattr__(self, "_hf_layer", re.compile(r"^model\.layers\.(\d+)\.(.+)$"))
-        patterns = {
-            ours: re.compile("^" + re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$")
-            for ours, hf in self.expert_keys.items()
-        }
+        patterns = [
+            (ours, part, re.compile("^" + re.escape(hf).replace(re.escape("{e}"), r"(\d+)") + "$"))
+            for ours, names in self.expert_keys.items()
+            for part, hf in enumerate(_names(names))
+        ]
         object.__setattr__(self, "_hf_expert", patterns)
 
     def reads(self, model_type: object) -> bool:
@@ -146,15 +150,17 @@ class HFAdapter:
         does not know."""
         return None if (found := self._our_key_and_expert(hf_key)) is None else found[0]
 
-    def _our_key_and_expert(self, hf_key: str) -> tuple[str, int | None] | None:
+    def _our_key_and_expert(self, hf_key: str) -> tuple[str, tuple[int, int] | None] | None:
+        """Our name of ``hf_key``, and for one expert's tensor (``expert_keys``) which expert and which of the tensors
+        that make that expert's part of ours."""
         match = self._hf_layer.match(hf_key)
         if match:
             layer, rest = match.groups()
             if rest in self._from_hf:
                 return f"layers.{layer}.{self._from_hf[rest]}", None
-            for ours, pattern in self._hf_expert.items():
+            for ours, part, pattern in self._hf_expert:
                 if expert := pattern.match(rest):
-                    return f"layers.{layer}.{ours}", int(expert.group(1))
+                    return f"layers.{layer}.{ours}", (int(expert.group(1)), part)
             return None
         for ours, hf in self.top_keys.items():
             if hf == hf_key:
@@ -175,16 +181,17 @@ class HFAdapter:
         part = self._layer_part(key)
         return part is None or part[1] not in self.no_hf_slot
 
-    def expert_template(self, key: str) -> str | None:
-        """For one of our stacked expert weights, the HF name of one expert's tensor with ``{e}`` for the expert
-        (``model.layers.3.mlp.experts.{e}.gate_proj.weight``); None for every other name."""
+    def expert_templates(self, key: str) -> tuple[str, ...] | None:
+        """For one of our stacked expert weights, the HF names of one expert's tensors with ``{e}`` for the expert
+        (``model.layers.3.mlp.experts.{e}.gate_proj.weight``), whose rows, concatenated in this order in equal
+        parts, are that expert's part of ours (most often one name); None for every other name."""
         part = self._layer_part(key)
         if part is None or part[1] not in self.expert_keys:
             return None
-        return f"model.layers.{part[0]}.{self.expert_keys[part[1]]}"
+        return tuple(f"model.layers.{part[0]}.{name}" for name in _names(self.expert_keys[part[1]]))
 
     def hf_source(self, key: str, args: Any) -> RowSource:
-        """Where our ``key`` (not a stacked expert weight: see ``expert_template``) lies in the HF checkpoint, so a
+        """Where our ``key`` (not a stacked expert weight: see ``expert_templates``) lies in the HF checkpoint, so a
         rank can read just the rows and columns of its shard; a tied output matrix reads the embedding."""
         if self.tied(args) and key == self.output_key:
             return RowSource(self.hf_key(self.embedding_key))
@@ -207,9 +214,11 @@ class HFAdapter:
         for key, shape in shapes.items():
             if (self.tied(args) and key == self.output_key) or not self.has_hf_slot(key):
                 continue
-            template = self.expert_template(key)
-            if template is not None:
-                out.update({template.format(e=e): tuple(shape[1:]) for e in range(shape[0])})
+            templates = self.expert_templates(key)
+            if templates is not None:
+                rows, *rest = shape[1:]
+                for template in templates:
+                    out.update({template.format(e=e): (rows // len(templates), *rest) for e in range(shape[0])})
             else:
                 out[self.hf_key(key)] = tuple(shape)
         return out
@@ -227,7 +236,7 @@ class HFAdapter:
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         """Our full state dict -> Hugging Face names and layout. Tied models drop the output matrix; stacked
-        experts become one (copied) tensor per expert."""
+        experts become one (copied) tensor per expert and part."""
         out: dict[str, torch.Tensor] = {}
         for key, value in state_dict.items():
             if self.tied(args) and key == self.output_key:
@@ -241,9 +250,11 @@ class HFAdapter:
                         f"{self.model_type}; train with --moe.load_balance aux_loss (or none) to export it"
                     )
                 continue
-            template = self.expert_template(key)
-            if template is not None:
-                out.update({template.format(e=e): expert.clone() for e, expert in enumerate(value.unbind(0))})
+            templates = self.expert_templates(key)
+            if templates is not None:
+                for e, expert in enumerate(value.unbind(0)):
+                    parts = expert.chunk(len(templates), dim=0)
+                    out.update({name.format(e=e): part.clone() for name, part in zip(templates, parts, strict=True)})
                 continue
             if self._is_rope(key):
                 value = rope_rows_to_hf(value, args.head_dim)
@@ -257,7 +268,7 @@ class HFAdapter:
         by some exporters is ignored).
         """
         out: dict[str, torch.Tensor] = {}
-        experts: dict[str, dict[int, torch.Tensor]] = {}
+        experts: dict[str, dict[tuple[int, int], torch.Tensor]] = {}
         for hf_key, value in hf_state_dict.items():
             found = self._our_key_and_expert(hf_key)
             if found is None:
@@ -271,10 +282,12 @@ class HFAdapter:
             if self._is_rope(key):
                 value = rope_rows_from_hf(value, args.head_dim)
             out[key] = value
-        for key, by_expert in experts.items():
-            if sorted(by_expert) != list(range(len(by_expert))):
-                raise KeyError(f"{key}: experts {sorted(by_expert)} are not 0..{len(by_expert) - 1}")
-            out[key] = torch.stack([by_expert[e] for e in range(len(by_expert))])
+        for key, found in experts.items():
+            parts = len(self.expert_templates(key) or ())
+            count = len(found) // parts
+            if sorted(found) != [(e, part) for e in range(count) for part in range(parts)]:
+                raise KeyError(f"{key}: experts {sorted({e for e, _ in found})} are not 0..{count - 1}, each whole")
+            out[key] = torch.stack([torch.cat([found[e, part] for part in range(parts)]) for e in range(count)])
         if self.tied(args) and self.embedding_key in out:
             out[self.output_key] = out[self.embedding_key]
         return out
@@ -369,6 +382,11 @@ def hf_config_value(config: Mapping[str, Any], name: str) -> Any:
     if name == "num_experts" and name not in config:  # transformers 5 writes the MoE count as num_local_experts
         return config.get("num_local_experts")
     return config.get(name)
+
+
+def _names(templates: str | tuple[str, ...]) -> tuple[str, ...]:
+    """An ``expert_keys`` value as its tuple of names."""
+    return (templates,) if isinstance(templates, str) else templates
 
 
 def _same(actual: Any, expected: Any) -> bool:

@@ -59,12 +59,8 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
                 "--moe.load_balance none to train them without load balancing"
             )
     conversions = []
-    if use.hf_checkpoint:  # (per-expert tensors are read and written for the MoE blocks titanium computes: hf.py)
-        conversions = (
-            checkpoint_conversions(args.model_type)
-            if model.own_moe_blocks or args.reads_images
-            else unconverted(args.model_type)
-        )
+    if use.hf_checkpoint:  # (per-expert tensors are read and written, whoever computes the MoE blocks: hf.py)
+        conversions = checkpoint_conversions(args.model_type) if args.reads_images else unconverted(args.model_type)
     if conversions:
         problems.append(
             f"its Hugging Face checkpoints hold tensors that transformers converts on loading ({', '.join(conversions)}"

@@ -9,11 +9,15 @@ checkpoint's own where it keeps an older layout (``with_prefixes``). No RoPE per
 its checkpoints store it. ``config.json`` goes through untouched, so an export writes the file the run started from.
 
 One conversion is made: the MoE models whose checkpoints keep one tensor per expert and projection (written in
-transformers 4's layout: DeepSeek-V3, Qwen3-MoE, GLM-4.5, OLMoE, Mixtral...), which ``transformers`` stacks on loading,
-are read and written per expert where titanium's MoE computes their blocks (``expert_tensors``, ``for_config``), as
-the native Qwen3-MoE family reads them; the names ``transformers`` renames on loading beside them (Mixtral's
-``block_sparse_moe`` for ``mlp``) are renamed back in the checkpoint's names (``renames``). Any other conversion
-``transformers`` makes on loading is refused (``checks.py``).
+transformers 4's layout: DeepSeek-V3, Qwen3-MoE, Qwen2-MoE, Qwen3-Next, GLM-4.5, OLMoE, Mixtral, PhiMoE...), which
+``transformers`` stacks on loading, are read and written per expert (``expert_tensors``, ``for_config``), as the
+native Qwen3-MoE family reads them: into titanium's MoE where it computes their blocks, and where a block runs as
+``transformers`` wrote it, into its stacked ``gate_up_proj`` (each expert's ``gate_proj`` rows, then its
+``up_proj`` rows) and ``down_proj``. The names ``transformers`` renames on loading beside them (Mixtral's
+``block_sparse_moe`` for ``mlp``, PhiMoE's router ``gate`` for ``router``) are renamed back in the checkpoint's names
+(``renames``). Any other conversion ``transformers`` makes on loading is refused (``checks.py``); a prefix it would
+strip (a text model's weights kept under an image-text model's ``model.language_model.``) is not, and such a
+checkpoint is refused by its names when it is read.
 """
 
 from __future__ import annotations
@@ -51,8 +55,9 @@ STACKED = {
     "mlp.experts.gate_up_proj": ("mlp.moe.experts.w1", "mlp.moe.experts.w3"),
     "mlp.experts.down_proj": ("mlp.moe.experts.w2",),
 }
-"""``transformers``' stacked expert weights in memory -> ours, in the order of the per-expert tensors it concatenates
-into them (gate rows, then up rows)."""
+"""``transformers``' stacked expert weights in memory (a block that runs as it wrote it holds them) -> ours in a block
+titanium's MoE computes, in the order of the per-expert tensors it concatenates into them (gate rows, then up
+rows)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,23 +87,24 @@ class TransformersHFAdapter(HFAdapter):
 
     def for_config(self, config: Mapping[str, Any]) -> TransformersHFAdapter:
         """This adapter for the checkpoints of the model of ``config`` (a ``config.json`` dict): per expert where they
-        keep one tensor per expert (``PER_EXPERT_TENSORS``; the blocks that titanium's MoE does not compute are
-        refused then, in ``checks.py``), with the routing bias where its routers have one (DeepSeek-V3's)."""
+        keep one tensor per expert (``expert_tensors``), into the blocks titanium's MoE computes (ours: ``w1``, ``w3``,
+        ``w2``), with the routing bias where their routers have one (DeepSeek-V3's), or else into those that run as
+        ``transformers`` wrote them (its stacked ``gate_up_proj``, two tensors per expert, and ``down_proj``)."""
         model_type = config.get("model_type")
-        if model_type not in ROUTING or self.prefixes != CAUSAL_LM_PREFIXES:
-            return self  # (no block titanium's MoE computes; an image-text model keeps its MoE blocks whole: vision.py)
-        found = expert_tensors(model_type)
-        renames = found[1] if found else ()
-        experts = {
-            ours: _back(f"model.layers.0.{name}", renames).removeprefix("model.layers.0.")
-            for ours, name in (found[0] if found else {}).items()
-        }
-        return dataclasses.replace(
-            self,
-            expert_keys=experts,
-            renames=renames,
-            routing_bias=_correction_bias(TransformersArgs.from_config(config)),
-        )
+        if self.prefixes != CAUSAL_LM_PREFIXES:
+            return self  # (an image-text model keeps its MoE blocks whole, and its checkpoint stacked: vision.py)
+        found = expert_tensors(model_type) if isinstance(model_type, str) else None
+        if found is None:
+            return self
+        stacked, renames = found
+        args = TransformersArgs.from_config(config) if model_type in ROUTING else None
+        swapped = args is not None and bool(routed_moe(args)[1])  # (all of its MoE blocks or none)
+        experts: dict[str, str | tuple[str, ...]] = {}
+        for name, sources in stacked.items():
+            names = tuple(_back(f"model.layers.0.{s}", renames).removeprefix("model.layers.0.") for s in sources)
+            experts.update(zip(STACKED[name], names, strict=True) if swapped else {name: names})
+        bias = args is not None and swapped and _correction_bias(args)
+        return dataclasses.replace(self, expert_keys=experts, renames=renames, routing_bias=bias)
 
     def reads(self, model_type: object) -> bool:
         return True  # (whether transformers knows it is for args.hf_config to say)
@@ -124,7 +130,7 @@ class TransformersHFAdapter(HFAdapter):
         part = split_layer_key(key)
         return part is None or part[1] != "mlp.moe.expert_bias" or self.routing_bias
 
-    def _our_key_and_expert(self, hf_key: str) -> tuple[str, int | None] | None:
+    def _our_key_and_expert(self, hf_key: str) -> tuple[str, tuple[int, int] | None] | None:
         found = super()._our_key_and_expert(hf_key)  # (one expert's tensor, where ``expert_keys`` lists them)
         if found is not None:
             return found
@@ -211,8 +217,7 @@ def checkpoint_conversions(model_type: str) -> list[str]:
 
 def unconverted(model_type: str) -> list[str]:
     """The conversions of ``checkpoint_conversions(model_type)`` the backend cannot make: none where they are the
-    per-expert stacking of ``expert_tensors`` (for the blocks titanium's MoE computes), else all of them (with the
-    renamed tensors)."""
+    per-expert stacking of ``expert_tensors``, else all of them (with the renamed tensors)."""
     conversions = checkpoint_conversions(model_type)
     if not conversions or expert_tensors(model_type) is not None:
         return []
@@ -222,35 +227,53 @@ def unconverted(model_type: str) -> list[str]:
     return conversions + sorted(renamed)
 
 
-def expert_tensors(model_type: str) -> tuple[dict[str, str], tuple[tuple[str, str], ...]] | None:
+def expert_tensors(model_type: str) -> tuple[dict[str, tuple[str, ...]], tuple[tuple[str, str], ...]] | None:
     """Where the checkpoints of ``model_type`` keep one tensor per expert that ``transformers`` stacks on loading
-    (its conversion mapping): our stacked expert weight -> one expert's tensor (``{e}``: the expert), named as in
-    memory, and the renames ``transformers`` makes beside them (checkpoint part -> memory part). None where its
-    conversions are anything else: a stacking of other tensors or operations, or a rename that is not of plain name
-    parts."""
-    from transformers.core_model_loading import Concatenate, MergeModulelist, WeightConverter, WeightRenaming
+    (its conversion mapping): its stacked expert weight in memory (``STACKED``) -> the per-expert tensors it
+    concatenates along their rows into each expert's part (``{e}``: the expert), named as in memory, and the renames
+    ``transformers`` makes beside them (checkpoint name part -> memory name part). None where its conversions are
+    anything else: a stacking of other tensors or operations, or a rename that is not of plain names. A prefix it
+    strips (``PrefixChange``) is not a conversion of this checkpoint's names: it reads another model's."""
+    from transformers.core_model_loading import (
+        Concatenate,
+        MergeModulelist,
+        PrefixChange,
+        WeightConverter,
+        WeightRenaming,
+    )
 
     experts, renames = {}, []
     for conversion in _conversion_mapping(model_type):
         sources, targets = list(conversion.source_patterns), list(conversion.target_patterns)
+        if isinstance(conversion, PrefixChange):
+            continue
         if isinstance(conversion, WeightRenaming) and not isinstance(conversion, WeightConverter):
-            if len(sources) != 1 or len(targets) != 1 or not all(_PLAIN.fullmatch(p) for p in sources + targets):
+            plain = [_literal(p) for p in sources + targets]
+            if len(sources) != 1 or len(targets) != 1 or None in plain:
                 return None
-            renames.append((sources[0], targets[0]))
+            renames.append((plain[0], plain[1]))
             continue
         target = next((name for name in STACKED if len(targets) == 1 and name.endswith(targets[0].lstrip("."))), None)
         operations = [(type(o), getattr(o, "dim", None)) for o in conversion.operations]
         expected = [(MergeModulelist, 0)] + ([(Concatenate, 1)] if len(sources) == 2 else [])
         if target is None or len(sources) != len(STACKED[target]) or operations != expected:
             return None
-        for ours, source in zip(STACKED[target], sources):
-            layer_part = target.removesuffix(targets[0].lstrip(".")) if source.startswith(".") else ""
-            experts[ours] = (layer_part.rstrip(".") + source).replace("*", "{e}")
+        layer_part = target.removesuffix(targets[0].lstrip(".")).rstrip(".")
+        experts[target] = tuple(
+            ((layer_part if source.startswith(".") else "") + source).replace("*", "{e}") for source in sources
+        )
     return (experts, tuple(renames)) if experts else None
 
 
-_PLAIN = re.compile(r"\.?\w+\.?")
-"""A rename pattern that is a plain name part (``.block_sparse_moe.``), whose dots are meant literally."""
+_PLAIN = re.compile(r"\.?\w+(?:\.\w+)*\.?")
+"""A rename pattern that names plain name parts (``.block_sparse_moe.``, ``mlp\\.router\\.gate\\.weight``), whose
+dots, escaped or not, are meant literally."""
+
+
+def _literal(pattern: str) -> str | None:
+    """``pattern`` as the literal name parts it matches, or None where it is more than plain names (``_PLAIN``)."""
+    text = pattern.replace("\\.", ".")
+    return text if _PLAIN.fullmatch(text) else None
 
 
 def _forth(hf_key: str, renames: tuple[tuple[str, str], ...]) -> str:
@@ -261,8 +284,8 @@ def _forth(hf_key: str, renames: tuple[tuple[str, str], ...]) -> str:
 
 
 def _back(key: str, renames: tuple[tuple[str, str], ...]) -> str:
-    """A name in memory as the checkpoint names it (``_forth`` undone)."""
-    for checkpoint, memory in renames:
+    """A name in memory as the checkpoint names it (``_forth`` undone, last rename first)."""
+    for checkpoint, memory in reversed(renames):
         key = key.replace(memory, checkpoint)
     return key
 
