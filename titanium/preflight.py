@@ -93,6 +93,7 @@ def model_use(cfg: JobConfig, dims: ParallelDims) -> ModelUse:
         packing=f"--{own.name}.packing" if getattr(section, "packing", False) else "",
         shared_prompts=getattr(section, "share_prompt", False),
         compiled_decoding=rollouts and cfg.rollout.compile,
+        vllm_rollouts=OBJECTIVES.reads(objective, "rollout") and cfg.rollout.engine == "vllm",
         score_head=OBJECTIVES.needs(objective).score_head,
         split_decoding=cfg.rollout.tensor_parallel_size if rollouts else 1,
         load_balance=cfg.moe.load_balance,

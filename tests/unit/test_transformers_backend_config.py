@@ -80,10 +80,10 @@ def test_bad_input_is_one_message_before_any_process_group(tmp_path: Path, capsy
 
 def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, monkeypatch) -> None:
     """GPT-OSS (sinks) decodes with transformers' cache, which a compiled decode step cannot take, and its TP plan
-    splits no layer, nor does context parallelism split its rows; Qwen3.5's linear-attention layers would mix packed
-    samples; Sarvam MoE's checkpoints hold a fused query_key_value the backend does not convert (Mixtral's and
-    Qwen2-MoE's per-expert tensors it does: tests/unit/test_backend_moe.py); titanium's split decoding copy is the
-    native families'."""
+    splits no layer, nor does context parallelism split its rows, and vLLM's build of it samples other log-probs;
+    Qwen3.5's linear-attention layers would mix packed samples; Sarvam MoE's checkpoints hold a fused query_key_value
+    the backend does not convert (Mixtral's and Qwen2-MoE's per-expert tensors it does: tests/unit/test_backend_moe.py);
+    titanium's split decoding copy is the native families'."""
     monkeypatch.chdir(Path(__file__).resolve().parents[2])
     gpt_oss = config_folder(tmp_path, "gpt_oss", tiny_config("gpt_oss").to_dict())
     qwen = config_folder(tmp_path, "qwen3_5", tiny_config("qwen3_5_text").to_dict())
@@ -119,6 +119,8 @@ def test_what_a_model_with_its_own_attention_cannot_do(tmp_path: Path, capsys, m
             assert preflight([*JOB, *start]) == 0
     err = _refused(capsys, 2, monkeypatch, "--model.hf_config", gpt_oss, "--parallelism.context_parallel_degree", "2")
     assert "--parallelism.context_parallel_degree 2: gpt_oss runs its own attention (its attention has sinks)" in err
+    err = _refused(capsys, 1, monkeypatch, "--model.hf_config", gpt_oss, *grpo, "--rollout.engine", "vllm")
+    assert "--rollout.engine vllm: vLLM's GPT-OSS computes other log-probs than titanium's" in err
     deepseek = config_folder(tmp_path, "deepseek", tiny_config("deepseek_v3").to_dict())
     err = _refused(capsys, 1, monkeypatch, "--model.hf_config", deepseek)  # (no router_aux_loss_coef)
     assert "--moe.aux_loss_coef: this model has no default" in err and "--moe.load_balance bias" in err

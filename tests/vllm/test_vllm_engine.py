@@ -332,6 +332,25 @@ def test_ppo_samples_from_the_synced_vllm_engine_colocated_and_in_server_mode(gr
         assert sorted(server) == [1, 2, 3] and server == colocated, (tag, colocated, server)
 
 
+@pytest.mark.parametrize("model_type", ["gemma3_text", "granite"])  # (transformers backend: VLLM_CHECKED)
+def test_grpo_on_a_backend_model_with_vllm(tmp_path, model_type) -> None:
+    """A model built by the transformers backend from its Hugging Face folder (``--model.name`` left to auto: Gemma 3's
+    sliding windows, soft-capping, tied embeddings; Granite's multipliers) trains GRPO with vLLM serving it: vLLM
+    builds the architecture with its own code from the config.json titanium writes, the weights synced by their
+    Hugging Face names; at every step the trainer's recomputed log-probs of vLLM's samples equal vLLM's (5e-5), so
+    each sync reached the engine."""
+    from tests.helpers import scalars
+    from tests.objectives.tiny_backend import save_tiny_hf
+
+    width = {"head_dim": 32} if model_type == "gemma3_text" else {"hidden_size": 128}  # (vLLM's CPU attention)
+    save_tiny_hf(tmp_path / "policy", model_type, **width)
+    log = grpo(tmp_path / "run", tmp_path / "policy", "colocated")
+    assert "model: transformers" in log, log[-2000:]
+    mismatch = scalars(tmp_path / "run" / "tb", "grpo/logprob_mismatch_max")
+    assert sorted(mismatch) == [1, 2, 3] and max(mismatch.values()) <= PER_TOKEN, mismatch
+    assert scalars(tmp_path / "run" / "tb", "optim/grad_norm")[3] > 0
+
+
 def test_the_vllm_debug_config_trains_without_a_warning_per_layer(tmp_path) -> None:
     """train_configs/debug_grpo_vllm.toml as shipped (the Qwen3 debug model, head_dim 64), 4 GRPO steps with a length
     reward so every step moves the weights and every sync matters: the engine serves the synced policy (the trainer's

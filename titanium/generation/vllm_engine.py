@@ -172,7 +172,7 @@ def check_vllm(
     if importlib.util.find_spec("vllm") is None:  # (after the config's own mistakes, named wherever vLLM is missing)
         raise UserError(f"--rollout.engine vllm needs vLLM, which is not installed here: {INSTALL}")
     if device_type == "cpu":
-        check_cpu_head_dim(args.head_dim)
+        check_cpu_head_dim(args.decoder_args().head_dim)
 
 
 def check_batch_budget(cfg: RolloutSection, max_model_len: int) -> None:
@@ -218,7 +218,7 @@ class VLLMEngine(RolloutEngine):
         if spec.hf_adapter is None:
             raise ConfigError(f"--rollout.engine vllm loads weights by Hugging Face names; {spec.name} has no adapter")
         if device_type == "cpu":
-            check_cpu_head_dim(args.head_dim)
+            check_cpu_head_dim(args.decoder_args().head_dim)
         check_batch_budget(cfg, max_model_len)
         self.adapter, self.args, self.stop_ids, self.pad_id = spec.hf_adapter, args, sorted(stop_ids), pad_id
         self.group = engine_group(

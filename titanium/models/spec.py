@@ -31,6 +31,8 @@ class ModelUse:
     """Rows hold a prompt once with two responses that each see it and not each other (DPO's share_prompt)."""
     compiled_decoding: bool = False
     """titanium's rollout engine runs its decode step through ``torch.compile`` (``--rollout.compile``)."""
+    vllm_rollouts: bool = False
+    """The job samples from vLLM (``--rollout.engine vllm``), which builds the architecture with its own code."""
     score_head: bool = False
     """The job builds the model with a scalar score head instead of its LM head (a reward model, PPO's value model)."""
     split_decoding: int = 1

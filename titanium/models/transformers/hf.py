@@ -194,7 +194,10 @@ class TransformersHFAdapter(HFAdapter):
         return args
 
     def to_hf_config(self, args: TransformersArgs) -> dict[str, Any]:
-        return dict(args.config)
+        config = dict(args.config)
+        if not config.get("architectures"):  # (a config.json written by hand: vLLM and exports pick the class by it)
+            config["architectures"] = [model_class_name(args)]
+        return config
 
     def config_fields(self, args: Any) -> dict[str, tuple[str, Any]]:
         return {}  # (no flavors to compare a checkpoint with: the checkpoint is the architecture)
@@ -288,6 +291,17 @@ def _back(key: str, renames: tuple[tuple[str, str], ...]) -> str:
     for checkpoint, memory in reversed(renames):
         key = key.replace(memory, checkpoint)
     return key
+
+
+def model_class_name(args: TransformersArgs) -> str:
+    """The ``transformers`` class of the model of ``args``: its image-text or causal-LM class."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+
+    names = MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES if args.reads_images else MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return str(names[args.model_type])
 
 
 @functools.cache
