@@ -292,3 +292,30 @@ def test_prefetched_batches_are_pinned_on_cuda(tmp_path):
     torch.cuda.synchronize()
     assert torch.equal(on_gpu["input"].cpu(), batch["input"])
     loader.close()
+
+
+@pytest.mark.parametrize("dp_world", [1, 2])
+def test_a_json_array_is_read_row_for_row_and_resumes_exactly(tmp_path, dp_world):
+    """A ``.json`` array file whose rows differ in a column's type (a message content that is a string in one row and
+    a list of content parts in another, TRL's image rows): each row is the JSON value it is in the file (read by
+    ``datasets``, both came back as JSON text: ``'"hi"'``), and a resumed reader goes on where the saved one was."""
+    from titanium.data.text import open_stream, read_stream, resolve_sources
+
+    rows = [{"text": f"doc {i}", "extra": "plain" if i % 2 else [{"type": "image"}, 1.5]} for i in range(30)]
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows, indent=1))
+    source = resolve_sources(DataSection(path=str(path)))[0]
+    assert [item for _, item in read_stream(source, open_stream(source), 0)] == rows
+    cfg = DataSection(path=str(path))
+    for rank in range(dp_world):
+        ref = BatchLoader(TextDataset(cfg, TOK, seq_len=8, dp_rank=rank, dp_world=dp_world), batch_size=2)
+        take(ref, 3)
+        state = json.loads(json.dumps(ref.state_dict()))
+        expected = take(ref, 12)  # (crosses an epoch boundary)
+        resumed = BatchLoader(TextDataset(cfg, TOK, seq_len=8, dp_rank=rank, dp_world=dp_world), batch_size=2)
+        resumed.load_state_dict(state)
+        for a, b in zip(expected, take(resumed, 12)):
+            assert torch.equal(a["input"], b["input"])
+    path.write_text('{"text": "one object, not an array"')
+    with pytest.raises(DataError, match=rf"--data.path {path}: cannot read it: not a JSON array"):
+        list(read_stream(source, open_stream(source), 0))

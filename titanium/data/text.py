@@ -27,6 +27,7 @@ import torch
 
 from titanium.config.sections import DataSection
 from titanium.config.validate import looks_local
+from titanium.data.json_array import JsonArrayStream
 from titanium.data.lines import BadLine, first_character, read_lines, reads_by_line, row_number
 from titanium.data.shares import LineShare, owned_ranges
 from titanium.data.tokenizer import Tokenizer
@@ -100,10 +101,16 @@ def stream_rows(source: Source, start_row: int) -> Iterator[tuple[int, Any]]:
     yield from read_stream(source, ds.skip(start_row) if start_row else ds, start_row)
 
 
-def open_stream(source: Source) -> datasets.IterableDataset:
-    """A source read through the `datasets` library (parquet, a JSON array, a hub dataset), streamed."""
+def open_stream(source: Source) -> datasets.IterableDataset | JsonArrayStream:
+    """A source read through the `datasets` library (parquet, a hub dataset), streamed; a local JSON array is read
+    whole by the ``json`` module (``json_array``: `datasets` would rewrite its mixed-type columns as JSON text)."""
     import datasets  # heavy import, only when such data is used
 
+    if source.data_files is not None and Path(source.data_files).suffix == ".json":
+        try:
+            return JsonArrayStream(Path(source.data_files))
+        except (OSError, ValueError) as e:
+            raise DataError(f"{source.flag} {source.label}: cannot read it: {e}; fix the file") from e
     try:
         if source.data_files is None:
             return datasets.load_dataset(source.builder, name=source.hub_config, split=source.split, streaming=True)
@@ -187,7 +194,7 @@ class RowReader:
         self.source_idx = 0
         self.next_row = 0  # next row of sources[source_idx] to read (sources read through `datasets`)
         self.share: LineShare | None = None  # this rank's position in sources[source_idx] (line files)
-        self.stream: datasets.IterableDataset | None = None  # sources[source_idx] when read through `datasets`
+        self.stream: datasets.IterableDataset | JsonArrayStream | None = None  # sources[source_idx] not read by line
         self._stream_state: dict[str, Any] | None = None  # where a resumed `stream` starts
         self.bad_rows = 0
         self._pass_used = False  # did the current pass give the consumer anything?
