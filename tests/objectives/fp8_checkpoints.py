@@ -61,3 +61,34 @@ def quantize_folder(folder: Path, block: tuple[int, int]) -> None:
         "weight_block_size": list(block),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2))
+
+
+def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(blocks, scales)`` of an MoE's stacked expert weight ``[experts, in, out]`` as GPT-OSS's checkpoints store it:
+    by output, 32 inputs a group, each value the FP4 E2M1 nearest to it over the group's power of two (the smallest
+    that brings the group's largest magnitude to 6 or less), two per byte (the low nibble first)."""
+    from titanium.checkpoint.hf_quantized import FP4_VALUES
+
+    by_output = weight.transpose(1, 2)
+    experts, outputs, inputs = by_output.shape
+    groups = by_output.reshape(experts, outputs, inputs // 32, 32)
+    exponents = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=1e-30) / 6.0)).clamp(-127, 127)
+    nibbles = ((groups / torch.exp2(exponents)[..., None])[..., None] - torch.tensor(FP4_VALUES)).abs().argmin(-1)
+    blocks = (nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)).to(torch.uint8)
+    return blocks.contiguous(), (exponents + 127).to(torch.uint8)
+
+
+def quantize_experts_mxfp4(folder: Path) -> None:
+    """Rewrite a one-file GPT-OSS checkpoint's stacked expert weights (``gate_up_proj``, ``down_proj``) in MXFP4, as
+    its published checkpoints hold them, in place."""
+    tensors = {}
+    for key, value in load_file(folder / "model.safetensors").items():
+        if key.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            tensors[f"{key}_blocks"], tensors[f"{key}_scales"] = quantize_mxfp4(value.float())
+        else:
+            tensors[key] = value
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((folder / "config.json").read_text())
+    skipped = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": skipped}
+    (folder / "config.json").write_text(json.dumps(config, indent=2))

@@ -30,7 +30,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from titanium.checkpoint.full_blocks import full_blocks
-from titanium.checkpoint.hf_fp8 import QUANTIZATION, BlockScales, block_scales, quantization_problem
+from titanium.checkpoint.hf_quantized import QUANTIZATION, Quantized, quantization_problem, quantized
 from titanium.checkpoint.hf_stream import SliceReader, stream_into
 from titanium.config.sections import CheckpointSection
 from titanium.data.tokenizer import has_tokenizer
@@ -98,14 +98,15 @@ class HFCheckpoint:
     weight_map: dict[str, str]
     index_metadata: dict[str, Any] | None
     shapes: dict[str, tuple[int, ...]]
-    scales: BlockScales | None = None
-    """A block-wise FP8 checkpoint's scales (``hf_fp8``): its weights read dequantized. Their tensors are in
-    ``scale_files``, not in ``weight_map`` or ``shapes`` (the weights the checkpoint stands for)."""
-    scale_files: dict[str, str] = field(default_factory=dict)
+    quantized: Quantized | None = None
+    """How a quantized checkpoint stores its weights (``hf_quantized``: FP8, MXFP4), which are read dequantized.
+    ``weight_map`` and ``shapes`` name the weights it stands for (in memory's shapes, each in the file of its first
+    stored tensor); the stored tensors are in ``stored_files``."""
+    stored_files: dict[str, str] = field(default_factory=dict)
 
     def reader(self) -> SliceReader:
-        """A reader of this checkpoint's weights (dequantized, for an FP8 one)."""
-        return SliceReader(self.folder, {**self.weight_map, **self.scale_files}, self.scales)
+        """A reader of this checkpoint's weights (dequantized, for a quantized one)."""
+        return SliceReader(self.folder, {**self.weight_map, **self.stored_files}, self.quantized)
 
     @property
     def files(self) -> list[str]:
@@ -165,14 +166,17 @@ class HFCheckpoint:
         if problem is not None:
             raise HFCheckpointError(f"{folder / CONFIG_FILE}: {problem}")
         try:
-            scales = block_scales(config, shapes)
+            stored = quantized(config, shapes)
         except ValueError as e:
             raise HFCheckpointError(f"{folder}: {e}") from None
-        if scales is None:
+        if stored is None:
             return cls(folder, config, weight_map, index_metadata, shapes)
-        scale_files = {key: weight_map.pop(key) for key in scales.scale_of.values()}
-        shapes = {key: shape for key, shape in shapes.items() if key not in scale_files}
-        return cls(folder, config, weight_map, index_metadata, shapes, scales, scale_files)
+        parts = {part for group in stored.parts.values() for part in group}
+        stored_files = {part: weight_map[part] for part in parts}
+        weight_map = {key: name for key, name in weight_map.items() if key not in parts}
+        weight_map.update({key: stored_files[group[0]] for key, group in stored.parts.items()})
+        shapes = {key: shape for key, shape in shapes.items() if key not in parts} | dict(stored.shapes)
+        return cls(folder, config, weight_map, index_metadata, shapes, stored, stored_files)
 
     def read(self, keys: list[str] | None = None) -> dict[str, torch.Tensor]:
         """Load tensors (all, or ``keys``) to CPU."""
@@ -346,12 +350,13 @@ def load_hf_weights(
         raise HFCheckpointError(
             f"{named_by(option)}cannot read tensors of {folder} (truncated or corrupt?): {e}"
         ) from e
-    fp8 = "" if ckpt.scales is None else f", {len(ckpt.scales.scale_of)} of them block-wise FP8, dequantized"
+    stored = ckpt.quantized
+    dequantized = "" if stored is None else f", {len(stored.parts)} of them {stored.method}, dequantized"
     logger.info(
         "loaded Hugging Face weights from %s (%d tensors%s, %d file(s); this rank read %.1f MiB of them)",
         folder,
         len(ckpt.shapes),
-        fp8,
+        dequantized,
         len(ckpt.files),
         reader.bytes_read / 2**20,
     )

@@ -27,7 +27,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch.distributed.tensor import DTensor
 
-from titanium.checkpoint.hf_fp8 import BlockScales
+from titanium.checkpoint.hf_quantized import Quantized
 from titanium.models.hf_adapter import HFAdapter, RowSource, rope_rows_from_hf
 from titanium.parallel.params import local_indices
 
@@ -42,9 +42,9 @@ class SliceReader:
     the boxes read so far.
     """
 
-    def __init__(self, folder: Path, weight_map: Mapping[str, str], scales: BlockScales | None = None) -> None:
-        """``scales``: a block-wise FP8 checkpoint's (``hf_fp8``), whose quantized weights are read dequantized."""
-        self._folder, self._weight_map, self._scales = folder, weight_map, scales
+    def __init__(self, folder: Path, weight_map: Mapping[str, str], quantized: Quantized | None = None) -> None:
+        """``quantized``: how a quantized checkpoint stores its weights (``hf_quantized``), read dequantized."""
+        self._folder, self._weight_map, self._quantized = folder, weight_map, quantized
         self._stack = contextlib.ExitStack()
         self._files: dict[str, Any] = {}
         self.bytes_read = 0
@@ -59,10 +59,9 @@ class SliceReader:
         """HF tensor ``key``, or the positions ``index`` of it: one read of the box from the first to the last
         position of each dimension, then the positions picked out of that box (only strided shards need this, and
         an FP8 weight's scales, read once per weight element). A quantized weight comes back dequantized."""
-        value = self._read(key, index)
-        if self._scales is not None and key in self._scales.scale_of:
-            value = self._scales.dequantize(key, value, index, self._read)
-        return value
+        if self._quantized is not None and key in self._quantized.parts:
+            return self._quantized.read(key, index, self._read)
+        return self._read(key, index)
 
     def _read(self, key: str, index: Index | None = None) -> torch.Tensor:
         path = self._folder / self._weight_map[key]

@@ -60,7 +60,7 @@ class TransformersArgs:
     @classmethod
     def from_config(cls, config: Mapping[str, Any], **fields: Any) -> TransformersArgs:
         """The args of ``config``, without its ``quantization_config``: titanium builds, trains and exports the weights
-        a quantized checkpoint stands for (``titanium/checkpoint/hf_fp8.py`` reads them)."""
+        a quantized checkpoint stands for (``titanium/checkpoint/hf_quantized.py`` reads them)."""
         plain = {key: value for key, value in config.items() if key != "quantization_config"}
         return cls(config_json=json.dumps(plain, sort_keys=True), **fields)
 

@@ -1,5 +1,6 @@
-"""Block-wise FP8 checkpoints (DeepSeek-V3's, the Qwen3 ``-FP8`` models') load as the weights they stand for, per
-rank and per slice, in the native families and the transformers backend, and export unquantized.
+"""Quantized checkpoints load as the weights they stand for, per rank and per slice, in the native families and the
+transformers backend, and export unquantized: block-wise FP8 (DeepSeek-V3's, the Qwen3 ``-FP8`` models') and MXFP4
+experts (GPT-OSS's).
 
 - A tiny DeepSeek-V3 (backend: latent attention, per-expert MoE tensors) and a Qwen3 debug model (native: RoPE-
   permuted q/k rows read in whole heads) saved by ``transformers`` and rewritten in FP8 with 8 x 8 blocks: titanium's
@@ -8,6 +9,7 @@ rank and per slice, in the native families and the transformers backend, and exp
   tensors, without scales or ``quantization_config``, and reloads with the same logits.
 - One weight with partial blocks (20 x 36 in 16 x 16 blocks, the ceiling grid of the format): every slice a rank
   may read (a box, strided rows or columns, the whole) is that slice of the dequantized weight, exactly.
+- A tiny GPT-OSS with MXFP4 experts: logits equal ``transformers``' loading of the folder exactly, every slice too.
 - Other quantizations (GPTQ, bitsandbytes...) are refused before any process starts, naming the method.
 """
 
@@ -25,7 +27,7 @@ from tests.helpers import tiny_args
 from tests.objectives.fp8_checkpoints import dequantized, quantize_blocks, quantize_folder
 from tests.objectives.tiny_backend import VOCAB, save_tiny_hf
 from titanium.checkpoint.hf import HFCheckpoint, export_hf, hf_model_args, load_hf_weights, read_hf_config
-from titanium.checkpoint.hf_fp8 import BlockScales
+from titanium.checkpoint.hf_quantized import Quantized
 from titanium.checkpoint.hf_stream import SliceReader
 from titanium.models import get_model_spec
 
@@ -37,11 +39,11 @@ scales' grid (rows // grid rows), which is the format's block only where the blo
 
 
 def built(model: str, source: Path):
-    """The model titanium builds from ``source`` (the backend for DeepSeek-V3, the native family for Qwen3), its
+    """The model titanium builds from ``source`` (the native family for Qwen3, else the backend), its
     checkpoint adapter and args."""
-    spec = get_model_spec("transformers" if model == "deepseek_v3" else model)
-    adapter = spec.hf_adapter
-    adapter = adapter.for_config(read_hf_config(source)) if model == "deepseek_v3" else adapter  # (per expert)
+    native = model == "qwen3"
+    spec = get_model_spec(model if native else "transformers")
+    adapter = spec.hf_adapter if native else spec.hf_adapter.for_config(read_hf_config(source))  # (per expert)
     args = hf_model_args(spec, source)
     with torch.device("meta"):
         ours = spec.model_cls(args)
@@ -68,7 +70,7 @@ def test_fp8_checkpoints_load_as_transformers_dequantizes_them(tmp_path: Path, m
     export_hf(ours, tmp_path / "export", adapter, args, source_folder=source)
     exported = HFCheckpoint.open(tmp_path / "export")
     assert "quantization_config" not in json.loads((tmp_path / "export" / "config.json").read_text())
-    assert exported.scales is None and set(exported.shapes) == set(HFCheckpoint.open(source).shapes)
+    assert exported.quantized is None and set(exported.shapes) == set(HFCheckpoint.open(source).shapes)
     weights, stands_for = exported.read(), HFCheckpoint.open(source).read()  # (the source's read dequantized)
     for key, value in stands_for.items():
         assert torch.equal(weights[key], value.float()), key
@@ -85,7 +87,7 @@ def test_every_slice_is_read_dequantized(tmp_path: Path) -> None:
     save_file({"w": quantized, "w_scale_inv": scales}, tmp_path / "model.safetensors")
     whole = dequantized(quantized, scales, block)
     assert (whole - weight).abs().max() < 0.1 * weight.abs().max()  # (it is the weight, to FP8's precision)
-    found = BlockScales(block, {"w": "w_scale_inv"}, {"w": (20, 36)})
+    found = Quantized("fp8", {"w": ("w", "w_scale_inv")}, {"w": (20, 36)}, block)
     rows, strided = torch.arange(5, 17), torch.tensor([0, 3, 17, 35])
     with SliceReader(tmp_path, dict.fromkeys(["w", "w_scale_inv"], "model.safetensors"), found) as reader:
         for index in (None, [rows, None], [None, strided], [rows, strided], [torch.tensor([19]), torch.arange(36)]):
@@ -124,7 +126,7 @@ def test_deepseeks_multi_token_prediction_layer_is_skipped(tmp_path: Path) -> No
     tensors["model.layers.61.enorm.weight"] = torch.ones(64)
     save_file(tensors, source / "model.safetensors", metadata={"format": "pt"})
     quantize_folder(source, BLOCK)
-    assert "model.layers.61.eh_proj.weight_scale_inv" in HFCheckpoint.open(source).scale_files
+    assert "model.layers.61.eh_proj.weight_scale_inv" in HFCheckpoint.open(source).stored_files
     reference = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
     ours, adapter, args = built("deepseek_v3", source)
     load_hf_weights(ours, source, adapter, args)
@@ -135,3 +137,42 @@ def test_deepseeks_multi_token_prediction_layer_is_skipped(tmp_path: Path) -> No
     exported = HFCheckpoint.open(tmp_path / "export").shapes
     assert not [key for key in exported if key.startswith("model.layers.61.")]
     assert set(exported) == {k for k in HFCheckpoint.open(source).shapes if not k.startswith("model.layers.61.")}
+
+
+def test_gpt_oss_mxfp4_experts_load_as_transformers_dequantizes_them(tmp_path: Path) -> None:
+    """A tiny GPT-OSS whose experts are stored in MXFP4 as its published checkpoints are (``gate_up_proj_blocks`` /
+    ``_scales``...): titanium's logits equal ``transformers``' own loading of the folder (which dequantizes on CPU),
+    exactly; every slice a rank may read of a stacked expert weight is that slice of the whole dequantized weight; the
+    export names the experts as in memory (``gate_up_proj``), without ``quantization_config``, and reloads with the
+    same logits."""
+    from tests.objectives.fp8_checkpoints import quantize_experts_mxfp4
+
+    source = tmp_path / "mxfp4"
+    save_tiny_hf(source, "gpt_oss")
+    quantize_experts_mxfp4(source)
+    checkpoint = HFCheckpoint.open(source)
+    key = "model.layers.0.mlp.experts.gate_up_proj"
+    assert checkpoint.quantized is not None and checkpoint.shapes[key] == (4, 64, 128)  # (experts, hidden, 2 x 64)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32).eval()
+    ours, adapter, args = built("gpt_oss", source)
+    load_hf_weights(ours, source, adapter, args)
+    x = torch.randint(3, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = reference(input_ids=x).logits
+        torch.testing.assert_close(ours.eval()(x), expected, atol=0, rtol=0)
+    whole = checkpoint.read([key])[key]
+    torch.testing.assert_close(whole, reference.model.layers[0].mlp.experts.gate_up_proj, atol=0, rtol=0)
+    experts, columns, rows = torch.tensor([3, 1]), torch.tensor([0, 31, 32, 63, 5]), torch.arange(40, 128)
+    with checkpoint.reader() as reader:
+        for index in ([experts, None, None], [None, columns, None], [None, None, rows], [experts, columns, rows]):
+            expected_slice = whole
+            for dim, positions in enumerate(index):
+                expected_slice = expected_slice if positions is None else expected_slice.index_select(dim, positions)
+            assert torch.equal(reader.read(key, index), expected_slice), index
+    export_hf(ours, tmp_path / "export", adapter, args, source_folder=source)
+    exported = HFCheckpoint.open(tmp_path / "export")
+    assert exported.quantized is None and key in exported.shapes and f"{key}_blocks" not in exported.shapes
+    assert "quantization_config" not in json.loads((tmp_path / "export" / "config.json").read_text())
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "export", dtype=torch.float32).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(input_ids=x).logits, expected, atol=0, rtol=0)
