@@ -7,7 +7,8 @@
 # and step seconds, with generation in the loop, on the generation thread (lag 1) and compiled. Part 7 is what part 1
 # and 6 left after the generation thread got a CUDA stream of its own: its three CUDA tests and the lag 1 row (with
 # lag 0 beside it, on the same card). Parts "peers" and "peers_post" are titanium beside torchtitan (pretraining),
-# torchtune (SFT) and TRL (DPO, GRPO) on the same card (benchmarks/peers.py), into one peers_<device>.md.
+# torchtune (SFT) and TRL (DPO, GRPO) on the same card (benchmarks/peers.py), into one peers_<device>.md. Part
+# "backend" is the transformers backend against the native Llama 3 on the 8B-shaped model, eager and compiled.
 #
 #   bash benchmarks/gpu_suite.sh --list                 # every part's steps, budgets and commands, in ORDER; runs nothing
 #   bash benchmarks/gpu_suite.sh --part 1 --out "$OUT"  # one part; its results and logs into that folder
@@ -58,6 +59,8 @@ STEPS=(
     "7|install|20|$INSTALL"
     "7|side_stream_tests|90|$PY -m pytest -m cuda -q -p no:cacheprovider tests/unit/test_side_stream.py"
     "7|grpo_lag1|300|$PY benchmarks/grpo_gpu.py --variants lag0 lag1 --steps 5 --run-timeout 140 --out \$R/grpo_lag1_\$TAG.md"
+    "backend|install|20|$INSTALL"
+    "backend|backend_8b|440|$PY benchmarks/pretrain_speed.py --models 8B --variants eager backend compile backend_compile --steps 10 --log-freq 3 --run-timeout 100 --out \$R/backend_8b_\$TAG.md"
     "peers|install|30|$INSTALL"
     "peers|peers_pretrain|440|$PY benchmarks/peers.py --work pretrain --layers 6 --steps 8 --run-timeout 70 --out \$R/peers_\$TAG.md"
     "peers_post|install|30|$INSTALL"
@@ -68,7 +71,7 @@ STEPS=(
 # The order to run the parts in (--list prints it, a run of every part follows it): the parts no GPU has run yet
 # first (7, 2, 4), then the peers (pretraining; then SFT, DPO and GRPO: together they need more than one part's
 # 8 minutes), then the parts already run (their results are in benchmarks/results/*_h200.md).
-ORDER=(7 2 4 peers peers_post 1 3 5 6)
+ORDER=(7 2 4 peers peers_post backend 1 3 5 6)
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 PART=all LIST=0 OUTDIR=

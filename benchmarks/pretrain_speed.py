@@ -30,12 +30,17 @@ The reference rows are the papers' measured numbers, quoted with their table:
     python benchmarks/pretrain_speed.py --models 8B --out benchmarks/results/pretrain_8b_h100.md  # one GPU
     python benchmarks/pretrain_speed.py --models 30B-A3B --variants eager compile                 # the MoE model
     python benchmarks/pretrain_speed.py --device cpu --smoke [--models 30B-A3B]                   # the CPU check
+    python benchmarks/pretrain_speed.py --models 8B --variants eager backend compile backend_compile  # issue 36
+
+The ``backend`` rows train the same model built by the transformers backend (``--model.backend transformers`` from
+the flavor's ``config.json``, its blocks cut in the config), for the backend-against-native row of issue 36.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -62,9 +67,13 @@ VARIANTS = {
     "compile": COMPILE,
     "compile + float8 tensorwise": (*COMPILE, "--float8.enable", "--float8.recipe", "tensorwise"),
     "compile + float8 rowwise": (*COMPILE, "--float8.enable", "--float8.recipe", "rowwise"),
+    "transformers backend": (),
+    "transformers backend + compile": COMPILE,
 }
+"""The rows; the backend's are the same model built by transformers' own code from its config.json (issue 36)."""
 SHORT_NAMES = {"eager": "eager", "compile": "compile", "float8_tensorwise": "compile + float8 tensorwise",
-               "float8_rowwise": "compile + float8 rowwise"}  # fmt: skip
+               "float8_rowwise": "compile + float8 rowwise", "backend": "transformers backend",
+               "backend_compile": "transformers backend + compile"}  # fmt: skip
 """``--variants`` names -> the table's rows."""
 BASE = (
     "--job.config_file", "train_configs/debug_model.toml", "--data.kind", "synthetic", "--checkpoint.no_enable",
@@ -99,16 +108,25 @@ def run(model: Model, variant: str, opts: argparse.Namespace, folder: Path) -> d
     """The trainer's means for one row, or why there are none (the table still gets written)."""
     from titanium.models import build_model_args, get_model_spec
 
-    vocab = build_model_args(get_model_spec(model.family), model.flavor).vocab_size
+    spec = get_model_spec(model.family)
+    args = build_model_args(spec, model.flavor)
+    layers, chosen = model.layers, ["--model.name", model.family, "--model.flavor", model.flavor]
+    if variant.startswith("transformers backend"):  # (the flavor's config.json, cut to the blocks kept)
+        config = spec.hf_adapter.to_hf_config(dataclasses.replace(args, n_layers=layers or args.n_layers))
+        config["max_position_embeddings"] = max(opts.seq_len, int(config.get("max_position_embeddings", 0)))
+        source = folder.parent / "hf_config"
+        source.mkdir(parents=True, exist_ok=True)
+        (source / "config.json").write_text(json.dumps(config))
+        layers, chosen = None, ["--model.hf_config", str(source), "--model.backend", "transformers"]
     flags = [
-        *BASE, "--model.name", model.family, "--model.flavor", model.flavor,
-        "--tokenizer.path", str(vocab_tokenizer(folder.parent, vocab)),
+        *BASE, *chosen,
+        "--tokenizer.path", str(vocab_tokenizer(folder.parent, args.vocab_size)),
         "--training.seq_len", str(opts.seq_len), "--training.local_batch_size", str(model.local_batch),
         "--training.steps", str(opts.steps), "--metrics.log_freq", str(opts.log_freq), *VARIANTS[variant],
     ]  # fmt: skip
     if opts.smoke:  # inductor on a small CPU takes minutes; float8 without tensor cores is emulated
         flags = [f for f in flags if f != "--compile.enable"] + (["--float8.emulate"] if "float8" in variant else [])
-    return attempt(flags, folder, layers=model.layers, timeout=opts.run_timeout, cpu=opts.device == "cpu")
+    return attempt(flags, folder, layers=layers, timeout=opts.run_timeout, cpu=opts.device == "cpu")
 
 
 def table(model: Model, results: dict[str, dict[str, float] | str], seq_len: int) -> list[str]:
@@ -145,7 +163,11 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="the debug model, 2 steps, 2 variants (a CPU check)")
     parser.add_argument("--models", nargs="+", default=["8B", "1B"], choices=["8B", "1B", "30B-A3B"])
     parser.add_argument(
-        "--variants", nargs="+", default=list(SHORT_NAMES), choices=list(SHORT_NAMES), help="which rows to train"
+        "--variants",
+        nargs="+",
+        default=[name for name in SHORT_NAMES if not name.startswith("backend")],
+        choices=list(SHORT_NAMES),
+        help="which rows to train",
     )
     parser.add_argument("--layers-8b", type=int, default=8, help="blocks of the 8B-shaped model (the real 8B: 32)")
     parser.add_argument("--layers-moe", type=int, default=3, help="blocks of the 30B-A3B-shaped model (real: 48)")
@@ -172,7 +194,8 @@ def main() -> None:
             debug = Model("Qwen3-MoE debug model (smoke run)", "debugmodel_moe", 2, 2, family="qwen3_moe")
         models, opts.models = {"debug": debug}, ["debug"]
         opts.seq_len, opts.steps, opts.log_freq = 64, 2, 1
-        variants = ["eager"] if moe else ["eager", "compile + float8 tensorwise"]
+        asked = [v for v in variants if v.startswith("transformers backend")]
+        variants = ["eager"] if moe else ["eager", "compile + float8 tensorwise"] if not asked else ["eager", *asked]
     chosen = [models[m] for m in opts.models]
     lines = [
         "# Pretraining speed on one GPU" + (" (smoke run: debug model, no compile, emulated float8)" * opts.smoke),

@@ -34,8 +34,8 @@ def suite_steps() -> list[Step]:
 
 
 def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
-    """``gpu_suite.sh --list``: parts 1..N, "peers" and "peers_post", listed in the order to run them (the parts no
-    GPU has run yet first, then the peers, then the rest), each starting with the install and within 480 s of
+    """``gpu_suite.sh --list``: parts 1..N, "peers", "peers_post" and "backend", listed in the order to run them (the
+    parts no GPU has run yet first, then the peers, then the rest), each starting with the install and within 480 s of
     budgets; part 1 has the CUDA tests and the headline; each benchmark's script has every flag the suite gives it
     and writes ``$R/<step>_$TAG.md`` (its results folder and the device's name), once in the suite (the peers'
     steps add their works to one ``$R/peers_$TAG.md``); a part returns at most 8 files (its results, its summary
@@ -43,9 +43,9 @@ def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
     subprocess.run(["bash", "-n", str(SUITE)], check=True)
     steps = suite_steps()
     parts = list(dict.fromkeys(part for part, *_ in steps))
-    numbered = sorted(int(p) for p in parts if not p.startswith("peers"))
+    numbered = sorted(int(p) for p in parts if p.isdigit())
     assert numbered == list(range(1, len(numbered) + 1))
-    assert parts[:5] == ["7", "2", "4", "peers", "peers_post"], parts
+    assert parts[:6] == ["7", "2", "4", "peers", "peers_post", "backend"], parts
     for part in parts:
         names = [name for p, name, _, _ in steps if p == part]
         assert names[0] == "install" and names.count("install") == 1, names
@@ -54,7 +54,7 @@ def test_gpu_suite_parts_fit_a_lease_and_their_commands_exist():
     assert [name for p, name, _, _ in steps if p == "1"][1:3] == ["cuda_tests", "pretrain_8b"]
     names = {name for _, name, _, _ in steps}
     assert {"sft_ladder", "float8_linear", "pretrain_1b", "generation", "chunked_ce", "dpo_memory"} <= names
-    assert {"moe_layer", "pretrain_moe", "grpo", "side_stream_tests", "grpo_lag1"} <= names
+    assert {"moe_layer", "pretrain_moe", "grpo", "side_stream_tests", "grpo_lag1", "backend_8b"} <= names
     outs, works = [], []
     for part, name, _, argv in steps:
         if name == "install":
@@ -140,6 +140,9 @@ def test_gpu_benchmarks_run_on_cpu_and_write_their_tables(tmp_path):
         assert float(cells[0].replace(",", "")) > 0  # tokens/s
     assert "6,258 tok/s, 81.9" in rows["eager"] and "9,409 tok/s, 76.8" in rows["compile + float8 tensorwise"]
     assert "7,689.5 tok/s, 47.77" in rows["compile + float8 tensorwise"]
+    backend = table_rows(smoke("benchmarks/pretrain_speed.py", tmp_path, "--variants", "eager", "backend"))
+    assert set(backend) == {"eager", "transformers backend"}  # (part "backend": the same model built by transformers)
+    assert float(backend["transformers backend"][0].replace(",", "")) > 0
 
     ladder = table_rows(smoke("benchmarks/sft_ladder.py", tmp_path))
     assert set(ladder) == {"baseline", "+ LCE"}
