@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, token_id, vlm_folder
+from tests.objectives.tiny_vlm import random_image, tiny_config, tiny_processor, tiny_vlm, token_id, vlm_folder
 from titanium.batch import ImageInputs
 from titanium.checkpoint.hf import HFCheckpoint, export_hf
 from titanium.config.sections import LoRASection, ModelSection, OptimizerSection
@@ -236,3 +236,32 @@ def test_tensor_context_and_pipeline_parallelism_are_refused(tmp_path) -> None:
     problems = image_text_refusals(built.args, built.model, use)
     flags = ("tensor_parallel_degree 2", "context_parallel_degree 2", "pipeline_parallel_degree 2")
     assert len(problems) == 3 and all(flag in problem for flag, problem in zip(flags, problems, strict=True))
+
+
+def test_initialization_is_the_same_whole_or_unit_by_unit_and_a_cast_keeps_it() -> None:
+    """FSDP and TP materialize a model one unit at a time (``keep_only``), each drawing what the whole model draws, so
+    a layout started from the seed equals one process: recomputing the buffers draws no parameter again (SigLIP's
+    embeddings' ``_init_weights`` draws their position table, a child's; it was drawn again from the unseeded
+    generator, measured: FSDP 2 from the seed then differed from one process), nor does a whole-model cast, which
+    recomputes them."""
+    import copy
+
+    from titanium.models.transformers.args import TransformersArgs
+    from titanium.models.transformers.vision import build_transformers_model
+    from titanium.parallel.pipeline import keep_only
+
+    with torch.device("meta"):
+        template = build_transformers_model(TransformersArgs.from_config(tiny_config("gemma3").to_dict()))
+    whole = copy.deepcopy(template)
+    whole.to_empty(device="cpu")
+    whole.init_weights(seed=5)
+    expected = {name: value.clone() for name, value in whole.state_dict().items()}
+    for layers, first, last in [([key], False, False) for key in template.layers] + [([], True, True)]:
+        unit = keep_only(template, layers, first, last)
+        unit.to_empty(device="cpu")
+        unit.init_weights(seed=5)
+        for name, value in unit.state_dict().items():
+            assert torch.equal(value, expected[name]), name
+    cast = whole.to(torch.bfloat16)
+    for name, value in cast.state_dict().items():
+        assert torch.equal(value, expected[name].to(value.dtype)), name
