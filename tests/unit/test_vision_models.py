@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, token_id, vlm_folder
+from tests.objectives.tiny_vlm import random_image, tiny_config, tiny_processor, tiny_vlm, token_id, vlm_folder
 from titanium.batch import ImageInputs
 from titanium.checkpoint.hf import HFCheckpoint, export_hf
 from titanium.config.sections import LoRASection, ModelSection, OptimizerSection
@@ -226,13 +226,60 @@ def test_llama4_scout_spreads_its_16_experts_over_64_ranks(tmp_path, monkeypatch
     assert experts and all(p.local_shape[0] == 16 for p in experts.values()), experts
 
 
-def test_tensor_context_and_pipeline_parallelism_are_refused(tmp_path) -> None:
-    """Layouts not made to work with images: each refused by a message naming its flag (preflight: exit 2)."""
+def test_context_and_pipeline_parallelism_are_refused(tmp_path) -> None:
+    """Layouts not made to work with images: each refused by a message naming its flag (preflight: exit 2); tensor
+    parallelism is not refused by the image-text checks (tests/distributed/test_vision_fsdp.py trains it)."""
     from titanium.models.spec import ModelUse
     from titanium.models.transformers.vision import image_text_refusals
 
     built = load(vlm_folder("gemma3", tmp_path, seed=1))[1]
     use = ModelUse(tensor_parallel=2, context_parallel=2, pipeline_parallel=2)
     problems = image_text_refusals(built.args, built.model, use)
-    flags = ("tensor_parallel_degree 2", "context_parallel_degree 2", "pipeline_parallel_degree 2")
-    assert len(problems) == 3 and all(flag in problem for flag, problem in zip(flags, problems, strict=True))
+    flags = ("context_parallel_degree 2", "pipeline_parallel_degree 2")
+    assert len(problems) == 2 and all(flag in problem for flag, problem in zip(flags, problems, strict=True))
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "mllama", "gemma3", "llama4"])
+def test_tensor_parallelism_is_refused_where_the_language_model_has_no_translated_plan(model_type: str) -> None:
+    """TP splits the language model by its config's plan (the vision parts computed whole on every rank): Gemma 3
+    and Qwen2.5-VL have one; Llama 3.2 Vision's text model has none, Qwen3-VL's splits only the embedding and
+    Llama 4's splits its MoE experts in styles titanium does not translate, each refused naming the flag."""
+    from titanium.models.spec import ModelUse
+    from titanium.models.transformers.args import TransformersArgs
+    from titanium.models.transformers.checks import backend_refusals
+
+    args = TransformersArgs.from_config(tiny_config(model_type).to_dict())
+    problems = backend_refusals(args, ModelUse(tensor_parallel=2))
+    if model_type in ("qwen2_5_vl", "gemma3"):
+        assert problems == []
+    else:
+        assert len(problems) == 1 and problems[0].startswith("--parallelism.tensor_parallel_degree 2: "), problems
+
+
+def test_initialization_is_the_same_whole_or_unit_by_unit_and_a_cast_keeps_it() -> None:
+    """FSDP and TP materialize a model one unit at a time (``keep_only``), each drawing what the whole model draws, so
+    a layout started from the seed equals one process: recomputing the buffers draws no parameter again (SigLIP's
+    embeddings' ``_init_weights`` draws their position table, a child's; it was drawn again from the unseeded
+    generator, measured: FSDP 2 from the seed then differed from one process), nor does a whole-model cast, which
+    recomputes them."""
+    import copy
+
+    from titanium.models.transformers.args import TransformersArgs
+    from titanium.models.transformers.vision import build_transformers_model
+    from titanium.parallel.pipeline import keep_only
+
+    with torch.device("meta"):
+        template = build_transformers_model(TransformersArgs.from_config(tiny_config("gemma3").to_dict()))
+    whole = copy.deepcopy(template)
+    whole.to_empty(device="cpu")
+    whole.init_weights(seed=5)
+    expected = {name: value.clone() for name, value in whole.state_dict().items()}
+    for layers, first, last in [([key], False, False) for key in template.layers] + [([], True, True)]:
+        unit = keep_only(template, layers, first, last)
+        unit.to_empty(device="cpu")
+        unit.init_weights(seed=5)
+        for name, value in unit.state_dict().items():
+            assert torch.equal(value, expected[name]), name
+    cast = whole.to(torch.bfloat16)
+    for name, value in cast.state_dict().items():
+        assert torch.equal(value, expected[name].to(value.dtype)), name

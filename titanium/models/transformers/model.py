@@ -358,15 +358,19 @@ def _seeded(generator: torch.Generator, device: torch.device) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _parameters_aside(module: nn.Module) -> Iterator[None]:
-    """``module``'s own parameters replaced by meta stand-ins (which initialization leaves alone) inside the block."""
-    saved = dict(module._parameters)
-    for name, param in saved.items():
-        if param is not None:
-            module._parameters[name] = nn.Parameter(torch.empty(param.shape, device="meta"), param.requires_grad)
+    """``module``'s parameters, its submodules' too, replaced by meta stand-ins (which initialization leaves alone)
+    inside the block: an ``_init_weights`` branch may draw a child's (SigLIP's embeddings draw their position table),
+    which recomputing the buffers would otherwise draw again, from the unseeded generator."""
+    saved = [(sub, dict(sub._parameters)) for sub in module.modules()]
+    for sub, params in saved:
+        for name, param in params.items():
+            if param is not None:
+                sub._parameters[name] = nn.Parameter(torch.empty(param.shape, device="meta"), param.requires_grad)
     try:
         yield
     finally:
-        module._parameters.update(saved)
+        for sub, params in saved:
+            sub._parameters.update(params)
 
 
 def sliding_windows(layers: nn.ModuleDict, config: Any) -> tuple[int, ...]:

@@ -20,7 +20,9 @@ Around the plan, as for the native families: the embedding and the LM head are s
 when they are tied), with loss parallel the logits stay split by vocabulary into the loss, and the final norm's
 output is a DTensor (split along the sequence, or whole without sequence parallelism), so a loss that projects by
 itself (chunked cross-entropy) sums the hidden states' partial gradients over the ranks; a score head scores the
-gathered sequence (``score_head_plan``).
+gathered sequence (``score_head_plan``). An image-text model's vision tower and projector are not split: every rank
+computes them whole, on plain tensors, and hands the language model the whole image features
+(``WholeOnPlainTensors``).
 """
 
 from __future__ import annotations
@@ -107,6 +109,8 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh, loss_parallel: 
         parallelize_module(model, tp_mesh, root_plan)
     if split and model.output is not None and model.args.score_head:
         score_head_plan(model.output, tp_mesh)
+    for name in getattr(model, "vision_names", ()):  # (an image-text model's vision tower and projector)
+        parallelize_module(getattr(model, name), tp_mesh, WholeOnPlainTensors())
     replicate_the_rest(model, tp_mesh)
     # Tied embeddings: both sides are split by vocabulary rows (Shard(0)), so one DTensor serves both.
     if model.args.tie_word_embeddings and model.tok_embeddings is not None and model.output is not None:
@@ -180,6 +184,41 @@ class ReplicatedParallel(ParallelStyle):
 
         module.register_forward_pre_hook(before, with_kwargs=True)
         module.register_forward_hook(after)
+        return module
+
+
+class WholeOnPlainTensors(ParallelStyle):
+    """A module (with all its submodules) every rank computes whole, as one process would, on plain tensors: its
+    parameters become replicated DTensors (the optimizer, gradient clipping and checkpoints see one kind of
+    parameter, counted once), and for each forward the module holds their local tensors instead, so its own code
+    runs untouched (no DTensor op coverage needed: an image-text model's vision tower and projector). Its inputs are
+    the same on every rank, so each rank computes the whole gradient, which reaches the replicated parameter through
+    ``to_local``: nothing is reduced."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        replicated: dict[int, nn.Parameter] = {}  # (a parameter two submodules share stays one)
+        for sub in module.modules():
+            for name, param in list(sub.named_parameters(recurse=False)):
+                if id(param) not in replicated:
+                    whole = DTensor.from_local(param, device_mesh, [Replicate()], run_check=False)
+                    replicated[id(param)] = nn.Parameter(whole, requires_grad=param.requires_grad)
+                sub.register_parameter(name, replicated[id(param)])
+        held: list[tuple[nn.Module, str, nn.Parameter]] = []
+
+        def before(root: nn.Module, _: tuple) -> None:
+            for sub in root.modules():
+                for name, param in sub._parameters.items():
+                    if isinstance(param, DTensor):
+                        held.append((sub, name, param))
+                        sub._parameters[name] = param.to_local()
+
+        def after(*_: object) -> None:
+            while held:
+                sub, name, param = held.pop()
+                sub._parameters[name] = param
+
+        module.register_forward_pre_hook(before)
+        module.register_forward_hook(after, always_call=True)
         return module
 
 

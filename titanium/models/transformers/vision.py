@@ -5,8 +5,8 @@ decoder's interface as ``TransformersModel`` puts any causal LM there (``tok_emb
 ``output``), so FSDP units, activation checkpointing, compile, LoRA and the export treat it as a text model. The
 vision tower and the projector (and any other module outside the language model) become further children under their
 own ``transformers`` names (``visual``, ``vision_model``, ``multi_modal_projector``...): FSDP shards them with the
-root, LoRA reaches them only when asked. Tensor, context and pipeline parallelism are refused
-(``image_text_refusals``).
+root, tensor parallelism computes them whole on every rank beside the split language model (``parallelize.py``),
+LoRA reaches them only when asked. Context and pipeline parallelism are refused (``image_text_refusals``).
 
 A microbatch's images (``titanium.batch.ImageInputs``, the processor's tensors per row) enter the forward as
 ``images``; how each architecture reads them is its feed (``image_feeds.py``): the placeholder tokens' embeddings
@@ -109,8 +109,8 @@ class ImageTextModel(TransformersModel):
         if clash:
             raise HFConfigError(f"{type(hf).__name__}'s {', '.join(clash)} would shadow the language model's parts")
         self.vision_names: tuple[str, ...] = tuple(parts)
-        """The children that are not the language model (vision tower, projector): in FSDP's root unit (tensor and
-        pipeline parallelism are refused: ``image_text_refusals``)."""
+        """The children that are not the language model (vision tower, projector): in FSDP's root unit, computed
+        whole on every tensor-parallel rank (pipeline parallelism is refused: ``image_text_refusals``)."""
         for name, (module, _) in parts.items():
             setattr(self, name, module)
         holders = [m for m in hf.modules() if any(c is base or c is head for c in m.modules()) and m is not base]
@@ -231,14 +231,11 @@ def _renamed(config_json: str, keys: tuple[str, ...]) -> dict[str, str]:
 
 
 def image_text_refusals(args: TransformersArgs, model: ImageTextModel, use: Any) -> list[str]:
-    """What an image-text model cannot do of ``use`` (a ``ModelUse``), as messages naming the flag to change."""
+    """What an image-text model cannot do of ``use`` (a ``ModelUse``), as messages naming the flag to change.
+    Tensor parallelism is the language model's plan (``checks.py`` refuses a model without a plan titanium
+    translates: Llama 3.2 Vision has none, Qwen3-VL's splits no layer, Llama 4's splits its MoE experts), the vision
+    parts computed whole on every rank (``parallelize.WholeOnPlainTensors``)."""
     problems = []
-    if use.tensor_parallel > 1:
-        problems.append(
-            f"--parallelism.tensor_parallel_degree {use.tensor_parallel}: an image-text model's vision parts stay "
-            "plain tensors beside the language model's sharded ones, which the optimizer refuses to step together "
-            "(measured: fused AdamW on mixed Tensor and DTensor); use FSDP (--parallelism.data_parallel_shard_degree)"
-        )
     if use.context_parallel > 1:
         problems.append(
             f"--parallelism.context_parallel_degree {use.context_parallel}: splitting a row's tokens over ranks is not "

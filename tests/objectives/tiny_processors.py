@@ -1,0 +1,33 @@
+"""``python -m tests.objectives.tiny_processors JOBS.json`` (one process, or every rank under torchrun): the jobs of
+``tests.distributed.jobs_worker``, with ``AutoProcessor`` giving ``tiny_vlm.tiny_processor`` for a folder of a tiny
+Qwen2.5-VL or Qwen3-VL. Their own processors need torchvision, which does not import beside torch 2.13 CPU here, so
+without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import transformers
+
+from tests.distributed.jobs_worker import run_jobs_file
+from tests.objectives.tiny_vlm import tiny_processor
+
+TORCHVISION_PROCESSORS = ("qwen2_5_vl", "qwen3_vl")
+_load = transformers.AutoProcessor.from_pretrained
+
+
+def load_processor(folder: str | Path, *args: Any, **kwargs: Any) -> Any:
+    """``AutoProcessor.from_pretrained``, or the tiny processor of a folder of one of ``TORCHVISION_PROCESSORS``."""
+    config = Path(folder) / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    if model_type in TORCHVISION_PROCESSORS:
+        return tiny_processor(model_type)
+    return _load(folder, *args, **kwargs)
+
+
+if __name__ == "__main__":
+    transformers.AutoProcessor.from_pretrained = load_processor
+    run_jobs_file(sys.argv[1])
