@@ -220,11 +220,11 @@ def test_own_moe_blocks_train_from_and_export_to_their_per_expert_checkpoint(mak
     """Qwen2-MoE, whose MoE blocks run as transformers wrote them (stacked ``gate_up_proj`` / ``down_proj``, shared
     experts): 2 pretraining steps from its Hugging Face folder, which keeps one tensor per expert and projection; the
     export holds exactly the folder's tensor names and loads in ``Qwen2MoeForCausalLM`` with the trained logits."""
-    from safetensors import safe_open
     from transformers import AutoModelForCausalLM
 
     from tests.backend_matrix.configs import tiny_config
     from tests.parity.harness import randomize_
+    from titanium.checkpoint.hf import HFCheckpoint
 
     source = tmp_path / "qwen2_moe"
     hf = AutoModelForCausalLM.from_config(tiny_config("qwen2_moe"), dtype=torch.float32)
@@ -244,11 +244,7 @@ def test_own_moe_blocks_train_from_and_export_to_their_per_expert_checkpoint(mak
         assert (trainer.model(x) - hf(input_ids=x).logits).abs().max() > 1e-4  # it trained
 
     def names(folder: Path) -> set[str]:
-        found = set()
-        for file in folder.glob("*.safetensors"):
-            with safe_open(file, "pt") as handle:
-                found |= set(handle.keys())
-        return found
+        return set(HFCheckpoint.open(folder).shapes)
 
     assert "model.layers.1.mlp.experts.7.up_proj.weight" in names(source)
     assert names(run / "hf") == names(source)

@@ -22,6 +22,7 @@ import torch
 
 from tests.helpers import scalars
 from tests.objectives.tiny_vlm import assert_image_fields_equal, random_image, vlm_folder, with_reference
+from tests.unit.test_vision_trl import trl_settings
 
 pytest.importorskip("transformers")
 pytest.importorskip("trl", reason="pip install 'trl>=1.16,<2' (in the dev extra) to compare with TRL")
@@ -73,17 +74,7 @@ def trl_trainer(policy: Path, reference: Path, rows: list[dict], output: Path):
     from transformers import AutoModelForImageTextToText
     from trl import KTOConfig, KTOTrainer
 
-    args = KTOConfig(
-        output_dir=str(output),
-        per_device_train_batch_size=len(rows),
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        max_steps=STEPS,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        save_strategy="no",
-    )
+    args = KTOConfig(**trl_settings(output, rows, STEPS, LR))
     return KTOTrainer(
         model=AutoModelForImageTextToText.from_pretrained(policy, dtype=torch.float32),
         ref_model=AutoModelForImageTextToText.from_pretrained(reference, dtype=torch.float32),

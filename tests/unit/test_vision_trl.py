@@ -53,6 +53,22 @@ def write_rows(folder: Path, columns: str) -> list[dict]:
     return theirs
 
 
+def trl_settings(output: Path, rows: list[dict], steps: int, lr: float) -> dict:
+    """The TRL config fields every comparison sets: all rows a step, CPU, fp32, ``steps`` steps at a constant ``lr``,
+    no saves or reports."""
+    return dict(
+        output_dir=str(output),
+        per_device_train_batch_size=len(rows),
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        max_steps=steps,
+        learning_rate=lr,
+        lr_scheduler_type="constant",
+        save_strategy="no",
+    )
+
+
 def trl_trainer(folder: Path, rows: list[dict], output: Path):
     """``SFTTrainer`` on the Hugging Face folder as TRL configures it for a vision dataset (its processor loaded by
     TRL from the model's folder; the collator, masks and loss TRL's defaults), every step on all the rows."""
@@ -61,17 +77,7 @@ def trl_trainer(folder: Path, rows: list[dict], output: Path):
     from trl import SFTConfig, SFTTrainer
 
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32)
-    args = SFTConfig(
-        output_dir=str(output),
-        per_device_train_batch_size=len(rows),
-        report_to=[],
-        use_cpu=True,
-        bf16=False,
-        max_steps=STEPS,
-        learning_rate=LR,
-        lr_scheduler_type="constant",
-        save_strategy="no",
-    )
+    args = SFTConfig(**trl_settings(output, rows, STEPS, LR))
     return SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(rows))
 
 
