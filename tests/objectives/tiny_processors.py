@@ -1,7 +1,9 @@
 """``python -m tests.objectives.tiny_processors JOBS.json`` (one process, or every rank under torchrun): the jobs of
 ``tests.distributed.jobs_worker``, with ``AutoProcessor`` giving ``tiny_vlm.tiny_processor`` for a folder of a tiny
 Qwen2.5-VL or Qwen3-VL. Their own processors need torchvision, which does not import beside torch 2.13 CPU here, so
-without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images."""
+without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images. In a test's
+own process ``use_tiny_processors`` makes the same change for the test (titanium's ``Trainer`` and TRL's trainers, which
+both load the folder's processor with ``AutoProcessor``)."""
 
 from __future__ import annotations
 
@@ -26,6 +28,11 @@ def load_processor(folder: str | Path, *args: Any, **kwargs: Any) -> Any:
     if model_type in TORCHVISION_PROCESSORS:
         return tiny_processor(model_type)
     return _load(folder, *args, **kwargs)
+
+
+def use_tiny_processors(monkeypatch: Any) -> None:
+    """``AutoProcessor.from_pretrained`` is ``load_processor`` until the test ends (``monkeypatch``: pytest's)."""
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", load_processor)
 
 
 if __name__ == "__main__":
