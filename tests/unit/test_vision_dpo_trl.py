@@ -223,6 +223,7 @@ def test_both_models_read_the_pairs_images(model_type: str, make_trainer, monkey
     loss = first_loss(make_trainer, policy, reference, tmp_path / "pairs0.jsonl", tmp_path / "run")
     moved = first_loss(make_trainer, policy, reference, swapped, tmp_path / "swapped")
     print(f"{model_type}: {loss:.8f} -> {moved:.8f} with pair 0's picture swapped")
-    assert abs(moved - loss) > 1e-5 * loss  # (measured: Qwen2.5-VL 8.9e-5 relative, its image one token of ~12)
+    # (measured: Llama 3.2 Vision 2.2e-3, Gemma 3 8.1e-3 relative; Qwen2.5-VL 8.9e-5, its image one token of ~12)
+    assert abs(moved - loss) > (1e-5 if model_type == "qwen2_5_vl" else 1e-4) * loss
     same = first_loss(make_trainer, policy, None, swapped, tmp_path / "same")
     assert same == pytest.approx(math.log(2), rel=1e-6)
