@@ -14,6 +14,7 @@ attention layers and zeroes it before its recurrent ones (which would otherwise 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from typing import Any
 
@@ -44,9 +45,11 @@ def decoding_inputs(base: torch.nn.Module, config: Any, kv_cache: KVCache, docum
         kv_cache.own_cache = state
     state.documents = torch.cat([state.documents, document_ids], dim=1)
     mask = (state.documents == document_ids[:, -1:]).long()
-    return {_cache_keyword(base): state.cache, "use_cache": True, "attention_mask": mask}
+    return {_cache_keyword(type(base)): state.cache, "use_cache": True, "attention_mask": mask}
 
 
-def _cache_keyword(base: torch.nn.Module) -> str:
-    """``cache`` in ``transformers`` 5.2x's forwards; ``past_key_values`` in earlier ones (still accepted)."""
-    return "cache" if "cache" in inspect.signature(type(base).forward).parameters else "past_key_values"
+@functools.cache
+def _cache_keyword(base: type) -> str:
+    """``cache`` in ``transformers`` 5.2x's forwards; ``past_key_values`` in earlier ones (still accepted). Read once
+    per class (not at every decoding step)."""
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
