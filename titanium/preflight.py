@@ -21,11 +21,11 @@ import torch
 
 from titanium.checkpoint.hf import hf_model_args, require_hf_adapter
 from titanium.config import ConfigError, JobConfig
-from titanium.config.components import OBJECTIVES, check_reads_images
+from titanium.config.components import OBJECTIVES
 from titanium.errors import UserError, report
 from titanium.inputs import load_job
 from titanium.model_builder import ModelSource, config_folder, resolve_spec
-from titanium.model_setup import StartingWeights, job_converters
+from titanium.model_setup import StartingWeights, job_converters, job_processor
 from titanium.models import build_model_args
 from titanium.models.converter import apply_converters
 from titanium.models.spec import ModelUse
@@ -70,8 +70,7 @@ def check_model(cfg: JobConfig, dims: ParallelDims, start: ModelSource, describe
     if args.decoder_args().moe is not None and reads_rollouts and cfg.rollout.engine == "vllm":
         reader = "--rollout.engine vllm (loaded through that format) could not take the trained weights"
         check_bias_reaches_hf(cfg.moe, spec.hf_adapter, reader=reader, fix="--rollout.engine titanium")
-    if getattr(args, "reads_images", False):
-        check_reads_images(cfg.training.objective)
+    job_processor(cfg, args)  # (an image-text model: the objective reads images, and the folder's processor loads)
     if spec.refusals is not None:
         problems = spec.refusals(args, model_use(cfg, dims))
         if problems:

@@ -31,6 +31,8 @@ PPO = ("--job.config_file", "train_configs/debug_ppo.toml", *TRAIN, "--checkpoin
 KD = ("--job.config_file", "train_configs/debug_kd.toml", *TRAIN, "--checkpoint.initial_load_path", "")
 KTO = ("--job.config_file", "train_configs/debug_kto.toml", *TRAIN, "--checkpoint.initial_load_path", "")
 REWARD = ("--job.config_file", "train_configs/debug_reward.toml", *TRAIN)
+VLM = ("--job.config_file", "train_configs/debug_vlm_sft.toml", *TRAIN)
+VLM_FOLDER = "assets/hf_configs/tiny-gemma3-vlm"
 DPO_DATA = "assets/tasks/arithmetic/preference_test.jsonl"
 DEBUG_TOKENIZER = "assets/tokenizer/titanium_debug.tiktoken"
 LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 16, "long_factor": [4.0] * 16, "factor": 32.0}
@@ -64,6 +66,23 @@ FAMILY_FEATURES = [
 """A feature each family's titanium model does not implement, in that family's config.json."""
 
 CASES = [
+    # ----- image-text models (issue 41, item 8)
+    Case(
+        "vlm_folder_without_its_processor",
+        (*VLM, "--model.hf_config", "{vlm_no_processor}", "--tokenizer.path", VLM_FOLDER),
+        "--model.hf_config {vlm_no_processor}: the model reads images, and transformers' AutoProcessor cannot load its "
+        "processor from the folder",
+    ),
+    Case(
+        "vlm_folder_for_a_text_family",
+        (*VLM, "--model.name", "gemma2"),
+        f"--model.hf_config: {VLM_FOLDER}/config.json: model_type 'gemma3' is not a gemma2 checkpoint",
+    ),
+    Case(
+        "vision_freezing_on_a_text_model",
+        (*DEBUG, "--vision.freeze_vision_tower"),
+        "--vision.freeze_vision_tower / --vision.freeze_projector: the model reads no images",
+    ),
     # ----- MoE / expert parallelism, and the shape of a Hugging Face start folder
     Case(
         "moe_hf_ep_does_not_divide_the_experts",
@@ -402,6 +421,8 @@ def make_folders(root: Path) -> dict[str, str]:
     moe = {**json.loads(Path(folders["qwen3_moe"], "config.json").read_text()), "mlp_only_layers": [0]}
     folders["qwen3_moe_dense_layer"] = _config_folder(root / "qwen3_moe_dense_layer", moe)
     folders["bert"] = _config_folder(root / "bert", {"model_type": "bert", "architectures": ["BertModel"]})
+    vlm_config = json.loads(Path(REPO, VLM_FOLDER, "config.json").read_text())
+    folders["vlm_no_processor"] = _config_folder(root / "vlm_no_processor", vlm_config)  # (config.json alone)
     folders["gpt2"] = _config_folder(root / "gpt2", {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]})
     spec = get_model_spec("llama3")
     args = spec.flavors["debugmodel"]
