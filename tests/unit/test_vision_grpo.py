@@ -1,10 +1,10 @@
-"""GRPO on image questions (issue 41, item 5): ``titanium.train`` (one process, fp32) from a tiny Gemma 3 folder with
-prompt rows that carry images. titanium's engine samples the responses with each prompt's pixels in its prefill; the
-trainer's recomputed log-probs of those responses (``--grpo.old_logprobs recompute``: the policy's forward over the
-rollout rows, left-padded prompts of two lengths with their image fields) equal the engine's sampling log-probs
-(1e-5), and the reference (the starting weights) gives the same at the first step (KL 0): the images reached all three.
-Another picture for a prompt moves those log-probs. The loss is finite over the steps run. What cannot be exact yet is
-refused before start-up."""
+"""GRPO (and online DPO) on image questions (issue 41, item 5): ``titanium.train`` (one process, fp32) from a tiny Gemma
+3 folder with prompt rows that carry images. titanium's engine samples the responses with each prompt's pixels in its
+prefill; the trainer's recomputed log-probs of those responses (``--grpo.old_logprobs recompute``: the policy's
+forward over the rollout rows, left-padded prompts of two lengths with their image fields) equal the engine's
+sampling log-probs (1e-5), and the reference (the starting weights) gives the same at the first step (KL 0): the
+images reached all three. Another picture for a prompt moves those log-probs. The loss is finite over the steps run.
+What cannot be exact yet is refused before start-up."""
 
 from __future__ import annotations
 
@@ -47,14 +47,18 @@ def write_prompts(folder: Path) -> Path:
     return path
 
 
-def grpo_args(folder: Path, prompts: Path, run: Path, *more: str) -> list[str]:
+def rl_args(objective: str, folder: Path, prompts: Path, run: Path, *more: str) -> list[str]:
     args = ["--job.dump_folder", str(run), "--job.no_print_config", "--metrics.log_freq", "1", "--checkpoint.no_enable"]
     args += ["--training.seq_len", "64", "--training.mixed_precision_param", "float32"]
     args += ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
-    args += ["--data.path", str(prompts), "--data.kind", "chat", "--training.objective", "grpo"]
-    args += ["--grpo.group_size", "2", "--training.local_batch_size", "4", "--rl.max_new_tokens", "4"]
+    args += ["--data.path", str(prompts), "--data.kind", "chat", "--training.objective", objective]
+    args += ["--training.local_batch_size", "4", "--rl.max_new_tokens", "4"]
     args += ["--rl.rewards", "exact_match", "--rl.answer_column", "answer", "--rl.max_prompt_len", "40"]
     return [*args, *more]
+
+
+def grpo_args(folder: Path, prompts: Path, run: Path, *more: str) -> list[str]:
+    return rl_args("grpo", folder, prompts, run, "--grpo.group_size", "2", *more)
 
 
 def test_grpo_on_images_trainer_logprobs_equal_the_engines(make_trainer, tmp_path: Path) -> None:
@@ -81,6 +85,27 @@ def test_grpo_on_images_trainer_logprobs_equal_the_engines(make_trainer, tmp_pat
     moved = (source.policy_logprobs(swapped) - now).abs()[mask]
     assert float(moved.max()) > 1e-3
     assert torch.equal(source.policy_logprobs(rows), now)
+
+
+def test_online_dpo_on_images_starts_at_log_2_with_the_reference_on_the_same_pixels(make_trainer, tmp_path) -> None:
+    """Online DPO (two sampled responses per image prompt, the chosen one by the reward): at the first step the policy
+    and the reference are the same weights, so each pair's loss is log 2 and the KL 0 only if both read each row's
+    pixels (the reference's log-probs are computed apart, before the step); another picture moves the reference's
+    log-probs of the same responses."""
+    folder = model_folder(tmp_path / "model")
+    run = tmp_path / "run"
+    more = ("--training.steps", "2", "--optimizer.lr", "1e-2")
+    trainer = make_trainer(*rl_args("online_dpo", folder, write_prompts(tmp_path), run, *more))
+    trainer.train()
+    losses = scalars(run / "tb")
+    assert sorted(losses) == [1, 2] and abs(losses[1] - math.log(2)) <= 1e-6 and math.isfinite(losses[2]), losses
+    assert abs(scalars(run / "tb", "online_dpo/kl")[1]) <= 1e-6
+    source = trainer.objective.source
+    rows = source.current.rows
+    assert rows["image.pixel_values"].shape[0] == 4
+    swapped = {**rows, "image.pixel_values": rows["image.pixel_values"].flip(0)}
+    moved = (source.reference_logprobs(swapped) - source.reference_logprobs(rows)).abs()[rows["response_mask"]]
+    assert float(moved.max()) > 1e-3
 
 
 @pytest.mark.parametrize(

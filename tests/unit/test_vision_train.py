@@ -67,7 +67,7 @@ def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> N
 
 
 def test_other_objectives_are_refused_for_an_image_text_model(make_trainer, tmp_path: Path) -> None:
-    """A reward model (and every objective whose rows do not carry images: pretraining, online DPO, PPO) would read the
+    """A reward model (and every objective whose rows do not carry images: pretraining, PPO) would read the
     rows' text and drop their images: refused, naming the flag and the objectives that read images."""
     from titanium.config.errors import ConfigError
 
@@ -79,6 +79,6 @@ def test_other_objectives_are_refused_for_an_image_text_model(make_trainer, tmp_
     args += ["--data.kind", "preference", "--training.objective", "reward", "--training.seq_len", "64"]
     with pytest.raises(
         ConfigError,
-        match="--training.objective reward: an image-text model trains on images with sft, dpo, grpo, kd, kto",
+        match="--training.objective reward: an image-text model trains on images with sft, dpo, grpo, online_dpo, kd,",
     ):
         make_trainer(*args)

@@ -82,7 +82,7 @@ OBJECTIVES.register(
     "titanium.objectives.online_dpo:OnlineDPOObjective",
     SectionSpec("online_dpo", OnlineDPOSection),
     RL_SECTIONS,
-    _PROMPTS,
+    dataclasses.replace(_PROMPTS, images=True),  # (as GRPO's: one image set shared by a pair's two responses)
 )
 OBJECTIVES.register(
     "kd",

@@ -30,7 +30,7 @@ from titanium.model_builder import ModelSource
 from titanium.objectives.base import JobFacts, LossResult, Metrics, ModelOutput, ObjectiveContext, Prepared
 from titanium.objectives.losses.dpo import PairLoss, as_pair_loss
 from titanium.objectives.sourced import SourcedObjective
-from titanium.rl.rollout import response_parts, trained_logprobs
+from titanium.rl.rollout import response_parts, rollout_images, trained_logprobs
 from titanium.rl.source import Draw, RolloutSource, Scored, frozen_sources
 
 PAIR_METRICS = ("online_dpo/rewards/chosen", "online_dpo/rewards/rejected", "online_dpo/rewards/accuracies")
@@ -135,6 +135,7 @@ class OnlineDPOObjective(SourcedObjective):
                     ),
                     positions=part["positions"],
                     document_ids=part["document_ids"],
+                    images=rollout_images(part),
                 )
             )
             for part in parts
