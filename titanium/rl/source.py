@@ -122,7 +122,8 @@ def image_refusals(cfg: RLSection, engine: RolloutSection, has_environment: bool
     if engine.engine != "titanium":
         problems.append(
             f"--rollout.engine {engine.engine}: only titanium's engine feeds the prompts' images to its prefill so far "
-            "(vLLM's multi_modal_data is not wired); set --rollout.engine titanium with an image-text model"
+            "(vLLM 0.32 on CPU cannot serve titanium's image-text models as they train: docs/vision.md, 'GRPO with "
+            "images'); set --rollout.engine titanium with an image-text model"
         )
     if cfg.dynamic_sampling:
         problems.append(
