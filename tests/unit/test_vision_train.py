@@ -66,6 +66,28 @@ def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> N
     assert losses[1] == pytest.approx(reference_loss(folder, images), rel=1e-5)
 
 
+def test_packed_sft_on_images_skips_a_bad_row_and_logs_transformers_loss(make_trainer, tmp_path: Path) -> None:
+    """``--sft.packing``: the two rows packed into one row with their images, a row whose image is missing between
+    them skipped and counted; the first step logs the loss ``transformers`` gives on the two rows one by one."""
+    folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
+    images, rows = [], []
+    for i, (question, answer, width) in enumerate(CONVERSATIONS):
+        images.append(random_image(i, width, 28))
+        images[-1].save(tmp_path / f"image{i}.png")
+        rows.append({"messages": messages(question, answer), "images": [f"image{i}.png"]})
+    rows.insert(1, {"messages": messages("w3", "w4"), "images": ["missing.png"]})
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = tmp_path / "run"
+    args = ["--job.dump_folder", str(run), "--job.no_print_config", "--metrics.log_freq", "1", "--checkpoint.no_enable"]
+    args += ["--training.seq_len", "40", "--training.mixed_precision_param", "float32", "--data.prefetch_batches", "0"]
+    args += ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
+    args += ["--data.path", str(tmp_path / "rows.jsonl"), "--data.kind", "chat", "--training.objective", "sft"]
+    args += ["--sft.packing", "--sft.pack_buffer", "1", "--training.local_batch_size", "1", "--training.steps", "1"]
+    make_trainer(*args).train()
+    assert scalars(run / "tb")[1] == pytest.approx(reference_loss(folder, images), rel=1e-5)
+    assert scalars(run / "tb", "data/skipped_rows") == {1: 1.0}
+
+
 def test_other_objectives_are_refused_for_an_image_text_model(make_trainer, tmp_path: Path) -> None:
     """A reward model (and every objective whose rows do not carry images: pretraining, PPO) would read the
     rows' text and drop their images: refused, naming the flag and the objectives that read images."""

@@ -8,10 +8,12 @@ its queries still see a key (no fully masked attention rows, hence no NaN) and t
 
 from __future__ import annotations
 
+import base64
+import io
 import json
 import logging
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, Protocol
 
 import torch
@@ -131,12 +133,23 @@ class PackedDataset:
     and the data order is roughly kept; the space left is then filled, largest-that-fits first, from
     the other buffered samples. The buffer is topped up from the stream after every pick. The state
     is the stream's position plus the buffered samples, so a resumed run packs the very same rows.
+
+    ``row_of`` makes a row of the picked samples (``make_row``; an image-text model's samples keep their images:
+    ``titanium.data.vision.packed_image_row``).
     """
 
-    def __init__(self, samples: SampleStream, seq_len: int, pad_id: int, buffer_size: int) -> None:
+    def __init__(
+        self,
+        samples: SampleStream,
+        seq_len: int,
+        pad_id: int,
+        buffer_size: int,
+        row_of: Callable[[list[Sample], int, int], dict[str, Any]] = make_row,
+    ) -> None:
         if buffer_size < 1:
             raise ValueError(f"--sft.pack_buffer must be >= 1, got {buffer_size}")
         self.samples, self.seq_len, self.pad_id, self.buffer_size = samples, seq_len, pad_id, buffer_size
+        self.row_of = row_of
         self.buffer: list[Sample] = []  # oldest first
 
     def _fill(self, stream: Iterator[Sample]) -> None:
@@ -170,14 +183,32 @@ class PackedDataset:
                     break
                 row.append(sample)
                 space -= len(sample["tokens"])
-            yield make_row(row, self.seq_len, self.pad_id)
+            yield self.row_of(row, self.seq_len, self.pad_id)
 
     def state_dict(self) -> dict[str, Any]:
         # One JSON string, not nested lists: DCP flattens nested containers into keys, and a buffer whose
         # length changes between save and load would then not match the structure it loads into.
-        buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in self.buffer]
+        buffer = [_sample_json(s) for s in self.buffer]
         return {"samples": self.samples.state_dict(), "buffer": json.dumps(buffer)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.samples.load_state_dict(state["samples"])
-        self.buffer = [{"tokens": list(s["tokens"]), "labels": list(s["labels"])} for s in json.loads(state["buffer"])]
+        self.buffer = [_json_sample(s) for s in json.loads(state["buffer"])]
+
+
+def _sample_json(sample: Sample) -> dict[str, Any]:
+    """A buffered sample as JSON: its tokens and labels, and an image-text sample's ``images`` (the processor's
+    tensors, which the buffer must keep with their sample) as ``torch.save`` bytes in base64."""
+    out: dict[str, Any] = {"tokens": list(sample["tokens"]), "labels": list(sample["labels"])}
+    if sample.get("images") is not None:
+        data = io.BytesIO()
+        torch.save(dict(sample["images"]), data)
+        out["images"] = base64.b64encode(data.getvalue()).decode("ascii")
+    return out
+
+
+def _json_sample(value: dict[str, Any]) -> Sample:
+    sample: dict[str, Any] = {"tokens": list(value["tokens"]), "labels": list(value["labels"])}
+    if "images" in value:
+        sample["images"] = torch.load(io.BytesIO(base64.b64decode(value["images"])), weights_only=True)
+    return sample

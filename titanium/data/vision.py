@@ -38,6 +38,8 @@ from titanium.batch import ImageInputs
 from titanium.config.sections import DataSection
 from titanium.config.vision_section import VisionSection
 from titanium.data.chat import ROLE_ALIASES, RowError
+from titanium.data.loader import collate
+from titanium.data.packing import make_row
 from titanium.data.text import DataError
 
 logger = logging.getLogger(__name__)
@@ -400,6 +402,35 @@ def padded_image_rows(
     """``pad``'s rows of ``samples`` (``titanium.data.packing.padded_rows``, one sample per row) with their images."""
     rows = pad(samples)
     return {**rows, **image_rows(samples, rows["input"].shape[1], layout)}
+
+
+def packed_image_row(
+    samples: Sequence[Mapping[str, Any]], seq_len: int, pad_id: int, layout: ProcessorLayout
+) -> dict[str, Any]:
+    """``make_row`` of packed ``samples`` with their images as ``images``: a per-token field the samples' entries one
+    after the other (zeros over a sample without it and over the padding), any other field every sample's entries
+    (images, tiles, patches) in the samples' order, which is the order of their placeholders in the row."""
+    row: dict[str, Any] = make_row(samples, seq_len, pad_id)
+    fields: dict[str, torch.Tensor] = {}
+    for name in sorted({name for s in samples for name in (s.get("images") or {})}):
+        present = [s["images"][name] for s in samples if name in (s.get("images") or {})]
+        if name in layout.token:
+            values = [
+                (s.get("images") or {}).get(name, present[0].new_zeros((len(s["tokens"]), *present[0].shape[1:])))
+                for s in samples
+            ]
+            value = torch.cat(values)
+            fields[name] = torch.cat([value, value.new_zeros((seq_len - value.shape[0], *value.shape[1:]))])
+        else:
+            fields[name] = torch.cat(present)
+    row["images"] = fields
+    return row
+
+
+def collate_image_rows(rows: list[Mapping[str, Any]], layout: ProcessorLayout) -> dict[str, torch.Tensor]:
+    """Packed rows (``packed_image_row``) stacked, their images padded to the largest row (``image_rows``)."""
+    text = collate([{k: v for k, v in row.items() if k != "images"} for row in rows])
+    return {**text, **image_rows(rows, text["input"].shape[1], layout)}
 
 
 NO_IMAGE_PACKING = (

@@ -12,14 +12,13 @@ from __future__ import annotations
 from functools import partial
 
 from titanium.batch import Batch
-from titanium.config.errors import ConfigError
 from titanium.config.sections import DataSection, SFTSection
 from titanium.data.chat import build_optional_chat_template
 from titanium.data.loader import BatchLoader
 from titanium.data.meter import DataMeter
-from titanium.data.packing import PackedDataset, padded_rows, row_width
+from titanium.data.packing import PackedDataset, make_row, padded_rows, row_width
 from titanium.data.sft import SFTDataset
-from titanium.data.vision import NO_IMAGE_PACKING, padded_image_rows
+from titanium.data.vision import collate_image_rows, packed_image_row, padded_image_rows
 from titanium.data.vision_sft import VisionSFTDataset
 from titanium.objectives.base import LoaderObjective, LossResult, ModelOutput, ObjectiveContext, Prepared
 from titanium.objectives.losses.cross_entropy import TokenCrossEntropy, token_batch
@@ -29,7 +28,7 @@ class SFTObjective(LoaderObjective):
     def __init__(self, ctx: ObjectiveContext, data: DataSection, sft: SFTSection) -> None:
         chat = ctx.chat
         pad_id, pin = ctx.tokenizer.pad_id, ctx.device.type == "cuda"
-        if ctx.processor is not None:  # an image-text model: rows with images through its processor, one per row
+        if ctx.processor is not None:  # an image-text model: rows with images through its processor
             self.samples = VisionSFTDataset(
                 data, sft, ctx.processor, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
             )
@@ -38,11 +37,15 @@ class SFTObjective(LoaderObjective):
             self.samples = SFTDataset(
                 data, sft, ctx.tokenizer, template, ctx.seq_len, ctx.dp_rank, ctx.dp_world, chat.system_prompt
             )
-        if sft.packing and ctx.processor is not None:
-            raise ConfigError(NO_IMAGE_PACKING.format(flag="--sft.packing", off="--sft.no_packing"))
-        if sft.packing:
-            rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer)
-            self.loader = BatchLoader(rows, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin)
+        if sft.packing:  # each sample's images travel with it (preflight refuses the models that cannot pack them)
+            row_of, collate = make_row, None
+            if ctx.processor is not None:
+                row_of = partial(packed_image_row, layout=ctx.processor.layout)
+                collate = partial(collate_image_rows, layout=ctx.processor.layout)
+            rows = PackedDataset(self.samples, ctx.seq_len, pad_id, sft.pack_buffer, row_of)
+            self.loader = BatchLoader(
+                rows, ctx.local_batch_size, data.prefetch_batches, pin_memory=pin, collate_fn=collate
+            )
         else:  # one sample per row, padded together (to the microbatch's longest by default)
             pad_to, multiple = row_width(
                 sft.pad_to, sft.pad_multiple, ctx.fixed_shapes, ctx.sequence_multiple, "--sft.pad_to"

@@ -247,13 +247,35 @@ def image_text_refusals(args: TransformersArgs, model: ImageTextModel, use: Any)
             "image inputs are not split into pipeline stages yet; use FSDP and tensor parallelism (its language "
             "model) instead"
         )
-    if use.packing:
-        section, key = use.packing.removeprefix("--").split(".", 1)
-        problems.append(
-            f"{use.packing}: packing several samples with images into one row is not supported yet (each sample's "
-            f"images would have to travel with it through the packing buffer); set --{section}.no_{key}"
-        )
+    if use.packing and (use.packing != "--sft.packing" or args.model_type not in PACKED_IMAGES):
+        problems.append(packing_problem(use.packing, args.model_type))
     return problems
+
+
+PACKED_IMAGES = frozenset({"gemma3", "qwen2_5_vl", "qwen3_vl"})
+"""Architectures whose SFT samples pack with their images, exactly (``tests/unit/test_vision_packing.py``: the packed
+loss and gradients equal one sample a row's): early fusion, each sample's positions restarting (Qwen's M-RoPE
+computed per document by ``image_feeds.QwenFeed``), attention masked per document with Gemma 3's image blocks in it."""
+
+
+def packing_problem(flag: str, model_type: str) -> str:
+    """Why ``flag`` (``--sft.packing``, ``--dpo.packing``...) is refused for an image-text ``model_type``."""
+    section, key = flag.removeprefix("--").split(".", 1)
+    off = f"set --{section}.no_{key}"
+    if flag != "--sft.packing":
+        return (
+            f"{flag}: packing several samples with images into one row is built for SFT only (--sft.packing on "
+            f"{', '.join(sorted(PACKED_IMAGES))}); {off}"
+        )
+    if model_type == "mllama":
+        why = (
+            "Llama 3.2 Vision's text reads the images through cross-attention over a row's image tiles (a per-token "
+            "mask over the row's images, a row of tiles per image), which is not made exact for several samples in "
+            "a row"
+        )
+    else:
+        why = f"packing {model_type}'s samples with their images is not checked exact (its positions and image inputs)"
+    return f"{flag}: {why}; {off} (packs with images: {', '.join(sorted(PACKED_IMAGES))})"
 
 
 def build_transformers_model(args: TransformersArgs) -> TransformersModel:
