@@ -142,7 +142,7 @@ class TransformersArgs:
     def router_aux_loss_coef(self) -> float | None:
         """The weight of the auxiliary load-balancing loss the model was trained with (``[moe] aux_loss_coef``'s
         default), where ``config.json`` states one."""
-        value = getattr(self.hf_config, "router_aux_loss_coef", None)
+        value = getattr(self.text_config, "router_aux_loss_coef", None)  # (an image-text model's: its language model's)
         return None if value is None else float(value)
 
 
