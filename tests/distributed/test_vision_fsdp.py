@@ -130,7 +130,10 @@ def assert_equal_runs(folder: Path, reference: Path, objective: str) -> None:
     [(*case, layout) for case, layouts in CASES.items() for layout in layouts if LAYOUTS[layout][0] == 2],
 )
 def test_layout_equals_one_process(runs, model: str, objective: str, layout: str) -> None:
-    assert_equal_runs(runs[f"{model}_{objective}_{layout}"], runs[f"{model}_{objective}_one"], objective)
+    folder, reference = runs[f"{model}_{objective}_{layout}"], runs[f"{model}_{objective}_one"]
+    assert_equal_runs(folder, reference, objective)
+    if layout == "ep2":  # (routing is discontinuous: a wrong gate or exchange shows in the loads first)
+        assert_metrics_match(folder, ("moe/max_load", "moe/aux_loss"), reference)
 
 
 @pytest.mark.parametrize("objective", ["sft", "dpo"])
