@@ -1,9 +1,9 @@
 """``python -m tests.objectives.tiny_processors JOBS.json`` (one process, or every rank under torchrun): the jobs of
 ``tests.distributed.jobs_worker``, with ``AutoProcessor`` giving ``tiny_vlm.tiny_processor`` for a folder of a tiny
-Qwen2.5-VL or Qwen3-VL. Their own processors need torchvision, which does not import beside torch 2.13 CPU here, so
-without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images. In a test's
-own process ``use_tiny_processors`` makes the same change for the test (titanium's ``Trainer`` and TRL's trainers, which
-both load the folder's processor with ``AutoProcessor``)."""
+Qwen2.5-VL, Qwen3-VL or Llama 4. Their own processors need torchvision, which does not import beside torch 2.13 CPU
+here, so without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images.
+In a test's own process ``use_tiny_processors`` makes the same change for the test (titanium's ``Trainer`` and TRL's
+trainers, which both load the folder's processor with ``AutoProcessor``)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import transformers
 from tests.distributed.jobs_worker import run_jobs_file
 from tests.objectives.tiny_vlm import tiny_processor
 
-TORCHVISION_PROCESSORS = ("qwen2_5_vl", "qwen3_vl")
+TORCHVISION_PROCESSORS = ("qwen2_5_vl", "qwen3_vl", "llama4")
 _load = transformers.AutoProcessor.from_pretrained
 
 

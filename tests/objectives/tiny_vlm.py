@@ -244,6 +244,12 @@ CHAT_TEMPLATES = {
         " <|eot_id|> {% endfor %}{% if add_generation_prompt %}<|start_header_id|> assistant <|end_header_id|> "
         "{% endif %}"
     ),
+    "llama4": (
+        "{{ bos_token }}{% for m in messages %}<|header_start|> {{ m['role'] }} <|header_end|> "
+        "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+        "{% if c['type'] == 'image' %}<|image|> {% else %}{{ c['text'] }} {% endif %}{% endfor %}{% endif %}"
+        " <|eot|> {% endfor %}{% if add_generation_prompt %}<|header_start|> assistant <|header_end|> {% endif %}"
+    ),
     "gemma3": (
         "{{ bos_token }}{% for m in messages %}<start_of_turn> {{ m['role'] }} {% if m['content'] is string %}"
         "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<start_of_image> "
@@ -263,6 +269,28 @@ def _images_only(cls: type) -> type:
 
     ImagesOnly.__name__ = cls.__name__
     return ImagesOnly
+
+
+def llama4_image_processor() -> Any:
+    """Llama 4's image processing for the tiny model without torchvision (its own image processor needs it): each
+    image resized to one 28-pixel tile (aspect ratio 1 x 1, so no tile separators), scaled to [-1, 1] as its mean and
+    standard deviation of 0.5 scale it."""
+    import numpy as np
+    from transformers.image_processing_utils import BaseImageProcessor, BatchFeature
+    from transformers.image_utils import make_flat_list_of_images
+
+    class TinyLlama4ImageProcessor(BaseImageProcessor):
+        model_input_names = ["pixel_values"]
+
+        def preprocess(self, images: Any, return_tensors: Any = None, **kwargs: Any) -> Any:
+            tiles = [
+                torch.from_numpy(np.asarray(image.convert("RGB").resize((28, 28)), dtype=np.float32)) / 127.5 - 1
+                for image in make_flat_list_of_images(images)
+            ]
+            fields = {"pixel_values": torch.stack(tiles).permute(0, 3, 1, 2), "aspect_ratios": [[1, 1]] * len(tiles)}
+            return BatchFeature(fields, tensor_type=return_tensors)
+
+    return TinyLlama4ImageProcessor()
 
 
 def tiny_processor(model_type: str) -> Any:
@@ -293,7 +321,11 @@ def tiny_processor(model_type: str) -> Any:
 
         images = Gemma3ImageProcessorPil(size={"height": 28, "width": 28})
         return Gemma3Processor(images, tokenizer, chat_template=CHAT_TEMPLATES["gemma3"], image_seq_length=4)
-    raise ValueError(f"no tiny processor for {model_type} (its image processor needs torchvision)")
+    if model_type == "llama4":
+        from transformers import Llama4Processor
+
+        return Llama4Processor(llama4_image_processor(), tokenizer, chat_template=CHAT_TEMPLATES["llama4"])
+    raise ValueError(f"no tiny processor for {model_type}")
 
 
 def vlm_folder(model_type: str, folder: Path, seed: int = 0, **text: Any) -> Path:

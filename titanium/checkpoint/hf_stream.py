@@ -7,6 +7,7 @@ mixes) and reads from the memory-mapped files just the rows and columns of its s
 - a renamed tensor: the box of its shard (``safe_open(...).get_slice``);
 - a part of a fused tensor (Phi-3's ``qkv_proj``): the same rows, moved by the parts before it;
 - RoPE-permuted rows (``wq``, ``wk``): the whole heads that hold the shard's rows, permuted, then cut;
+- stacked experts stored transposed (Llama 4's ``gate_up_proj`` ``[E, H, 2I]``): the box of the shard, transposed;
 - stacked experts: one HF tensor per expert, and only this rank's experts, each cut to its shard; where an
   expert's part of ours is several HF tensors one after the other (``transformers``' fused ``gate_up_proj``, from
   a checkpoint's ``gate_proj`` and ``up_proj``), the rows of the shard from each of them.
@@ -126,6 +127,14 @@ def read_rows(reader: SliceReader, source: RowSource, index: Index, rows: int) -
     return rope_rows_from_hf(block, head).index_select(0, positions - start)
 
 
+def read_transposed(reader: SliceReader, source: RowSource, index: Index, rows: int) -> torch.Tensor:
+    """Our stacked experts ``[E, rows, cols]`` at ``index`` from an HF tensor that holds them transposed
+    (``RowSource.transposed``): the box of the shard's experts, columns and rows, swapped back."""
+    experts, positions, columns = index
+    positions = torch.arange(rows) if positions is None else positions
+    return reader.read(source.key, [experts, columns, positions + source.offset]).transpose(1, 2)
+
+
 def read_expert(reader: SliceReader, names: Sequence[str], index: Index) -> torch.Tensor:
     """One expert's part of ours at ``index`` (its dimensions after the expert's) from the HF tensors ``names``, whose
     rows one after the other make it: from each, the shard's rows that lie in it."""
@@ -152,7 +161,11 @@ def stream_into(targets: Mapping[str, torch.Tensor], reader: SliceReader, adapte
         local = _local(target)
         templates = adapter.expert_templates(key)
         if templates is None:
-            local.copy_(read_rows(reader, adapter.hf_source(key, args), index, target.shape[0] if index else 0))
+            source = adapter.hf_source(key, args)
+            if source.transposed:
+                local.copy_(read_transposed(reader, source, index, target.shape[1]))
+            else:
+                local.copy_(read_rows(reader, source, index, target.shape[0] if index else 0))
             continue
         experts = range(target.shape[0]) if index[0] is None else index[0].tolist()
         for row, expert in enumerate(experts):

@@ -54,6 +54,10 @@ class RowSource:
     key: str
     offset: int = 0
     rope_head_dim: int | None = None
+    transposed: bool = False
+    """Ours, stacked experts ``[E, rows, cols]``, is ``key`` ``[E, cols, ...]`` with its last two dimensions swapped
+    (experts that multiply from the left, Llama 4's), ``offset`` counting along the last: every other case counts
+    rows."""
 
 
 _OURS_LAYER = re.compile(r"^layers\.(\d+)\.(.+)$")

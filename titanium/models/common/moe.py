@@ -1,9 +1,10 @@
 """Mixture-of-Experts feed-forward: a token-choice top-k router, stacked SwiGLU experts, optional shared experts.
 
 Each token picks ``top_k`` of ``num_experts`` experts from its router scores (softmax or sigmoid, in float32);
-its output is the gate-weighted sum of those experts' outputs, plus the shared experts' (which every token
-uses). The experts' weights are stacked, ``w1``/``w3`` ``[E, F, D]`` and ``w2`` ``[E, D, F]`` (expert e's slice is
-the ``[out, in]`` matrix of an ``nn.Linear``), and run as one grouped GEMM on the token copies sorted by expert.
+its output is the gate-weighted sum of those experts' outputs (Llama 4, ``score_before_experts``: the sum of their
+outputs on gate-weighted copies of the token), plus the shared experts' (which every token uses). The experts'
+weights are stacked, ``w1``/``w3`` ``[E, F, D]`` and ``w2`` ``[E, D, F]`` (expert e's slice is the ``[out, in]``
+matrix of an ``nn.Linear``), and run as one grouped GEMM on the token copies sorted by expert.
 
 Parallelism-agnostic, like the rest of ``models/common``: the experts are a submodule that is *called* with the
 sorted tokens and the count per expert, so a parallel plan can wrap that call (expert parallelism sends the
@@ -58,6 +59,9 @@ class MoEArgs:
     two best (biased) scores, and a token chooses its experts among those of its ``topk_groups`` best groups only;
     1: no groups."""
     topk_groups: int = 1
+    score_before_experts: bool = False
+    """Multiply each routed copy of a token by its gate weight before its expert rather than the expert's output
+    after (Llama 4: the expert computes ``f(g x)``, not ``g f(x)``; a SwiGLU is not linear, so they differ)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -237,9 +241,15 @@ class MoE(nn.Module):
         counts = torch.zeros_like(self.tokens_per_expert).scatter_add_(0, flat, torch.ones_like(flat))
         self._record(counts, scores, tokens.shape[0])
         order = flat.argsort(stable=True)
-        routed = self.experts(tokens.index_select(0, order // self.args.top_k), counts)
+        rows = tokens.index_select(0, order // self.args.top_k)
+        if self.args.score_before_experts:  # (in the tokens' dtype, as Llama 4 scales them)
+            rows = rows * weights.flatten().index_select(0, order).to(rows.dtype).unsqueeze(-1)
+        routed = self.experts(rows, counts)
         by_slot = torch.empty_like(routed).index_copy(0, order, routed).view(*chosen.shape, -1)
-        out = (by_slot.float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
+        if self.args.score_before_experts:
+            out = by_slot.sum(dim=1)
+        else:
+            out = (by_slot.float() * weights.unsqueeze(-1)).sum(dim=1).to(x.dtype)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         return out.view_as(x)

@@ -142,7 +142,7 @@ class TransformersArgs:
     def router_aux_loss_coef(self) -> float | None:
         """The weight of the auxiliary load-balancing loss the model was trained with (``[moe] aux_loss_coef``'s
         default), where ``config.json`` states one."""
-        value = getattr(self.hf_config, "router_aux_loss_coef", None)
+        value = getattr(self.text_config, "router_aux_loss_coef", None)  # (an image-text model's: its language model's)
         return None if value is None else float(value)
 
 
@@ -186,20 +186,22 @@ def routed_moe(args: TransformersArgs) -> tuple[MoEArgs | None, frozenset[int]]:
     """The ``MoEArgs`` of the blocks titanium's MoE computes in the model of ``args`` and their layers (``moe.py``),
     from ``transformers``' model of it built on meta (cached): what the layout checks, the dry run and the
     checkpoint mapping know of its MoE before the model exists (``TransformersModel`` swaps the same blocks)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
     from titanium.models.transformers.moe import swap_moe_blocks
 
-    if args.reads_images:
-        return None, frozenset()  # (image-text models keep their own MoE blocks: vision.py builds them whole)
     trust = args.code_folder is not None
     with torch.device("meta"):
-        hf = AutoModelForCausalLM.from_config(
-            copy.deepcopy(args.hf_config), dtype=torch.float32, trust_remote_code=trust
-        )
-    if not isinstance(getattr(hf.base_model, "layers", None), torch.nn.ModuleList):
+        config = copy.deepcopy(args.hf_config)
+        if args.reads_images:
+            from titanium.models.transformers.vision import language_model
+
+            base = language_model(AutoModelForImageTextToText.from_config(config, dtype=torch.float32))
+        else:
+            base = AutoModelForCausalLM.from_config(config, dtype=torch.float32, trust_remote_code=trust).base_model
+    if not isinstance(getattr(base, "layers", None), torch.nn.ModuleList):
         return None, frozenset()  # (a layout the backend refuses when it builds the model: ``check_structure``)
-    return swap_moe_blocks(hf, args.model_type)
+    return swap_moe_blocks(base, args.model_type)
 
 
 def is_image_text(config: Mapping[str, Any]) -> bool:

@@ -18,6 +18,10 @@ native Qwen3-MoE family reads them: into titanium's MoE where it computes their 
 (``renames``). Any other conversion ``transformers`` makes on loading is refused (``checks.py``); a prefix it would
 strip (a text model's weights kept under an image-text model's ``model.language_model.``) is not, and such a
 checkpoint is refused by its names when it is read.
+
+Llama 4's checkpoints (no conversion: ``feed_forward.experts.gate_up_proj`` ``[E, H, 2I]`` and ``down_proj``
+``[E, I, H]``, stacked as in memory) hold titanium's ``w1`` / ``w3`` / ``w2`` transposed (``moe.BlockNames``): each rank
+reads the box of its shard and transposes it (``RowSource.transposed``).
 """
 
 from __future__ import annotations
@@ -30,9 +34,9 @@ from typing import Any
 
 import torch
 
-from titanium.models.hf_adapter import HFAdapter, HFConfigError, HFExportError, split_layer_key
+from titanium.models.hf_adapter import HFAdapter, HFConfigError, HFExportError, RowSource, split_layer_key
 from titanium.models.transformers.args import BackendConfigError, TransformersArgs, routed_moe
-from titanium.models.transformers.moe import ROUTING
+from titanium.models.transformers.moe import CORRECTION_BIAS, ROUTING, BlockNames, block_names, corrects_routing
 
 Prefixes = tuple[tuple[str, str], ...]
 """Our names' prefixes -> the Hugging Face names', most specific first; "" (the rest) last."""
@@ -42,15 +46,24 @@ CAUSAL_LM_PREFIXES: Prefixes = (
     ("output.", "lm_head."),
     ("", "model."),
 )
-MOE_TO_HF = {
-    "mlp.moe.router.gate.weight": "mlp.gate.weight",
-    "mlp.moe.experts.w2": "mlp.experts.down_proj",
-    "mlp.moe.expert_bias": "mlp.gate.e_score_correction_bias",
-}
-"""Inside a layer whose MoE block titanium computes (``moe.py``): our name -> ``transformers``' in-memory name."""
-GATE_UP = "mlp.experts.gate_up_proj"
-FUSED_EXPERTS = {"mlp.moe.experts.w1": 0, "mlp.moe.experts.w3": 1}
-"""Our stacked expert weights that are halves of ``gate_up_proj`` ``[E, 2I, H]`` (gate rows first), by half."""
+HALVES = {"moe.experts.w1": 0, "moe.experts.w3": 1}
+"""Our stacked expert weights (in a block) that are halves of ``gate_up_proj`` (``[E, 2I, H]``: gate rows first), by
+half."""
+
+
+def moe_to_hf(names: BlockNames) -> dict[str, str]:
+    """Inside a layer whose MoE block titanium computes (``moe.py``): our name -> ``transformers``' in-memory name
+    (``w1`` and ``w3``: the ``gate_up_proj`` they are halves of)."""
+    b, router = names.block, names.router
+    return {
+        f"{b}.moe.router.gate.weight": f"{b}.{router}.weight",
+        f"{b}.moe.experts.w1": f"{b}.experts.gate_up_proj",
+        f"{b}.moe.experts.w3": f"{b}.experts.gate_up_proj",
+        f"{b}.moe.experts.w2": f"{b}.experts.down_proj",
+        f"{b}.moe.expert_bias": f"{b}.{router}.{CORRECTION_BIAS}",
+    }
+
+
 STACKED = {
     "mlp.experts.gate_up_proj": ("mlp.moe.experts.w1", "mlp.moe.experts.w3"),
     "mlp.experts.down_proj": ("mlp.moe.experts.w2",),
@@ -77,6 +90,8 @@ class TransformersHFAdapter(HFAdapter):
     renames: tuple[tuple[str, str], ...] = ()
     """The checkpoint's name parts -> the model's in memory, as ``transformers`` renames them on loading
     (``(".block_sparse_moe.", ".mlp.")``); set with ``expert_keys`` (``for_config``)."""
+    moe_blocks: BlockNames = BlockNames()
+    """The names and layout of the model's MoE blocks (``moe.BLOCKS``: Llama 4's); set by ``for_config``."""
 
     def with_code_from(self, folder: str | None) -> TransformersHFAdapter:
         return dataclasses.replace(self, code_folder=folder)
@@ -91,8 +106,8 @@ class TransformersHFAdapter(HFAdapter):
         ``w2``), with the routing bias where their routers have one (DeepSeek-V3's), or else into those that run as
         ``transformers`` wrote them (its stacked ``gate_up_proj``, two tensors per expert, and ``down_proj``)."""
         model_type = config.get("model_type")
-        if self.prefixes != CAUSAL_LM_PREFIXES:
-            return self  # (an image-text model keeps its MoE blocks whole, and its checkpoint stacked: vision.py)
+        if self.prefixes != CAUSAL_LM_PREFIXES:  # (an image-text model: its checkpoint's experts are stacked)
+            return dataclasses.replace(self, moe_blocks=block_names(str(model_type)))
         found = expert_tensors(model_type) if isinstance(model_type, str) else None
         if found is None:
             return self
@@ -111,11 +126,20 @@ class TransformersHFAdapter(HFAdapter):
 
     def hf_key(self, key: str) -> str:
         part = split_layer_key(key)
-        if part is not None and part[1] in FUSED_EXPERTS:
-            key = f"layers.{part[0]}.{GATE_UP}"
-        elif part is not None and part[1] in MOE_TO_HF:
-            key = f"layers.{part[0]}.{MOE_TO_HF[part[1]]}"
+        names = moe_to_hf(self.moe_blocks)
+        if part is not None and part[1] in names:
+            key = f"layers.{part[0]}.{names[part[1]]}"
         return _back(_renamed(key, self.prefixes), self.renames)
+
+    def hf_source(self, key: str, args: Any) -> RowSource:
+        """Experts stored to multiply from the left (Llama 4's) hold ours transposed, ``w3`` after ``w1``."""
+        part = split_layer_key(key)
+        inner = None if part is None else part[1].removeprefix(f"{self.moe_blocks.block}.")
+        if not self.moe_blocks.inputs_first or inner not in (*HALVES, "moe.experts.w2"):
+            return super().hf_source(key, args)
+        moe = routed_moe(args)[0]
+        offset = moe.expert_dim if moe is not None and HALVES.get(inner) == 1 else 0
+        return RowSource(self.hf_key(key), offset, transposed=True)
 
     def skips(self, hf_key: str, args: Any) -> bool:
         return any(re.search(pattern, hf_key) for pattern in skipped_patterns(args.model_type))
@@ -128,7 +152,7 @@ class TransformersHFAdapter(HFAdapter):
         # The routing bias has one (e_score_correction_bias) only in DeepSeek-V3's routers (``routing_bias``; a non-zero
         # bias elsewhere is refused by ``to_hf``).
         part = split_layer_key(key)
-        return part is None or part[1] != "mlp.moe.expert_bias" or self.routing_bias
+        return part is None or part[1] != f"{self.moe_blocks.block}.moe.expert_bias" or self.routing_bias
 
     def _our_key_and_expert(self, hf_key: str) -> tuple[str, tuple[int, int] | None] | None:
         found = super()._our_key_and_expert(hf_key)  # (one expert's tensor, where ``expert_keys`` lists them)
@@ -143,13 +167,17 @@ class TransformersHFAdapter(HFAdapter):
     # ----- tensors: titanium's MoE in swapped blocks -----
 
     def to_hf(self, state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
+        block, transposed = f"{self.moe_blocks.block}.", self.moe_blocks.inputs_first
         halves: dict[str, dict[int, torch.Tensor]] = {}
         rest, out = {}, {}
         for key, value in state_dict.items():
             part = split_layer_key(key)
-            if part is not None and part[1] in FUSED_EXPERTS and not self.expert_keys:
-                halves.setdefault(self.hf_key(key), {})[FUSED_EXPERTS[part[1]]] = value
-            elif part is not None and part[1] == "mlp.moe.expert_bias":
+            inner = None if part is None else part[1].removeprefix(block)
+            if inner in HALVES and not self.expert_keys:
+                halves.setdefault(self.hf_key(key), {})[HALVES[inner]] = value
+            elif transposed and inner == "moe.experts.w2":
+                out[self.hf_key(key)] = value.transpose(1, 2)
+            elif inner == "moe.expert_bias":
                 if _correction_bias(args):
                     out[self.hf_key(key)] = value
                 elif value.count_nonzero():
@@ -163,22 +191,26 @@ class TransformersHFAdapter(HFAdapter):
         for hf_key, parts in halves.items():
             if sorted(parts) != [0, 1]:
                 raise KeyError(f"{hf_key} needs both w1 and w3 of its layer")
-            out[hf_key] = torch.cat([parts[0], parts[1]], dim=1)
+            fused = torch.cat([parts[0], parts[1]], dim=1)
+            out[hf_key] = fused.transpose(1, 2) if transposed else fused
         return {**super().to_hf(rest, args), **out}
 
     def from_hf(self, hf_state_dict: Mapping[str, torch.Tensor], args: Any) -> dict[str, torch.Tensor]:
         swapped = routed_moe(args)[1]
-        to_ours = {hf: ours for ours, hf in MOE_TO_HF.items()}
+        names, transposed = moe_to_hf(self.moe_blocks), self.moe_blocks.inputs_first
+        gate_up = names[f"{self.moe_blocks.block}.moe.experts.w1"]
+        to_ours = {hf: ours for ours, hf in names.items() if hf != gate_up}
+        layers = re.compile(rf"^{re.escape(dict(self.prefixes)[''])}layers\.(\d+)\.(.+)$")
         rest, out = {}, {}
         for hf_key, value in hf_state_dict.items():
-            match = re.match(r"^model\.layers\.(\d+)\.(.+)$", _forth(hf_key, self.renames))
+            match = layers.match(_forth(hf_key, self.renames))
             inside = match is not None and int(match.group(1)) in swapped
-            if inside and match.group(2) == GATE_UP:
-                w1, w3 = value.chunk(2, dim=1)
-                out[f"layers.{match.group(1)}.mlp.moe.experts.w1"] = w1
-                out[f"layers.{match.group(1)}.mlp.moe.experts.w3"] = w3
+            ours = None if match is None else f"layers.{match.group(1)}.{self.moe_blocks.block}.moe.experts."
+            if inside and match.group(2) == gate_up:
+                out[f"{ours}w1"], out[f"{ours}w3"] = (value.transpose(1, 2) if transposed else value).chunk(2, dim=1)
             elif inside and match.group(2) in to_ours:
-                out[f"layers.{match.group(1)}.{to_ours[match.group(2)]}"] = value
+                down = transposed and to_ours[match.group(2)].endswith(".w2")
+                out[f"layers.{match.group(1)}.{to_ours[match.group(2)]}"] = value.transpose(1, 2) if down else value
             else:
                 rest[hf_key] = value
         return {**super().from_hf(rest, args), **out}
@@ -323,8 +355,7 @@ def _conversion_mapping(model_type: str) -> list[Any]:
 
 def _correction_bias(args: TransformersArgs) -> bool:
     """Whether the routers of the blocks titanium's MoE computes hold a routing bias (DeepSeek-V3's sigmoid routers)."""
-    moe = routed_moe(args)[0]
-    return moe is not None and moe.score_func == "sigmoid"
+    return routed_moe(args)[0] is not None and corrects_routing(args.model_type)
 
 
 TRANSFORMERS_HF_ADAPTER = TransformersHFAdapter(model_type="", layer_keys={}, top_keys={})

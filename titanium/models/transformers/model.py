@@ -105,11 +105,8 @@ class TransformersModel(nn.Module):
         mark_initializers(hf)
         base, head = self._language_parts(hf)
         config = args.text_config
-        self.moe_args, self.moe_layers = (
-            (None, frozenset()) if args.reads_images else swap_moe_blocks(hf, args.model_type)
-        )
-        """titanium's MoE in the blocks of ``moe_layers`` (``moe.py``); None: no block titanium computes (an image-text
-        model keeps its own)."""
+        self.moe_args, self.moe_layers = swap_moe_blocks(base, args.model_type)
+        """titanium's MoE in the blocks of ``moe_layers`` (``moe.py``); None: no block titanium computes."""
         self.attention: str = hf.config.get_text_config()._attn_implementation
         """``titanium`` (``attention.py``), or the model's own where titanium's cannot serve it (``support.py``)."""
         self.mixes_documents = bool(non_attention_layers(hf, config))
