@@ -21,7 +21,7 @@ import torch
 
 from titanium.checkpoint.hf import hf_model_args, require_hf_adapter
 from titanium.config import ConfigError, JobConfig
-from titanium.config.components import OBJECTIVES
+from titanium.config.components import OBJECTIVES, check_reads_images
 from titanium.errors import UserError, report
 from titanium.inputs import load_job
 from titanium.model_builder import ModelSource, config_folder, resolve_spec
@@ -70,7 +70,8 @@ def check_model(cfg: JobConfig, dims: ParallelDims, start: ModelSource, describe
     if args.decoder_args().moe is not None and reads_rollouts and cfg.rollout.engine == "vllm":
         reader = "--rollout.engine vllm (loaded through that format) could not take the trained weights"
         check_bias_reaches_hf(cfg.moe, spec.hf_adapter, reader=reader, fix="--rollout.engine titanium")
-    job_processor(cfg, args)  # (an image-text model: the objective reads images, and the folder's processor loads)
+    if getattr(args, "reads_images", False):
+        check_reads_images(cfg.training.objective)
     if spec.refusals is not None:
         problems = spec.refusals(args, model_use(cfg, dims))
         if problems:
@@ -139,14 +140,20 @@ def check_objective(cfg: JobConfig, dims: ParallelDims, start: ModelSource, devi
     objective.check_config(getattr(cfg, section.name) if section is not None else None, job, **more)
 
 
-def check_job(cfg: JobConfig, world_size: int, device_type: str | None = None) -> ParallelDims:
+def check_job(
+    cfg: JobConfig, world_size: int, device_type: str | None = None, *, processor: bool = True
+) -> ParallelDims:
     """Everything about ``cfg`` that can be checked without a process group; returns the layout. ``device_type``:
-    where the job computes (None: as init_distributed picks it on this machine, cuda where torch sees a GPU)."""
+    where the job computes (None: as init_distributed picks it on this machine, cuda where torch sees a GPU).
+    ``processor``: load an image-text model's processor from its folder (the dry run, which reads published configs
+    alone and never its rows' images, leaves it out)."""
     dims = ParallelDims.from_config(cfg.parallelism, world_size)
     ck = cfg.checkpoint
     start, described = start_model(cfg)
     dims.check_model(start.args.decoder_args(), model=described, seq_len=cfg.training.seq_len)
     check_model(cfg, dims, start, described)
+    if processor:
+        job_processor(cfg, start.args)  # (None for a text model)
     check_lora_config(cfg.lora)
     if cfg.lora.rank:
         check_peft_targets(cfg.lora.target_modules, start.spec.hf_adapter, start.spec.name)

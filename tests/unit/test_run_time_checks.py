@@ -107,7 +107,6 @@ RUN_TIME_CHECKS = {
     "titanium.models.transformers.vision:language_model": PREFLIGHT,
     "titanium.models.transformers.vision:vision_parts.visit": PREFLIGHT,
     "titanium.models.transformers.vision:ImageTextModel._language_parts": PREFLIGHT,
-    "titanium.objectives.sft:SFTObjective.__init__": PREFLIGHT + " (packing with images: the model's refusals)",
     "titanium.peft.vision_freeze:VisionFreezeConverter.convert": PREFLIGHT,
     "titanium.rl.env.registry:environment_spec": PREFLIGHT,
     "titanium.rl.env.registry:_environment_class": PREFLIGHT,

@@ -182,7 +182,7 @@ def dry_run(
     cfg = load_config(
         [*argv, "--tokenizer.kind", "byte"], resolve=lambda cfg, given: resolve_inputs(cfg, given - {"tokenizer.kind"})
     )
-    dims = check_job(cfg, world_size, device_type)
+    dims = check_job(cfg, world_size, device_type, processor=False)  # (configs alone: no processor files)
     check_compile(cfg.compile, cfg.activation_checkpoint, dims.tp_enabled, device_type)
     # DTensor caches each op's output spec, mesh included, by its input specs, and meshes compare by ranks and dim
     # names, not by process groups: after an earlier dry run in this process (its fake group destroyed), this run's
