@@ -252,6 +252,7 @@ def test_grpo_on_images_of_each_architecture_equals_transformers(make_trainer, m
 
     monkeypatch.setattr(RolloutSource, "policy_logprobs", keep_first)
     more = ["--grpo.old_logprobs", "recompute", "--training.steps", "2", "--optimizer.lr", "1e-2"]
+    more += ["--rl.rewards", "tests.objectives.fixed_rollouts:characters"]  # (rewards that differ: the policy moves)
     trainer = make_trainer(*grpo_args(folder, write_prompts(tmp_path, model_type), run, *more))
     trainer.train()
 
@@ -269,3 +270,4 @@ def test_grpo_on_images_of_each_architecture_equals_transformers(make_trainer, m
     assert compared == {True, False}, compared  # (a left-padded prompt's rows and the other's)
     mismatch = scalars(run / "tb", "grpo/logprob_mismatch_max")
     assert sorted(mismatch) == [1, 2] and all(v <= 1e-5 for v in mismatch.values()), mismatch
+    assert scalars(run / "tb", "optim/grad_norm")[1] > 1e-3  # (step 2's responses were sampled by changed weights)
