@@ -12,34 +12,42 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from tests.helpers import scalars
+from tests.objectives.tiny_processors import use_tiny_processors
 from tests.objectives.tiny_vlm import random_image, tiny_processor, tiny_vlm, vlm_folder
 from titanium.models.common.kv_cache import PAD_DOCUMENT
 
 pytest.importorskip("transformers")
 
-PROMPTS = [("w5 w6", "w7", 28), ("w1 w2 w3 w4", "w8", 56)]
-"""(question, answer, image width): prompts of two lengths (one and two image sizes), so one is left-padded."""
+PROMPTS = [("w5 w6", "w7"), ("w1 w2 w3 w4", "w8")]
+"""(question, answer): prompts of two lengths, so one is left-padded."""
+IMAGE_SIZES = {"mllama": [(56, 28), (84, 28)]}
+"""Each prompt's image (width, height) by architecture, else ``[(56, 56), (84, 28)]``: Qwen-VL's 2x2 and 1x3 merged
+grids, the first moving the M-RoPE positions after it (by -2: decoding must add its row's offset), the second not.
+Llama 3.2 Vision's: 1x2 and 1x3 tiles (its tiny model's tile embeddings know the ids of 1xN tiles, not 2x2's)."""
 
 
-def model_folder(folder: Path) -> Path:
-    """The tiny Gemma 3 folder, its output layer cut to the tokenizer's ids (the tiny model's is wider: sampled ids
-    the tokenizer lacks could not be decoded for the rewards)."""
-    vlm_folder("gemma3", folder, seed=1)
-    model = tiny_vlm("gemma3", seed=1)
-    model.resize_token_embeddings(len(tiny_processor("gemma3").tokenizer))
-    model.save_pretrained(folder, max_shard_size="200KB")
-    return folder
+def model_folder(folder: Path, model_type: str = "gemma3") -> Path:
+    """The tiny ``model_type`` folder, its vocabulary the tokenizer's ids (the tiny model's is wider: sampled ids the
+    tokenizer lacks could not be decoded for the rewards)."""
+    return vlm_folder(model_type, folder, seed=1, vocab_size=len(tiny_processor(model_type).tokenizer))
 
 
-def write_prompts(folder: Path) -> Path:
+def tiny_model(model_type: str) -> Any:
+    """The weights ``model_folder`` saves, as ``transformers``' model."""
+    return tiny_vlm(model_type, seed=1, vocab_size=len(tiny_processor(model_type).tokenizer))
+
+
+def write_prompts(folder: Path, model_type: str = "gemma3") -> Path:
     rows = []
-    for i, (question, answer, width) in enumerate(PROMPTS):
-        random_image(i, width, 28).save(folder / f"image{i}.png")
+    sizes = IMAGE_SIZES.get(model_type, [(56, 56), (84, 28)])
+    for i, ((question, answer), size) in enumerate(zip(PROMPTS, sizes)):
+        random_image(i, *size).save(folder / f"image{i}.png")
         prompt = [{"role": "user", "content": question}] if i == 0 else question  # (conversational, then plain)
         rows.append({"prompt": prompt, "answer": answer, "image": f"image{i}.png"})
     path = folder / "prompts.jsonl"
@@ -152,7 +160,7 @@ def test_prompts_with_images_are_the_processors_and_bad_rows_are_skipped_and_cou
     stream = iter(prompts)
     samples = [next(stream) for _ in range(3)]  # (the stream goes round again after the bad rows)
     assert prompts.bad_rows == 2
-    for i, (sample, (question, answer, _)) in enumerate(zip(samples, PROMPTS)):
+    for i, (sample, (question, answer)) in enumerate(zip(samples, PROMPTS)):
         image = Image.open(tmp_path / f"image{i}.png").convert("RGB")
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
         text = processor.processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -172,9 +180,7 @@ def test_grpo_sampling_logprobs_on_images_equal_transformers(make_trainer, tmp_p
     trainer = make_trainer(*grpo_args(folder, write_prompts(tmp_path), run, "--training.steps", "1"))
     trainer.train()
     rows = trainer.objective.source.current.rows
-    model = tiny_vlm("gemma3", seed=1)
-    model.resize_token_embeddings(len(tiny_processor("gemma3").tokenizer))
-    model.eval()
+    model = tiny_model("gemma3")
     width, compared = rows["response_mask"].shape[1], set()
     for row in range(rows["tokens"].shape[0]):
         keep = rows["document_ids"][row] != PAD_DOCUMENT
@@ -191,3 +197,77 @@ def test_grpo_sampling_logprobs_on_images_equal_transformers(make_trainer, tmp_p
         torch.testing.assert_close(rows["old_logprobs"][row][mask], expected[mask], rtol=0, atol=1e-5)
         compared.add(row // 2)  # (its prompt)
     assert compared == {0, 1}, compared  # (the left-padded prompt and the other)
+
+
+def reference_logprobs(model: Any, model_type: str, rows: dict[str, torch.Tensor], row: int) -> torch.Tensor | None:
+    """``transformers``' log-probs of row ``row``'s response (its last ``response_mask`` width tokens) on the row alone:
+    its prompt without the left padding, the row's real image entries, per-token fields over the same tokens.
+    Llama 3.2 Vision's ``cross_attention_mask`` over the response is the last prompt token's, as ``transformers``'
+    generation extends it. None where the response sampled an image placeholder of an early-fusion model (there
+    ``transformers`` would look for image features)."""
+    width = rows["response_mask"].shape[1]
+    keep = rows["document_ids"][row] != PAD_DOCUMENT
+    ids = rows["tokens"][row][keep]
+    placeholder = getattr(model.config, "image_token_id", None)
+    if model_type != "mllama" and bool((ids[-width:] == placeholder).any()):
+        return None
+    inputs = {}
+    for key, value in rows.items():
+        if not key.startswith("image."):
+            continue
+        name = key.removeprefix("image.")
+        if f"image_count.{name}" in rows:
+            value = value[row, : int(rows[f"image_count.{name}"][row])]
+            inputs[name] = value[None] if model_type == "mllama" else value  # (Mllama's are per row)
+        else:
+            inputs[name] = value[row][keep][None]
+    if model_type == "mllama":
+        images = inputs["pixel_values"].shape[1]
+        mask = inputs["cross_attention_mask"][:, :, :images]
+        prompt = mask[:, :-width]
+        inputs["cross_attention_mask"] = torch.cat([prompt, prompt[:, -1:].expand(-1, width, -1, -1)], 1)
+    with torch.no_grad():
+        logits = model(input_ids=ids[None], **inputs).logits[0].float()
+    return torch.log_softmax(logits[-width - 1 : -1], -1).gather(1, ids[-width:, None])[:, 0]
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "mllama"])
+def test_grpo_on_images_of_each_architecture_equals_transformers(make_trainer, monkeypatch, tmp_path, model_type):
+    """Qwen2.5-VL and Qwen3-VL (M-RoPE positions continued past left padding and into the decoded tokens) and Llama
+    3.2 Vision (the cross-attention mask left-padded with the prompt and extended over the response): the engine's
+    sampling log-probs of the first batch equal ``transformers``' on each row alone (``reference_logprobs``; fp32,
+    1e-5), the left-padded prompt's rows among them, and the trainer's recomputed log-probs equal the engine's at
+    each of 2 steps (``grpo/logprob_mismatch_max`` <= 1e-5)."""
+    from titanium.rl.source import RolloutSource
+
+    use_tiny_processors(monkeypatch)
+    folder = model_folder(tmp_path / "model", model_type)
+    run = tmp_path / "run"
+    first, recompute = [], RolloutSource.policy_logprobs
+
+    def keep_first(self, rows):  # (the first batch's rows, the engine's log-probs still in them)
+        if not first:
+            first.append({k: v.clone() for k, v in rows.items()})
+        return recompute(self, rows)
+
+    monkeypatch.setattr(RolloutSource, "policy_logprobs", keep_first)
+    more = ["--grpo.old_logprobs", "recompute", "--training.steps", "2", "--optimizer.lr", "1e-2"]
+    more += ["--rl.rewards", "tests.objectives.fixed_rollouts:characters"]  # (rewards that differ: the policy moves)
+    trainer = make_trainer(*grpo_args(folder, write_prompts(tmp_path, model_type), run, *more))
+    trainer.train()
+
+    rows, model = first[0], tiny_model(model_type)
+    padded = [bool((rows["document_ids"][row] == PAD_DOCUMENT).any()) for row in range(rows["tokens"].shape[0])]
+    assert any(padded) and not all(padded)
+    compared = set()
+    for row in range(rows["tokens"].shape[0]):
+        expected = reference_logprobs(model, model_type, rows, row)
+        if expected is None:
+            continue
+        mask = rows["response_mask"][row]
+        torch.testing.assert_close(rows["old_logprobs"][row][mask], expected[mask], rtol=0, atol=1e-5)
+        compared.add(padded[row])
+    assert compared == {True, False}, compared  # (a left-padded prompt's rows and the other's)
+    mismatch = scalars(run / "tb", "grpo/logprob_mismatch_max")
+    assert sorted(mismatch) == [1, 2] and all(v <= 1e-5 for v in mismatch.values()), mismatch
+    assert scalars(run / "tb", "optim/grad_norm")[1] > 1e-3  # (step 2's responses were sampled by changed weights)

@@ -13,8 +13,9 @@ causal attention hides from the tokens before them), so every kept log-prob is t
 
 Prompts with images (an image-text model's): each row carries its prompt's image fields as loader-row entries
 (``titanium.data.vision.image_rows``: ``image.<name>``, and ``image_count.<name>`` for fields not per token), the
-per-token ones (Gemma 3's ``token_type_ids``) laid out like the tokens (left padding and the response hold 0), so the
-engine's prefill and every forward over the rows read the same pixel values and image blocks.
+per-token ones (Gemma 3's ``token_type_ids``) laid out like the tokens (left padding and the response hold 0; Llama 3.2
+Vision's cross-attention mask continues over the response as the engine's decoding reads it: ``CONTINUED_FIELDS``), so
+the engine's prefill and every forward over the rows read the same pixel values, image blocks and image masks.
 """
 
 from __future__ import annotations
@@ -76,12 +77,21 @@ class Rollout:
         return {**dict(zip(MODEL_INPUTS, (self.tokens, self.positions, self.document_ids))), **self.images}
 
 
+CONTINUED_FIELDS = frozenset({"cross_attention_mask"})
+"""Per-token image fields whose value at a prompt's last token carries on over the tokens generated after it: Llama
+3.2 Vision's cross-attention mask (the processor runs the last image's span to the end of the text, and
+``transformers``' generation repeats the mask's last row), so a response token sees the images the prompt's last
+token sees, in the engine's decoding and in every forward over the rollout rows. The other per-token fields (Gemma 3's
+``token_type_ids``, Qwen's ``mm_token_type_ids``) mark the prompt's image tokens and are 0 after the prompt."""
+
+
 def prompt_image_rows(
     samples: Sequence[PromptSample], group_size: int, width: int, layout: ProcessorLayout | None
 ) -> dict[str, torch.Tensor]:
     """The image entries of ``group_size`` rows per sample whose prompts are left-padded as ``left_pad`` pads them
     (to the longest prompt) and then run to ``width`` columns: per-token fields shifted right by each prompt's
-    padding, 0 on the padding and after the prompt. Empty without a ``layout`` or without images."""
+    padding, 0 on the padding and after the prompt (``CONTINUED_FIELDS``: the prompt's last value after it). Empty
+    without a ``layout`` or without images."""
     if layout is None or all(s.images is None for s in samples):
         return {}
     longest = max(len(s.prompt) for s in samples)
@@ -90,7 +100,8 @@ def prompt_image_rows(
         pad, fields = longest - len(sample.prompt), dict(sample.images or {})
         for name in layout.token & fields.keys():
             value = fields[name]
-            fields[name] = torch.cat([value.new_zeros((pad, *value.shape[1:])), value])
+            after = value[-1:].expand(width - longest if name in CONTINUED_FIELDS else 0, *value.shape[1:])
+            fields[name] = torch.cat([value.new_zeros((pad, *value.shape[1:])), value, after])
         shifted += [{"images": fields}] * group_size
     return image_rows(shifted, width, layout)
 

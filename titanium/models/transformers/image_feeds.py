@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from titanium.models.common.kv_cache import PAD_DOCUMENT
 from titanium.models.hf_adapter import HFConfigError
 
 
@@ -261,11 +262,13 @@ class CrossAttentionFeed:
 
 
 def _last_token_mask(mask: torch.Tensor, document_ids: torch.Tensor | None) -> torch.Tensor:
-    """``[B, images, tiles]``: the cross-attention mask of each row's last real token (what the tokens it generates
-    see, as ``transformers``' generation extends the mask)."""
+    """``[B, images, tiles]``: the cross-attention mask of each row's last token that is not padding (what the tokens
+    it generates see, as ``transformers``' generation extends the mask): the last column of left-padded prompts
+    (``titanium.generation.generate.left_pad``), the last prompt token of a right-padded row."""
     if document_ids is None:
         return mask[:, -1]
-    last = (document_ids == document_ids[:, :1]).sum(dim=1) - 1  # (the prompt is the row's first document)
+    real = (document_ids != PAD_DOCUMENT).int()
+    last = real.shape[1] - 1 - real.flip(1).argmax(dim=1)
     return mask[torch.arange(mask.shape[0], device=mask.device), last]
 
 
