@@ -24,7 +24,11 @@ from tests.helpers import run_train, scalars, tiny_args
 STEPS = 5
 BIAS = ("--moe.load_balance", "bias", "--moe.bias_update_rate", "0.05")
 LORA = ("--lora.rank", "4", "--lora.target_modules", "wq", "experts", "--optimizer.lr", "1e-2")
-REFERENCES = {"aux": (), "bias": BIAS, "lora": LORA}
+TWO_EXPERTS = ("--model.hf_config", "{two_experts}")
+"""debugmodel_moe with 2 experts, top-1 (a config.json the fixture writes): under EP 2 x FSDP 2 a rank group holds
+one expert, fewer rows than FSDP's 2 shards, so FSDP splits it along another dimension (``parallel/fsdp.py``
+``shard_dim``, read from the rank's local experts)."""
+REFERENCES = {"aux": (), "bias": BIAS, "lora": LORA, "two_experts": TWO_EXPERTS}
 """Each layout's one-process reference: its flags beyond the layout's."""
 LAYOUTS = {  # name -> (reference, layout flags)
     "ep4": ("aux", ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "4")),
@@ -54,6 +58,9 @@ LAYOUTS = {  # name -> (reference, layout flags)
          "--parallelism.data_parallel_replicate_degree", "2"),
     ),
     "ep2_fsdp2_lora": ("lora", ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2")),
+    "ep2_fsdp2_one_expert": (
+        "two_experts", ("--training.local_batch_size", "1", "--parallelism.expert_parallel_degree", "2"),
+    ),
 }  # fmt: skip
 
 
@@ -90,10 +97,22 @@ def grads(folder: Path, step: int) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("moe_layouts")
+    two_experts = write_two_experts(root / "two_experts")
+    refs = {name: [flag.format(two_experts=two_experts) for flag in flags] for name, flags in REFERENCES.items()}
     single = ("--training.local_batch_size", "4")
-    launch(1, [moe_job(root / f"single_{name}", *single, *flags) for name, flags in REFERENCES.items()])
-    launch(4, [moe_job(root / name, *extra, *REFERENCES[reference]) for name, (reference, extra) in LAYOUTS.items()])
+    launch(1, [moe_job(root / f"single_{name}", *single, *flags) for name, flags in refs.items()])
+    launch(4, [moe_job(root / name, *extra, *refs[reference]) for name, (reference, extra) in LAYOUTS.items()])
     return root
+
+
+def write_two_experts(folder: Path) -> str:
+    from titanium.models import get_model_spec
+
+    spec = get_model_spec("qwen3_moe")
+    config = {**spec.hf_adapter.to_hf_config(spec.flavors["debugmodel_moe"]), "num_experts": 2}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**config, "num_experts_per_tok": 1}))
+    return str(folder)
 
 
 @pytest.mark.parametrize("name", list(LAYOUTS))

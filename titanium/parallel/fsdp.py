@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy
 from torch.distributed.fsdp import fully_shard as _fully_shard
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import DTensor, Shard
 
 from titanium.models.common.moe import MoE
 
@@ -68,10 +68,13 @@ def fully_shard(module: nn.Module | list[nn.Module], *, mesh: DeviceMesh, **kwar
 
 
 def shard_dim(param: nn.Parameter, shards: int) -> Shard | None:
-    """Where FSDP splits ``param``: along its first dimension (FSDP's default, None), unless that has fewer rows than
-    there are shards and another has enough; then along the largest. (Llama 4 Scout's 16 stacked experts over 64
-    ranks would leave 48 ranks nothing and 16 a whole expert of every layer: 6.2B parameters a rank instead of 1.7B.)"""
-    if param.dim() < 2 or param.shape[0] >= shards:
+    """Where FSDP splits ``param`` (this rank's part of it: an expert-parallel DTensor's local experts): along its
+    first dimension (FSDP's default, None), unless that has fewer rows than there are shards and another has enough;
+    then along the largest. (Llama 4 Scout's 16 stacked experts over 64 ranks would leave 48 ranks nothing and 16 a
+    whole expert of every layer: 6.2B parameters a rank instead of 1.7B; under EP 8 the 2 experts of a rank's group,
+    split 8 ways by rows, would leave 6 of 8 ranks none.)"""
+    shape = param.to_local().shape if isinstance(param, DTensor) else param.shape
+    if len(shape) < 2 or shape[0] >= shards:
         return None
-    largest = max(range(param.dim()), key=lambda d: param.shape[d])
-    return Shard(largest) if param.shape[largest] >= shards else None
+    largest = max(range(len(shape)), key=lambda d: shape[d])
+    return Shard(largest) if shape[largest] >= shards else None
