@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -45,20 +46,30 @@ def reference_loss(folder: Path, images: list) -> float:
     return total / count
 
 
-def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> None:
+def sft_job(tmp_path: Path, bad_row: bool = False) -> tuple[Path, list[Any], list[str]]:
+    """The tiny Gemma 3 folder, the ``CONVERSATIONS`` images, and the arguments of an SFT run on their rows (with
+    ``bad_row``, one whose image is missing between the first two)."""
     folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
     images, rows = [], []
     for i, (question, answer, width) in enumerate(CONVERSATIONS):
         images.append(random_image(i, width, 28))
         images[-1].save(tmp_path / f"image{i}.png")
         rows.append({"messages": messages(question, answer), "images": [f"image{i}.png"]})
+    if bad_row:
+        rows.insert(1, {"messages": messages("w3", "w4"), "images": ["missing.png"]})
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    run = tmp_path / "run"
-    args = ["--job.dump_folder", str(run), "--job.no_print_config", "--metrics.log_freq", "1", "--checkpoint.no_enable"]
-    args += ["--training.seq_len", "64", "--training.mixed_precision_param", "float32"]
+    args = ["--job.dump_folder", str(tmp_path / "run"), "--job.no_print_config", "--metrics.log_freq", "1"]
+    args += ["--checkpoint.no_enable", "--training.mixed_precision_param", "float32"]
     args += ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
     args += ["--data.path", str(tmp_path / "rows.jsonl"), "--data.kind", "chat", "--training.objective", "sft"]
-    args += ["--sft.no_packing", "--training.local_batch_size", "2", "--training.steps", "2"]
+    return folder, images, args
+
+
+def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> None:
+    folder, images, args = sft_job(tmp_path)
+    run = tmp_path / "run"
+    args += ["--training.seq_len", "64", "--sft.no_packing", "--training.local_batch_size", "2"]
+    args += ["--training.steps", "2"]
     trainer = make_trainer(*args)
     trainer.train()
     losses = scalars(run / "tb")
@@ -69,19 +80,9 @@ def test_sft_on_images_logs_transformers_loss(make_trainer, tmp_path: Path) -> N
 def test_packed_sft_on_images_skips_a_bad_row_and_logs_transformers_loss(make_trainer, tmp_path: Path) -> None:
     """``--sft.packing``: the two rows packed into one row with their images, a row whose image is missing between
     them skipped and counted; the first step logs the loss ``transformers`` gives on the two rows one by one."""
-    folder = vlm_folder("gemma3", tmp_path / "model", seed=1)
-    images, rows = [], []
-    for i, (question, answer, width) in enumerate(CONVERSATIONS):
-        images.append(random_image(i, width, 28))
-        images[-1].save(tmp_path / f"image{i}.png")
-        rows.append({"messages": messages(question, answer), "images": [f"image{i}.png"]})
-    rows.insert(1, {"messages": messages("w3", "w4"), "images": ["missing.png"]})
-    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    folder, images, args = sft_job(tmp_path, bad_row=True)
     run = tmp_path / "run"
-    args = ["--job.dump_folder", str(run), "--job.no_print_config", "--metrics.log_freq", "1", "--checkpoint.no_enable"]
-    args += ["--training.seq_len", "40", "--training.mixed_precision_param", "float32", "--data.prefetch_batches", "0"]
-    args += ["--checkpoint.initial_load_path", str(folder), "--checkpoint.initial_load_in_hf"]
-    args += ["--data.path", str(tmp_path / "rows.jsonl"), "--data.kind", "chat", "--training.objective", "sft"]
+    args += ["--training.seq_len", "40", "--data.prefetch_batches", "0"]
     args += ["--sft.packing", "--sft.pack_buffer", "1", "--training.local_batch_size", "1", "--training.steps", "1"]
     make_trainer(*args).train()
     assert scalars(run / "tb")[1] == pytest.approx(reference_loss(folder, images), rel=1e-5)
