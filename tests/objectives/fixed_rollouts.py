@@ -7,7 +7,10 @@ prompt's tokens, j and the rollout batch's number, some ending with a stop id an
 Everything else is the real objective: the engine and its weight sync, the rewards (``characters`` below tells
 such responses apart), advantages, old log-probs from a forward of the engine's copy of the policy (what sampling
 returns), reference log-probs, the serving schedule and the loss. Any layout then trains on exactly the same
-rollouts. A GRPO job with ``--checkpoint.last_save_in_hf`` also writes its engine's weights (``export_with_engine``).
+rollouts. An image-text model's responses carry their prompts' images, as sampled ones do. A GRPO job with
+``--checkpoint.last_save_in_hf`` also writes its engine's weights (``export_with_engine``). A folder of a tiny
+Qwen2.5-VL, Qwen3-VL or Llama 4 loads the tiny processor (``tests.objectives.tiny_processors``; theirs need
+torchvision).
 """
 
 from __future__ import annotations
@@ -21,9 +24,10 @@ import torch
 
 from tests.objectives.synced_engine import write_engine
 from titanium.data.prompts import PromptSample
+from titanium.data.tokenizer import Tokenizer
 from titanium.generation.generate import Generation
 from titanium.generation.titanium_engine import TitaniumEngine
-from titanium.rl.rollout import Rollout, response_logprobs, to_rollout
+from titanium.rl.rollout import Rollout, image_inputs, response_logprobs, to_rollout
 from titanium.rl.source import RolloutSource
 from titanium.trainer import Trainer
 
@@ -35,15 +39,24 @@ def characters(completion: str, answer: str | None, row: Mapping[str, Any]) -> f
     return len(completion) / 10
 
 
+def word_ids(tokenizer: Tokenizer) -> tuple[int, int]:
+    """The ids responses are drawn from, ``[low, high)``: 200 to 1999, ordinary ids of the text tests' tokenizers, or
+    in a smaller vocabulary (the tiny image-text models', specials first) the ids after its specials."""
+    if tokenizer.vocab_size >= 2000:
+        return 200, 2000
+    return max(tokenizer.special_tokens.values()) + 1, tokenizer.vocab_size
+
+
 def fixed_responses(samples: list[PromptSample], group: int, index: int, source: RolloutSource) -> Generation:
     """``group`` responses to each prompt that depend only on the prompt, j and ``index`` (the rollout batch's
     number), some ending with a stop id and some cut at max_new_tokens, on the source's device."""
     width, stop, rows = source.cfg.max_new_tokens, min(source.engine.stop_ids), []
+    low, high = word_ids(source.tokenizer)
     for sample in samples:
         for j in range(group):
             g = torch.Generator().manual_seed(hash((tuple(sample.prompt), j, index)) & 0xFFFF_FFFF)
             length = int(torch.randint(1, width + 1, (1,), generator=g))
-            tokens = torch.randint(200, 2000, (width,), generator=g)
+            tokens = torch.randint(low, high, (width,), generator=g)
             finished = bool(torch.rand(1, generator=g) < 0.5)
             if finished:
                 tokens[length - 1] = stop
@@ -66,9 +79,10 @@ def fixed_sample(self: RolloutSource, samples: list[PromptSample], index: int) -
     generation = fixed_responses(samples, group, index, self)
     prompts = [s.prompt for s in samples for _ in range(group)]
     rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True))  # (as sample binds them)
-    made = to_rollout(samples, group, generation, rewards, self.tokenizer)
+    made = to_rollout(samples, group, generation, rewards, self.tokenizer, self.layout)  # (with the prompts' images)
+    inputs = {"positions": made.positions, "document_ids": made.document_ids, **image_inputs(made.images)}
     with torch.no_grad():  # what the sampler's log-probs are: those of the engine's copy of the policy
-        logits = self.engine.model(**made.model_inputs())
+        logits = self.engine.model(made.tokens, **inputs)
     old = response_logprobs(logits, made.tokens, self.cfg.max_new_tokens, self.cfg.temperature) * made.response_mask
     return dataclasses.replace(made, old_logprobs=old), self.engine.synced_version()
 
@@ -85,11 +99,15 @@ def export_with_engine(self: Trainer) -> None:
 
 
 if __name__ == "__main__":  # <titanium.train args>, or JOBS.json: several jobs in one launch (jobs_worker)
+    import transformers
+
     from tests.distributed.jobs_worker import run_jobs_file
+    from tests.objectives.tiny_processors import load_processor
     from titanium.train import main
 
     RolloutSource.sample = fixed_sample
     Trainer._export = export_with_engine
+    transformers.AutoProcessor.from_pretrained = load_processor
     if len(sys.argv) == 2 and sys.argv[1].endswith(".json"):
         run_jobs_file(sys.argv[1])
     else:

@@ -1,20 +1,18 @@
-"""``python -m tests.objectives.tiny_processors JOBS.json`` (one process, or every rank under torchrun): the jobs of
-``tests.distributed.jobs_worker``, with ``AutoProcessor`` giving ``tiny_vlm.tiny_processor`` for a folder of a tiny
-Qwen2.5-VL, Qwen3-VL or Llama 4. Their own processors need torchvision, which does not import beside torch 2.13 CPU
-here, so without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images.
-In a test's own process ``use_tiny_processors`` makes the same change for the test (titanium's ``Trainer`` and TRL's
-trainers, which both load the folder's processor with ``AutoProcessor``)."""
+"""``AutoProcessor`` giving ``tiny_vlm.tiny_processor`` for a folder of a tiny Qwen2.5-VL, Qwen3-VL or Llama 4
+(``load_processor``). Their own processors need torchvision, which does not import beside torch 2.13 CPU here, so
+without this ``titanium.train`` refuses such a folder (exit 2); with it, it trains them on rows with images. The
+launches of ``python -m tests.objectives.fixed_rollouts`` load processors so; in a test's own process
+``use_tiny_processors`` makes the same change for the test (titanium's ``Trainer`` and TRL's trainers, which both load
+the folder's processor with ``AutoProcessor``)."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import transformers
 
-from tests.distributed.jobs_worker import run_jobs_file
 from tests.objectives.tiny_vlm import tiny_processor
 
 TORCHVISION_PROCESSORS = ("qwen2_5_vl", "qwen3_vl", "llama4")
@@ -33,8 +31,3 @@ def load_processor(folder: str | Path, *args: Any, **kwargs: Any) -> Any:
 def use_tiny_processors(monkeypatch: Any) -> None:
     """``AutoProcessor.from_pretrained`` is ``load_processor`` until the test ends (``monkeypatch``: pytest's)."""
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", load_processor)
-
-
-if __name__ == "__main__":
-    transformers.AutoProcessor.from_pretrained = load_processor
-    run_jobs_file(sys.argv[1])

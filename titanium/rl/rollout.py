@@ -111,6 +111,13 @@ def rollout_images(rows: Mapping[str, torch.Tensor]) -> ImageInputs | None:
     return images_of(rows) if any(key.startswith(FIELD) for key in rows) else None
 
 
+def image_inputs(rows: Mapping[str, torch.Tensor]) -> dict[str, ImageInputs]:
+    """``{"images": ...}``, the keyword a forward or the engine's prefill over some rows of a rollout takes their
+    images by (``rollout_images``), or nothing for text rows: a text model's forward takes no ``images``."""
+    images = rollout_images(rows)
+    return {"images": images} if images is not None else {}
+
+
 def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, width: int, temperature: float) -> torch.Tensor:
     """``[B, T]`` log-probs of the last ``width`` (T) tokens of ``tokens`` ``[B, P + T]`` (the responses of a
     rollout) from the logits ``[B, P + T, V]`` of a forward over them (the logits at i predict token i + 1)."""

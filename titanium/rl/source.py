@@ -65,9 +65,9 @@ from titanium.rl.rollout import (
     batch_logprobs,
     check_peers_agree,
     from_last_stage,
+    image_inputs,
     narrow,
     prompt_image_rows,
-    rollout_images,
     split_ready,
     to_rollout,
 )
@@ -260,8 +260,9 @@ class RolloutSource:
         self.episodes = self._episode_runner(environment, template, ctx.tokenizer)
         if self.episodes is not None:  # (the prompts show the environment's tools)
             template = self.episodes.prompt_template
-        self.processor = ctx.processor
-        """An image-text model's ``ImageData``: its prompts are read with their images (None: a text model)."""
+        self.layout = ctx.processor.layout if ctx.processor is not None else None
+        """An image-text model's processor layout: its prompts are read with their images and its rollout rows carry
+        them (``to_rollout``; None: a text model)."""
         self.prompts = PromptDataset(
             data, cfg, ctx.tokenizer, template, ctx.chat.system_prompt, ctx.dp_rank, ctx.dp_world, "rl", ctx.processor
         )
@@ -423,17 +424,15 @@ class RolloutSource:
             state = TrainerState(global_step=version, max_steps=self.total_steps)
             return self.episodes.rollout(episodes, self.rewards, state), version
         prompts = [s.prompt for s in samples for _ in range(group)]
-        layout = self.processor.layout if self.processor is not None else None
-        images = rollout_images(prompt_image_rows(samples, group, max(map(len, prompts)), layout))
-        seen = {"images": images} if images is not None else {}  # (only the titanium engine takes images)
-        out = self.engine.generate(prompts, self.params, seed=seed, **seen)
+        seen = image_inputs(prompt_image_rows(samples, group, max(map(len, prompts)), self.layout))
+        out = self.engine.generate(prompts, self.params, seed=seed, **seen)  # (only the titanium engine takes images)
         generation = dataclasses.replace(
             out.generation, **{k: getattr(out.generation, k).to(self.device) for k in GENERATION_TENSORS}
         )
         trl_prompts = [s.trl_prompt for s in samples for _ in range(group)]
         state = TrainerState(global_step=out.version, max_steps=self.total_steps)
         rewards = self.rewards.with_tokens(prompts, generation.token_lists(keep_stop=True), trl_prompts, state)
-        return to_rollout(samples, group, generation, rewards, self.tokenizer, layout), out.version
+        return to_rollout(samples, group, generation, rewards, self.tokenizer, self.layout), out.version
 
     def _prompts_per_batch(self, microbatches: int) -> int:
         """Prompts of one rollout batch (one generation round) with ``microbatches`` microbatches a step."""
