@@ -104,7 +104,7 @@ RUN_TIME_CHECKS = {
     "titanium.rl.episodes:tool_schemas": PREFLIGHT,
     "titanium.models.transformers.image_feeds:_holder": PREFLIGHT,
     "titanium.models.transformers.image_feeds:image_feed": PREFLIGHT,
-    "titanium.models.transformers.vision:language_model": PREFLIGHT,
+    "titanium.models.transformers.language:language_model": PREFLIGHT,
     "titanium.models.transformers.vision:vision_parts.visit": PREFLIGHT,
     "titanium.models.transformers.vision:ImageTextModel._language_parts": PREFLIGHT,
     "titanium.peft.vision_freeze:VisionFreezeConverter.convert": PREFLIGHT,

@@ -194,7 +194,7 @@ def routed_moe(args: TransformersArgs) -> tuple[MoEArgs | None, frozenset[int]]:
     with torch.device("meta"):
         config = copy.deepcopy(args.hf_config)
         if args.reads_images:
-            from titanium.models.transformers.vision import language_model
+            from titanium.models.transformers.language import language_model
 
             base = language_model(AutoModelForImageTextToText.from_config(config, dtype=torch.float32))
         else:

@@ -32,11 +32,9 @@ from torch import nn
 from titanium.models.hf_adapter import HFConfigError
 from titanium.models.transformers.args import TransformersArgs
 from titanium.models.transformers.attention import ATTENTION, register_titanium_attention
+from titanium.models.transformers.language import language_model
 from titanium.models.transformers.model import HEAD, TransformersModel
 from titanium.models.transformers.support import fallback_reasons, own_attention
-
-LANGUAGE_PARTS = ("embed_tokens", "layers", "norm")
-"""What makes a module the language model (``TransformersModel``'s base)."""
 
 
 def build_image_text_model(args: TransformersArgs) -> tuple[nn.Module, list[str]]:
@@ -51,17 +49,6 @@ def build_image_text_model(args: TransformersArgs) -> tuple[nn.Module, list[str]
     text = own_attention(model) if reasons else ATTENTION
     model.set_attn_implementation({"": text, "text_config": text, "vision_config": own_attention(model)})
     return model, reasons
-
-
-def language_model(hf: nn.Module) -> nn.Module:
-    """The module of ``hf`` that is its language model: embeddings, a ModuleList of layers and a final norm."""
-    for module in hf.modules():
-        if all(hasattr(module, part) for part in LANGUAGE_PARTS) and isinstance(module.layers, nn.ModuleList):
-            return module
-    raise HFConfigError(
-        f"transformers' {type(hf).__name__} has no language model laid out as the backend needs (embed_tokens, a "
-        "ModuleList of layers and norm): model_type {hf.config.model_type!r} is not supported yet"
-    )
 
 
 def vision_parts(hf: nn.Module, keep: Collection[nn.Module]) -> dict[str, tuple[nn.Module, nn.Module]]:
