@@ -433,12 +433,6 @@ def collate_image_rows(rows: list[Mapping[str, Any]], layout: ProcessorLayout) -
     return {**text, **image_rows(rows, text["input"].shape[1], layout)}
 
 
-NO_IMAGE_PACKING = (
-    "{flag}: packing several samples with images into one row is not supported yet (each sample's images would "
-    "have to travel with it through the packing buffer); set {off}"
-)
-
-
 def images_of(rows: Mapping[str, torch.Tensor]) -> ImageInputs | None:
     """The ``ImageInputs`` of a loader batch (``image_rows``' entries), or None for a batch without images: no image
     entries at all, or only per-token fields the processor gives text rows too (Gemma 3's ``token_type_ids``, all 0),

@@ -35,7 +35,7 @@ from titanium.data.meter import DataMeter
 from titanium.data.packing import row_width
 from titanium.data.preference import PreferenceDataset
 from titanium.data.preference_batch import PairStream, PreferenceBatchLoader, group_rows, pair_slots
-from titanium.data.vision import NO_IMAGE_PACKING, images_of
+from titanium.data.vision import images_of
 from titanium.data.vision_preference import VisionPreferenceDataset
 from titanium.model_builder import ModelSource
 from titanium.objectives.base import (
@@ -188,8 +188,6 @@ def image_problems(cfg: DPOSection) -> list[str]:
             "per-token fields: Gemma 3's image blocks, Llama 3.2 Vision's cross-attention mask); set "
             "--dpo.no_share_prompt with an image-text model"
         )
-    if cfg.packing:
-        problems.append(NO_IMAGE_PACKING.format(flag="--dpo.packing", off="--dpo.no_packing"))
     if cfg.max_prompt_length:
         problems.append(
             f"--dpo.max_prompt_length {cfg.max_prompt_length}: cutting a prompt's start would cut its image tokens; "
